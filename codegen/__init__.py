@@ -1,0 +1,65 @@
+"""Compile a micrograd_c Value graph's whole training step to a C extension module.
+
+    net = codegen.compile(loss, inputs=xs + ys, params=model.parameters(), compiler="gcc", opt=2)
+    net.set_input(row); net.forward(); net.zero_grad(); net.backward(); net.update(0.1)
+
+Lowering (ir), C emission (emit), building (toolchain) and loading (loader) are separate steps.
+"""
+
+import time
+from array import array
+
+from . import emit, ir, loader, toolchain
+from .toolchain import CompileError, CompilerNotFound, CompileTimeout, ToolchainError
+
+__all__ = ["compile", "generate", "copy_to_values", "copy_from_values", "CompileError",
+           "CompilerNotFound", "CompileTimeout", "ToolchainError"]
+
+
+def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn"):
+    """The C source of the module, without building it (what `make` writes to build/nn.c)."""
+    program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
+    return emit.emit(program, name)
+
+
+def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native=False, fuse=True,
+            input_grads=False, name="nn", cache=None, timeout=None):
+    """Builds (or takes from the cache) and loads the module computing `loss`.
+
+    inputs:  leaf Values set per sample with set_input() (their current values are loaded too).
+    params:  leaf Values trained by update(); loaded from their current .data.
+    outputs: extra Values whose values outputs() and predict() return (e.g. the logits).
+    Other leaves are constants, baked into the C. fuse=False keeps the reference post's pure
+    straight-line scalar code; input_grads=True also computes the inputs' gradients.
+    The module gets attributes `build` (toolchain.BuildResult) and `timings` (seconds per step).
+    """
+    inputs, params = list(inputs), list(params)
+    started = time.perf_counter()
+    source = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name)
+    generated = time.perf_counter()
+    build = toolchain.build_extension(source, name, compiler=compiler, opt=opt, native=native,
+                                      cache=cache, timeout=timeout)
+    module = loader.load_extension(build.path, name)
+    copy_from_values(module, params)
+    module.inputs[:] = array("d", (float(v.data) for v in inputs))
+    module.build = build
+    module.timings = {"codegen": generated - started, "compile": build.seconds}
+    return module
+
+
+def copy_to_values(module, params):
+    """Writes the module's trained parameters back into the Value objects."""
+    _check_count(module, params)
+    for value, data in zip(params, module.params):
+        value.data = data
+
+
+def copy_from_values(module, params):
+    """Loads the Values' current .data into the module's parameters."""
+    _check_count(module, params)
+    module.set_params(array("d", (float(v.data) for v in params)))
+
+
+def _check_count(module, params):
+    if len(params) != module.n_params:
+        raise ValueError(f"the module has {module.n_params} parameters, got {len(params)} Values")

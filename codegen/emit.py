@@ -1,0 +1,143 @@
+"""Emitter: a lowered Program to the C source of an extension module.
+
+Per-op C comes from the op table (micrograd_c/ops.py); the module skeleton is templates/module.c.
+Straight-line code is cut into functions of at most `chunk` statements, because optimising
+compilers slow down superlinearly on huge basic blocks.
+"""
+
+import math
+from importlib import resources
+
+# Statements per generated function: small enough that gcc/clang -O1 stay linear overall.
+CHUNK_STATEMENTS = 1000
+
+
+def c_literal(x):
+    """A C double literal for x that reads back exactly; negative ones parenthesised so that
+    `-{a}` never turns into `--`."""
+    x = float(x)
+    if math.isnan(x):
+        return "NAN"
+    if math.isinf(x):
+        return "INFINITY" if x > 0 else "(-INFINITY)"
+    text = repr(x)
+    return f"({text})" if x < 0 or text.startswith("-") else text
+
+
+def _ref(node, array="d"):
+    return c_literal(node.value) if node.kind == "const" else f"{array}[{node.slot}]"
+
+
+class _IndexTables:
+    """Static index arrays for dots whose factors are not contiguous; identical ones shared."""
+
+    def __init__(self):
+        self.names = {}
+
+    def __call__(self, slots):
+        return self.names.setdefault(tuple(slots), f"idx_{len(self.names)}")
+
+    def render(self):
+        return "\n".join(f"static const int32_t {name}[] = {{{', '.join(map(str, slots))}}};"
+                         for slots, name in self.names.items())
+
+
+def _start_if_contiguous(nodes):
+    first = nodes[0].slot
+    return first if all(n.slot == first + i for i, n in enumerate(nodes)) else None
+
+
+class _Emitter:
+    def __init__(self, program):
+        self.program = program
+        self.tables = _IndexTables()
+
+    def _factor_ranges(self, node):
+        """(kernel suffix, a operand, b operand) for a dot's factor lists."""
+        a0, b0 = _start_if_contiguous(node.a), _start_if_contiguous(node.b)
+        if a0 is not None and b0 is not None:
+            return "", f"{a0}", f"{b0}"
+        return "_gather", self.tables([n.slot for n in node.a]), self.tables([n.slot for n in node.b])
+
+    def forward(self, node):
+        if node.kind == "op":
+            return f"d[{node.slot}] = {node.op.render(node.op.value, **_operands(node))};"
+        parts = [_ref(t) for t in node.args]
+        if node.a:
+            kind, a, b = self._factor_ranges(node)
+            n = len(node.a)
+            parts.append(f"dot(d + {a}, d + {b}, {n})" if not kind else f"dot_gather(d, {a}, {b}, {n})")
+        return f"d[{node.slot}] = {' + '.join(parts)};"
+
+    def backward(self, node):
+        out_grad = f"g[{node.slot}]"
+        lines = []
+        if node.kind == "op":
+            operands = _operands(node, out=f"d[{node.slot}]")
+            for arg, formula in zip(node.args, node.op.grads):
+                if not arg.needs_grad:
+                    continue
+                local = node.op.render(formula, **operands)
+                update = out_grad if local == "1" else f"{local} * {out_grad}"
+                lines.append(f"g[{arg.slot}] += {update};")
+            return lines
+        lines += [f"g[{t.slot}] += {out_grad};" for t in node.args if t.needs_grad]
+        if node.a:
+            kind, a, b = self._factor_ranges(node)
+            n = len(node.a)
+            for wrt, other, factors in ((a, b, node.a), (b, a, node.b)):
+                if any(f.needs_grad for f in factors):
+                    lines.append(f"axpy(g + {wrt}, {out_grad}, d + {other}, {n});" if not kind else
+                                 f"axpy_gather(g, {wrt}, {out_grad}, d, {other}, {n});")
+        return lines
+
+
+def _operands(node, **names):
+    """The C for an op's placeholders: {a}, {b} its arguments, {k} its constant."""
+    names.update(zip("ab", map(_ref, node.args)))
+    if node.k is not None:
+        names["k"] = c_literal(node.k)
+    return names
+
+
+def _functions(name, params, statements, chunk):
+    """C functions of at most `chunk` statements each, and a driver `name` calling them in order."""
+    args = ", ".join(p.split()[-1].lstrip("*") for p in params)
+    signature = ", ".join(params)
+    pieces, calls = [], []
+    for i in range(0, len(statements), chunk):
+        body = "\n    ".join(statements[i:i + chunk])
+        pieces.append(f"static void {name}_{i // chunk}({signature})\n{{\n    {body}\n}}\n")
+        calls.append(f"    {name}_{i // chunk}({args});")
+    pieces.append(f"static void {name}({signature})\n{{\n" + "\n".join(calls) + "\n}\n")
+    return "\n".join(pieces)
+
+
+def emit(program, module_name, chunk=CHUNK_STATEMENTS):
+    """The C source of the extension module `module_name` computing `program`."""
+    if not module_name.isidentifier() or not module_name.isascii():
+        raise ValueError(f"module name must be a C identifier, got {module_name!r}")
+    e = _Emitter(program)
+    forward = [e.forward(n) for n in program.forward]
+    backward = [line for n in program.backward for line in e.backward(n)]
+    d, dg = ["double *restrict d"], ["double *restrict d", "double *restrict g"]
+    graph = "\n".join([
+        e.tables.render(),
+        _functions("forward_outputs", d, forward[:program.n_output_nodes], chunk),
+        _functions("forward_rest", d, forward[program.n_output_nodes:], chunk),
+        _functions("backward_body", dg, backward, chunk),
+    ])
+    output_slots = [n.slot for n in program.outputs] or [0]
+    constants = "\n".join([
+        f"#define N_SLOTS {program.n_slots}",
+        f"#define N_PARAMS {program.n_params}",
+        f"#define N_INPUTS {program.n_inputs}",
+        f"#define INPUT_BASE {program.input_base}",
+        f"#define LOSS_SLOT {program.loss.slot}",
+        f"#define N_OUTPUTS {len(program.outputs)}",
+        f'#define MODULE_NAME_STR "{module_name}"',
+        f"#define MODULE_INIT PyInit_{module_name}",
+        f"static const long OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
+    ])
+    template = resources.files("templates").joinpath("module.c").read_text()
+    return template.replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", graph)

@@ -1,0 +1,7 @@
+"""micrograd, with every op defined once in a table that the C compiler (codegen) also reads."""
+
+from .engine import Value
+from .losses import cross_entropy, log_softmax, mse
+from .nn import MLP, Layer, Module, Neuron
+
+__all__ = ["Value", "Module", "Neuron", "Layer", "MLP", "cross_entropy", "log_softmax", "mse"]

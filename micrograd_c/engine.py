@@ -1,0 +1,110 @@
+"""A scalar autograd engine with micrograd's API; every op's math comes from the op table (ops.py)."""
+
+from . import ops
+
+
+class Value:
+    """Stores a single scalar value and its gradient."""
+
+    __slots__ = ("data", "grad", "_prev", "_op", "_kind", "_k")
+
+    def __init__(self, data, _children=(), _op="", _kind=None, _k=None):
+        self.data = data
+        self.grad = 0
+        self._prev = tuple(_children)  # ordered, so x*x keeps both edges
+        self._op = _op
+        self._kind = _kind  # the ops.Op that made this node; None for leaves
+        self._k = _k        # the op's constant attribute (the exponent of **)
+
+    def _apply(self, op_name, *others, k=None):
+        op = ops.OPS[op_name]
+        args = (self,) + tuple(o if isinstance(o, Value) else Value(o) for o in others)
+        a = args[0].data
+        b = args[1].data if op.arity == 2 else None
+        return Value(op.value_fn(a, b, None, k), args, op.label.format(k=k), op, k)
+
+    def _backward(self):
+        op = self._kind
+        if op is None:
+            return
+        a = self._prev[0].data
+        b = self._prev[1].data if op.arity == 2 else None
+        for child, grad_fn in zip(self._prev, op.grad_fns):
+            child.grad += grad_fn(a, b, self.data, self._k) * self.grad
+
+    def __add__(self, other):
+        return self._apply("add", other)
+
+    def __mul__(self, other):
+        return self._apply("mul", other)
+
+    def __pow__(self, other):
+        assert isinstance(other, (int, float)), "only supporting int/float powers for now"
+        return self._apply("pow", k=other)
+
+    def relu(self):
+        return self._apply("relu")
+
+    def tanh(self):
+        return self._apply("tanh")
+
+    def sigmoid(self):
+        return self._apply("sigmoid")
+
+    def exp(self):
+        return self._apply("exp")
+
+    def log(self):
+        return self._apply("log")
+
+    def max(self, other):
+        """The larger of self and other (ties pick self); the gradient flows to the one picked."""
+        return self._apply("max", other)
+
+    def backward(self):
+        self.grad = 1
+        for v in reversed(topological_order(self)):
+            v._backward()
+
+    # Everything below is built from the ops above, exactly as in micrograd.
+    def __neg__(self):  # -self
+        return self * -1
+
+    def __radd__(self, other):  # other + self
+        return self + other
+
+    def __sub__(self, other):  # self - other
+        return self + (-other)
+
+    def __rsub__(self, other):  # other - self
+        return other + (-self)
+
+    def __rmul__(self, other):  # other * self
+        return self * other
+
+    def __truediv__(self, other):  # self / other
+        return self * other**-1
+
+    def __rtruediv__(self, other):  # other / self
+        return other * self**-1
+
+    def __repr__(self):
+        return f"Value(data={self.data}, grad={self.grad})"
+
+
+def topological_order(root):
+    """Nodes reachable from root, children before parents, in the order micrograd's recursive
+    build_topo gives; iterative, so a chain of any length works."""
+    order, visited = [], {id(root)}
+    stack = [(root, iter(root._prev))]
+    while stack:
+        node, children = stack[-1]
+        for child in children:
+            if id(child) not in visited:
+                visited.add(id(child))
+                stack.append((child, iter(child._prev)))
+                break
+        else:
+            stack.pop()
+            order.append(node)
+    return order

@@ -1,0 +1,83 @@
+"""The op table: every op's value and local derivative, written once.
+
+Each formula is an expression in the small syntax that Python and C share (arithmetic, comparisons,
+calls to the primitives below) with placeholders: ``{a}``/``{b}`` the argument values, ``{out}`` the
+op's own value, ``{k}`` the op's constant attribute (the exponent of ``**``). The interpreter turns
+a formula into a Python function once, at import; the C emitter substitutes slots into the same
+string. So the interpreter and the compiled code evaluate the very same formula.
+
+Primitives: ``exp``, ``log``, ``tanh``, ``pow`` (the C library's; Python's math module calls the
+same libm) and ``where(cond, x, y)`` (C: a ``?:`` macro in templates/module.c).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+
+def _exp(x):
+    try:
+        return math.exp(x)
+    except OverflowError:  # C's exp returns +inf; so must we, for the two to agree
+        return math.inf
+
+
+def _log(x):
+    if x > 0:
+        return math.log(x)
+    return -math.inf if x == 0 else math.nan  # IEEE results where math.log raises
+
+
+def _where(cond, if_true, if_false):
+    return if_true if cond else if_false
+
+
+PRIMITIVES = {"exp": _exp, "log": _log, "tanh": math.tanh, "pow": pow, "where": _where}
+
+# Names the formulas bind; the same names are the placeholders.
+_ARGS = ("a", "b", "out", "k")
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str                 # the table key
+    label: str                # micrograd's `_op` string (format with k= for '**')
+    arity: int
+    value: str                # formula of the op's value
+    grads: tuple              # one formula per argument: d(out)/d(arg)
+    value_fn: object = field(init=False, repr=False, compare=False)
+    grad_fns: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "value_fn", _python_fn(self.value))
+        object.__setattr__(self, "grad_fns", tuple(_python_fn(g) for g in self.grads))
+
+    def render(self, formula, **names):
+        """The formula with each placeholder replaced by an expression (e.g. a C slot)."""
+        return formula.format(**{n: names.get(n, n) for n in _ARGS})
+
+
+def _python_fn(formula):
+    source = "lambda a, b, out, k: " + formula.format(**{n: n for n in _ARGS})
+    return eval(source, dict(PRIMITIVES))
+
+
+_TABLE = [
+    Op("add", "+", 2, "{a} + {b}", ("1", "1")),
+    Op("mul", "*", 2, "{a} * {b}", ("{b}", "{a}")),
+    Op("pow", "**{k}", 1, "pow({a}, {k})", ("{k} * pow({a}, {k} - 1)",)),
+    Op("relu", "ReLU", 1, "where({a} < 0, 0, {a})", ("({out} > 0)",)),
+    Op("tanh", "tanh", 1, "tanh({a})", ("1 - {out} * {out}",)),
+    Op("sigmoid", "sigmoid", 1, "1 / (1 + exp(-{a}))", ("{out} * (1 - {out})",)),
+    Op("exp", "exp", 1, "exp({a})", ("{out}",)),
+    Op("log", "log", 1, "log({a})", ("1 / {a}",)),
+    Op("max", "max", 2, "where({a} < {b}, {b}, {a})", ("({a} >= {b})", "({a} < {b})")),
+]
+
+OPS = {op.name: op for op in _TABLE}
+
+
+def get(name):
+    try:
+        return OPS[name]
+    except KeyError:
+        raise ValueError(f"unknown op {name!r}; known ops: {', '.join(OPS)}") from None

@@ -1,0 +1,1 @@
+"""C templates for micrograd-c's generated modules (package data: module.c)."""

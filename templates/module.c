@@ -1,0 +1,622 @@
+/* A micrograd-c training-step module. Generated code is spliced in at the @...@ markers by
+ * codegen/emit.py; everything else is this fixed skeleton. Every slot of the graph lives in
+ * d[] (values) and g[] (gradients): parameters first, then inputs, then intermediates. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The op table's `where(cond, x, y)` primitive. */
+#define where(c, x, y) ((c) ? (x) : (y))
+
+/*@CONSTANTS@*/
+
+/* ---- kernels for fused dot products -------------------------------------------------- */
+/* Eight independent accumulators: the compiler can keep them in vector registers without
+ * reassociating anything (no -ffast-math needed), and TCC still gets eight short chains. */
+#define LANES 8
+
+static double dot(const double *restrict a, const double *restrict b, long n)
+{
+    double acc[LANES] = {0};
+    long i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++)
+            acc[l] += a[i + l] * b[i + l];
+    for (int l = 0; i < n; i++, l++)
+        acc[l] += a[i] * b[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static double dot_gather(const double *restrict d, const int32_t *ia, const int32_t *ib, long n)
+{
+    double acc[LANES] = {0};
+    long i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++)
+            acc[l] += d[ia[i + l]] * d[ib[i + l]];
+    for (int l = 0; i < n; i++, l++)
+        acc[l] += d[ia[i]] * d[ib[i]];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* y[i] += alpha * x[i] */
+static void axpy(double *restrict y, double alpha, const double *restrict x, long n)
+{
+    for (long i = 0; i < n; i++)
+        y[i] += alpha * x[i];
+}
+
+/* g[iy[i]] += alpha * d[ix[i]]; sequential, so repeated indices accumulate correctly. */
+static void axpy_gather(double *restrict g, const int32_t *iy, double alpha,
+                        const double *restrict d, const int32_t *ix, long n)
+{
+    for (long i = 0; i < n; i++)
+        g[iy[i]] += alpha * d[ix[i]];
+}
+
+/* ---- the graph ------------------------------------------------------------------------ */
+/*@GRAPH@*/
+
+/* ---- module state --------------------------------------------------------------------- */
+typedef struct {
+    double *d, *g;
+    PyObject *data_buf, *grad_buf; /* bytearrays owning d and g */
+} State;
+
+static State *state_of(PyObject *module) { return (State *)PyModule_GetState(module); }
+
+static void backward_all(double *restrict d, double *restrict g)
+{
+    memset(g + N_PARAMS, 0, (size_t)(N_SLOTS - N_PARAMS) * sizeof(double));
+    g[LOSS_SLOT] = 1.0;
+    backward_body(d, g);
+}
+
+/* ---- argument checking ------------------------------------------------------------------- */
+static int check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t lo, Py_ssize_t hi)
+{
+    if (nargs >= lo && nargs <= hi)
+        return 0;
+    if (lo == hi)
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd argument%s (%zd given)", fn, lo,
+                     lo == 1 ? "" : "s", nargs);
+    else
+        PyErr_Format(PyExc_TypeError, "%s() takes %zd to %zd arguments (%zd given)", fn, lo, hi, nargs);
+    return -1;
+}
+
+/* Matches METH_FASTCALL|METH_KEYWORDS arguments to `names`; out[i] is NULL where not given. */
+static int parse_args(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                      const char *const *names, int n_names, int n_required, PyObject **out)
+{
+    if (nargs > n_names)
+        return check_nargs(fn, nargs, n_required, n_names);
+    for (int i = 0; i < n_names; i++)
+        out[i] = i < nargs ? args[i] : NULL;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int i = 0;
+        while (i < n_names && PyUnicode_CompareWithASCIIString(key, names[i]) != 0)
+            i++;
+        if (i == n_names) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fn, key);
+            return -1;
+        }
+        if (out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", fn, names[i]);
+            return -1;
+        }
+        out[i] = args[nargs + k];
+    }
+    for (int i = 0; i < n_required; i++)
+        if (!out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s'", fn, names[i]);
+            return -1;
+        }
+    return 0;
+}
+
+/* A finite float from a Python number; `what` names it in the error. */
+static int get_finite(const char *fn, const char *what, PyObject *obj, double *out)
+{
+    if (!PyFloat_Check(obj) && !PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s(): %s must be a number, not %.100s", fn, what,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *out = PyFloat_AsDouble(obj);
+    if (*out == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!isfinite(*out)) {
+        PyErr_Format(PyExc_ValueError, "%s(): %s must be finite, got %R", fn, what, obj);
+        return -1;
+    }
+    return 0;
+}
+
+static int get_int(const char *fn, const char *what, PyObject *obj, long long lo, long long *out)
+{
+    if (!PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s(): %s must be an int, not %.100s", fn, what,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *out = PyLong_AsLongLong(obj);
+    if (*out == -1 && PyErr_Occurred())
+        return -1;
+    if (*out < lo) {
+        PyErr_Format(PyExc_ValueError, "%s(): %s must be >= %lld, got %lld", fn, what, lo, *out);
+        return -1;
+    }
+    return 0;
+}
+
+/* The element type of a buffer: its struct format without a byte-order prefix ('@', '=', '<'). */
+static char element_type(const Py_buffer *view)
+{
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<')
+        f++;
+    return f[0] && !f[1] ? f[0] : '?';
+}
+
+/* Gets a C-contiguous buffer with ndim dimensions; kinds lists the element types allowed
+ * ('d' float64, 'B' uint8, 'i' any integer). */
+static int get_buffer(const char *fn, const char *what, PyObject *obj, Py_buffer *view, int ndim,
+                      const char *kinds, int writable)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        int is_buffer = PyObject_CheckBuffer(obj);
+        PyErr_Format(is_buffer ? PyExc_ValueError : PyExc_TypeError,
+                     "%s(): %s must be a %sC-contiguous buffer (numpy array, array.array, memoryview), "
+                     "got %.100s: %S", fn, what, writable ? "writable " : "", Py_TYPE(obj)->tp_name,
+                     value ? value : Py_None);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return -1;
+    }
+    char t = element_type(view);
+    int ok = (strchr(kinds, 'd') && t == 'd' && view->itemsize == 8) ||
+             (strchr(kinds, 'B') && t == 'B') ||
+             (strchr(kinds, 'i') && t != '?' && strchr("bBhHiIlLqQ", t));
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s(): %s has element format '%s'; expected %s", fn, what,
+                     view->format ? view->format : "B",
+                     strchr(kinds, 'i') ? "integers" : strchr(kinds, 'B') ? "float64 ('d') or uint8 ('B')"
+                                                                          : "float64 ('d')");
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (view->ndim != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s(): %s must have %d dimension%s, got %d", fn, what, ndim,
+                     ndim == 1 ? "" : "s", view->ndim);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_length(const char *fn, const char *what, Py_buffer *view, Py_ssize_t expected)
+{
+    Py_ssize_t n = view->len / view->itemsize;
+    if (n == expected)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s(): %s must hold %zd float64 values, got %zd", fn, what,
+                 expected, n);
+    PyBuffer_Release(view);
+    return -1;
+}
+
+static int check_no_nan(const char *fn, const char *what, const double *x, Py_ssize_t n, Py_buffer *view)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (isnan(x[i])) {
+            PyErr_Format(PyExc_ValueError, "%s(): %s holds NaN at index %zd", fn, what, i);
+            PyBuffer_Release(view);
+            return -1;
+        }
+    return 0;
+}
+
+static long long read_int(const Py_buffer *view, Py_ssize_t i)
+{
+    const char *p = (const char *)view->buf + i * view->itemsize;
+    switch (element_type(view)) {
+    case 'b': return *(const signed char *)p;
+    case 'B': return *(const unsigned char *)p;
+    case 'h': return *(const short *)p;
+    case 'H': return *(const unsigned short *)p;
+    case 'i': return *(const int *)p;
+    case 'I': return *(const unsigned int *)p;
+    case 'l': return *(const long *)p;
+    case 'L': return (long long)*(const unsigned long *)p;
+    case 'q': return *(const long long *)p;
+    default: return (long long)*(const unsigned long long *)p;
+    }
+}
+
+/* ---- samples for train() and predict() ---------------------------------------------------- */
+/* X: (n, n_x) uint8 or float64 rows scaled into the first n_x inputs. Y: (n,) integer class
+ * labels, one-hot into the remaining inputs, or (n, n_y) float64 rows copied into them. */
+typedef struct {
+    Py_buffer x, y;
+    int have_y, y_is_labels;
+    Py_ssize_t n, n_x, n_y;
+    double scale;
+} Samples;
+
+static void release_samples(Samples *s)
+{
+    PyBuffer_Release(&s->x);
+    if (s->have_y)
+        PyBuffer_Release(&s->y);
+}
+
+static int get_samples(const char *fn, PyObject *xobj, PyObject *yobj, double scale, Samples *s)
+{
+    memset(s, 0, sizeof *s);
+    s->scale = scale;
+    if (get_buffer(fn, "X", xobj, &s->x, 2, "dB", 0) < 0)
+        return -1;
+    s->n = s->x.shape[0];
+    s->n_x = s->x.shape[1];
+    if (s->n_x > N_INPUTS) {
+        PyErr_Format(PyExc_ValueError, "%s(): X has %zd columns but the model has only %d inputs", fn,
+                     s->n_x, N_INPUTS);
+        PyBuffer_Release(&s->x);
+        return -1;
+    }
+    if (element_type(&s->x) == 'd' && check_no_nan(fn, "X", s->x.buf, s->n * s->n_x, &s->x) < 0)
+        return -1;
+    if (!yobj)
+        return 0;
+    s->n_y = N_INPUTS - s->n_x;
+    Py_buffer probe;
+    if (PyObject_GetBuffer(yobj, &probe, PyBUF_ND) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s(): Y must be a buffer of integer labels or of float64 rows, "
+                     "got %.100s", fn, Py_TYPE(yobj)->tp_name);
+        goto fail;
+    }
+    s->y_is_labels = probe.ndim == 1;
+    PyBuffer_Release(&probe);
+    if (get_buffer(fn, "Y", yobj, &s->y, s->y_is_labels ? 1 : 2, s->y_is_labels ? "i" : "d", 0) < 0)
+        goto fail;
+    s->have_y = 1;
+    if (s->y.shape[0] != s->n) {
+        PyErr_Format(PyExc_ValueError, "%s(): X has %zd rows but Y has %zd", fn, s->n, s->y.shape[0]);
+        goto fail_y;
+    }
+    if (s->y_is_labels) {
+        for (Py_ssize_t i = 0; i < s->n; i++) {
+            long long label = read_int(&s->y, i);
+            if (label < 0 || label >= s->n_y) {
+                PyErr_Format(PyExc_ValueError, "%s(): label %lld at row %zd is outside 0..%zd (the %zd "
+                             "inputs after X's %zd columns are the one-hot target)", fn, label, i,
+                             s->n_y - 1, s->n_y, s->n_x);
+                goto fail_y;
+            }
+        }
+    } else {
+        if (s->y.shape[1] != s->n_y) {
+            PyErr_Format(PyExc_ValueError, "%s(): Y has %zd columns; with X's %zd columns it must have "
+                         "%zd to fill the model's %d inputs", fn, s->y.shape[1], s->n_x, s->n_y, N_INPUTS);
+            goto fail_y;
+        }
+        if (check_no_nan(fn, "Y", s->y.buf, s->n * s->n_y, &s->y) < 0) {
+            s->have_y = 0;
+            goto fail;
+        }
+    }
+    return 0;
+fail_y:
+    PyBuffer_Release(&s->y);
+    s->have_y = 0;
+fail:
+    PyBuffer_Release(&s->x);
+    return -1;
+}
+
+static void load_sample(const Samples *s, Py_ssize_t row, double *restrict in)
+{
+    if (element_type(&s->x) == 'B') {
+        const unsigned char *x = (const unsigned char *)s->x.buf + row * s->n_x;
+        for (Py_ssize_t j = 0; j < s->n_x; j++)
+            in[j] = x[j] * s->scale;
+    } else {
+        const double *x = (const double *)s->x.buf + row * s->n_x;
+        for (Py_ssize_t j = 0; j < s->n_x; j++)
+            in[j] = x[j] * s->scale;
+    }
+    if (!s->have_y)
+        return;
+    double *target = in + s->n_x;
+    if (s->y_is_labels) {
+        memset(target, 0, (size_t)s->n_y * sizeof(double));
+        target[read_int(&s->y, row)] = 1.0;
+    } else {
+        memcpy(target, (const double *)s->y.buf + row * s->n_y, (size_t)s->n_y * sizeof(double));
+    }
+}
+
+/* splitmix64: a tiny seeded generator, so a shuffle is the same on every platform */
+static uint64_t next_random(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void sgd_step(double *restrict d, double *restrict g, double lr)
+{
+    for (long i = 0; i < N_PARAMS; i++) {
+        d[i] -= lr * g[i];
+        g[i] = 0.0;
+    }
+}
+
+/* ---- exported functions ------------------------------------------------------------------- */
+static PyObject *fn_set_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    if (check_nargs("set_input", nargs, 1, 1) < 0 ||
+        get_buffer("set_input", "the input", args[0], &view, 1, "d", 0) < 0 ||
+        check_length("set_input", "the input", &view, N_INPUTS) < 0 ||
+        check_no_nan("set_input", "the input", view.buf, N_INPUTS, &view) < 0)
+        return NULL;
+    memcpy(state_of(module)->d + INPUT_BASE, view.buf, N_INPUTS * sizeof(double));
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fn_set_params(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    if (check_nargs("set_params", nargs, 1, 1) < 0 ||
+        get_buffer("set_params", "the parameters", args[0], &view, 1, "d", 0) < 0 ||
+        check_length("set_params", "the parameters", &view, N_PARAMS) < 0 ||
+        check_no_nan("set_params", "the parameters", view.buf, N_PARAMS, &view) < 0)
+        return NULL;
+    memcpy(state_of(module)->d, view.buf, N_PARAMS * sizeof(double));
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fn_forward(PyObject *module, PyObject *unused)
+{
+    double *d = state_of(module)->d;
+    forward_outputs(d);
+    forward_rest(d);
+    return PyFloat_FromDouble(d[LOSS_SLOT]);
+}
+
+static PyObject *fn_backward(PyObject *module, PyObject *unused)
+{
+    State *s = state_of(module);
+    backward_all(s->d, s->g);
+    Py_RETURN_NONE;
+}
+
+static PyObject *fn_zero_grad(PyObject *module, PyObject *unused)
+{
+    memset(state_of(module)->g, 0, N_SLOTS * sizeof(double));
+    Py_RETURN_NONE;
+}
+
+static PyObject *fn_update(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    double lr;
+    if (check_nargs("update", nargs, 1, 1) < 0 || get_finite("update", "lr", args[0], &lr) < 0)
+        return NULL;
+    State *s = state_of(module);
+    for (long i = 0; i < N_PARAMS; i++)
+        s->d[i] -= lr * s->g[i];
+    Py_RETURN_NONE;
+}
+
+static PyObject *fn_outputs(PyObject *module, PyObject *unused)
+{
+    double *d = state_of(module)->d;
+    PyObject *out = PyTuple_New(N_OUTPUTS);
+    for (Py_ssize_t i = 0; out && i < N_OUTPUTS; i++) {
+        PyObject *v = PyFloat_FromDouble(d[OUTPUT_SLOTS[i]]);
+        if (!v) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"X", "Y", "lr", "scale", "batch_size", "seed"};
+    PyObject *a[6];
+    double lr, scale = 1.0;
+    long long batch = 1, seed = -1;
+    if (parse_args("train", args, nargs, kwnames, names, 6, 3, a) < 0 ||
+        get_finite("train", "lr", a[2], &lr) < 0 ||
+        (a[3] && get_finite("train", "scale", a[3], &scale) < 0) ||
+        (a[4] && get_int("train", "batch_size", a[4], 1, &batch) < 0) ||
+        (a[5] && get_int("train", "seed", a[5], -1, &seed) < 0))
+        return NULL;
+    Samples s;
+    if (get_samples("train", a[0], a[1], scale, &s) < 0)
+        return NULL;
+    Py_ssize_t *order = PyMem_Malloc((size_t)(s.n ? s.n : 1) * sizeof(Py_ssize_t));
+    if (!order) {
+        release_samples(&s);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < s.n; i++)
+        order[i] = i;
+    if (seed >= 0) { /* Fisher-Yates */
+        uint64_t x = (uint64_t)seed;
+        for (Py_ssize_t i = s.n - 1; i > 0; i--) {
+            Py_ssize_t j = (Py_ssize_t)(next_random(&x) % (uint64_t)(i + 1));
+            Py_ssize_t t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+    }
+    State *st = state_of(module);
+    double *d = st->d, *g = st->g, loss_sum = 0.0;
+    memset(g, 0, N_PARAMS * sizeof(double));
+    Py_ssize_t in_batch = 0;
+    for (Py_ssize_t i = 0; i < s.n; i++) {
+        load_sample(&s, order[i], d + INPUT_BASE);
+        forward_outputs(d);
+        forward_rest(d);
+        loss_sum += d[LOSS_SLOT];
+        backward_all(d, g);
+        if (++in_batch == batch) { /* the mean gradient of the minibatch */
+            sgd_step(d, g, lr / (double)batch);
+            in_batch = 0;
+        }
+        if ((i & 1023) == 1023 && PyErr_CheckSignals() < 0) {
+            PyMem_Free(order);
+            release_samples(&s);
+            return NULL;
+        }
+    }
+    if (in_batch)
+        sgd_step(d, g, lr / (double)in_batch);
+    PyMem_Free(order);
+    release_samples(&s);
+    return PyFloat_FromDouble(s.n ? loss_sum / (double)s.n : 0.0);
+}
+
+static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"X", "scale"};
+    PyObject *a[2];
+    double scale = 1.0;
+    if (parse_args("predict", args, nargs, kwnames, names, 2, 1, a) < 0 ||
+        (a[1] && get_finite("predict", "scale", a[1], &scale) < 0))
+        return NULL;
+    Samples s;
+    if (get_samples("predict", a[0], NULL, scale, &s) < 0)
+        return NULL;
+    PyObject *bytes = PyByteArray_FromStringAndSize(NULL, s.n * N_OUTPUTS * (Py_ssize_t)sizeof(double));
+    if (!bytes) {
+        release_samples(&s);
+        return NULL;
+    }
+    double *out = (double *)PyByteArray_AS_STRING(bytes), *d = state_of(module)->d;
+    for (Py_ssize_t i = 0; i < s.n; i++) {
+        load_sample(&s, i, d + INPUT_BASE);
+        forward_outputs(d);
+        for (int j = 0; j < N_OUTPUTS; j++)
+            out[i * N_OUTPUTS + j] = d[OUTPUT_SLOTS[j]];
+    }
+    Py_ssize_t n = s.n;
+    release_samples(&s);
+    /* memoryview(bytes).cast('d', (n, N_OUTPUTS)): numpy.asarray() gives the (n, outputs) array */
+    PyObject *view = PyMemoryView_FromObject(bytes);
+    Py_DECREF(bytes);
+    if (!view)
+        return NULL;
+    PyObject *shaped = PyObject_CallMethod(view, "cast", "s(nn)", "d", n, (Py_ssize_t)N_OUTPUTS);
+    Py_DECREF(view);
+    return shaped;
+}
+
+static PyMethodDef methods[] = {
+    {"set_input", (PyCFunction)(void (*)(void))fn_set_input, METH_FASTCALL,
+     "set_input(buffer): copy n_inputs float64 values into the input slots"},
+    {"set_params", (PyCFunction)(void (*)(void))fn_set_params, METH_FASTCALL,
+     "set_params(buffer): copy n_params float64 values into the parameter slots"},
+    {"forward", fn_forward, METH_NOARGS, "forward() -> the output's value"},
+    {"backward", fn_backward, METH_NOARGS,
+     "backward(): gradients of the output; parameter gradients accumulate until zero_grad()"},
+    {"zero_grad", fn_zero_grad, METH_NOARGS, "zero_grad(): set every gradient to 0"},
+    {"update", (PyCFunction)(void (*)(void))fn_update, METH_FASTCALL,
+     "update(lr): SGD step, param -= lr * grad"},
+    {"outputs", fn_outputs, METH_NOARGS, "outputs() -> tuple of the extra outputs' values"},
+    {"train", (PyCFunction)(void (*)(void))fn_train, METH_FASTCALL | METH_KEYWORDS,
+     "train(X, Y, lr, scale=1.0, batch_size=1, seed=-1) -> mean loss.\n"
+     "One pass of minibatch SGD (mean gradient per batch) over the rows of X (uint8 or float64,\n"
+     "times scale, into the first inputs) and Y (integer labels one-hot into the remaining\n"
+     "inputs, or float64 rows). seed >= 0 shuffles the order. Parameter gradients are zeroed first."},
+    {"predict", (PyCFunction)(void (*)(void))fn_predict, METH_FASTCALL | METH_KEYWORDS,
+     "predict(X, scale=1.0) -> memoryview of shape (rows, n_outputs) with the outputs' values;\n"
+     "X's rows (times scale) fill the first inputs, the other inputs keep their values."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---- module lifecycle ------------------------------------------------------------------------ */
+static int add_view(PyObject *module, const char *name, PyObject *buf, Py_ssize_t start, Py_ssize_t stop)
+{
+    PyObject *raw = PyMemoryView_FromObject(buf);
+    PyObject *typed = raw ? PyObject_CallMethod(raw, "cast", "s", "d") : NULL;
+    PyObject *slice = typed ? PySequence_GetSlice(typed, start, stop) : NULL;
+    Py_XDECREF(raw);
+    Py_XDECREF(typed);
+    return slice ? PyModule_AddObject(module, name, slice) : -1; /* steals slice on success */
+}
+
+static int module_exec(PyObject *module)
+{
+    State *s = state_of(module);
+    s->data_buf = PyByteArray_FromStringAndSize(NULL, N_SLOTS * (Py_ssize_t)sizeof(double));
+    s->grad_buf = PyByteArray_FromStringAndSize(NULL, N_SLOTS * (Py_ssize_t)sizeof(double));
+    if (!s->data_buf || !s->grad_buf)
+        return -1;
+    s->d = (double *)PyByteArray_AS_STRING(s->data_buf);
+    s->g = (double *)PyByteArray_AS_STRING(s->grad_buf);
+    memset(s->d, 0, N_SLOTS * sizeof(double));
+    memset(s->g, 0, N_SLOTS * sizeof(double));
+    if (add_view(module, "data", s->data_buf, 0, N_SLOTS) < 0 ||
+        add_view(module, "grad", s->grad_buf, 0, N_SLOTS) < 0 ||
+        add_view(module, "params", s->data_buf, 0, N_PARAMS) < 0 ||
+        add_view(module, "inputs", s->data_buf, INPUT_BASE, INPUT_BASE + N_INPUTS) < 0 ||
+        PyModule_AddIntConstant(module, "n_slots", N_SLOTS) < 0 ||
+        PyModule_AddIntConstant(module, "n_params", N_PARAMS) < 0 ||
+        PyModule_AddIntConstant(module, "n_inputs", N_INPUTS) < 0 ||
+        PyModule_AddIntConstant(module, "n_outputs", N_OUTPUTS) < 0 ||
+        PyModule_AddIntConstant(module, "loss_slot", LOSS_SLOT) < 0)
+        return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    State *s = state_of(module);
+    if (s) {
+        Py_VISIT(s->data_buf);
+        Py_VISIT(s->grad_buf);
+    }
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    State *s = state_of(module);
+    if (s) {
+        Py_CLEAR(s->data_buf);
+        Py_CLEAR(s->grad_buf);
+    }
+    return 0;
+}
+
+static void module_free(void *module) { module_clear((PyObject *)module); }
+
+static PyModuleDef_Slot slots[] = {{Py_mod_exec, (void *)module_exec}, {0, NULL}};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, MODULE_NAME_STR, "A compiled micrograd-c training step.",
+    sizeof(State), methods, slots, module_traverse, module_clear, module_free,
+};
+
+/* The multi-phase init gives each load its own State, so one model compiled twice in one
+ * process (one cached .so) still trains as two independent copies. */
+PyMODINIT_FUNC MODULE_INIT(void) { return PyModuleDef_Init(&module_def); }
