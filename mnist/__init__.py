@@ -1,0 +1,1 @@
+"""MNIST data: reading IDX files, downloading and checking the data set."""

