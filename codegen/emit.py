@@ -69,27 +69,62 @@ class _Emitter:
             parts.append(f"dot(d + {a}, d + {b}, {n})" if not kind else f"dot_gather(d, {a}, {b}, {n})")
         return f"d[{node.slot}] = {' + '.join(parts)};"
 
-    def backward(self, node):
+    def backward(self, node, sgd=False):
+        """Statements adding node's gradient into its arguments' gradients. With sgd (see
+        sgd_fusable) a contribution to a parameter instead applies `param -= lr * contribution`,
+        placed after the statements that still read the parameter's old value."""
         out_grad = f"g[{node.slot}]"
-        lines = []
+        grads, updates = [], []
+
+        def contribute(to_param, accumulate, update):
+            (updates if sgd and to_param else grads).append(update if sgd and to_param else accumulate)
+
         if node.kind == "op":
             operands = _operands(node, out=f"d[{node.slot}]")
             for arg, formula in zip(node.args, node.op.grads):
-                if not arg.needs_grad:
-                    continue
-                local = node.op.render(formula, **operands)
-                update = out_grad if local == "1" else f"{local} * {out_grad}"
-                lines.append(f"g[{arg.slot}] += {update};")
-            return lines
-        lines += [f"g[{t.slot}] += {out_grad};" for t in node.args if t.needs_grad]
+                if arg.needs_grad:
+                    local = node.op.render(formula, **operands)
+                    term = out_grad if local == "1" else f"{local} * {out_grad}"
+                    contribute(arg.kind == "param", f"g[{arg.slot}] += {term};",
+                               f"d[{arg.slot}] -= lr * ({term});")
+            return grads + updates
+        for t in node.args:
+            if t.needs_grad:
+                contribute(t.kind == "param", f"g[{t.slot}] += {out_grad};", f"d[{t.slot}] -= lr * {out_grad};")
         if node.a:
             kind, a, b = self._factor_ranges(node)
             n = len(node.a)
-            for wrt, other, factors in ((a, b, node.a), (b, a, node.b)):
-                if any(f.needs_grad for f in factors):
-                    lines.append(f"axpy(g + {wrt}, {out_grad}, d + {other}, {n});" if not kind else
-                                 f"axpy_gather(g, {wrt}, {out_grad}, d, {other}, {n});")
-        return lines
+            for wrt, other, factors in ((b, a, node.b), (a, b, node.a)):
+                if not any(f.needs_grad for f in factors):
+                    continue
+                if kind:
+                    contribute(factors[0].kind == "param", f"axpy_gather(g, {wrt}, {out_grad}, d, {other}, {n});",
+                               f"sgd_axpy_gather(d, {wrt}, lr, {out_grad}, {other}, {n});")
+                else:
+                    contribute(factors[0].kind == "param", f"axpy(g + {wrt}, {out_grad}, d + {other}, {n});",
+                               f"sgd_axpy(d + {wrt}, lr, {out_grad}, d + {other}, {n});")
+        return grads + updates
+
+
+def sgd_fusable(program):
+    """Whether a batch-1 SGD step can update parameters during backward instead of after it:
+    every parameter gets at most one gradient contribution (so `param -= lr * contribution` is
+    the whole step, bit for bit), a dot's factor list is all parameters or none, and no
+    parameter is itself read as a result."""
+    contributions = set()
+    for node in program.backward:
+        targets = [x for x in node.args if x.needs_grad]
+        for factors in (node.a, node.b):
+            if any(f.needs_grad for f in factors):
+                if len({f.kind == "param" for f in factors}) > 1:
+                    return False
+                targets += factors
+        for t in targets:
+            if t.kind == "param":
+                if id(t) in contributions:
+                    return False
+                contributions.add(id(t))
+    return all(r.kind != "param" for r in [program.loss, *program.outputs])
 
 
 def _operands(node, **names):
@@ -120,12 +155,15 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS):
     e = _Emitter(program)
     forward = [e.forward(n) for n in program.forward]
     backward = [line for n in program.backward for line in e.backward(n)]
+    fused_sgd = sgd_fusable(program)
+    backward_sgd = [line for n in program.backward for line in e.backward(n, sgd=True)] if fused_sgd else []
     d, dg = ["double *restrict d"], ["double *restrict d", "double *restrict g"]
     graph = "\n".join([
         e.tables.render(),
         _functions("forward_outputs", d, forward[:program.n_output_nodes], chunk),
         _functions("forward_rest", d, forward[program.n_output_nodes:], chunk),
         _functions("backward_body", dg, backward, chunk),
+        _functions("backward_sgd_body", dg + ["double lr"], backward_sgd, chunk),
     ])
     output_slots = [n.slot for n in program.outputs] or [0]
     constants = "\n".join([
@@ -135,6 +173,7 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS):
         f"#define INPUT_BASE {program.input_base}",
         f"#define LOSS_SLOT {program.loss.slot}",
         f"#define N_OUTPUTS {len(program.outputs)}",
+        f"#define SGD_IN_BACKWARD {int(fused_sgd)}",
         f'#define MODULE_NAME_STR "{module_name}"',
         f"#define MODULE_INIT PyInit_{module_name}",
         f"static const long OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",

@@ -53,8 +53,8 @@ def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False):
     leaf_kind.update({id(x): "input" for x in inputs})
 
     # Outputs first: their ancestors then lead the order, so predict() can stop early.
-    order = _topological_order(outputs + [loss])
-    n_output_values = len(_topological_order(outputs)) if outputs else 0
+    n_output_values = len(topological_order(*outputs))
+    order = topological_order(*outputs, loss)
     nodes = {}
     for v in order:
         if v._kind is not None:
@@ -103,17 +103,6 @@ def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False):
 
 def _count_ops(values):
     return sum(1 for v in values if v._kind is not None)
-
-
-def _topological_order(roots):
-    """One order for several roots: each root's order, skipping what an earlier root covered."""
-    seen, order = set(), []
-    for root in roots:
-        for v in topological_order(root):
-            if id(v) not in seen:
-                seen.add(id(v))
-                order.append(v)
-    return order
 
 
 def _check_leaves(inputs, params, roots):

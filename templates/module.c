@@ -13,39 +13,79 @@
 /*@CONSTANTS@*/
 
 /* ---- kernels for fused dot products -------------------------------------------------- */
-/* Eight independent accumulators: the compiler can keep them in vector registers without
- * reassociating anything (no -ffast-math needed), and TCC still gets eight short chains. */
-#define LANES 8
+/* Written unrolled, eight elements a step with eight independent accumulators: GCC and Clang
+ * turn each step into vector instructions without reassociating anything (no -ffast-math),
+ * and TCC, which does not optimise, still gets short dependency chains and few loop branches.
+ * Every compiler sums in the same order, so their results agree. */
+#define STEP8(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7)
 
 static double dot(const double *restrict a, const double *restrict b, long n)
 {
-    double acc[LANES] = {0};
-    long i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++)
-            acc[l] += a[i + l] * b[i + l];
-    for (int l = 0; i < n; i++, l++)
-        acc[l] += a[i] * b[i];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    const double *end = a + (n & ~7L);
+#define DOT(l) s##l += a[l] * b[l];
+    for (; a < end; a += 8, b += 8) {
+        STEP8(DOT)
+    }
+#undef DOT
+    switch (n & 7) { /* the tail, lane by lane as if the loop went on */
+    case 7: s6 += a[6] * b[6]; /* fall through */
+    case 6: s5 += a[5] * b[5]; /* fall through */
+    case 5: s4 += a[4] * b[4]; /* fall through */
+    case 4: s3 += a[3] * b[3]; /* fall through */
+    case 3: s2 += a[2] * b[2]; /* fall through */
+    case 2: s1 += a[1] * b[1]; /* fall through */
+    case 1: s0 += a[0] * b[0];
+    }
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
 static double dot_gather(const double *restrict d, const int32_t *ia, const int32_t *ib, long n)
 {
-    double acc[LANES] = {0};
-    long i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int l = 0; l < LANES; l++)
-            acc[l] += d[ia[i + l]] * d[ib[i + l]];
-    for (int l = 0; i < n; i++, l++)
-        acc[l] += d[ia[i]] * d[ib[i]];
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    double s[8] = {0};
+    for (long i = 0; i < n; i++)
+        s[i & 7] += d[ia[i]] * d[ib[i]];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
 /* y[i] += alpha * x[i] */
 static void axpy(double *restrict y, double alpha, const double *restrict x, long n)
 {
-    for (long i = 0; i < n; i++)
+    if (alpha == 0.0) /* adds nothing; skipping saves a pass over y (ReLUs that are off) */
+        return;
+    const double *end = x + (n & ~7L);
+#define AXPY(l) y[l] += alpha * x[l];
+    for (; x < end; x += 8, y += 8) {
+        STEP8(AXPY)
+    }
+#undef AXPY
+    for (long i = 0; i < (n & 7); i++)
         y[i] += alpha * x[i];
+}
+
+/* A batch-1 SGD step fused into backward: w[i] -= lr * (alpha * x[i]), the same rounding as
+ * accumulating the gradient alpha * x[i] into a zeroed grad and then updating. Skipped when
+ * alpha is 0 (a ReLU that is off), which is most of the saving. */
+static void sgd_axpy(double *restrict w, double lr, double alpha, const double *restrict x, long n)
+{
+    if (alpha == 0.0)
+        return;
+    const double *end = x + (n & ~7L);
+#define SGD_AXPY(l) w[l] -= lr * (alpha * x[l]);
+    for (; x < end; x += 8, w += 8) {
+        STEP8(SGD_AXPY)
+    }
+#undef SGD_AXPY
+    for (long i = 0; i < (n & 7); i++)
+        w[i] -= lr * (alpha * x[i]);
+}
+
+static void sgd_axpy_gather(double *d, const int32_t *iw, double lr, double alpha, const int32_t *ix, long n)
+{
+    if (alpha == 0.0)
+        return;
+    for (long i = 0; i < n; i++)
+        d[iw[i]] -= lr * (alpha * d[ix[i]]);
 }
 
 /* g[iy[i]] += alpha * d[ix[i]]; sequential, so repeated indices accumulate correctly. */
@@ -67,10 +107,17 @@ typedef struct {
 
 static State *state_of(PyObject *module) { return (State *)PyModule_GetState(module); }
 
-static void backward_all(double *restrict d, double *restrict g)
+/* The output's gradient is 1; every other non-parameter gradient restarts from 0, while
+ * parameter gradients accumulate until zero_grad(), as in micrograd. */
+static void seed_gradients(double *restrict g)
 {
     memset(g + N_PARAMS, 0, (size_t)(N_SLOTS - N_PARAMS) * sizeof(double));
     g[LOSS_SLOT] = 1.0;
+}
+
+static void backward_all(double *restrict d, double *restrict g)
+{
+    seed_gradients(g);
     backward_body(d, g);
 }
 
@@ -355,9 +402,16 @@ static uint64_t next_random(uint64_t *x)
     return z ^ (z >> 31);
 }
 
+/* param -= lr * grad, then grad = 0, over the parameter block */
 static void sgd_step(double *restrict d, double *restrict g, double lr)
 {
-    for (long i = 0; i < N_PARAMS; i++) {
+    double *end = d + (N_PARAMS & ~7L);
+#define SGD(l) d[l] -= lr * g[l]; g[l] = 0.0;
+    for (; d < end; d += 8, g += 8) {
+        STEP8(SGD)
+    }
+#undef SGD
+    for (long i = 0; i < (N_PARAMS & 7); i++) {
         d[i] -= lr * g[i];
         g[i] = 0.0;
     }
@@ -477,10 +531,15 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
         forward_outputs(d);
         forward_rest(d);
         loss_sum += d[LOSS_SLOT];
-        backward_all(d, g);
-        if (++in_batch == batch) { /* the mean gradient of the minibatch */
-            sgd_step(d, g, lr / (double)batch);
-            in_batch = 0;
+        if (SGD_IN_BACKWARD && batch == 1) {
+            seed_gradients(g);
+            backward_sgd_body(d, g, lr);
+        } else {
+            backward_all(d, g);
+            if (++in_batch == batch) { /* the mean gradient of the minibatch */
+                sgd_step(d, g, lr / (double)batch);
+                in_batch = 0;
+            }
         }
         if ((i & 1023) == 1023 && PyErr_CheckSignals() < 0) {
             PyMem_Free(order);
