@@ -69,6 +69,7 @@ class BuildResult:
     seconds: float           # compiler wall time (0.0 when cached)
     peak_rss: int | None     # compiler's peak resident memory in bytes (None when cached)
     command: tuple[str, ...]
+    source: pathlib.Path | None = None  # the C file beside it, for users to read
 
 
 def find_compiler(name: str | None = None) -> Compiler:
@@ -197,7 +198,8 @@ def _build(kind, source, name, compiler, opt, native, cache, timeout) -> BuildRe
         return [*compiler.argv, *flags, str(c_file), '-o', str(output_path), '-lm', *compiler.link_args]
 
     if output.exists():
-        return BuildResult(output, cached=True, seconds=0.0, peak_rss=None, command=tuple(command(output)))
+        return BuildResult(output, cached=True, seconds=0.0, peak_rss=None, command=tuple(command(output)),
+                           source=c_file)
 
     # Write and compile into temporary files, then rename: concurrent builders never see partial files.
     _write_atomically(c_file, source)
@@ -209,7 +211,8 @@ def _build(kind, source, name, compiler, opt, native, cache, timeout) -> BuildRe
     finally:
         if os.path.exists(temp_output):
             os.unlink(temp_output)
-    return BuildResult(output, cached=False, seconds=seconds, peak_rss=peak_rss, command=tuple(command(output)))
+    return BuildResult(output, cached=False, seconds=seconds, peak_rss=peak_rss, command=tuple(command(output)),
+                       source=c_file)
 
 
 def _write_atomically(path: pathlib.Path, text: str) -> None:

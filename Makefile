@@ -1,0 +1,49 @@
+# micrograd-c. `make` builds the MNIST model's module as build/nn*.so; `make mnist` trains it;
+# `make test` runs the tests. Every target sets up its own virtualenv (.venv) first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+ifeq ($(origin CC),default)
+CC := gcc
+endif
+OPT    ?= 2
+# Options passed through to the scripts, e.g. make mnist ARGS="--epochs 3"
+ARGS   ?=
+
+.PHONY: all nn mnist xor test test-all bench compare torch clean
+
+all: nn
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[test,plot]'
+	touch $@
+
+nn: $(VENV)/.installed
+	$(PY) -m mnist.build --compiler $(CC) --opt $(OPT) $(ARGS)
+
+mnist: $(VENV)/.installed
+	$(PY) -m mnist.train --compiler $(CC) --opt $(OPT) $(ARGS)
+
+xor: $(VENV)/.installed
+	$(PY) -m mnist.xor --compiler $(CC) $(ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q $(ARGS)
+
+# the slow tests too (big graphs in scalar mode, longer MNIST runs)
+test-all: $(VENV)/.installed
+	$(PY) -m pytest -q -m '' $(ARGS)
+
+bench: $(VENV)/.installed
+	$(PY) -m mnist.bench $(ARGS)
+
+compare: $(VENV)/.installed
+	$(PY) -m mnist.compare $(ARGS)
+
+# PyTorch (CPU) as a peer in bench/compare: optional, large
+torch: $(VENV)/.installed
+	$(PY) -m pip install -q 'torch==2.13.0'
+
+clean:
+	rm -rf build $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,39 @@
+"""The workload: micrograd's MLP(784, [50, 10]) with softmax cross-entropy, one image per step."""
+
+import random
+from dataclasses import dataclass
+
+import codegen
+from micrograd_c import MLP, Value, cross_entropy
+
+N_PIXELS, N_CLASSES = 784, 10
+PIXEL_SCALE = 1 / 255  # pixels are uint8; the model sees [0, 1]
+
+
+@dataclass
+class Graph:
+    model: MLP
+    pixels: list    # input Values, one per pixel
+    targets: list   # input Values, the one-hot label
+    logits: list
+    loss: Value
+
+    def compile(self, **options):
+        """The compiled training step (codegen.compile options: compiler, opt, native, fuse...)."""
+        return codegen.compile(self.loss, self.pixels + self.targets, self.model.parameters(),
+                               outputs=self.logits, **options)
+
+    def generate(self, **options):
+        """The C source compile() would build."""
+        return codegen.generate(self.loss, self.pixels + self.targets, self.model.parameters(),
+                                outputs=self.logits, **options)
+
+
+def build_graph(seed=0, hidden=(50,)):
+    """The MLP graph with micrograd's initialisation under random.seed(seed)."""
+    random.seed(seed)
+    model = MLP(N_PIXELS, [*hidden, N_CLASSES])
+    pixels = [Value(0.0) for _ in range(N_PIXELS)]
+    targets = [Value(0.0) for _ in range(N_CLASSES)]
+    logits = model(pixels)
+    return Graph(model, pixels, targets, logits, cross_entropy(logits, targets))
