@@ -84,7 +84,7 @@ class _Emitter:
             for arg, formula in zip(node.args, node.op.grads):
                 if arg.needs_grad:
                     local = node.op.render(formula, **operands)
-                    term = out_grad if local == "1" else f"{local} * {out_grad}"
+                    term = out_grad if local == "1" else f"({local}) * {out_grad}"
                     contribute(arg.kind == "param", f"g[{arg.slot}] += {term};",
                                f"d[{arg.slot}] -= lr * ({term});")
             return grads + updates
@@ -142,7 +142,7 @@ def _functions(name, params, statements, chunk):
     pieces, calls = [], []
     for i in range(0, len(statements), chunk):
         body = "\n    ".join(statements[i:i + chunk])
-        pieces.append(f"static void {name}_{i // chunk}({signature})\n{{\n    {body}\n}}\n")
+        pieces.append(f"CHUNK void {name}_{i // chunk}({signature})\n{{\n    {body}\n}}\n")
         calls.append(f"    {name}_{i // chunk}({args});")
     pieces.append(f"static void {name}({signature})\n{{\n" + "\n".join(calls) + "\n}\n")
     return "\n".join(pieces)
@@ -155,7 +155,8 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS):
     e = _Emitter(program)
     forward = [e.forward(n) for n in program.forward]
     backward = [line for n in program.backward for line in e.backward(n)]
-    fused_sgd = sgd_fusable(program)
+    # The straight-line scalar mode stays the reference post's plain program (and half the C).
+    fused_sgd = program.fused and sgd_fusable(program)
     backward_sgd = [line for n in program.backward for line in e.backward(n, sgd=True)] if fused_sgd else []
     d, dg = ["double *restrict d"], ["double *restrict d", "double *restrict g"]
     graph = "\n".join([

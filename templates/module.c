@@ -7,6 +7,14 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Generated straight-line code comes in many small functions: keep GCC and Clang from
+ * inlining them back into one huge function, which they optimise in superlinear time. */
+#if defined(__GNUC__) && !defined(__TINYC__)
+#define CHUNK __attribute__((noinline)) static
+#else
+#define CHUNK static
+#endif
+
 /* The op table's `where(cond, x, y)` primitive. */
 #define where(c, x, y) ((c) ? (x) : (y))
 

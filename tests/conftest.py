@@ -15,3 +15,15 @@ def compiler(request) -> str:
             pytest.fail(str(error))
         pytest.skip(str(error))
     return request.param
+
+
+@pytest.fixture(autouse=True, scope='session')
+def _private_build_cache(tmp_path_factory):
+    """Tests build into their own cache, not the user's."""
+    previous = os.environ.get('MICROGRAD_C_CACHE')
+    os.environ['MICROGRAD_C_CACHE'] = str(tmp_path_factory.mktemp('build-cache'))
+    yield
+    if previous is None:
+        del os.environ['MICROGRAD_C_CACHE']
+    else:
+        os.environ['MICROGRAD_C_CACHE'] = previous

@@ -1,0 +1,222 @@
+"""The compiled module against the interpreter: loss, every gradient, and the parameters after
+100 SGD steps, for each op, an MLP and random graphs, with every compiler at -O0 and -O2, in the
+straight-line scalar mode and the fused mode.
+
+Tolerances: the scalar mode evaluates the op table's formulas in the interpreter's order, so it
+agrees to 1e-12 relative (bit for bit unless the compiler contracts a*b+c into an FMA). The fused
+mode sums each dot product in eight interleaved lanes instead of left to right; the difference is
+bounded by about n * 2**-52 * sum|terms|, so it is held to 1e-9.
+"""
+
+import math
+import random
+from array import array
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import codegen
+from micrograd_c import MLP, Value, mse
+
+MODES = {"scalar": dict(fuse=False), "fused": dict(fuse=True)}
+RTOL = {"scalar": 1e-12, "fused": 1e-9}
+STEPS, LR = 100, 1e-3
+
+
+@pytest.fixture(params=[0, 2], ids=["O0", "O2"])
+def opt(request):
+    return request.param
+
+
+@pytest.fixture(params=list(MODES))
+def mode(request):
+    return request.param
+
+
+def interpret(build, param_values, rows, steps=STEPS, lr=LR):
+    """micrograd's training loop: rebuild the graph each step, backward, SGD. Returns the first
+    step's loss and gradients (params, inputs) and the parameters after all steps."""
+    params = [Value(v) for v in param_values]
+    first = None
+    for step in range(steps):
+        inputs = [Value(x) for x in rows[step % len(rows)]]
+        loss = build(params, inputs)
+        loss.backward()
+        if first is None:
+            first = (loss.data, [p.grad for p in params], [x.grad for x in inputs])
+        for p in params:
+            p.data -= lr * p.grad
+            p.grad = 0
+    return first + ([p.data for p in params],)
+
+
+def run_compiled(build, param_values, rows, steps=STEPS, lr=LR, **options):
+    params = [Value(v) for v in param_values]
+    inputs = [Value(x) for x in rows[0]]
+    net = codegen.compile(build(params, inputs), inputs, params, input_grads=True, **options)
+    first = None
+    for step in range(steps):
+        net.set_input(array("d", rows[step % len(rows)]))
+        loss = net.forward()
+        net.zero_grad()
+        net.backward()
+        if first is None:
+            grad = np.asarray(net.grad)
+            first = (loss, list(grad[:net.n_params]), list(grad[net.n_params:net.n_params + net.n_inputs]))
+        net.update(lr)
+    return first + (list(net.params),)
+
+
+def assert_equivalent(build, param_values, rows, mode, **options):
+    expected = interpret(build, param_values, rows)
+    got = run_compiled(build, param_values, rows, **MODES[mode], **options)
+    for name, e, g in zip(["loss", "param grads", "input grads", "params after SGD"], expected, got):
+        e, g = np.atleast_1d(np.asarray(e, dtype=float)), np.atleast_1d(np.asarray(g, dtype=float))
+        scale = max(1.0, float(np.max(np.abs(e)))) if e.size else 1.0
+        np.testing.assert_allclose(g, e, rtol=RTOL[mode], atol=RTOL[mode] * scale, err_msg=name)
+
+
+# Each op alone, fed by parameters and inputs so that every gradient path is exercised.
+OP_CASES = {
+    "add": lambda p, x: p[0] * x[0] + p[1],
+    "mul": lambda p, x: (p[0] * x[0]) * (p[1] + x[1]),
+    "pow2": lambda p, x: (p[0] * x[0] + p[1]) ** 2,
+    "pow-1": lambda p, x: (p[0] * x[0] * x[0] + 2.0) ** -1,
+    "div": lambda p, x: (p[0] * x[0]) / (p[1] * p[1] + 1.0),
+    "relu": lambda p, x: (p[0] * x[0] + p[1]).relu() + (p[1] * x[1]).relu(),
+    "tanh": lambda p, x: (p[0] * x[0] + p[1]).tanh(),
+    "sigmoid": lambda p, x: (p[0] * x[0] - p[1]).sigmoid(),
+    "exp": lambda p, x: (p[0] * x[0] + p[1]).exp(),
+    "log": lambda p, x: ((p[0] * x[0]) ** 2 + p[1] * p[1] + 1.0).log(),
+    "max": lambda p, x: (p[0] * x[0]).max(p[1] * x[1] + 0.5),
+    "neg-sub": lambda p, x: -(p[0] - x[0]) - (2.0 - p[1] * x[1]),
+    "square-shared": lambda p, x: (p[0] * x[0]) * (p[0] * x[0]) + p[1] * p[1],
+}
+OP_ROWS = [[0.5, -1.5], [-0.7, 0.3], [1.2, 0.9]]
+
+
+@pytest.mark.parametrize("case", OP_CASES)
+def test_each_op(case, compiler, opt, mode):
+    assert_equivalent(OP_CASES[case], [0.8, -0.4], OP_ROWS, mode, compiler=compiler, opt=opt)
+
+
+def mlp_case(nin, nouts, seed=1, activation="relu"):
+    """(build, initial parameter values) for an MLP regressing its last input."""
+    random.seed(seed)
+    init = [p.data for p in MLP(nin, nouts, activation=activation).parameters()]
+
+    def build(params, inputs):
+        model = MLP(nin, nouts, activation=activation)
+        values = iter(params)  # the model computes with the given parameter Values
+        for neuron in (n for layer in model.layers for n in layer.neurons):
+            neuron.w = [next(values) for _ in neuron.w]
+            neuron.b = next(values)
+        return mse([model(inputs[:nin])], [inputs[nin]])
+
+    return build, init
+
+
+XOR_ROWS = [[0.0, 0.0, -1.0], [0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0, -1.0]]
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh"])
+def test_xor_mlp(activation, compiler, opt, mode):
+    build, init = mlp_case(2, [8, 8, 1], activation=activation)  # 8-input neurons: fused dots
+    assert_equivalent(build, init, XOR_ROWS, mode, compiler=compiler, opt=opt)
+
+
+def test_fused_dot_with_scattered_and_repeated_factors(compiler, opt):
+    """Dots whose factors are not contiguous (gathered through index tables), and x_i * x_i."""
+    order = [3, 0, 4, 1, 2, 5]
+
+    def build(p, x):
+        scattered = sum((p[i] * x[j] for i, j in enumerate(order)), p[6])
+        squares = sum((x[i] * x[i] for i in range(6)), Value(0.0))
+        return scattered.tanh() * squares + sum((p[i] * p[i] for i in range(6)), p[7])
+
+    rows = [[0.1 * (i + 1) * (-1) ** i for i in range(6)], [0.3, -0.2, 0.5, 0.1, -0.4, 0.6]]
+    assert_equivalent(build, [0.5 - 0.13 * i for i in range(8)], rows, "fused", compiler=compiler, opt=opt)
+    params, inputs = [Value(0.0) for _ in range(8)], [Value(0.0) for _ in range(6)]
+    program = codegen.ir.lower(build(params, inputs), inputs, params)
+    assert sum(n.kind == "dot" for n in program.forward) == 3
+
+
+# Random graphs: a recipe of ops over parameters, inputs and constants, with shared
+# subexpressions, x*x, constants and chains; transforms keep every value in its op's domain.
+RECIPE_OPS = {
+    "add": (2, lambda a, b: a + b),
+    "mul": (2, lambda a, b: a * b),
+    "sub": (2, lambda a, b: a - b),
+    "div": (2, lambda a, b: a / (b * b + 1.0)),
+    "max": (2, lambda a, b: a.max(b)),
+    "relu": (1, lambda a: a.relu()),
+    "tanh": (1, lambda a: a.tanh()),
+    "sigmoid": (1, lambda a: a.sigmoid()),
+    "exp": (1, lambda a: a.tanh().exp()),
+    "log": (1, lambda a: (a * a + 1.0).log()),
+    "square": (1, lambda a: a**2),
+    "neg": (1, lambda a: -a),
+}
+
+
+@st.composite
+def recipes(draw):
+    n_params, n_inputs = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    constants = draw(st.lists(st.floats(-2, 2, allow_nan=False, width=32), max_size=2))
+    n_nodes = n_params + n_inputs + len(constants)
+    steps = []
+    for _ in range(draw(st.integers(1, 10))):
+        if draw(st.integers(0, 4)) == 0:  # a sum of products: fused in fused mode
+            pairs = draw(st.lists(st.tuples(st.integers(0, n_nodes - 1), st.integers(0, n_nodes - 1)),
+                                  min_size=4, max_size=7))
+            steps.append(("dot", pairs))
+        else:
+            name = draw(st.sampled_from(sorted(RECIPE_OPS)))
+            args = [draw(st.integers(0, n_nodes - 1)) for _ in range(RECIPE_OPS[name][0])]
+            steps.append((name, args))
+        n_nodes += 1
+    param_values = draw(st.lists(st.floats(-1.5, 1.5, allow_nan=False, width=32), min_size=n_params, max_size=n_params))
+    rows = draw(st.lists(st.lists(st.floats(-1.5, 1.5, allow_nan=False, width=32), min_size=n_inputs,
+                                  max_size=n_inputs), min_size=1, max_size=3))
+    return constants, steps, param_values, rows
+
+
+def recipe_graph(constants, steps):
+    def build(params, inputs):
+        nodes = list(params) + list(inputs) + [Value(c) for c in constants]
+        for name, args in steps:
+            if name == "dot":
+                nodes.append(sum((nodes[i] * nodes[j] for i, j in args), nodes[args[0][0]]))
+            else:
+                nodes.append(RECIPE_OPS[name][1](*(nodes[i] for i in args)))
+        # The last node, plus earlier ones: outputs with shared subexpressions.
+        return sum(nodes[len(params) + len(inputs) + len(constants):], nodes[-1])
+    return build
+
+
+@pytest.mark.parametrize("mode_name", list(MODES))
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(recipe=recipes())
+def test_random_graphs(recipe, mode_name, compiler, opt):
+    constants, steps, param_values, rows = recipe
+    build = recipe_graph(constants, steps)
+    try:
+        expected = interpret(build, param_values, rows)
+    except (OverflowError, ZeroDivisionError, ValueError):
+        assume(False)
+    flat = [expected[0], *expected[1], *expected[2], *expected[3]]
+    assume(all(math.isfinite(v) and abs(v) < 1e6 for v in flat))
+    assert_equivalent(build, param_values, rows, mode_name, compiler=compiler, opt=opt)
+
+
+def test_long_chain_compiles_in_bounded_functions():
+    x, p = Value(0.5), Value(1.0)
+    y = x
+    for i in range(20_000):
+        y = y * p + 0.25 if i % 2 else (y * 0.5).tanh()
+    source = codegen.generate(y, [x], [p], fuse=False)
+    assert source.count("CHUNK void forward_rest_") >= 10  # cut into many small functions
+    net = codegen.compile(y, [x], [p], compiler="gcc", opt=1)
+    assert net.forward() == pytest.approx(y.data, rel=1e-12)

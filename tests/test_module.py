@@ -1,0 +1,243 @@
+"""The compiled module as a user meets it: its functions' semantics, bad input, state access,
+the build cache."""
+
+import random
+from array import array
+
+import numpy as np
+import pytest
+
+import codegen
+from micrograd_c import MLP, Value, cross_entropy
+
+N_IN, N_CLASSES = 6, 3
+
+
+def small_classifier(seed=0, hidden=8):
+    """An MLP classifier as a compiled graph: inputs are N_IN features then a one-hot target."""
+    random.seed(seed)
+    model = MLP(N_IN, [hidden, N_CLASSES])
+    xs = [Value(0.0) for _ in range(N_IN)]
+    ys = [Value(0.0) for _ in range(N_CLASSES)]
+    logits = model(xs)
+    return model, xs, ys, logits, cross_entropy(logits, ys)
+
+
+def compile_classifier(seed=0, compiler="gcc", **options):
+    model, xs, ys, logits, loss = small_classifier(seed)
+    return codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler=compiler, **options), model
+
+
+@pytest.fixture(scope="module")
+def net():
+    return compile_classifier()[0]
+
+
+def data(n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, size=(n, N_IN), dtype=np.uint8), rng.integers(0, N_CLASSES, size=n)
+
+
+def manual_epoch(net, X, labels, lr, scale, batch_size):
+    """train() spelled out with the single-step functions."""
+    losses = []
+    net.zero_grad()
+    for start in range(0, len(X), batch_size):
+        rows = range(start, min(start + batch_size, len(X)))
+        for i in rows:
+            row = np.zeros(N_IN + N_CLASSES)
+            row[:N_IN] = X[i] * scale
+            row[N_IN + labels[i]] = 1.0
+            net.set_input(row)
+            losses.append(net.forward())
+            net.backward()
+        net.update(lr / len(rows))
+        net.zero_grad()
+    return float(np.mean(losses))
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 7])
+@pytest.mark.parametrize("fuse", [True, False])
+def test_train_equals_the_single_step_functions(compiler, batch_size, fuse):
+    X, labels = data()
+    a, model = compile_classifier(compiler=compiler, fuse=fuse)
+    b, _ = compile_classifier(compiler=compiler, fuse=fuse)
+    expected = manual_epoch(a, X, labels, 0.05, 1 / 255, batch_size)
+    got = b.train(X, labels, 0.05, scale=1 / 255, batch_size=batch_size)
+    assert got == pytest.approx(expected, rel=1e-12)
+    np.testing.assert_allclose(np.asarray(b.params), np.asarray(a.params), rtol=1e-12, atol=1e-15)
+
+
+def test_train_with_float_targets_and_shuffle(net):
+    X, labels = data()
+    Y = np.eye(N_CLASSES)[labels]
+    a, _ = compile_classifier()
+    b, _ = compile_classifier()
+    assert a.train(X.astype(np.float64), Y, 0.05, scale=1 / 255) == pytest.approx(
+        b.train(X, labels, 0.05, scale=1 / 255), rel=1e-15)
+    shuffled = [compile_classifier()[0] for _ in range(3)]
+    losses = [m.train(X, labels, 0.05, scale=1 / 255, seed=s) for m, s in zip(shuffled, [5, 5, 6])]
+    assert losses[0] == losses[1] != losses[2]
+    assert not np.array_equal(np.asarray(shuffled[0].params), np.asarray(a.params))
+
+
+def test_predict_equals_forward_outputs(net):
+    X, labels = data(5)
+    got = np.asarray(net.predict(X, scale=0.5))
+    assert got.shape == (5, N_CLASSES)
+    for i in range(5):
+        row = np.zeros(N_IN + N_CLASSES)
+        row[:N_IN] = X[i] * 0.5
+        net.set_input(row)
+        net.forward()
+        assert net.outputs() == tuple(got[i])
+
+
+def test_values_round_trip_and_state_views(compiler):
+    net, model = compile_classifier(compiler=compiler)
+    params = model.parameters()
+    np.testing.assert_array_equal(np.asarray(net.params), [p.data for p in params])
+    X, labels = data()
+    net.train(X, labels, 0.1, scale=1 / 255)
+    codegen.copy_to_values(net, params)
+    assert [p.data for p in params] == list(net.params)
+    fresh, _ = compile_classifier(seed=1, compiler=compiler)
+    codegen.copy_from_values(fresh, params)
+    assert list(fresh.params) == list(net.params)
+    view = np.asarray(net.data)  # zero-copy and writable
+    view[0] = 42.0
+    assert net.params[0] == 42.0
+    assert np.asarray(net.grad).shape == (net.n_slots,)
+    with pytest.raises(ValueError, match="parameters"):
+        codegen.copy_to_values(net, params[:-1])
+
+
+def test_two_loads_of_one_cached_module_have_their_own_state():
+    a, _ = compile_classifier()
+    b, _ = compile_classifier()
+    assert a.build.path == b.build.path and b.build.cached
+    a.params[0] = 7.0
+    assert b.params[0] != 7.0
+
+
+def test_cache_hit_miss_and_two_models_side_by_side(tmp_path):
+    first, _ = compile_classifier(seed=0, cache=tmp_path)
+    again, _ = compile_classifier(seed=0, cache=tmp_path)
+    assert not first.build.cached and again.build.cached and again.build.path == first.build.path
+    model, xs, ys, logits, loss = small_classifier()
+    other = codegen.compile(loss * 2.0, xs + ys, model.parameters(), outputs=logits, cache=tmp_path)
+    assert not other.build.cached and other.build.path != first.build.path
+    row = np.linspace(0, 1, N_IN + N_CLASSES)
+    first.set_input(row)
+    other.set_input(row)
+    assert other.forward() == pytest.approx(2 * first.forward(), rel=1e-15)
+
+
+def test_emitted_c_is_deterministic():
+    graphs = [small_classifier(seed=3) for _ in range(2)]
+    texts = {codegen.generate(g[4], g[1] + g[2], g[0].parameters(), g[3]) for g in graphs}
+    assert len(texts) == 1
+
+
+def test_constants_are_printed_exactly(compiler):
+    x = Value(0.0)
+    tiny, third, big = 5e-324, 1 / 3, 1.7976931348623157e308
+    out = (x + tiny) * third + (x * 1e-300 + big) * 0.5 - 0.1
+    net = codegen.compile(out, [x], [], compiler=compiler, opt=2)
+    assert net.forward() == out.data
+
+
+def test_a_leaf_output_and_a_constant_output(compiler):
+    p, x = Value(2.0), Value(3.0)
+    net = codegen.compile(p * x, [x], [p], outputs=[p, Value(1.5)], compiler=compiler)
+    assert net.forward() == 6.0
+    assert net.outputs() == (2.0, 1.5)
+
+
+# ---- bad input: a clear exception naming the function, and the state left as it was ----------
+
+def test_bad_arguments_raise_clear_errors(net):
+    before = bytes(net.data)
+    good = np.zeros(N_IN + N_CLASSES)
+    X, labels = data(4)
+    cases = [
+        (lambda: net.set_input(), TypeError, r"set_input\(\) takes 1 argument \(0 given\)"),
+        (lambda: net.set_input(good, good), TypeError, r"set_input\(\) takes 1 argument \(2 given\)"),
+        (lambda: net.set_input([0.0] * 9), TypeError, r"set_input\(\): the input must be a C-contiguous buffer"),
+        (lambda: net.set_input(np.zeros(8)), ValueError, r"set_input\(\): the input must hold 9 float64 values, got 8"),
+        (lambda: net.set_input(np.zeros(9, np.float32)), TypeError, r"set_input\(\).*format 'f'; expected float64"),
+        (lambda: net.set_input(np.zeros(18)[::2]), ValueError, r"set_input\(\).*C-contiguous"),
+        (lambda: net.set_input(np.zeros((3, 3))), ValueError, r"must have 1 dimension"),
+        (lambda: net.set_input(np.full(9, np.nan)), ValueError, r"set_input\(\): the input holds NaN at index 0"),
+        (lambda: net.set_params(np.zeros(3)), ValueError, r"set_params\(\): the parameters must hold 83"),
+        (lambda: net.update(), TypeError, r"update\(\) takes 1 argument"),
+        (lambda: net.update("0.1"), TypeError, r"update\(\): lr must be a number, not str"),
+        (lambda: net.update(float("nan")), ValueError, r"update\(\): lr must be finite"),
+        (lambda: net.forward(1), TypeError, r"forward\(\) takes no arguments"),
+        (lambda: net.backward(1), TypeError, r"backward\(\) takes no arguments"),
+        (lambda: net.zero_grad(1), TypeError, r"zero_grad\(\) takes no arguments"),
+        (lambda: net.outputs(1), TypeError, r"outputs\(\) takes no arguments"),
+        (lambda: net.train(X, labels), TypeError, r"train\(\) missing required argument 'lr'"),
+        (lambda: net.train(X, labels, 0.1, rate=2), TypeError, r"unexpected keyword argument 'rate'"),
+        (lambda: net.train(X, labels, 0.1, lr=2), TypeError, r"multiple values for argument 'lr'"),
+        (lambda: net.train(X, labels, 0.1, 1, 1, 1, 1), TypeError, r"train\(\) takes 3 to 6 arguments \(7 given\)"),
+        (lambda: net.train(X, labels, 0.1, batch_size=0), ValueError, r"batch_size must be >= 1, got 0"),
+        (lambda: net.train(X, labels, 0.1, batch_size=1.5), TypeError, r"batch_size must be an int"),
+        (lambda: net.train(X, labels, float("inf")), ValueError, r"lr must be finite"),
+        (lambda: net.train(X[0], labels, 0.1), ValueError, r"train\(\): X must have 2 dimensions, got 1"),
+        (lambda: net.train(X.astype(np.float32), labels, 0.1), TypeError, r"X has element format 'f'"),
+        (lambda: net.train(X, labels[:3], 0.1), ValueError, r"X has 4 rows but Y has 3"),
+        (lambda: net.train(X, labels + 3, 0.1), ValueError, r"label 3 at row 0 is outside 0..2"),
+        (lambda: net.train(X, labels.astype(float), 0.1), TypeError, r"Y has element format 'd'; expected integers"),
+        (lambda: net.train(X, np.zeros((4, 2)), 0.1), ValueError, r"Y has 2 columns; .* must have 3"),
+        (lambda: net.train(X, "abc", 0.1), TypeError, r"Y must be a buffer"),
+        (lambda: net.train(np.zeros((4, 10), np.uint8), labels, 0.1), ValueError, r"X has 10 columns but the model has only 9 inputs"),
+        (lambda: net.train(np.full((4, N_IN), np.nan), labels, 0.1), ValueError, r"X holds NaN"),
+        (lambda: net.predict(), TypeError, r"predict\(\) missing required argument 'X'"),
+        (lambda: net.predict(X, scale="x"), TypeError, r"scale must be a number"),
+        (lambda: net.predict(np.zeros(3)), ValueError, r"predict\(\): X must have 2 dimensions"),
+    ]
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+    assert bytes(net.data) == before  # nothing was half-done
+
+
+def test_read_only_and_other_buffers_are_accepted_for_reading(net):
+    row = np.linspace(0, 1, N_IN + N_CLASSES)
+    row.flags.writeable = False
+    net.set_input(row)
+    assert list(net.inputs) == list(row)
+    net.set_input(array("d", row))
+    net.set_input(memoryview(array("d", row)))
+    X, labels = data(3)
+    X.flags.writeable = False
+    net.predict(X)
+    for dtype in (np.int8, np.int32, np.int64, np.uint16):
+        net.train(X, labels.astype(dtype), 0.0)
+
+
+def test_a_failed_compile_shows_the_compiler_output(tmp_path, monkeypatch):
+    x = Value(1.0)
+    monkeypatch.setattr(codegen.emit, "c_literal", lambda value: "syntax error here")
+    with pytest.raises(codegen.CompileError) as error:
+        codegen.compile(x * 2.0, [x], [], cache=tmp_path)
+    assert "error" in error.value.stderr and "gcc" in str(error.value)
+
+
+def test_missing_compiler_says_what_to_install():
+    x = Value(1.0)
+    with pytest.raises(codegen.CompilerNotFound, match="install"):
+        codegen.compile(x * 2.0, [x], [], compiler="no-such-compiler-cc")
+
+
+def test_bad_graphs_are_rejected():
+    x, p = Value(1.0), Value(2.0)
+    with pytest.raises(ValueError, match="inputs and params must be leaves"):
+        codegen.compile(x * p, [x * p], [p])
+    with pytest.raises(ValueError, match="listed twice"):
+        codegen.compile(x * p, [x], [p, x])
+    with pytest.raises(TypeError, match="Value"):
+        codegen.compile(3.0, [x], [p])
+    with pytest.raises(ValueError, match="C identifier"):
+        codegen.compile(x * p, [x], [p], name="not a name")
