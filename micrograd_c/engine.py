@@ -92,19 +92,23 @@ class Value:
         return f"Value(data={self.data}, grad={self.grad})"
 
 
-def topological_order(root):
-    """Nodes reachable from root, children before parents, in the order micrograd's recursive
-    build_topo gives; iterative, so a chain of any length works."""
-    order, visited = [], {id(root)}
-    stack = [(root, iter(root._prev))]
-    while stack:
-        node, children = stack[-1]
-        for child in children:
-            if id(child) not in visited:
-                visited.add(id(child))
-                stack.append((child, iter(child._prev)))
-                break
-        else:
-            stack.pop()
-            order.append(node)
+def topological_order(*roots):
+    """Nodes reachable from the roots, children before parents, in the order micrograd's
+    recursive build_topo gives (root by root); iterative, so a chain of any length works."""
+    order, visited = [], set()
+    for root in roots:
+        if id(root) in visited:
+            continue
+        visited.add(id(root))
+        stack = [(root, iter(root._prev))]
+        while stack:
+            node, children = stack[-1]
+            for child in children:
+                if id(child) not in visited:
+                    visited.add(id(child))
+                    stack.append((child, iter(child._prev)))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
     return order
