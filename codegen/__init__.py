@@ -17,7 +17,8 @@ __all__ = ["compile", "generate", "copy_to_values", "copy_from_values", "Compile
 
 
 def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn"):
-    """The C source of the module, without building it (what `make` writes to build/nn.c)."""
+    """The C sources compile() builds: the module, then any extra units of generated functions
+    (big straight-line programs are split so that the files compile in parallel)."""
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
     return emit.emit(program, name)
 
@@ -35,9 +36,9 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     """
     inputs, params = list(inputs), list(params)
     started = time.perf_counter()
-    source = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name)
+    sources = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name)
     generated = time.perf_counter()
-    build = toolchain.build_extension(source, name, compiler=compiler, opt=opt, native=native,
+    build = toolchain.build_extension(sources, name, compiler=compiler, opt=opt, native=native,
                                       cache=cache, timeout=timeout)
     module = loader.load_extension(build.path, name)
     copy_from_values(module, params)

@@ -8,8 +8,11 @@ compilers slow down superlinearly on huge basic blocks.
 import math
 from importlib import resources
 
-# Statements per generated function: small enough that gcc/clang -O1 stay linear overall.
-CHUNK_STATEMENTS = 1000
+# Statements per generated function: gcc/clang -O1 take superlinear time in a function's size.
+CHUNK_STATEMENTS = 200
+# Statements per C file: big programs become several files, compiled in parallel, each in
+# bounded compiler memory.
+UNIT_STATEMENTS = 20_000
 
 
 def c_literal(x):
@@ -37,9 +40,12 @@ class _IndexTables:
     def __call__(self, slots):
         return self.names.setdefault(tuple(slots), f"idx_{len(self.names)}")
 
-    def render(self):
-        return "\n".join(f"static const int32_t {name}[] = {{{', '.join(map(str, slots))}}};"
-                         for slots, name in self.names.items())
+    def render(self, declare=False):
+        """Definitions, or the declarations another unit needs to use them."""
+        if declare:
+            return "\n".join(f"extern SHARED const int32_t {name}[];" for name in self.names.values())
+        return "\n".join(f"SHARED const int32_t {name}[] = {{{', '.join(map(str, slots))}}};"
+                          for slots, name in self.names.items())
 
 
 def _start_if_contiguous(nodes):
@@ -136,20 +142,35 @@ def _operands(node, **names):
 
 
 def _functions(name, params, statements, chunk):
-    """C functions of at most `chunk` statements each, and a driver `name` calling them in order."""
+    """C functions of at most `chunk` statements each, as (definition, declaration, statement
+    count) triples, and the driver `name` that calls them in order."""
     args = ", ".join(p.split()[-1].lstrip("*") for p in params)
     signature = ", ".join(params)
     pieces, calls = [], []
     for i in range(0, len(statements), chunk):
+        head = f"CHUNK void {name}_{i // chunk}({signature})"
         body = "\n    ".join(statements[i:i + chunk])
-        pieces.append(f"CHUNK void {name}_{i // chunk}({signature})\n{{\n    {body}\n}}\n")
+        pieces.append((f"{head}\n{{\n    {body}\n}}\n", f"{head};", len(statements[i:i + chunk])))
         calls.append(f"    {name}_{i // chunk}({args});")
-    pieces.append(f"static void {name}({signature})\n{{\n" + "\n".join(calls) + "\n}\n")
-    return "\n".join(pieces)
+    driver = f"static void {name}({signature})\n{{\n" + "\n".join(calls) + "\n}\n"
+    return pieces, driver
 
 
-def emit(program, module_name, chunk=CHUNK_STATEMENTS):
-    """The C source of the extension module `module_name` computing `program`."""
+def _units(pieces, unit):
+    """The chunk functions packed in order into groups of about `unit` statements."""
+    units, size = [[]], 0
+    for piece in pieces:
+        if size >= unit:
+            units.append([])
+            size = 0
+        units[-1].append(piece)
+        size += piece[2]
+    return units
+
+
+def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS):
+    """The C sources of the extension module `module_name` computing `program`: the module
+    itself, then (for big programs) extra units of generated functions compiled alongside."""
     if not module_name.isidentifier() or not module_name.isascii():
         raise ValueError(f"module name must be a C identifier, got {module_name!r}")
     e = _Emitter(program)
@@ -159,13 +180,23 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS):
     fused_sgd = program.fused and sgd_fusable(program)
     backward_sgd = [line for n in program.backward for line in e.backward(n, sgd=True)] if fused_sgd else []
     d, dg = ["double *restrict d"], ["double *restrict d", "double *restrict g"]
-    graph = "\n".join([
-        e.tables.render(),
-        _functions("forward_outputs", d, forward[:program.n_output_nodes], chunk),
-        _functions("forward_rest", d, forward[program.n_output_nodes:], chunk),
-        _functions("backward_body", dg, backward, chunk),
-        _functions("backward_sgd_body", dg + ["double lr"], backward_sgd, chunk),
-    ])
+    pieces, drivers = [], []
+    for name, params, statements in [("forward_outputs", d, forward[:program.n_output_nodes]),
+                                     ("forward_rest", d, forward[program.n_output_nodes:]),
+                                     ("backward_body", dg, backward),
+                                     ("backward_sgd_body", dg + ["double lr"], backward_sgd)]:
+        functions, driver = _functions(name, params, statements, chunk)
+        pieces += functions
+        drivers.append(driver)
+    units = _units(pieces, unit)
+    prelude = _template("prelude.c")
+    if len(units) == 1:
+        graph = [e.tables.render(), *(p[0] for p in pieces), *drivers]
+        extra = []
+    else:
+        graph = [e.tables.render(), *(p[1] for p in pieces), *drivers]
+        extra = [prelude + "\n" + e.tables.render(declare=True) + "\n" + "\n".join(p[0] for p in group)
+                 for group in units]
     output_slots = [n.slot for n in program.outputs] or [0]
     constants = "\n".join([
         f"#define N_SLOTS {program.n_slots}",
@@ -179,5 +210,10 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS):
         f"#define MODULE_INIT PyInit_{module_name}",
         f"static const long OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
     ])
-    template = resources.files("templates").joinpath("module.c").read_text()
-    return template.replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", graph)
+    module = (_template("module.c").replace("/*@PRELUDE@*/", prelude)
+              .replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", "\n".join(graph)))
+    return [module] + extra
+
+
+def _template(name):
+    return resources.files("templates").joinpath(name).read_text()

@@ -16,7 +16,9 @@ import sys
 import sysconfig
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Sequence
 
 COMPILER_NAMES = ('tcc', 'gcc', 'clang')
 
@@ -67,7 +69,7 @@ class BuildResult:
     path: pathlib.Path
     cached: bool             # True if found in the cache (no compiler run)
     seconds: float           # compiler wall time (0.0 when cached)
-    peak_rss: int | None     # compiler's peak resident memory in bytes (None when cached)
+    peak_rss: int | None     # peak resident memory of the largest compiler process, bytes (None when cached)
     command: tuple[str, ...]
     source: pathlib.Path | None = None  # the C file beside it, for users to read
 
@@ -159,23 +161,25 @@ def cache_dir() -> pathlib.Path:
     return path
 
 
-def build_extension(source: str, module_name: str, compiler: str | Compiler | None = None, opt: int = 2,
-                    native: bool = False, cache: pathlib.Path | None = None,
+def build_extension(sources: str | Sequence[str], module_name: str, compiler: str | Compiler | None = None,
+                    opt: int = 2, native: bool = False, cache: pathlib.Path | None = None,
                     timeout: float | None = None) -> BuildResult:
-    """Build a CPython extension module (PyInit_<module_name> must be defined in source)."""
-    return _build('extension', source, module_name, compiler, opt, native, cache, timeout)
+    """Build a CPython extension module (PyInit_<module_name> must be defined in the first source;
+    further sources are extra translation units linked in)."""
+    return _build('extension', sources, module_name, compiler, opt, native, cache, timeout)
 
 
-def build_library(source: str, name: str, compiler: str | Compiler | None = None, opt: int = 2,
+def build_library(sources: str | Sequence[str], name: str, compiler: str | Compiler | None = None, opt: int = 2,
                   native: bool = False, cache: pathlib.Path | None = None,
                   timeout: float | None = None) -> BuildResult:
     """Build a plain shared library (no Python headers), e.g. for loading with cffi."""
-    return _build('library', source, name, compiler, opt, native, cache, timeout)
+    return _build('library', sources, name, compiler, opt, native, cache, timeout)
 
 
-def _build(kind, source, name, compiler, opt, native, cache, timeout) -> BuildResult:
+def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildResult:
     if not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
         raise ValueError(f'name must be a C identifier, not {name!r}')
+    sources = [sources] if isinstance(sources, str) else list(sources)
     if not isinstance(compiler, Compiler):
         compiler = find_compiler(compiler)
     flags = compile_flags(compiler, opt, native)
@@ -183,7 +187,7 @@ def _build(kind, source, name, compiler, opt, native, cache, timeout) -> BuildRe
         flags.append('-I' + sysconfig.get_paths()['include'])
     ext_suffix = sysconfig.get_config_var('EXT_SUFFIX')
     key = hashlib.sha256(json.dumps([
-        kind, name, source, compiler.family, compiler.argv, compiler.link_args, compiler.version, flags,
+        kind, name, sources, compiler.family, compiler.argv, compiler.link_args, compiler.version, flags,
         sys.implementation.cache_tag, ext_suffix,
     ]).encode()).hexdigest()
 
@@ -192,27 +196,51 @@ def _build(kind, source, name, compiler, opt, native, cache, timeout) -> BuildRe
     # A new path for every key: re-importing a rebuilt .so at the same path returns the old module.
     stem = f'{name}_{key[:16]}'
     output = cache / (stem + (ext_suffix if kind == 'extension' else '.so'))
-    c_file = cache / (stem + '.c')
+    c_files = [cache / (stem + (f'.{i}' if i else '') + '.c') for i in range(len(sources))]
 
-    def command(output_path):  # libraries after the source: --as-needed linkers drop earlier ones
-        return [*compiler.argv, *flags, str(c_file), '-o', str(output_path), '-lm', *compiler.link_args]
+    def link(output_path, inputs):  # libraries after the inputs: --as-needed linkers drop earlier ones
+        return [*compiler.argv, *flags, *map(str, inputs), '-o', str(output_path), '-lm', *compiler.link_args]
 
     if output.exists():
-        return BuildResult(output, cached=True, seconds=0.0, peak_rss=None, command=tuple(command(output)),
-                           source=c_file)
+        return BuildResult(output, cached=True, seconds=0.0, peak_rss=None, command=tuple(link(output, c_files)),
+                           source=c_files[0])
 
     # Write and compile into temporary files, then rename: concurrent builders never see partial files.
-    _write_atomically(c_file, source)
-    fd, temp_output = tempfile.mkstemp(dir=cache, prefix=f'.{output.name}.', suffix='.tmp')
-    os.close(fd)
+    for c_file, text in zip(c_files, sources):
+        _write_atomically(c_file, text)
+    temp_output = _temp_file(cache, output.name)
+    objects = [_temp_file(cache, c.name + '.o') for c in c_files] if len(c_files) > 1 else []
+    start = time.perf_counter()
+
+    def remaining():
+        return None if timeout is None else max(0.0, start + timeout - time.perf_counter())
+
+    def compile_unit(c_file, obj):
+        return _run_compiler([*compiler.argv, *flags, '-c', str(c_file), '-o', str(obj)], remaining())
+
     try:
-        seconds, peak_rss = _run_compiler(command(temp_output), timeout)
+        if not objects or compiler.family == 'tcc':  # tcc is fast enough in one process
+            peak_rss = _run_compiler(link(temp_output, c_files), remaining())
+        else:  # several units: compile them on every core, then link
+            with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+                peaks = list(pool.map(compile_unit, c_files, objects))
+            peak_rss = max(peaks + [_run_compiler(link(temp_output, objects), remaining())])
+        seconds = time.perf_counter() - start
         os.replace(temp_output, output)
+    except CompileTimeout:  # report the whole build's limit, not what was left of it
+        raise CompileTimeout(link(output, c_files), timeout) from None
     finally:
-        if os.path.exists(temp_output):
-            os.unlink(temp_output)
-    return BuildResult(output, cached=False, seconds=seconds, peak_rss=peak_rss, command=tuple(command(output)),
-                       source=c_file)
+        for path in [temp_output, *objects]:
+            if os.path.exists(path):
+                os.unlink(path)
+    return BuildResult(output, cached=False, seconds=seconds, peak_rss=peak_rss, command=tuple(link(output, c_files)),
+                       source=c_files[0])
+
+
+def _temp_file(directory: pathlib.Path, name: str) -> str:
+    fd, path = tempfile.mkstemp(dir=directory, prefix=f'.{name}.', suffix='.tmp')
+    os.close(fd)
+    return path
 
 
 def _write_atomically(path: pathlib.Path, text: str) -> None:
@@ -222,8 +250,8 @@ def _write_atomically(path: pathlib.Path, text: str) -> None:
     os.replace(temp_path, path)
 
 
-def _run_compiler(command: list[str], timeout: float | None) -> tuple[float, int]:
-    """Run the compiler; return (wall seconds, peak RSS in bytes). Raise CompileError / CompileTimeout."""
+def _run_compiler(command: list[str], timeout: float | None) -> int:
+    """Run the compiler; return its peak RSS in bytes. Raise CompileError / CompileTimeout."""
     with tempfile.TemporaryFile() as log:
         start = time.perf_counter()
         # Own session/process group, so a timeout also kills cc1, as and ld.
@@ -238,12 +266,11 @@ def _run_compiler(command: list[str], timeout: float | None) -> tuple[float, int
             if isinstance(error, TimeoutError):
                 raise CompileTimeout(command, timeout) from None
             raise
-        seconds = time.perf_counter() - start
         process.returncode = os.waitstatus_to_exitcode(status)
         if process.returncode != 0:
             log.seek(0)
             raise CompileError(command, log.read().decode(errors='replace'), process.returncode)
-    return seconds, usage.ru_maxrss * _MAXRSS_UNIT
+    return usage.ru_maxrss * _MAXRSS_UNIT
 
 
 def _wait4(pid: int, start: float, timeout: float | None):

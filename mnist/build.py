@@ -28,7 +28,8 @@ def main(argv=None):
     graph = build_graph(args.seed)
     net = graph.compile(compiler=args.compiler, opt=args.opt, native=args.native, fuse=not args.scalar)
     args.out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(net.build.source, args.out / "nn.c")
+    for source in sorted(net.build.source.parent.glob(net.build.source.stem + "*.c")):  # nn.c, nn.1.c...
+        shutil.copyfile(source, args.out / source.name.replace(net.build.source.stem, "nn"))
     target = args.out / ("nn" + sysconfig.get_config_var("EXT_SUFFIX"))
     tmp = target.with_name(target.name + ".tmp")
     shutil.copyfile(net.build.path, tmp)

@@ -3,106 +3,10 @@
  * d[] (values) and g[] (gradients): parameters first, then inputs, then intermediates. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
 
-/* Generated straight-line code comes in many small functions: keep GCC and Clang from
- * inlining them back into one huge function, which they optimise in superlinear time. */
-#if defined(__GNUC__) && !defined(__TINYC__)
-#define CHUNK __attribute__((noinline)) static
-#else
-#define CHUNK static
-#endif
-
-/* The op table's `where(cond, x, y)` primitive. */
-#define where(c, x, y) ((c) ? (x) : (y))
+/*@PRELUDE@*/
 
 /*@CONSTANTS@*/
-
-/* ---- kernels for fused dot products -------------------------------------------------- */
-/* Written unrolled, eight elements a step with eight independent accumulators: GCC and Clang
- * turn each step into vector instructions without reassociating anything (no -ffast-math),
- * and TCC, which does not optimise, still gets short dependency chains and few loop branches.
- * Every compiler sums in the same order, so their results agree. */
-#define STEP8(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7)
-
-static double dot(const double *restrict a, const double *restrict b, long n)
-{
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-    const double *end = a + (n & ~7L);
-#define DOT(l) s##l += a[l] * b[l];
-    for (; a < end; a += 8, b += 8) {
-        STEP8(DOT)
-    }
-#undef DOT
-    switch (n & 7) { /* the tail, lane by lane as if the loop went on */
-    case 7: s6 += a[6] * b[6]; /* fall through */
-    case 6: s5 += a[5] * b[5]; /* fall through */
-    case 5: s4 += a[4] * b[4]; /* fall through */
-    case 4: s3 += a[3] * b[3]; /* fall through */
-    case 3: s2 += a[2] * b[2]; /* fall through */
-    case 2: s1 += a[1] * b[1]; /* fall through */
-    case 1: s0 += a[0] * b[0];
-    }
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
-}
-
-static double dot_gather(const double *restrict d, const int32_t *ia, const int32_t *ib, long n)
-{
-    double s[8] = {0};
-    for (long i = 0; i < n; i++)
-        s[i & 7] += d[ia[i]] * d[ib[i]];
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
-/* y[i] += alpha * x[i] */
-static void axpy(double *restrict y, double alpha, const double *restrict x, long n)
-{
-    if (alpha == 0.0) /* adds nothing; skipping saves a pass over y (ReLUs that are off) */
-        return;
-    const double *end = x + (n & ~7L);
-#define AXPY(l) y[l] += alpha * x[l];
-    for (; x < end; x += 8, y += 8) {
-        STEP8(AXPY)
-    }
-#undef AXPY
-    for (long i = 0; i < (n & 7); i++)
-        y[i] += alpha * x[i];
-}
-
-/* A batch-1 SGD step fused into backward: w[i] -= lr * (alpha * x[i]), the same rounding as
- * accumulating the gradient alpha * x[i] into a zeroed grad and then updating. Skipped when
- * alpha is 0 (a ReLU that is off), which is most of the saving. */
-static void sgd_axpy(double *restrict w, double lr, double alpha, const double *restrict x, long n)
-{
-    if (alpha == 0.0)
-        return;
-    const double *end = x + (n & ~7L);
-#define SGD_AXPY(l) w[l] -= lr * (alpha * x[l]);
-    for (; x < end; x += 8, w += 8) {
-        STEP8(SGD_AXPY)
-    }
-#undef SGD_AXPY
-    for (long i = 0; i < (n & 7); i++)
-        w[i] -= lr * (alpha * x[i]);
-}
-
-static void sgd_axpy_gather(double *d, const int32_t *iw, double lr, double alpha, const int32_t *ix, long n)
-{
-    if (alpha == 0.0)
-        return;
-    for (long i = 0; i < n; i++)
-        d[iw[i]] -= lr * (alpha * d[ix[i]]);
-}
-
-/* g[iy[i]] += alpha * d[ix[i]]; sequential, so repeated indices accumulate correctly. */
-static void axpy_gather(double *restrict g, const int32_t *iy, double alpha,
-                        const double *restrict d, const int32_t *ix, long n)
-{
-    for (long i = 0; i < n; i++)
-        g[iy[i]] += alpha * d[ix[i]];
-}
 
 /* ---- the graph ------------------------------------------------------------------------ */
 /*@GRAPH@*/

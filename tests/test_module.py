@@ -135,7 +135,7 @@ def test_cache_hit_miss_and_two_models_side_by_side(tmp_path):
 
 def test_emitted_c_is_deterministic():
     graphs = [small_classifier(seed=3) for _ in range(2)]
-    texts = {codegen.generate(g[4], g[1] + g[2], g[0].parameters(), g[3]) for g in graphs}
+    texts = {tuple(codegen.generate(g[4], g[1] + g[2], g[0].parameters(), g[3])) for g in graphs}
     assert len(texts) == 1
 
 
