@@ -10,9 +10,11 @@
 #if defined(__GNUC__) && !defined(__TINYC__)
 #define SHARED __attribute__((visibility("hidden")))
 #define CHUNK __attribute__((noinline, visibility("hidden")))
+#define KERNEL __attribute__((noinline)) static
 #else
 #define SHARED
 #define CHUNK
+#define KERNEL static
 #endif
 
 /* The op table's `where(cond, x, y)` primitive. */
@@ -25,7 +27,7 @@
  * Every compiler sums in the same order, so their results agree. */
 #define STEP8(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7)
 
-static double dot(const double *restrict a, const double *restrict b, long n)
+KERNEL double dot(const double *restrict a, const double *restrict b, long n)
 {
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
     const double *end = a + (n & ~7L);
@@ -46,7 +48,7 @@ static double dot(const double *restrict a, const double *restrict b, long n)
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
-static double dot_gather(const double *restrict d, const int32_t *ia, const int32_t *ib, long n)
+KERNEL double dot_gather(const double *restrict d, const int32_t *ia, const int32_t *ib, long n)
 {
     double s[8] = {0};
     for (long i = 0; i < n; i++)
@@ -55,7 +57,7 @@ static double dot_gather(const double *restrict d, const int32_t *ia, const int3
 }
 
 /* y[i] += alpha * x[i] */
-static void axpy(double *restrict y, double alpha, const double *restrict x, long n)
+KERNEL void axpy(double *restrict y, double alpha, const double *restrict x, long n)
 {
     if (alpha == 0.0) /* adds nothing; skipping saves a pass over y (ReLUs that are off) */
         return;
@@ -72,7 +74,7 @@ static void axpy(double *restrict y, double alpha, const double *restrict x, lon
 /* A batch-1 SGD step fused into backward: w[i] -= lr * (alpha * x[i]), the same rounding as
  * accumulating the gradient alpha * x[i] into a zeroed grad and then updating. Skipped when
  * alpha is 0 (a ReLU that is off), which is most of the saving. */
-static void sgd_axpy(double *restrict w, double lr, double alpha, const double *restrict x, long n)
+KERNEL void sgd_axpy(double *restrict w, double lr, double alpha, const double *restrict x, long n)
 {
     if (alpha == 0.0)
         return;
@@ -86,7 +88,7 @@ static void sgd_axpy(double *restrict w, double lr, double alpha, const double *
         w[i] -= lr * (alpha * x[i]);
 }
 
-static void sgd_axpy_gather(double *d, const int32_t *iw, double lr, double alpha, const int32_t *ix, long n)
+KERNEL void sgd_axpy_gather(double *d, const int32_t *iw, double lr, double alpha, const int32_t *ix, long n)
 {
     if (alpha == 0.0)
         return;
@@ -95,7 +97,7 @@ static void sgd_axpy_gather(double *d, const int32_t *iw, double lr, double alph
 }
 
 /* g[iy[i]] += alpha * d[ix[i]]; sequential, so repeated indices accumulate correctly. */
-static void axpy_gather(double *restrict g, const int32_t *iy, double alpha,
+KERNEL void axpy_gather(double *restrict g, const int32_t *iy, double alpha,
                         const double *restrict d, const int32_t *ix, long n)
 {
     for (long i = 0; i < n; i++)
