@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 nn: $(VENV)/.installed
 	$(PY) -m mnist.build --compiler $(CC) --opt $(OPT) $(ARGS)
 
-mnist: $(VENV)/.installed
+mnist: nn
 	$(PY) -m mnist.train --compiler $(CC) --opt $(OPT) $(ARGS)
 
 xor: $(VENV)/.installed

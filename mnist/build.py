@@ -5,11 +5,14 @@ so that a script can `sys.path.insert(0, "build"); import nn`.
 """
 
 import argparse
+import json
 import shutil
 import sys
 import sysconfig
 import time
 from pathlib import Path
+
+from codegen import toolchain
 
 from .model import build_graph
 
@@ -30,6 +33,10 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     for source in sorted(net.build.source.parent.glob(net.build.source.stem + "*.c")):  # nn.c, nn.1.c...
         shutil.copyfile(source, args.out / source.name.replace(net.build.source.stem, "nn"))
+    # How it was built, so that a script can tell whether this module is the one it asks for.
+    (args.out / "nn.json").write_text(json.dumps({
+        "compiler": list(toolchain.find_compiler(args.compiler).argv), "opt": args.opt, "native": args.native,
+        "command": list(net.build.command)}, indent=1))
     target = args.out / ("nn" + sysconfig.get_config_var("EXT_SUFFIX"))
     tmp = target.with_name(target.name + ".tmp")
     shutil.copyfile(net.build.path, tmp)

@@ -1,5 +1,6 @@
 """The workload: micrograd's MLP(784, [50, 10]) with softmax cross-entropy, one image per step."""
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -29,10 +30,22 @@ class Graph:
                                 outputs=self.logits, **options)
 
 
-def build_graph(seed=0, hidden=(50,)):
-    """The MLP graph with micrograd's initialisation under random.seed(seed)."""
+INITS = ("he", "micrograd")
+
+
+def build_graph(seed=0, hidden=(50,), init="micrograd"):
+    """The MLP graph, initialised under random.seed(seed) with micrograd's uniform(-1, 1) weights,
+    or with init="he" those same draws scaled by sqrt(6 / fan-in) (He et al.'s uniform init):
+    micrograd's weights give 784-input neurons pre-activations of tens, which SGD takes epochs
+    to undo."""
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
     random.seed(seed)
     model = MLP(N_PIXELS, [*hidden, N_CLASSES])
+    if init == "he":
+        for neuron in (n for layer in model.layers for n in layer.neurons):
+            for w in neuron.w:
+                w.data *= math.sqrt(6 / len(neuron.w))
     pixels = [Value(0.0) for _ in range(N_PIXELS)]
     targets = [Value(0.0) for _ in range(N_CLASSES)]
     logits = model(pixels)
