@@ -330,30 +330,27 @@ static void sgd_step(double *restrict d, double *restrict g, double lr)
 }
 
 /* ---- exported functions ------------------------------------------------------------------- */
-static PyObject *fn_set_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* set_input and set_params: check one float64 buffer of `count` values, copy it to d + offset */
+static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *what, PyObject *const *args,
+                                 Py_ssize_t nargs, Py_ssize_t offset, Py_ssize_t count)
 {
     Py_buffer view;
-    if (check_nargs("set_input", nargs, 1, 1) < 0 ||
-        get_buffer("set_input", "the input", args[0], &view, 1, "d", 0) < 0 ||
-        check_length("set_input", "the input", &view, N_INPUTS) < 0 ||
-        check_no_nan("set_input", "the input", view.buf, N_INPUTS, &view) < 0)
+    if (check_nargs(fn, nargs, 1, 1) < 0 || get_buffer(fn, what, args[0], &view, 1, "d", 0) < 0 ||
+        check_length(fn, what, &view, count) < 0 || check_no_nan(fn, what, view.buf, count, &view) < 0)
         return NULL;
-    memcpy(state_of(module)->d + INPUT_BASE, view.buf, N_INPUTS * sizeof(double));
+    memcpy(state_of(module)->d + offset, view.buf, (size_t)count * sizeof(double));
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
 }
 
+static PyObject *fn_set_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    return copy_into_slots(module, "set_input", "the input", args, nargs, INPUT_BASE, N_INPUTS);
+}
+
 static PyObject *fn_set_params(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_buffer view;
-    if (check_nargs("set_params", nargs, 1, 1) < 0 ||
-        get_buffer("set_params", "the parameters", args[0], &view, 1, "d", 0) < 0 ||
-        check_length("set_params", "the parameters", &view, N_PARAMS) < 0 ||
-        check_no_nan("set_params", "the parameters", view.buf, N_PARAMS, &view) < 0)
-        return NULL;
-    memcpy(state_of(module)->d, view.buf, N_PARAMS * sizeof(double));
-    PyBuffer_Release(&view);
-    Py_RETURN_NONE;
+    return copy_into_slots(module, "set_params", "the parameters", args, nargs, 0, N_PARAMS);
 }
 
 static PyObject *fn_forward(PyObject *module, PyObject *unused)
