@@ -79,7 +79,7 @@ class _Emitter:
         """Statements adding node's gradient into its arguments' gradients. With sgd (see
         sgd_fusable) a contribution to a parameter instead applies `param -= lr * contribution`,
         placed after the statements that still read the parameter's old value."""
-        out_grad = f"g[{node.slot}]"
+        out_grad = f"g[{node.grad_slot}]"
         grads, updates = [], []
 
         def contribute(to_param, accumulate, update):
@@ -88,15 +88,15 @@ class _Emitter:
         if node.kind == "op":
             operands = _operands(node, out=f"d[{node.slot}]")
             for arg, formula in zip(node.args, node.op.grads):
-                if arg.needs_grad:
+                if arg.needs_grad and not arg.shares_grad:
                     local = node.op.render(formula, **operands)
                     term = out_grad if local == "1" else f"({local}) * {out_grad}"
-                    contribute(arg.kind == "param", f"g[{arg.slot}] += {term};",
+                    contribute(arg.kind == "param", f"g[{arg.grad_slot}] += {term};",
                                f"d[{arg.slot}] -= lr * ({term});")
             return grads + updates
         for t in node.args:
-            if t.needs_grad:
-                contribute(t.kind == "param", f"g[{t.slot}] += {out_grad};", f"d[{t.slot}] -= lr * {out_grad};")
+            if t.needs_grad and not t.shares_grad:
+                contribute(t.kind == "param", f"g[{t.grad_slot}] += {out_grad};", f"d[{t.slot}] -= lr * {out_grad};")
         if node.a:
             kind, a, b = self._factor_ranges(node)
             n = len(node.a)

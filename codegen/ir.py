@@ -19,12 +19,14 @@ MIN_DOT_TERMS = 4
 class Node:
     """One node of the lowered graph. kind: 'param', 'input', 'const', 'op' or 'dot'."""
 
-    __slots__ = ("kind", "op", "args", "k", "value", "slot", "needs_grad", "a", "b")
+    __slots__ = ("kind", "op", "args", "k", "value", "slot", "needs_grad", "a", "b", "grad_slot", "shares_grad")
 
     def __init__(self, kind, op=None, args=(), k=None, value=None):
         self.kind, self.op, self.args, self.k, self.value = kind, op, args, k, value
         self.slot = None
         self.needs_grad = False
+        self.grad_slot = None     # where its gradient lives: its own slot, or its consumer's
+        self.shares_grad = False  # its gradient is its only consumer's, which passes it on unchanged
         self.a = self.b = ()  # a dot's factor lists: value = sum(args) + sum(a[i] * b[i])
 
 
@@ -91,6 +93,10 @@ def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False):
     for i, v in enumerate(inputs):
         nodes[id(v)].slot = len(params) + i
     n_slots = _assign_slots(compute, len(params) + len(inputs))
+    for node in nodes.values():
+        node.grad_slot = node.slot
+    backward = [n for n in reversed(compute) if n.needs_grad]
+    _share_gradients(backward, compute, roots)
 
     forward_outputs = [n for n in compute if id(n) in output_nodes]
     forward_rest = [n for n in compute if id(n) not in output_nodes]
@@ -98,7 +104,7 @@ def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False):
         n_params=len(params), n_inputs=len(inputs), n_slots=n_slots,
         loss=roots[-1], outputs=roots[:-1],
         forward=forward_outputs + forward_rest, n_output_nodes=len(forward_outputs),
-        backward=[n for n in reversed(compute) if n.needs_grad], fused=fuse)
+        backward=backward, fused=fuse)
 
 
 def _count_ops(values):
@@ -159,6 +165,22 @@ def _fuse_dots(compute, roots):
         absorbed.update(map(id, inner[1:]))
         absorbed.update(is_product)
     return [n for n in compute if id(n) not in absorbed]
+
+
+def _share_gradients(backward, compute, roots):
+    """A node whose only use is as a term of a sum has exactly its sum's gradient (the local
+    derivative is 1): it reads that gradient in place instead of a copy. A sum's partial sums and
+    its products then cost no backward statement at all."""
+    uses = {}
+    for node in compute:
+        for x in _reads(node):
+            uses[id(x)] = uses.get(id(x), 0) + 1
+    kept = set(map(id, roots))
+    for node in backward:  # consumers before their terms, so grad_slot is final when passed on
+        terms = node.args if node.kind == "dot" or node.op.name == "add" else ()
+        for t in terms:
+            if t.kind in ("op", "dot") and uses[id(t)] == 1 and id(t) not in kept:
+                t.grad_slot, t.shares_grad = node.grad_slot, True
 
 
 def _assign_slots(compute, first):
