@@ -319,6 +319,7 @@ static void sgd_step(double *restrict d, double *restrict g, double lr)
 {
     double *end = d + (N_PARAMS & ~7L);
 #define SGD(l) d[l] -= lr * g[l]; g[l] = 0.0;
+    UNROLLED
     for (; d < end; d += 8, g += 8) {
         STEP8(SGD)
     }

@@ -26,12 +26,20 @@
  * and TCC, which does not optimise, still gets short dependency chains and few loop branches.
  * Every compiler sums in the same order, so their results agree. */
 #define STEP8(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7)
+/* Clang's loop vectoriser would turn an unrolled step into gathers and scatters across steps;
+ * its SLP vectoriser, left to it, makes each step's eight statements two plain vectors. */
+#if defined(__clang__)
+#define UNROLLED _Pragma("clang loop vectorize(disable)")
+#else
+#define UNROLLED
+#endif
 
 KERNEL double dot(const double *restrict a, const double *restrict b, long n)
 {
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
     const double *end = a + (n & ~7L);
 #define DOT(l) s##l += a[l] * b[l];
+    UNROLLED
     for (; a < end; a += 8, b += 8) {
         STEP8(DOT)
     }
@@ -63,6 +71,7 @@ KERNEL void axpy(double *restrict y, double alpha, const double *restrict x, lon
         return;
     const double *end = x + (n & ~7L);
 #define AXPY(l) y[l] += alpha * x[l];
+    UNROLLED
     for (; x < end; x += 8, y += 8) {
         STEP8(AXPY)
     }
@@ -80,6 +89,7 @@ KERNEL void sgd_axpy(double *restrict w, double lr, double alpha, const double *
         return;
     const double *end = x + (n & ~7L);
 #define SGD_AXPY(l) w[l] -= lr * (alpha * x[l]);
+    UNROLLED
     for (; x < end; x += 8, w += 8) {
         STEP8(SGD_AXPY)
     }
