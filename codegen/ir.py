@@ -76,9 +76,7 @@ def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False):
         if root.kind == "const":
             roots[i] = Node("dot", args=(root,))
             compute.append(roots[i])
-    output_nodes = set(map(id, compute[:_count_ops(order[:n_output_values])]))
-
-    output_nodes.update(map(id, roots[:-1]))
+    output_nodes = set(map(id, compute[:_count_ops(order[:n_output_values])] + roots[:-1]))
     if fuse:
         compute = _fuse_dots(compute, roots)
     for v in params:
@@ -93,7 +91,7 @@ def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False):
     for i, v in enumerate(inputs):
         nodes[id(v)].slot = len(params) + i
     n_slots = _assign_slots(compute, len(params) + len(inputs))
-    for node in nodes.values():
+    for node in [*nodes.values(), *compute]:
         node.grad_slot = node.slot
     backward = [n for n in reversed(compute) if n.needs_grad]
     _share_gradients(backward, compute, roots)
