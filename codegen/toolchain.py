@@ -220,12 +220,12 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildR
 
     try:
         if not objects or compiler.family == 'tcc':  # tcc is fast enough in one process
-            peak_rss = _run_compiler(link(temp_output, c_files), remaining())
-        else:  # several units: compile them on every core, then link
+            seconds, peak_rss = _run_compiler(link(temp_output, c_files), remaining())
+        else:  # several units: compile them on every core, then link; the time is the wall clock's
             with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-                peaks = list(pool.map(compile_unit, c_files, objects))
-            peak_rss = max(peaks + [_run_compiler(link(temp_output, objects), remaining())])
-        seconds = time.perf_counter() - start
+                runs = list(pool.map(compile_unit, c_files, objects))
+            runs.append(_run_compiler(link(temp_output, objects), remaining()))
+            seconds, peak_rss = time.perf_counter() - start, max(peak for _, peak in runs)
         os.replace(temp_output, output)
     except CompileTimeout:  # report the whole build's limit, not what was left of it
         raise CompileTimeout(link(output, c_files), timeout) from None
@@ -250,15 +250,32 @@ def _write_atomically(path: pathlib.Path, text: str) -> None:
     os.replace(temp_path, path)
 
 
-def _run_compiler(command: list[str], timeout: float | None) -> int:
-    """Run the compiler; return its peak RSS in bytes. Raise CompileError / CompileTimeout."""
-    with tempfile.TemporaryFile() as log:
+# Runs a command as a child of this small process and reports the child's wall time and peak
+# memory on a pipe. Measured from the Python process itself, the compiler's peak would include
+# the parent's: Linux carries the forking process's resident size into the child's ru_maxrss.
+_MEASURE = """
+import os, sys, time
+report, command = int(sys.argv[1]), sys.argv[2:]
+start = time.perf_counter()
+pid = os.posix_spawnp(command[0], command, os.environ)
+_, status, usage = os.wait4(pid, 0)
+os.write(report, b"%r %d" % (time.perf_counter() - start, usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def _run_compiler(command: list[str], timeout: float | None) -> tuple[float, int]:
+    """Run the compiler; return its wall seconds and peak RSS in bytes. Raise CompileError / CompileTimeout."""
+    read_end, write_end = os.pipe()
+    with tempfile.TemporaryFile() as log, os.fdopen(read_end, 'rb') as report:
         start = time.perf_counter()
         # Own session/process group, so a timeout also kills cc1, as and ld.
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen([sys.executable, '-I', '-S', '-c', _MEASURE, str(write_end), *command],
+                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True, pass_fds=(write_end,))
+        os.close(write_end)
         try:
-            status, usage = _wait4(process.pid, start, timeout)
+            status, _ = _wait4(process.pid, start, timeout)
         except BaseException as error:  # timeout or Ctrl-C: don't leave the compiler running
             os.killpg(process.pid, signal.SIGKILL)
             os.waitpid(process.pid, 0)
@@ -267,10 +284,11 @@ def _run_compiler(command: list[str], timeout: float | None) -> int:
                 raise CompileTimeout(command, timeout) from None
             raise
         process.returncode = os.waitstatus_to_exitcode(status)
-        if process.returncode != 0:
+        measured = report.read().split()
+        if process.returncode != 0 or len(measured) != 2:
             log.seek(0)
             raise CompileError(command, log.read().decode(errors='replace'), process.returncode)
-    return usage.ru_maxrss * _MAXRSS_UNIT
+    return float(measured[0]), int(measured[1]) * _MAXRSS_UNIT
 
 
 def _wait4(pid: int, start: float, timeout: float | None):
