@@ -1,0 +1,98 @@
+"""Speed: our compiled module against pure-Python micrograd, NumPy, PyTorch and plain C, in one run,
+and whether the project's speed and size targets are met.
+
+    python -m mnist.bench [--n-train 10000] [--repeats 3] [--timeout 300] [--configs LABEL ...]
+"""
+import argparse
+import sys
+import time
+
+from .data import load_mnist
+from .measure import (INTERPRETED, NUMPY, SEED, TORCH, add_arguments, c_reference, columns, compiled,
+                      machine_description, markdown_table, measure_all, ratio_column, speedup_column, table_notes)
+from .model import build_graph
+
+# Ours first: the process's peak RSS, which only grows, is then ours before NumPy and PyTorch add theirs.
+FUSED = [compiled('tcc'), compiled('gcc', 2), compiled('gcc', 3, native=True),
+         compiled('clang', 2), compiled('clang', 3, native=True)]
+SCALAR = [compiled('tcc', fuse=False), compiled('gcc', 1, fuse=False)]
+# The plain-C reference built like our best rows, so that the ratio compares code, not flags.
+REFERENCES = {'gcc': c_reference('gcc'), 'clang': c_reference('clang')}
+CONFIGS = [*FUSED, *SCALAR, *REFERENCES.values(), INTERPRETED, NUMPY, TORCH]
+
+
+def graph_and_emit_seconds() -> float:
+    """Building the model's Value graph and emitting its C: what `make` does before the compiler."""
+    started = time.perf_counter()
+    build_graph(SEED).generate()
+    return time.perf_counter() - started
+
+
+def target_lines(rows, emit_seconds) -> list[str]:
+    """One line per target: the goal, the measured numbers and whether they meet it."""
+    ok = {row.config.label: row for row in rows if row.status == 'ok'}
+    fused = [ok[c.label] for c in FUSED if c.label in ok]
+    ours = [row for row in ok.values() if row.config.kind == 'compiled']
+
+    def check(goal, needed, test):
+        """test(*needed) -> (numbers, met); needed: the rows it looks at, all of which must have run."""
+        if not needed or None in needed:
+            return f'- {goal}: not measured'
+        numbers, met = test(*needed)
+        return f'- {goal}: {numbers} -> {"met" if met else "NOT MET"}'
+
+    def near_reference(row, reference):
+        ratio = row.s_per_epoch / reference.s_per_epoch
+        return (f'{row.s_per_epoch:.3f} s/epoch, {ratio:.2f}x {reference.config.label}',
+                row.s_per_epoch <= 1.0 and ratio <= 1.15)
+
+    def worst(rows, value, unit, limit):
+        row = max(rows, key=value)
+        return f'{value(row):,.2f} {unit} ({row.config.label})', value(row) <= limit
+
+    lines = [check(f'{cc} -O3 -march=native <= 1.0 s/epoch and <= 1.15x the plain-C reference',
+                   [ok.get(f'{cc}-O3-native'), ok.get(reference.label)], near_reference)
+             for cc, reference in REFERENCES.items()]
+    lines += [
+        check('codegen + compile <= 3 s (fused builds)', fused,
+              lambda *rows: worst(rows, lambda r: r.codegen_s + r.compile_s, 's', 3.0)),
+        check('TCC <= 4 s/epoch with compile <= 0.5 s', [ok.get('tcc')],
+              lambda r: (f'{r.s_per_epoch:.2f} s/epoch, compile {r.compile_s:.3f} s',
+                         r.s_per_epoch <= 4.0 and r.compile_s <= 0.5)),
+        check('scalar mode compiles <= 60 s at -O0/-O1, TCC scalar <= 45 s/epoch',
+              [ok.get('tcc-scalar'), ok.get('gcc-O1-scalar')],
+              lambda tcc, gcc: (f'compile {tcc.compile_s:.1f} s (tcc), {gcc.compile_s:.1f} s (gcc -O1); '
+                                f'tcc scalar {tcc.s_per_epoch:.1f} s/epoch',
+                                max(tcc.compile_s, gcc.compile_s) <= 60 and tcc.s_per_epoch <= 45)),
+        f'- building the graph + emitting C <= 2 s: {emit_seconds:.2f} s -> '
+        + ('met' if emit_seconds <= 2 else 'NOT MET'),
+        check('training process peak RSS <= 500 MB (this process, after our rows)', ours,
+              lambda *rows: worst(rows, lambda r: r.process_peak_mb, 'MB', 500)),
+        check('compiler peak RSS <= 1 GB', ours,
+              lambda *rows: worst(rows, lambda r: r.compiler_peak_mb, 'MB', 1000)),
+    ]
+    return lines
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, n_train=10_000, timeout=300, configs=CONFIGS)
+    args = parser.parse_args(argv)
+    data = load_mnist(args.data_dir)
+
+    emit_seconds = graph_and_emit_seconds()
+    rows = measure_all(CONFIGS, data, args)
+    table_columns = [*columns('config', 'status', 's/epoch', 'codegen s', 'compile s', 'compiler peak MB',
+                              'process peak MB', 'test accuracy'),
+                     speedup_column(rows, INTERPRETED.label), ratio_column(rows, REFERENCES['gcc'].label),
+                     ratio_column(rows, NUMPY.label), ratio_column(rows, TORCH.label)]
+    print(markdown_table(rows, table_columns))
+    print('\n' + '\n'.join(table_notes(args)))
+    print('\nTargets:')
+    print('\n'.join(target_lines(rows, emit_seconds)))
+    print('\n' + '\n'.join(machine_description()))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
