@@ -2,7 +2,8 @@
 
 Per-op C comes from the op table (micrograd_c/ops.py); the module skeleton is templates/module.c.
 Straight-line code is cut into functions of at most `chunk` statements, because optimising
-compilers slow down superlinearly on huge basic blocks.
+compilers slow down superlinearly on huge basic blocks, and big programs into several C files
+that the toolchain compiles in parallel.
 """
 
 import math
@@ -27,8 +28,9 @@ def c_literal(x):
     return f"({text})" if x < 0 or text.startswith("-") else text
 
 
-def _ref(node, array="d"):
-    return c_literal(node.value) if node.kind == "const" else f"{array}[{node.slot}]"
+def _ref(node):
+    """A node's value in C: its slot, or a constant's literal."""
+    return c_literal(node.value) if node.kind == "const" else f"d[{node.slot}]"
 
 
 class _IndexTables:
