@@ -7,8 +7,12 @@ ifeq ($(origin CC),default)
 CC := gcc
 endif
 OPT    ?= 2
-# Options passed through to the scripts, e.g. make mnist ARGS="--epochs 3"
+NATIVE ?=
+# The compiler flags both `make` (the build) and `make mnist` (the training) use
+FLAGS  := --compiler $(CC) --opt $(OPT) $(if $(NATIVE),--native)
+# More options for the target's script, e.g. make mnist ARGS="--epochs 3"; BUILD_ARGS for the build
 ARGS   ?=
+BUILD_ARGS ?=
 
 .PHONY: all nn mnist xor test test-all bench compare torch clean
 
@@ -20,10 +24,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 nn: $(VENV)/.installed
-	$(PY) -m mnist.build --compiler $(CC) --opt $(OPT) $(ARGS)
+	$(PY) -m mnist.build $(FLAGS) $(BUILD_ARGS)
 
 mnist: nn
-	$(PY) -m mnist.train --compiler $(CC) --opt $(OPT) $(ARGS)
+	$(PY) -m mnist.train $(FLAGS) $(ARGS)
 
 xor: $(VENV)/.installed
 	$(PY) -m mnist.xor --compiler $(CC) $(ARGS)
