@@ -36,7 +36,8 @@ def main(argv=None):
     # How it was built, so that a script can tell whether this module is the one it asks for.
     (args.out / "nn.json").write_text(json.dumps({
         "compiler": list(toolchain.find_compiler(args.compiler).argv), "opt": args.opt, "native": args.native,
-        "command": list(net.build.command)}, indent=1))
+        "command": list(net.build.command), "compile_seconds": net.build.seconds,
+        "cached": net.build.cached}, indent=1))
     target = args.out / ("nn" + sysconfig.get_config_var("EXT_SUFFIX"))
     tmp = target.with_name(target.name + ".tmp")
     shutil.copyfile(net.build.path, tmp)

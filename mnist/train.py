@@ -167,7 +167,9 @@ def compiled_module(graph, args):
     except ValueError as error:  # flags the compiler cannot take, e.g. --native with tcc
         raise UsageError(error) from error
     prebuilt = args.module_dir / ("nn" + sysconfig.get_config_var("EXT_SUFFIX"))
-    if prebuilt.is_file() and built_with(args.module_dir, compiler, args):
+    recorded = build_record(args.module_dir)
+    if prebuilt.is_file() and recorded.get("compiler") == list(compiler.argv) and \
+            recorded.get("opt") == args.opt and recorded.get("native") == args.native:
         started = time.perf_counter()
         sources = graph.generate(fuse=fuse)  # the module, then any extra units: nn.c, nn.1.c, nn.2.c...
         codegen_seconds = time.perf_counter() - started
@@ -175,22 +177,21 @@ def compiled_module(graph, args):
         if all(c.is_file() and c.read_text() == source for c, source in zip(c_files, sources)):
             net = loader.load_extension(prebuilt, "nn")
             codegen.copy_from_values(net, graph.model.parameters())
+            compile_time = "cached" if recorded.get("cached") else f"{recorded.get('compile_seconds', 0):.2f} s"
             return net, Origin(f"prebuilt {prebuilt} (`make`; its C files match these options)", codegen_seconds,
-                               "none (prebuilt)", f"{Path(compiler.argv[0]).name} {flags}")
+                               f"{compile_time} (by `make`)", f"{Path(compiler.argv[0]).name} {flags}")
     net = graph.compile(compiler=compiler, opt=args.opt, native=args.native, fuse=fuse)
     return net, Origin("from the build cache" if net.build.cached else "compiled", net.timings["codegen"],
                        "cached" if net.build.cached else f"{net.timings['compile']:.2f} s",
                        f"{Path(compiler.argv[0]).name} {flags}")
 
 
-def built_with(module_dir, compiler, args):
-    """Whether `make` built the module in module_dir with this compiler and these flags."""
+def build_record(module_dir):
+    """What `make` recorded of how it built the module in module_dir ({} if nothing)."""
     try:
-        recorded = json.loads((module_dir / "nn.json").read_text())
+        return json.loads((module_dir / "nn.json").read_text())
     except (OSError, ValueError):
-        return False
-    return recorded.get("compiler") == list(compiler.argv) and recorded.get("opt") == args.opt and \
-        recorded.get("native") == args.native
+        return {}
 
 
 def train(net, args, train_images, train_labels, test_images, test_labels):
