@@ -533,21 +533,31 @@ static int add_view(PyObject *module, const char *name, PyObject *buf, Py_ssize_
     return slice ? PyModule_AddObject(module, name, slice) : -1; /* steals slice on success */
 }
 
+/* A zeroed array of N_SLOTS doubles starting on a 64-byte boundary inside a new bytearray (so
+ * that vector loads of contiguous slot ranges do not straddle cache lines from one load of the
+ * module to the next); *first is its index in the bytearray's doubles. */
+static double *aligned_slots(PyObject **owner, Py_ssize_t *first)
+{
+    const Py_ssize_t align = 64 / sizeof(double);
+    *owner = PyByteArray_FromStringAndSize(NULL, (N_SLOTS + align) * (Py_ssize_t)sizeof(double));
+    if (!*owner)
+        return NULL;
+    double *raw = (double *)PyByteArray_AS_STRING(*owner);
+    *first = (Py_ssize_t)((64 - (uintptr_t)raw % 64) % 64 / sizeof(double));
+    memset(raw + *first, 0, N_SLOTS * sizeof(double));
+    return raw + *first;
+}
+
 static int module_exec(PyObject *module)
 {
     State *s = state_of(module);
-    s->data_buf = PyByteArray_FromStringAndSize(NULL, N_SLOTS * (Py_ssize_t)sizeof(double));
-    s->grad_buf = PyByteArray_FromStringAndSize(NULL, N_SLOTS * (Py_ssize_t)sizeof(double));
-    if (!s->data_buf || !s->grad_buf)
+    Py_ssize_t d0, g0;
+    if (!(s->d = aligned_slots(&s->data_buf, &d0)) || !(s->g = aligned_slots(&s->grad_buf, &g0)))
         return -1;
-    s->d = (double *)PyByteArray_AS_STRING(s->data_buf);
-    s->g = (double *)PyByteArray_AS_STRING(s->grad_buf);
-    memset(s->d, 0, N_SLOTS * sizeof(double));
-    memset(s->g, 0, N_SLOTS * sizeof(double));
-    if (add_view(module, "data", s->data_buf, 0, N_SLOTS) < 0 ||
-        add_view(module, "grad", s->grad_buf, 0, N_SLOTS) < 0 ||
-        add_view(module, "params", s->data_buf, 0, N_PARAMS) < 0 ||
-        add_view(module, "inputs", s->data_buf, INPUT_BASE, INPUT_BASE + N_INPUTS) < 0 ||
+    if (add_view(module, "data", s->data_buf, d0, d0 + N_SLOTS) < 0 ||
+        add_view(module, "grad", s->grad_buf, g0, g0 + N_SLOTS) < 0 ||
+        add_view(module, "params", s->data_buf, d0, d0 + N_PARAMS) < 0 ||
+        add_view(module, "inputs", s->data_buf, d0 + INPUT_BASE, d0 + INPUT_BASE + N_INPUTS) < 0 ||
         PyModule_AddIntConstant(module, "n_slots", N_SLOTS) < 0 ||
         PyModule_AddIntConstant(module, "n_params", N_PARAMS) < 0 ||
         PyModule_AddIntConstant(module, "n_inputs", N_INPUTS) < 0 ||
