@@ -143,20 +143,36 @@ def measure(config: Config, data, n_train: int, repeats: int = 3, timeout: float
     return row
 
 
+def _timed_run(trainer, X, Y, lr) -> float:
+    """Seconds for one pass of SGD over X from the initial weights."""
+    trainer.reset()
+    started = time.perf_counter()
+    trainer.train(X, Y, lr)
+    return time.perf_counter() - started
+
+
 def _train_and_score(config, row, data, n_images, repeats, timeout, lr):
     train_X, train_Y, test_X, test_Y = data
     X, Y = train_X[:n_images], train_Y[:n_images]
     trainer = _TRAINERS[config.kind](config, row, timeout)
-    seconds = []
-    for _ in range(repeats):
-        trainer.reset()
-        started = time.perf_counter()
-        trainer.train(X, Y, lr)
-        seconds.append(time.perf_counter() - started)
+    seconds = [_timed_run(trainer, X, Y, lr) for _ in range(repeats)]
     row.images_timed = n_images
     row.s_per_epoch = statistics.median(seconds) * EPOCH_IMAGES / n_images
     if trainer.accuracy:
         row.accuracy = trainer.accuracy(test_X, test_Y)
+
+
+def paired_ratio(config: Config, baseline: Config, data, n_train: int, repeats: int, lr: float = LR) -> float:
+    """The median over `repeats` back-to-back pairs of runs of config's training time over the
+    baseline's: both see the same moment of a shared, noisy machine, which separate medians
+    taken minutes apart do not."""
+    X, Y = data[0][:n_train], data[1][:n_train]
+    trainers = [_TRAINERS[c.kind](c, Row(c), None) for c in (config, baseline)]
+    ratios = []
+    for _ in range(repeats):
+        ours, theirs = (_timed_run(t, X, Y, lr) for t in trainers)
+        ratios.append(ours / theirs)
+    return statistics.median(ratios)
 
 
 @contextlib.contextmanager
@@ -184,7 +200,7 @@ def _record_c_size(row: Row, cache: Path) -> None:
 
 def _record_build(row: Row, build) -> None:
     row.compile_s = build.seconds
-    row.compiler_peak_mb = build.peak_rss / 1e6
+    row.compiler_peak_mb = None if build.cached else build.peak_rss / 1e6
 
 
 # Trainers: __init__ builds (filling the row's build columns), reset() goes back to the initial

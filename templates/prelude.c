@@ -69,6 +69,8 @@ KERNEL void axpy(double *restrict y, double alpha, const double *restrict x, lon
 {
     if (alpha == 0.0) /* adds nothing; skipping saves a pass over y (ReLUs that are off) */
         return;
+    for (; n > 0 && (uintptr_t)y % 32; n--) /* stores that straddle cache lines cost double */
+        *y++ += alpha * *x++;
     const double *end = x + (n & ~7L);
 #define AXPY(l) y[l] += alpha * x[l];
     UNROLLED
@@ -87,6 +89,8 @@ KERNEL void sgd_axpy(double *restrict w, double lr, double alpha, const double *
 {
     if (alpha == 0.0)
         return;
+    for (; n > 0 && (uintptr_t)w % 32; n--) /* stores that straddle cache lines cost double */
+        *w++ -= lr * (alpha * *x++);
     const double *end = x + (n & ~7L);
 #define SGD_AXPY(l) w[l] -= lr * (alpha * x[l]);
     UNROLLED
