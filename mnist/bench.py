@@ -7,6 +7,8 @@ import argparse
 import sys
 import time
 
+from codegen import CompilerNotFound
+
 from .data import load_mnist
 from .measure import (INTERPRETED, NUMPY, SEED, TORCH, add_arguments, c_reference, columns, compiled,
                       machine_description, markdown_table, measure_all, paired_ratio, ratio_column,
@@ -44,7 +46,9 @@ def target_lines(rows, emit_seconds, paired) -> list[str]:
         return f'- {goal}: {numbers} -> {"met" if met else "NOT MET"}'
 
     def near_reference(row, reference):
-        ratio = paired[row.config.label]
+        ratio = paired.get(row.config.label)
+        if ratio is None:
+            return 'not measured in pairs', False
         return (f'{row.s_per_epoch:.3f} s/epoch, {ratio:.2f}x {reference.config.label} '
                 f'(median of {PAIRS} back-to-back pairs of runs)', row.s_per_epoch <= 1.0 and ratio <= 1.15)
 
@@ -83,12 +87,19 @@ def main(argv=None):
     data = load_mnist(args.data_dir)
 
     emit_seconds = graph_and_emit_seconds()
+    # The 1.15x target compares ours with the reference in alternating runs (the same machine load),
+    # before anything else runs: once PyTorch is loaded, this process's later runs are slowed
+    # unevenly (measured: ours/reference 1.00x before loading it, 1.12x after).
+    chosen = {c.label for c in CONFIGS if not args.configs or c.label in args.configs}
+    paired = {}
+    for cc, reference in REFERENCES.items():
+        if {f'{cc}-O3-native', reference.label} <= chosen:
+            try:
+                paired[f'{cc}-O3-native'] = paired_ratio(compiled(cc, 3, native=True), reference, data,
+                                                         args.n_train, PAIRS, args.lr)
+            except CompilerNotFound:
+                pass  # its rows say 'not installed'
     rows = measure_all(CONFIGS, data, args)
-    # The 1.15x target compares ours with the reference in alternating runs (same machine load).
-    ok = {row.config.label for row in rows if row.status == 'ok'}
-    paired = {f'{cc}-O3-native': paired_ratio(compiled(cc, 3, native=True), reference, data, args.n_train,
-                                              PAIRS, args.lr)
-              for cc, reference in REFERENCES.items() if {f'{cc}-O3-native', reference.label} <= ok}
     table_columns = [*columns('config', 'status', 's/epoch', 'codegen s', 'compile s', 'compiler peak MB',
                               'process peak MB', 'test accuracy'),
                      speedup_column(rows, INTERPRETED.label), ratio_column(rows, REFERENCES['gcc'].label),
