@@ -275,7 +275,7 @@ def _run_compiler(command: list[str], timeout: float | None) -> tuple[float, int
                                    start_new_session=True, pass_fds=(write_end,))
         os.close(write_end)
         try:
-            status, _ = _wait4(process.pid, start, timeout)
+            status = _wait(process.pid, start, timeout)
         except BaseException as error:  # timeout or Ctrl-C: don't leave the compiler running
             os.killpg(process.pid, signal.SIGKILL)
             os.waitpid(process.pid, 0)
@@ -291,13 +291,13 @@ def _run_compiler(command: list[str], timeout: float | None) -> tuple[float, int
     return float(measured[0]), int(measured[1]) * _MAXRSS_UNIT
 
 
-def _wait4(pid: int, start: float, timeout: float | None):
-    """os.wait4 (its rusage covers the child's own children, e.g. cc1) with a timeout; raise TimeoutError."""
+def _wait(pid: int, start: float, timeout: float | None) -> int:
+    """os.waitpid with a timeout: the child's wait status; raise TimeoutError."""
     delay = 0.001
     while True:
-        reaped, status, usage = os.wait4(pid, 0 if timeout is None else os.WNOHANG)
+        reaped, status = os.waitpid(pid, 0 if timeout is None else os.WNOHANG)
         if reaped:
-            return status, usage
+            return status
         remaining = start + timeout - time.perf_counter()
         if remaining <= 0:
             raise TimeoutError
