@@ -1,7 +1,7 @@
 """micrograd, with every op defined once in a table that the C compiler (codegen) also reads."""
 
-from .engine import Value
+from .engine import Value, dot
 from .losses import cross_entropy, log_softmax, mse
 from .nn import MLP, Layer, Module, Neuron
 
-__all__ = ["Value", "Module", "Neuron", "Layer", "MLP", "cross_entropy", "log_softmax", "mse"]
+__all__ = ["Value", "dot", "Module", "Neuron", "Layer", "MLP", "cross_entropy", "log_softmax", "mse"]

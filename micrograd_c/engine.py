@@ -92,6 +92,14 @@ class Value:
         return f"Value(data={self.data}, grad={self.grad})"
 
 
+def dot(a, b, start=0.0):
+    """start + sum(a[i] * b[i]), built as micrograd's Neuron builds it (a chain of + over *):
+    the interpreter computes it term by term; codegen compiles it to one vectorised loop."""
+    if len(a) != len(b):
+        raise ValueError(f"dot of {len(a)} values with {len(b)} values")
+    return sum((x * y for x, y in zip(a, b)), start if isinstance(start, Value) else Value(start))
+
+
 def topological_order(*roots):
     """Nodes reachable from the roots, children before parents, in the order micrograd's
     recursive build_topo gives (root by root); iterative, so a chain of any length works."""

@@ -143,6 +143,22 @@ def test_fused_dot_with_scattered_and_repeated_factors(compiler, opt):
     assert sum(n.kind == "dot" for n in program.forward) == 3
 
 
+def test_explicit_dot_compiles_to_one_fused_loop(compiler):
+    from micrograd_c import dot
+    w, x = [Value(0.1 * i - 0.3) for i in range(9)], [Value(0.0) for _ in range(9)]
+
+    def build(params, inputs):
+        return dot(params[:9], inputs, params[9]).tanh()
+
+    assert_equivalent(build, [0.1 * i - 0.3 for i in range(10)], [[0.2 * j - 0.7 for j in range(9)]],
+                      "fused", compiler=compiler, opt=2)
+    params = w + [Value(0.5)]
+    program = codegen.ir.lower(build(params, x), x, params)
+    assert [n.kind for n in program.forward] == ["dot", "op"]
+    with pytest.raises(ValueError, match="dot of 2 values with 1"):
+        dot([Value(1.0), Value(2.0)], [Value(1.0)])
+
+
 # Random graphs: a recipe of ops over parameters, inputs and constants, with shared
 # subexpressions, x*x, constants and chains; transforms keep every value in its op's domain.
 RECIPE_OPS = {
