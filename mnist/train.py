@@ -9,7 +9,6 @@ the test accuracy is measured after every epoch and a summary of the timings end
 import argparse
 import json
 import math
-import resource
 import statistics
 import sys
 import sysconfig
@@ -23,10 +22,10 @@ from tqdm import tqdm
 
 import codegen
 from codegen import loader, toolchain
-from micrograd_c import cross_entropy
 
 from .data import DataError, load_mnist
-from .model import INITS, PIXEL_SCALE, build_graph
+from .measure import process_peak_rss
+from .model import INITS, PIXEL_SCALE, build_graph, image_loss, sgd_step
 
 # Images per train() call: the call costs microseconds, the chunk milliseconds, so the progress
 # bar updates often at no measurable cost. Batches never span two chunks: a --batch-size that
@@ -147,8 +146,7 @@ def run(args):
 
 def print_summary(rows):
     """The (label, value) rows as a table, and the process's peak memory so far."""
-    # ru_maxrss is in kilobytes on Linux, bytes on macOS
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    peak_rss = process_peak_rss()
     rows = [*rows, ("peak RSS", f"{peak_rss / 2**20:,.0f} MiB")]
     width = max(len(label) for label, _ in rows)
     print("\nsummary")
@@ -173,7 +171,7 @@ def compiled_module(graph, args):
         started = time.perf_counter()
         sources = graph.generate(fuse=fuse)  # the module, then any extra units: nn.c, nn.1.c, nn.2.c...
         codegen_seconds = time.perf_counter() - started
-        c_files = [args.module_dir / ("nn" + (f".{i}" if i else "") + ".c") for i in range(len(sources))]
+        c_files = [args.module_dir / toolchain.unit_file_name("nn", i) for i in range(len(sources))]
         if all(c.is_file() and c.read_text() == source for c, source in zip(c_files, sources)):
             net = loader.load_extension(prebuilt, "nn")
             codegen.copy_from_values(net, graph.model.parameters())
@@ -234,22 +232,13 @@ def compare_interpreted(model, images, labels, lr, n_train, compiled_epoch):
     the compiled module's seconds per epoch of n_train images (None: not measured)."""
     started = time.perf_counter()
     for pixels, label in tqdm(zip(images, labels), total=len(images), unit="img", desc="interpreted"):
-        loss = cross_entropy(model([float(p) * PIXEL_SCALE for p in pixels]), int(label))
-        sgd_step(model, loss, lr)
+        sgd_step(model, image_loss(model, pixels, label), lr)
     per_image = (time.perf_counter() - started) / len(images)
     comparison = (f"{1 / per_image:.2f} images/s, so {per_image * n_train:,.0f} s/epoch "
                   f"(timed on the first {len(images)} training images)")
     if compiled_epoch:
         comparison += f"; compiled is {per_image * n_train / compiled_epoch:,.0f}x faster"
     return comparison
-
-
-def sgd_step(model, loss, lr):
-    """micrograd's training step: backpropagate the loss, then move every parameter down its gradient."""
-    model.zero_grad()
-    loss.backward()
-    for p in model.parameters():
-        p.data -= lr * p.grad
 
 
 def layer_sizes(model):

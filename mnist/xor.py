@@ -17,7 +17,8 @@ import sys
 import codegen
 from micrograd_c import MLP, mse
 
-from .train import at_least, sgd_step
+from .model import sgd_step
+from .train import at_least
 
 POINTS = [(0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0)]
 TARGETS = [-1.0, 1.0, 1.0, -1.0]  # the sign of the output is the class
