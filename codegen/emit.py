@@ -175,6 +175,26 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS):
     itself, then (for big programs) extra units of generated functions compiled alongside."""
     if not module_name.isidentifier() or not module_name.isascii():
         raise ValueError(f"module name must be a C identifier, got {module_name!r}")
+    graph, extra = _render(program, chunk, unit)
+    constants = "\n".join([
+        f'#define MODULE_NAME_STR "{module_name}"',
+        f"#define MODULE_INIT PyInit_{module_name}",
+    ])
+    module = (_template("module.c").replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", graph))
+    return [module] + extra
+
+
+def standalone(program, chunk=CHUNK_STATEMENTS):
+    """The graph as one C source with no Python in it: the prelude and kernels, the layout
+    #defines (N_SLOTS, N_PARAMS, N_INPUTS, INPUT_BASE, LOSS_SLOT, N_OUTPUTS, OUTPUT_SLOTS,
+    SGD_IN_BACKWARD) and the functions forward_outputs(d), forward_rest(d), backward_body(d, g)
+    and backward_sgd_body(d, g, lr) (static). For exporting a model out of Python."""
+    graph, _ = _render(program, chunk, unit=None)
+    return graph
+
+
+def _render(program, chunk, unit):
+    """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units)."""
     e = _Emitter(program)
     forward = [e.forward(n) for n in program.forward]
     backward = [line for n in program.backward for line in e.backward(n)]
@@ -190,17 +210,10 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS):
         functions, driver = _functions(name, params, statements, chunk)
         pieces += functions
         drivers.append(driver)
-    units = _units(pieces, unit)
+    units = _units(pieces, unit) if unit else [pieces]
     prelude = _template("prelude.c")
-    if len(units) == 1:
-        graph = [e.tables.render(), *(p[0] for p in pieces), *drivers]
-        extra = []
-    else:
-        graph = [e.tables.render(), *(p[1] for p in pieces), *drivers]
-        extra = [prelude + "\n" + e.tables.render(declare=True) + "\n" + "\n".join(p[0] for p in group)
-                 for group in units]
     output_slots = [n.slot for n in program.outputs] or [0]
-    constants = "\n".join([
+    layout = "\n".join([
         f"#define N_SLOTS {program.n_slots}",
         f"#define N_PARAMS {program.n_params}",
         f"#define N_INPUTS {program.n_inputs}",
@@ -208,13 +221,15 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS):
         f"#define LOSS_SLOT {program.loss.slot}",
         f"#define N_OUTPUTS {len(program.outputs)}",
         f"#define SGD_IN_BACKWARD {int(fused_sgd)}",
-        f'#define MODULE_NAME_STR "{module_name}"',
-        f"#define MODULE_INIT PyInit_{module_name}",
         f"static const long OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
     ])
-    module = (_template("module.c").replace("/*@PRELUDE@*/", prelude)
-              .replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", "\n".join(graph)))
-    return [module] + extra
+    if len(units) == 1:
+        graph = [prelude, layout, e.tables.render(), *(p[0] for p in pieces), *drivers]
+        return "\n".join(graph), []
+    graph = [prelude, layout, e.tables.render(), *(p[1] for p in pieces), *drivers]
+    extra = [prelude + "\n" + e.tables.render(declare=True) + "\n" + "\n".join(p[0] for p in group)
+             for group in units]
+    return "\n".join(graph), extra
 
 
 def _template(name):

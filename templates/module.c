@@ -4,11 +4,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/*@PRELUDE@*/
-
 /*@CONSTANTS@*/
 
-/* ---- the graph ------------------------------------------------------------------------ */
+/* ---- the graph: prelude, kernels, layout, generated functions ------------------------- */
 /*@GRAPH@*/
 
 /* ---- module state --------------------------------------------------------------------- */
