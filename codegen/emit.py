@@ -28,119 +28,176 @@ def c_literal(x):
     return f"({text})" if x < 0 or text.startswith("-") else text
 
 
-def _ref(node):
-    """A node's value in C: its slot, or a constant's literal."""
-    return c_literal(node.value) if node.kind == "const" else f"d[{node.slot}]"
+# Lists up to this long are written out element by element, constant offsets the compiler sees
+# (a convolution's window); longer ones call the loop kernels of templates/prelude.c, which for
+# contiguous lists pay off sooner.
+UNROLL_MAX, UNROLL_MAX_CONTIGUOUS = 32, 8
 
 
-class _IndexTables:
-    """Static index arrays for dots whose factors are not contiguous; identical ones shared."""
+def _unrolled(*vectors):
+    n = len(vectors[0].offsets)
+    return n <= (UNROLL_MAX_CONTIGUOUS if all(v.contiguous for v in vectors) else UNROLL_MAX)
+
+
+def _index(affine, offset=0, grad=False):
+    """The C index of an Affine slot (plus offset) in the loop indices i0, i1, ..."""
+    parts = [str((affine.grad_offset() if grad else affine.base) + offset)]
+    parts += [f"i{d}" if s == 1 else f"{s} * i{d}" for d, s in enumerate(affine.strides) if s]
+    return " + ".join(parts).replace("+ -", "- ")
+
+
+def _d(affine, offset=0):
+    return f"d[{_index(affine, offset)}]"
+
+
+def _g(affine, offset=0):
+    return f"g[{_index(affine, offset, grad=True)}]"
+
+
+def _operand(arg):
+    """An op argument in C: a slot, or a constant's literal."""
+    return _d(arg) if hasattr(arg, "base") else c_literal(arg)
+
+
+class _OffsetTables:
+    """Static offset arrays for operand lists that are not contiguous; identical ones shared."""
 
     def __init__(self):
         self.names = {}
 
-    def __call__(self, slots):
-        return self.names.setdefault(tuple(slots), f"idx_{len(self.names)}")
+    def __call__(self, offsets):
+        return self.names.setdefault(tuple(offsets), f"offsets_{len(self.names)}")
 
     def render(self, declare=False):
         """Definitions, or the declarations another unit needs to use them."""
         if declare:
             return "\n".join(f"extern SHARED const int32_t {name}[];" for name in self.names.values())
-        return "\n".join(f"SHARED const int32_t {name}[] = {{{', '.join(map(str, slots))}}};"
-                          for slots, name in self.names.items())
+        return "\n".join(f"SHARED const int32_t {name}[] = {{{', '.join(map(str, offsets))}}};"
+                          for offsets, name in self.names.items())
 
 
-def _start_if_contiguous(nodes):
-    first = nodes[0].slot
-    return first if all(n.slot == first + i for i, n in enumerate(nodes)) else None
+def _loop(shape, body):
+    """The statements `body` inside one loop nest over `shape` (none for a single node)."""
+    if not shape:
+        return body
+    head = "\n    ".join(f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape))
+    inner = "\n        ".join(body)
+    return [f"{head} {{\n        {inner}\n    }}"]
 
 
 class _Emitter:
     def __init__(self, program):
         self.program = program
-        self.tables = _IndexTables()
+        self.offsets = _OffsetTables()
 
-    def _factor_ranges(self, node):
-        """(kernel suffix, a operand, b operand) for a dot's factor lists."""
-        a0, b0 = _start_if_contiguous(node.a), _start_if_contiguous(node.b)
-        if a0 is not None and b0 is not None:
-            return "", f"{a0}", f"{b0}"
-        return "_gather", self.tables([n.slot for n in node.a]), self.tables([n.slot for n in node.b])
+    def _sum(self, v):
+        """C for the sum of a Vector's values (a list of parts, summed left to right)."""
+        n = len(v.offsets)
+        if _unrolled(v):
+            return [_d(v.start, o) for o in v.offsets]
+        if v.contiguous:
+            return [f"sum_range(d + {_index(v.start)}, {n})"]
+        return [f"sum_offsets(d + {_index(v.start)}, {self.offsets(v.offsets)}, {n})"]
 
-    def forward(self, node):
+    def _dot(self, a, b):
+        n = len(a.offsets)
+        if _unrolled(a, b):
+            return [f"{_d(a.start, i)} * {_d(b.start, j)}" for i, j in zip(a.offsets, b.offsets)]
+        if a.contiguous and b.contiguous:
+            return [f"dot(d + {_index(a.start)}, d + {_index(b.start)}, {n})"]
+        return [f"dot_offsets(d + {_index(a.start)}, {self.offsets(a.offsets)}, "
+                f"d + {_index(b.start)}, {self.offsets(b.offsets)}, {n})"]
+
+    def forward(self, g):
+        ops = g.operands
+        node = g.first
         if node.kind == "op":
-            return f"d[{node.slot}] = {node.op.render(node.op.value, **_operands(node))};"
-        parts = [_ref(t) for t in node.args]
-        if node.a:
-            kind, a, b = self._factor_ranges(node)
-            n = len(node.a)
-            parts.append(f"dot(d + {a}, d + {b}, {n})" if not kind else f"dot_gather(d, {a}, {b}, {n})")
-        return f"d[{node.slot}] = {' + '.join(parts)};"
+            names = dict(zip("ab", map(_operand, ops.args)))
+            if node.k is not None:
+                names["k"] = c_literal(node.k)
+            value = node.op.render(node.op.value, **names)
+        else:
+            parts = [c_literal(c) for c in ops.constants]
+            if ops.terms:
+                parts += self._sum(ops.terms)
+            if ops.a:
+                parts += self._dot(ops.a, ops.b)
+            value = " + ".join(parts)
+        return _loop(g.shape, [f"{_d(ops.out)} = {value};"])
 
-    def backward(self, node, sgd=False):
-        """Statements adding node's gradient into its arguments' gradients. With sgd (see
-        sgd_fusable) a contribution to a parameter instead applies `param -= lr * contribution`,
-        placed after the statements that still read the parameter's old value."""
-        out_grad = f"g[{node.grad_slot}]"
+    def backward(self, g, sgd=False):
+        """Statements adding the group's gradients into its operands' gradients. With sgd (see
+        ir.sgd_in_backward) a contribution to a parameter instead applies `param -= lr *
+        contribution`, placed after the statements that still read the parameter's old value."""
+        ops, node = g.operands, g.first
         grads, updates = [], []
+        out_grad = _g(ops.out)
 
         def contribute(to_param, accumulate, update):
             (updates if sgd and to_param else grads).append(update if sgd and to_param else accumulate)
 
         if node.kind == "op":
-            operands = _operands(node, out=f"d[{node.slot}]")
-            for arg, formula in zip(node.args, node.op.grads):
+            names = dict(zip("ab", map(_operand, ops.args)), out=_d(ops.out))
+            if node.k is not None:
+                names["k"] = c_literal(node.k)
+            for arg, where, formula in zip(node.args, ops.args, node.op.grads):
                 if arg.needs_grad and not arg.shares_grad:
-                    local = node.op.render(formula, **operands)
+                    local = node.op.render(formula, **names)
                     term = out_grad if local == "1" else f"({local}) * {out_grad}"
-                    contribute(arg.kind == "param", f"g[{arg.grad_slot}] += {term};",
-                               f"d[{arg.slot}] -= lr * ({term});")
-            return grads + updates
-        for t in node.args:
-            if t.needs_grad and not t.shares_grad:
-                contribute(t.kind == "param", f"g[{t.grad_slot}] += {out_grad};", f"d[{t.slot}] -= lr * {out_grad};")
-        if node.a:
-            kind, a, b = self._factor_ranges(node)
-            n = len(node.a)
-            for wrt, other, factors in ((b, a, node.b), (a, b, node.a)):
-                if not any(f.needs_grad for f in factors):
-                    continue
-                if kind:
-                    contribute(factors[0].kind == "param", f"axpy_gather(g, {wrt}, {out_grad}, d, {other}, {n});",
-                               f"sgd_axpy_gather(d, {wrt}, lr, {out_grad}, {other}, {n});")
-                else:
-                    contribute(factors[0].kind == "param", f"axpy(g + {wrt}, {out_grad}, d + {other}, {n});",
-                               f"sgd_axpy(d + {wrt}, lr, {out_grad}, d + {other}, {n});")
-        return grads + updates
+                    contribute(arg.kind == "param", f"{_g(where)} += {term};", f"{_d(where)} -= lr * ({term});")
+            return _loop(g.shape, grads + updates)
+        go = "go"
+        if ops.terms:
+            self._add_terms(ops.terms, [node.args[i] for i in ops.term_positions], go, contribute)
+        if ops.a:
+            for wrt, other, factors in ((ops.b, ops.a, node.b), (ops.a, ops.b, node.a)):
+                self._add_products(wrt, other, factors, go, contribute)
+        if not grads and not updates:
+            return []
+        body = [f"const double go = {out_grad};"] + grads + updates
+        return _loop(g.shape, body) if g.shape else ["{ " + " ".join(body) + " }"]
 
+    def _add_terms(self, v, nodes, go, contribute):
+        """Loose terms of a sum: each gets the sum's gradient."""
+        needs = [x.needs_grad and not x.shares_grad for x in nodes]
+        if not any(needs):
+            return
+        n = len(nodes)
+        if _unrolled(v) or not all(needs):
+            for x, o, need in zip(nodes, v.offsets, needs):
+                if need:
+                    contribute(x.kind == "param", f"{_g(v.start, o)} += {go};", f"{_d(v.start, o)} -= lr * {go};")
+            return
+        to_param = nodes[0].kind == "param"
+        if v.contiguous:
+            contribute(to_param, f"add_range(g + {_index(v.start, grad=True)}, {go}, {n});",
+                       f"add_range(d + {_index(v.start)}, -(lr * {go}), {n});")
+        else:
+            table = self.offsets(v.offsets)
+            contribute(to_param, f"add_offsets(g + {_index(v.start, grad=True)}, {table}, {go}, {n});",
+                       f"add_offsets(d + {_index(v.start)}, {table}, -(lr * {go}), {n});")
 
-def sgd_fusable(program):
-    """Whether a batch-1 SGD step can update parameters during backward instead of after it:
-    every parameter gets at most one gradient contribution (so `param -= lr * contribution` is
-    the whole step, bit for bit), a dot's factor list is all parameters or none, and no
-    parameter is itself read as a result."""
-    contributions = set()
-    for node in program.backward:
-        targets = [x for x in node.args if x.needs_grad]
-        for factors in (node.a, node.b):
-            if any(f.needs_grad for f in factors):
-                if len({f.kind == "param" for f in factors}) > 1:
-                    return False
-                targets += factors
-        for t in targets:
-            if t.kind == "param":
-                if id(t) in contributions:
-                    return False
-                contributions.add(id(t))
-    return all(r.kind != "param" for r in [program.loss, *program.outputs])
-
-
-def _operands(node, **names):
-    """The C for an op's placeholders: {a}, {b} its arguments, {k} its constant."""
-    names.update(zip("ab", map(_ref, node.args)))
-    if node.k is not None:
-        names["k"] = c_literal(node.k)
-    return names
+    def _add_products(self, wrt, other, factors, go, contribute):
+        """Factor list `wrt` of a dot gets go times the other list's values."""
+        needs = [f.needs_grad for f in factors]
+        if not any(needs):
+            return
+        n = len(factors)
+        if _unrolled(wrt, other) or not all(needs):
+            for f, i, j, need in zip(factors, wrt.offsets, other.offsets, needs):
+                if need:
+                    term = f"{go} * {_d(other.start, j)}"
+                    contribute(f.kind == "param", f"{_g(wrt.start, i)} += {term};", f"{_d(wrt.start, i)} -= lr * ({term});")
+            return
+        to_param = factors[0].kind == "param"
+        if wrt.contiguous and other.contiguous:
+            contribute(to_param, f"axpy(g + {_index(wrt.start, grad=True)}, {go}, d + {_index(other.start)}, {n});",
+                       f"sgd_axpy(d + {_index(wrt.start)}, lr, {go}, d + {_index(other.start)}, {n});")
+        else:
+            tw, to = self.offsets(wrt.offsets), self.offsets(other.offsets)
+            contribute(to_param,
+                       f"axpy_offsets(g + {_index(wrt.start, grad=True)}, {tw}, {go}, d + {_index(other.start)}, {to}, {n});",
+                       f"sgd_axpy_offsets(d + {_index(wrt.start)}, {tw}, lr, {go}, d + {_index(other.start)}, {to}, {n});")
 
 
 def _functions(name, params, statements, chunk):
@@ -196,15 +253,14 @@ def standalone(program, chunk=CHUNK_STATEMENTS):
 def _render(program, chunk, unit):
     """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units)."""
     e = _Emitter(program)
-    forward = [e.forward(n) for n in program.forward]
-    backward = [line for n in program.backward for line in e.backward(n)]
-    # The straight-line scalar mode stays the reference post's plain program (and half the C).
-    fused_sgd = program.fused and sgd_fusable(program)
-    backward_sgd = [line for n in program.backward for line in e.backward(n, sgd=True)] if fused_sgd else []
+    forward_outputs = [s for g in program.forward[:program.n_output_groups] for s in e.forward(g)]
+    forward_rest = [s for g in program.forward[program.n_output_groups:] for s in e.forward(g)]
+    backward = [s for g in program.backward for s in e.backward(g)]
+    backward_sgd = [s for g in program.backward for s in e.backward(g, sgd=True)] if program.sgd_in_backward else []
     d, dg = ["double *restrict d"], ["double *restrict d", "double *restrict g"]
     pieces, drivers = [], []
-    for name, params, statements in [("forward_outputs", d, forward[:program.n_output_nodes]),
-                                     ("forward_rest", d, forward[program.n_output_nodes:]),
+    for name, params, statements in [("forward_outputs", d, forward_outputs),
+                                     ("forward_rest", d, forward_rest),
                                      ("backward_body", dg, backward),
                                      ("backward_sgd_body", dg + ["double lr"], backward_sgd)]:
         functions, driver = _functions(name, params, statements, chunk)
@@ -220,16 +276,28 @@ def _render(program, chunk, unit):
         f"#define INPUT_BASE {program.input_base}",
         f"#define LOSS_SLOT {program.loss.slot}",
         f"#define N_OUTPUTS {len(program.outputs)}",
-        f"#define SGD_IN_BACKWARD {int(fused_sgd)}",
+        f"#define SGD_IN_BACKWARD {int(program.sgd_in_backward)}",
+        f"#define N_CONSTANTS {len(program.constants)}",
         f"static const long OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
+        _constants(program.constants),
     ])
     if len(units) == 1:
-        graph = [prelude, layout, e.tables.render(), *(p[0] for p in pieces), *drivers]
+        graph = [prelude, layout, e.offsets.render(), *(p[0] for p in pieces), *drivers]
         return "\n".join(graph), []
-    graph = [prelude, layout, e.tables.render(), *(p[1] for p in pieces), *drivers]
-    extra = [prelude + "\n" + e.tables.render(declare=True) + "\n" + "\n".join(p[0] for p in group)
+    graph = [prelude, layout, e.offsets.render(), *(p[1] for p in pieces), *drivers]
+    extra = [prelude + "\n" + e.offsets.render(declare=True) + "\n" + "\n".join(p[0] for p in group)
              for group in units]
     return "\n".join(graph), extra
+
+
+def _constants(constants):
+    """init_constants(d): writes the constants that loops read into their slots (consecutive)."""
+    if not constants:
+        return "static void init_constants(double *d) { (void)d; }"
+    values = ", ".join(c_literal(v) for _, v in constants)
+    return (f"static const double CONSTANT_VALUES[{len(constants)}] = {{{values}}};\n"
+            f"static void init_constants(double *d) {{ memcpy(d + {constants[0][0]}, CONSTANT_VALUES, "
+            f"sizeof CONSTANT_VALUES); }}")
 
 
 def _template(name):

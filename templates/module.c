@@ -552,6 +552,7 @@ static int module_exec(PyObject *module)
     Py_ssize_t d0, g0;
     if (!(s->d = aligned_slots(&s->data_buf, &d0)) || !(s->g = aligned_slots(&s->grad_buf, &g0)))
         return -1;
+    init_constants(s->d);
     if (add_view(module, "data", s->data_buf, d0, d0 + N_SLOTS) < 0 ||
         add_view(module, "grad", s->grad_buf, g0, g0 + N_SLOTS) < 0 ||
         add_view(module, "params", s->data_buf, d0, d0 + N_PARAMS) < 0 ||

@@ -56,11 +56,38 @@ KERNEL double dot(const double *restrict a, const double *restrict b, long n)
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
-KERNEL double dot_gather(const double *restrict d, const int32_t *ia, const int32_t *ib, long n)
+/* The sum of x[0..n), in eight lanes like dot() */
+KERNEL double sum_range(const double *restrict x, long n)
+{
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    const double *end = x + (n & ~7L);
+#define SUM(l) s##l += x[l];
+    UNROLLED
+    for (; x < end; x += 8) {
+        STEP8(SUM)
+    }
+#undef SUM
+    double s[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    for (long i = 0; i < (n & 7); i++)
+        s[i] += x[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* Lists that are not contiguous: element i at base + offsets[i], the same offsets for every
+ * iteration of a loop (a convolution's window), so one small table serves the whole loop. */
+KERNEL double dot_offsets(const double *a, const int32_t *oa, const double *b, const int32_t *ob, long n)
 {
     double s[8] = {0};
     for (long i = 0; i < n; i++)
-        s[i & 7] += d[ia[i]] * d[ib[i]];
+        s[i & 7] += a[oa[i]] * b[ob[i]];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+KERNEL double sum_offsets(const double *x, const int32_t *ox, long n)
+{
+    double s[8] = {0};
+    for (long i = 0; i < n; i++)
+        s[i & 7] += x[ox[i]];
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
@@ -102,18 +129,36 @@ KERNEL void sgd_axpy(double *restrict w, double lr, double alpha, const double *
         w[i] -= lr * (alpha * x[i]);
 }
 
-KERNEL void sgd_axpy_gather(double *d, const int32_t *iw, double lr, double alpha, const int32_t *ix, long n)
+/* y[i] += alpha (a sum's gradient to its terms; with alpha = -(lr * g), their SGD step) */
+KERNEL void add_range(double *restrict y, double alpha, long n)
 {
     if (alpha == 0.0)
         return;
     for (long i = 0; i < n; i++)
-        d[iw[i]] -= lr * (alpha * d[ix[i]]);
+        y[i] += alpha;
 }
 
-/* g[iy[i]] += alpha * d[ix[i]]; sequential, so repeated indices accumulate correctly. */
-KERNEL void axpy_gather(double *restrict g, const int32_t *iy, double alpha,
-                        const double *restrict d, const int32_t *ix, long n)
+/* Sequential, so repeated offsets accumulate correctly. */
+KERNEL void add_offsets(double *y, const int32_t *oy, double alpha, long n)
 {
     for (long i = 0; i < n; i++)
-        g[iy[i]] += alpha * d[ix[i]];
+        y[oy[i]] += alpha;
+}
+
+KERNEL void axpy_offsets(double *restrict y, const int32_t *oy, double alpha, const double *restrict x,
+                         const int32_t *ox, long n)
+{
+    if (alpha == 0.0)
+        return;
+    for (long i = 0; i < n; i++)
+        y[oy[i]] += alpha * x[ox[i]];
+}
+
+KERNEL void sgd_axpy_offsets(double *w, const int32_t *ow, double lr, double alpha, const double *x,
+                             const int32_t *ox, long n)
+{
+    if (alpha == 0.0)
+        return;
+    for (long i = 0; i < n; i++)
+        w[ow[i]] -= lr * (alpha * x[ox[i]]);
 }

@@ -140,7 +140,7 @@ def test_fused_dot_with_scattered_and_repeated_factors(compiler, opt):
     assert_equivalent(build, [0.5 - 0.13 * i for i in range(8)], rows, "fused", compiler=compiler, opt=opt)
     params, inputs = [Value(0.0) for _ in range(8)], [Value(0.0) for _ in range(6)]
     program = codegen.ir.lower(build(params, inputs), inputs, params)
-    assert sum(n.kind == "dot" for n in program.forward) == 3
+    assert sum(n.kind == "dot" for n in program.nodes) == 3
 
 
 def test_explicit_dot_compiles_to_one_fused_loop(compiler):
@@ -154,7 +154,7 @@ def test_explicit_dot_compiles_to_one_fused_loop(compiler):
                       "fused", compiler=compiler, opt=2)
     params = w + [Value(0.5)]
     program = codegen.ir.lower(build(params, x), x, params)
-    assert [n.kind for n in program.forward] == ["dot", "op"]
+    assert [n.kind for n in program.nodes] == ["dot", "op"]
     with pytest.raises(ValueError, match="dot of 2 values with 1"):
         dot([Value(1.0), Value(2.0)], [Value(1.0)])
 

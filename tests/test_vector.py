@@ -1,0 +1,228 @@
+"""The vector level: alike nodes become loop nests. Structure of the lowered programs for the
+models the benchmark relies on, and equivalence with the interpreter for models written the ways
+micrograd users write them (a batch in one graph with constant data, a convolution, deep MLPs).
+Fused-mode tolerance as in test_compile: loops sum dots and reductions in other orders."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+import codegen
+from codegen import ir, vector
+from micrograd_c import MLP, Value, cross_entropy, dot
+from test_compile import assert_equivalent, opt  # noqa: F401 (the -O0/-O2 fixture)
+
+
+def lowered(build, n_params, n_inputs):
+    params, inputs = [Value(0.1 * i - 0.5) for i in range(n_params)], [Value(0.0) for _ in range(n_inputs)]
+    return ir.lower(build(params, inputs), inputs, params)
+
+
+def loops(program):
+    return [g for g in program.forward if g.shape]
+
+
+# ---- models, written as users write them, over given parameter and input Values ----------------
+
+def moons(n, seed=1):
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0, math.pi, n // 2)
+    X = np.concatenate([np.stack([np.cos(t), np.sin(t)], 1), np.stack([1 - np.cos(t), 0.5 - np.sin(t)], 1)])
+    return X + rng.normal(scale=0.1, size=X.shape), np.repeat([-1.0, 1.0], n // 2)
+
+
+def assign(model, params):
+    """Makes `model` compute with the given parameter Values, in model.parameters() order."""
+    values = iter(params)
+    for neuron in (n for layer in model.layers for n in layer.neurons):
+        neuron.w = [next(values) for _ in neuron.w]
+        neuron.b = next(values)
+    return model
+
+
+def demo_case(n_samples=12, hidden=8):
+    """micrograd's demo: the whole batch in one graph, data as constants, SVM loss + L2."""
+    X, y = moons(n_samples)
+    random.seed(1337)
+    init = [p.data for p in MLP(2, [hidden, hidden, 1]).parameters()]
+
+    def build(params, inputs):
+        model = assign(MLP(2, [hidden, hidden, 1]), params)
+        scores = [model(list(map(Value, row))) for row in X]
+        losses = [(1 + -yi * si).relu() for yi, si in zip(y, scores)]
+        data_loss = sum(losses) * (1.0 / len(losses))
+        return data_loss + 1e-4 * sum(p * p for p in params)
+    return build, init
+
+
+def cnn_case(size=8, filters=2, classes=4):
+    """3x3 valid convolution, ReLU, dense layer, softmax cross-entropy on one-hot inputs."""
+    n_conv = filters * 10
+    out = size - 2
+    random.seed(3)
+    n_dense = classes * (filters * out * out + 1)
+    init = [random.uniform(-0.5, 0.5) for _ in range(n_conv + n_dense)]
+
+    def build(params, inputs):
+        w = [[params[f * 9 + 3 * ky:f * 9 + 3 * ky + 3] for ky in range(3)] for f in range(filters)]
+        b = params[filters * 9:filters * 10]
+        x = [inputs[size * i:size * (i + 1)] for i in range(size)]
+        feats = [sum((w[f][ky][kx] * x[i + ky][j + kx] for ky in range(3) for kx in range(3)), b[f]).relu()
+                 for f in range(filters) for i in range(out) for j in range(out)]
+        dense = assign(MLP(len(feats), [classes]), params[n_conv:])
+        return cross_entropy(dense(feats), inputs[size * size:])
+    return build, init, size * size + classes
+
+
+def cnn_rows(size=8, classes=4, n=3, seed=0):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in range(n):
+        target = [0.0] * classes
+        target[k % classes] = 1.0
+        rows.append(list(rng.uniform(0, 1, size * size)) + target)
+    return rows
+
+
+def mlp_ce_case(nin=12, nouts=(10, 6, 3), seed=2):
+    random.seed(seed)
+    init = [p.data for p in MLP(nin, list(nouts)).parameters()]
+
+    def build(params, inputs):
+        model = assign(MLP(nin, list(nouts)), params)
+        return cross_entropy(model(inputs[:nin]), inputs[nin:])
+    return build, init
+
+
+def mlp_rows(nin=12, classes=3, n=3):
+    rng = np.random.default_rng(1)
+    return [list(rng.normal(size=nin)) + [float(c == k % classes) for c in range(classes)] for k in range(n)]
+
+
+# ---- equivalence -----------------------------------------------------------------------------
+
+def test_demo_batch_in_one_graph(compiler, opt):
+    build, init = demo_case()
+    assert_equivalent(build, init, [[]], "fused", compiler=compiler, opt=opt)
+
+
+def test_convolution(compiler, opt):
+    build, init, n_inputs = cnn_case()
+    assert_equivalent(build, init, cnn_rows(), "fused", compiler=compiler, opt=opt)
+
+
+def test_deep_mlp_cross_entropy(compiler, opt):
+    build, init = mlp_ce_case()
+    assert_equivalent(build, init, mlp_rows(), "fused", compiler=compiler, opt=opt)
+
+
+def test_batch_of_input_rows_sharing_weights(compiler):
+    """Several samples' inputs in one graph (a minibatch written out): one loop over samples."""
+    random.seed(5)
+    init = [p.data for p in MLP(3, [5, 1]).parameters()]
+
+    def build(params, inputs):
+        model = assign(MLP(3, [5, 1]), params)
+        return sum(((model(inputs[4 * s:4 * s + 3]) - inputs[4 * s + 3]) ** 2 for s in range(6)), Value(0.0))
+    rows = [list(np.random.default_rng(2).normal(size=24))]
+    assert_equivalent(build, init, rows, "fused", compiler=compiler, opt=2)
+    program = lowered(build, len(init), 24)
+    assert any(g.shape == (6, 5) for g in program.forward)  # samples x neurons, one loop
+
+
+def test_scattered_operands_stay_correct(compiler):
+    """Alike neurons reading their inputs in different orders: no constant strides, so the class
+    falls back to one statement per node, and stays exact."""
+    perms = [[0, 1, 2, 3, 4], [4, 2, 0, 1, 3], [3, 3, 1, 0, 2]]
+
+    def build(params, inputs):
+        outs = [sum((params[5 * k + i] * inputs[j] for i, j in enumerate(p)), Value(0.0)).tanh()
+                for k, p in enumerate(perms)]
+        return sum(outs[1:], outs[0])
+    rows = [[0.3, -0.2, 0.5, 0.9, -1.1]]
+    assert_equivalent(build, [0.1 * i - 0.6 for i in range(15)], rows, "fused", compiler=compiler, opt=2)
+
+
+# ---- structure -------------------------------------------------------------------------------
+
+def test_mnist_mlp_structure():
+    """MLP(784, [50, 10]): each layer one dot loop over contiguous rows (no offset tables), the
+    activations one loop, and the SGD step inside backward."""
+    random.seed(0)
+    model = MLP(784, [50, 10])
+    inputs = [Value(0.0) for _ in range(794)]
+    logits = model(inputs[:784])
+    loss, params = cross_entropy(logits, inputs[784:]), model.parameters()
+    program = ir.lower(loss, inputs, params, logits)
+    outputs = program.forward[:program.n_output_groups]
+    assert [(g.first.kind, g.shape) for g in outputs] == [("dot", (50,)), ("op", (50,)), ("dot", (10,))]
+    assert all(g.operands.a.contiguous and g.operands.b.contiguous for g in outputs if g.first.kind == "dot")
+    assert program.sgd_in_backward
+    source = codegen.generate(loss, inputs, params, logits)[0]
+    assert "const int32_t offsets_" not in source  # no offset tables: every list is contiguous
+
+
+def test_demo_is_a_few_loops():
+    build, init = demo_case(n_samples=100, hidden=16)
+    program = lowered(build, len(init), 0)
+    assert len(program.forward) < 20
+    sizes = sorted(math.prod(g.shape) for g in program.forward if g.shape)
+    assert sizes[-1] == 100 * 16 * 2  # both first-layer products of every neuron of every sample
+    assert program.constants  # the data points and labels, read by loops from slots
+    assert generated_lines(ir.lower(*_demo_graph())) < 200  # was 26,751 lines
+
+
+def generated_lines(program):
+    """Lines of C generated for a program, without the fixed prelude of kernels."""
+    from codegen import emit
+    return len(emit.standalone(program).splitlines()) - len(emit._template("prelude.c").splitlines())
+
+
+def _demo_graph():
+    build, init = demo_case(n_samples=100, hidden=16)
+    params = [Value(v) for v in init]
+    return build(params, []), [], params
+
+
+def test_convolution_is_one_loop_nest():
+    build, init, n_inputs = cnn_case(size=10, filters=3)
+    program = lowered(build, len(init), n_inputs)
+    conv = program.forward[0]
+    assert conv.first.kind == "dot" and conv.shape == (3, 8, 8)
+    assert conv.operands.b.offsets == (0, 1, 2, 10, 11, 12, 20, 21, 22)  # the 3x3 window
+
+
+def test_grouping_does_not_depend_on_spelling():
+    """A layer written with Layer, with dot(), and with a hand-written loop gives the same groups."""
+    random.seed(0)
+
+    def with_layer(p, x):
+        model = assign(MLP(6, [4]), p)
+        return sum(v.tanh() for v in model(x))
+
+    def with_dot(p, x):
+        return sum(dot(p[7 * i:7 * i + 6], x, p[7 * i + 6]).tanh() for i in range(4))
+
+    def by_hand(p, x):
+        total = 0
+        for i in range(4):
+            act = p[7 * i + 6]
+            for j in range(6):
+                act = act + p[7 * i + j] * x[j]
+            total = total + act.tanh()
+        return total
+
+    shapes = [[(g.first.kind, g.shape) for g in lowered(f, 28, 6).forward] for f in (with_layer, with_dot, by_hand)]
+    assert shapes[0] == shapes[1] == shapes[2]
+    assert ("dot", (4,)) in shapes[0] and ("op", (4,)) in shapes[0]
+
+
+def test_decompose():
+    rows = np.array([[100 + 16 * s + i, 7 * i, 3 * s] for s in range(5) for i in range(4)])
+    shape, strides = vector.decompose(rows)
+    assert shape == (5, 4)
+    assert strides.tolist() == [[16, 1], [0, 7], [3, 0]]
+    assert vector.decompose(np.array([[0], [1], [5]])) is None
+    assert vector.decompose(np.array([[3, 4]]))[0] == ()
