@@ -1,23 +1,28 @@
-"""Lowering: a Value graph to a flat program of groups over slots, as a list of named passes.
+"""Lowering: a Value graph to a flat program of groups over slots, as a list of named passes:
 
-    build_nodes -> fuse_sums -> mark_gradients -> group -> layout -> vectorize -> share_gradients
-                -> decide_sgd_in_backward
+    build_nodes (find_sums) -> mark_gradients -> vector.group -> layout -> share_gradients
+    -> vector.vectorize -> sgd_in_backward
 
 Every node gets a slot in flat ``data[]``/``grad[]`` arrays: parameters first (in ``params``
-order), then inputs (in ``inputs`` order), then constants that a loop reads (one value per
-iteration), then intermediates. Other constants are inlined as literals.
+order), then inputs (in ``inputs`` order), then intermediates, then constants that a loop reads
+(one value per iteration). Other constants are inlined as literals.
 
-With ``fuse=True`` (the default), sums of products become dot nodes (``fuse_sums``), and nodes
-that compute the same thing from operands of the same kinds, wherever they sit in the graph, form
-one group (``group``: a layer's neurons, the samples of a batch built into one graph, a
+With ``fuse=True`` (the default), sums become dot nodes (``find_sums``), and nodes that compute
+the same thing from operands of the same kinds, wherever they sit in the graph, form one group
+(``vector.group``: a layer's neurons, the samples of a batch built into one graph, a
 convolution's positions). Each group's results get consecutive slots (``layout``), and a group
-whose operands then sit at constant strides becomes one loop nest (``vectorize``); a group that
-does not stays straight-line, one statement per node. With ``fuse=False`` every node is its own
-group: the reference post's straight-line scalar program.
+whose operands then sit at constant strides becomes one loop nest (``vector.vectorize``); a group
+that does not stays straight-line, one statement per node. With ``fuse=False`` every node is its
+own group: the reference post's straight-line scalar program, in which a term of a sum reads the
+sum's gradient in place (``share_gradients``).
 """
 
+import gc
+from collections import Counter
 from dataclasses import dataclass, field
+from itertools import chain
 
+from micrograd_c import ops
 from micrograd_c.engine import Value, topological_order
 
 from . import vector
@@ -86,9 +91,17 @@ def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False):
     """Lowers the graph of `loss` (and `outputs`, extra values to read after forward) to a Program."""
     inputs, params, outputs = list(inputs), list(params), list(outputs)
     _check_leaves(inputs, params, [loss] + outputs)
-    leaves, compute, roots = build_nodes(loss, inputs, params, outputs)
-    if fuse:
-        compute = fuse_sums(compute, roots)
+    collecting = gc.isenabled()
+    gc.disable()  # millions of new nodes, none garbage: the collector would only rescan them
+    try:
+        return _lower(loss, inputs, params, outputs, fuse, input_grads)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _lower(loss, inputs, params, outputs, fuse, input_grads):
+    leaves, compute, roots = build_nodes(loss, inputs, params, outputs, fuse)
     mark_gradients(leaves, compute, input_grads)
     groups = _outputs_first(vector.group(compute) if fuse else [Group([n]) for n in compute])
     n_slots = layout(groups, leaves)
@@ -108,27 +121,39 @@ def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False):
 
 # ---- passes ------------------------------------------------------------------------------------
 
-def build_nodes(loss, inputs, params, outputs):
+def build_nodes(loss, inputs, params, outputs, fuse):
     """One node per Value, in one topological order that puts the outputs' ancestors first (so
-    predict() can stop early). Returns (leaf nodes, computed nodes, roots: outputs then loss)."""
+    predict() can stop early); with `fuse`, sums become dot nodes first (see find_sums) and the
+    Values they absorb get no node. Returns (leaf nodes: params, inputs, constants in that order;
+    computed nodes; roots: outputs then loss)."""
     leaf_kind = {id(p): "param" for p in params}
     leaf_kind.update({id(x): "input" for x in inputs})
-    n_output_values = len(topological_order(*outputs))
-    order = topological_order(*outputs, loss)
+    starts = []
+    order = topological_order(*outputs, loss, starts=starts)
+    n_output_values = starts[-1]  # the loss's own ancestors come after the outputs'
+    sums, absorbed = find_sums(order, outputs + [loss], leaf_kind) if fuse else ({}, set())
     nodes = {}
-    for v in order:
-        if v._kind is not None:
-            nodes[id(v)] = Node("op", v._kind, tuple(nodes[id(c)] for c in v._prev), v._k)
+    compute = []
+    for position, v in enumerate(order):
+        key = id(v)
+        if key in absorbed:
+            continue
+        if v._kind is None:
+            node = nodes[key] = Node(leaf_kind.get(key, "const"), value=v.data)
+        elif key in sums:
+            terms, a, b = sums[key]
+            node = nodes[key] = Node("dot", args=tuple(nodes[id(t)] for t in terms))
+            node.a, node.b = tuple(nodes[id(x)] for x in a), tuple(nodes[id(x)] for x in b)
+            compute.append(node)
         else:
-            nodes[id(v)] = Node(leaf_kind.get(id(v), "const"), value=v.data)
+            node = nodes[key] = Node("op", v._kind, tuple(nodes[id(c)] for c in v._prev), v._k)
+            compute.append(node)
+        node.for_outputs = position < n_output_values
     # Params or inputs that the output does not reach still get their slot.
     for v in params + inputs:
         if id(v) not in nodes:
             nodes[id(v)] = Node(leaf_kind[id(v)], value=v.data)
     roots = [nodes[id(v)] for v in outputs + [loss]]
-    compute = [nodes[id(v)] for v in order if nodes[id(v)].kind == "op"]
-    for v in order[:n_output_values]:
-        nodes[id(v)].for_outputs = True
     # A constant root needs a slot to be read from: compute it as a one-term dot.
     for i, root in enumerate(roots):
         if root.kind == "const":
@@ -140,39 +165,44 @@ def build_nodes(loss, inputs, params, outputs):
     return leaves, compute, roots
 
 
-def fuse_sums(compute, roots):
-    """Replaces each maximal tree of `+` (what `sum(...)` and a Neuron build) of at least
-    MIN_SUM_TERMS terms by one dot node: its products whose factors are both non-constant become
-    the dot's factor lists, the other terms its loose terms. Returns the new compute order."""
-    uses = use_counts(compute)
-    kept = set(map(id, roots))  # values someone reads after forward must stay
-
-    def private(x, op):  # x feeds only one sum, so it may dissolve into it
-        return x.kind == "op" and x.op.name == op and uses[id(x)] == 1 and id(x) not in kept
-
-    absorbed = set()
-    for node in reversed(compute):  # users before their args: take the largest sums first
-        if node.kind != "op" or node.op.name != "add" or id(node) in absorbed:
+def find_sums(order, kept, leaves):
+    """Each maximal tree of `+` (what `sum(...)` and a Neuron build) with at least MIN_SUM_TERMS
+    terms becomes one dot: its products whose factors are both non-constant become the dot's
+    factor lists, its other terms the dot's loose terms. Inner `+` and products used nowhere
+    else dissolve into it. Returns ({id(sum Value): (terms, a, b)}, ids of dissolved Values)."""
+    uses = Counter(map(id, chain.from_iterable(v._prev for v in order)))
+    kept = set(map(id, kept))  # values someone reads after forward must stay
+    add, mul = ops.OPS["add"], ops.OPS["mul"]
+    sums, absorbed = {}, set()
+    for v in reversed(order):  # users before their args: take the largest sums first
+        if v._kind is not add or id(v) in absorbed:
             continue
-        terms, inner, stack = [], [], [node]
+        terms, inner, stack = [], [], [v]
+        pop, push = stack.pop, stack.append
         while stack:  # in-order walk of the + tree: terms in source order
-            x = stack.pop()
-            if x is node or private(x, "add"):
+            x = pop()
+            if x is v or (x._kind is add and uses[id(x)] == 1 and id(x) not in kept):
                 inner.append(x)
-                stack.extend(reversed(x.args))
+                left, right = x._prev
+                push(right)
+                push(left)
             else:
                 terms.append(x)
         if len(terms) < MIN_SUM_TERMS:
             continue
-        products = [t for t in terms if private(t, "mul") and all(f.kind != "const" for f in t.args)]
-        is_product = set(map(id, products))
-        node.kind, node.op = "dot", None
-        node.args = tuple(t for t in terms if id(t) not in is_product)
-        node.a = tuple(p.args[0] for p in products)
-        node.b = tuple(p.args[1] for p in products)
+        loose, a, b = [], [], []
+        for t in terms:
+            if t._kind is mul and uses[id(t)] == 1 and id(t) not in kept:
+                x, y = t._prev
+                if (x._kind is not None or id(x) in leaves) and (y._kind is not None or id(y) in leaves):
+                    a.append(x)
+                    b.append(y)
+                    absorbed.add(id(t))
+                    continue
+            loose.append(t)
+        sums[id(v)] = (loose, a, b)
         absorbed.update(map(id, inner[1:]))
-        absorbed.update(is_product)
-    return [n for n in compute if id(n) not in absorbed]
+    return sums, absorbed
 
 
 def mark_gradients(leaves, compute, input_grads):

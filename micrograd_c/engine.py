@@ -100,11 +100,14 @@ def dot(a, b, start=0.0):
     return sum((x * y for x, y in zip(a, b)), start if isinstance(start, Value) else Value(start))
 
 
-def topological_order(*roots):
+def topological_order(*roots, starts=None):
     """Nodes reachable from the roots, children before parents, in the order micrograd's
-    recursive build_topo gives (root by root); iterative, so a chain of any length works."""
+    recursive build_topo gives (root by root); iterative, so a chain of any length works.
+    `starts`, a list, receives the length of the order before each root."""
     order, visited = [], set()
     for root in roots:
+        if starts is not None:
+            starts.append(len(order))
         if id(root) in visited:
             continue
         visited.add(id(root))
