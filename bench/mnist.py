@@ -1,19 +1,19 @@
 """Speed: our compiled module against pure-Python micrograd, NumPy, PyTorch and plain C, in one run,
 and whether the project's speed and size targets are met.
 
-    python -m mnist.bench [--n-train 10000] [--repeats 3] [--timeout 300] [--configs LABEL ...]
+    python -m bench.mnist [--n-train 10000] [--repeats 3] [--timeout 300] [--configs LABEL ...]
 """
 import argparse
 import sys
 import time
 
 from codegen import CompilerNotFound
+from mnist.data import load_mnist
+from mnist.model import build_graph
 
-from .data import load_mnist
 from .measure import (INTERPRETED, NUMPY, SEED, TORCH, add_arguments, c_reference, columns, compiled,
                       machine_description, markdown_table, measure_all, paired_ratio, ratio_column,
                       speedup_column, table_notes)
-from .model import build_graph
 
 # Ours first: the process's peak RSS, which only grows, is then ours before NumPy and PyTorch add theirs.
 FUSED = [compiled('tcc'), compiled('gcc', 2), compiled('gcc', 3, native=True),
