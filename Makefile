@@ -40,10 +40,10 @@ test-all: $(VENV)/.installed
 	$(PY) -m pytest -q -m '' $(ARGS)
 
 bench: $(VENV)/.installed
-	$(PY) -m mnist.bench $(ARGS)
+	$(PY) -m bench $(ARGS)
 
 compare: $(VENV)/.installed
-	$(PY) -m mnist.compare $(ARGS)
+	$(PY) -m bench.compare $(ARGS)
 
 # PyTorch (CPU) as a peer in bench/compare: optional, large
 torch: $(VENV)/.installed

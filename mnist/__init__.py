@@ -1,1 +1,2 @@
-"""MNIST data: reading IDX files, downloading and checking the data set."""
+"""The MNIST app: reading and downloading the data (data), the workload MLP(784, [50, 10]) (model),
+building its module for `make` (build), training it (train) and the XOR demo (xor)."""

@@ -24,7 +24,7 @@ import codegen
 from codegen import loader, toolchain
 
 from .data import DataError, load_mnist
-from .measure import process_peak_rss
+from .resources import process_peak_rss
 from .model import INITS, PIXEL_SCALE, build_graph, image_loss, sgd_step
 
 # Images per train() call: the call costs microseconds, the chunk milliseconds, so the progress

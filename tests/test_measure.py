@@ -1,15 +1,15 @@
-"""mnist.measure (shared by bench and compare) and mnist.compare, on small random data."""
+"""bench.measure (shared by bench.mnist and bench.compare) and bench.compare, on small random data."""
 import csv
 import importlib.util
 
 import numpy as np
 import pytest
 
-from mnist import compare
-from mnist.measure import (NUMPY, Config, Row, columns, compiled, markdown_table, measure, peer_params,
+from bench import compare
+from bench.measure import (NUMPY, Config, Row, columns, compiled, markdown_table, measure, peer_params,
                            ratio_column, speedup_column, write_csv)
 from mnist.model import PIXEL_SCALE, build_graph
-from mnist.peers import NumpyMLP
+from bench.peers import NumpyMLP
 
 N_TRAIN = 200
 

@@ -4,7 +4,7 @@ import sys
 import numpy as np
 import pytest
 
-from mnist.peers import NIN, NOUT, PARAM_NAMES, SCALE, CReference, NumpyMLP, TorchMLP, init_params
+from bench.peers import NIN, NOUT, PARAM_NAMES, SCALE, CReference, NumpyMLP, TorchMLP, init_params
 
 LR = 0.01
 N_IMAGES = 64

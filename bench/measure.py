@@ -1,4 +1,4 @@
-"""Measuring one training configuration of the MNIST workload, shared by mnist.bench and mnist.compare.
+"""Measuring one training configuration of the MNIST workload, shared by bench.mnist and bench.compare.
 
 A Config names what trains: our compiled module (fused or straight-line scalar C, any compiler and
 flags), pure-Python micrograd_c ('interpreted') or a peer (NumPy, PyTorch, the plain-C reference).
@@ -12,7 +12,6 @@ import contextlib
 import csv
 import os
 import platform
-import resource
 import statistics
 import sys
 import tempfile
@@ -24,9 +23,10 @@ from typing import Callable
 import numpy as np
 
 from codegen import CompilerNotFound, CompileTimeout
-from codegen.toolchain import COMPILER_NAMES, MAXRSS_BYTES, find_compiler
+from codegen.toolchain import COMPILER_NAMES, find_compiler
+from mnist.model import PIXEL_SCALE, build_graph, image_loss, sgd_step
+from mnist.resources import process_peak_rss
 
-from .model import PIXEL_SCALE, build_graph, image_loss, sgd_step
 from .peers import NHID, NIN, NOUT, CReference, NumpyMLP, TorchMLP
 
 EPOCH_IMAGES = 60_000
@@ -146,11 +146,6 @@ def _timed_run(trainer, X, Y, lr) -> float:
     started = time.perf_counter()
     trainer.train(X, Y, lr)
     return time.perf_counter() - started
-
-
-def process_peak_rss() -> int:
-    """This process's peak resident memory so far, in bytes."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * MAXRSS_BYTES
 
 
 def _train_and_score(config, row, data, n_images, repeats, timeout, lr):

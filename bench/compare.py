@@ -1,7 +1,7 @@
 """Compiler tradeoffs: build time against training speed for every compiler and -O level, in the fused
 and the straight-line scalar mode, with pure-Python micrograd, NumPy and PyTorch for scale.
 
-    python -m mnist.compare [--n-train 5000] [--repeats 3] [--timeout 180] [--out results/] [--quick]
+    python -m bench.compare [--n-train 5000] [--repeats 3] [--timeout 180] [--out results/] [--quick]
 
 Writes the table to stdout and to OUT/compare.md (with the command, date and machine), the raw
 numbers to OUT/compare.csv and, when matplotlib is installed, the plot to OUT/compare.png.
@@ -11,7 +11,8 @@ import datetime
 import sys
 from pathlib import Path
 
-from .data import load_mnist
+from mnist.data import load_mnist
+
 from .measure import (INTERPRETED, NUMPY, TORCH, Column, add_arguments, columns, compiled, machine_description,
                       markdown_table, measure_all, speedup_column, table_notes, write_csv)
 
@@ -112,7 +113,7 @@ def main(argv=None):
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, table_columns, args.out / 'compare.csv')
     figure = '\n\n![compile time against training speed](compare.png)' if plot(rows, args.out / 'compare.png') else ''
-    command = ' '.join(['python -m mnist.compare', *(argv if argv is not None else sys.argv[1:])])
+    command = ' '.join(['python -m bench.compare', *(argv if argv is not None else sys.argv[1:])])
     machine = '\n'.join(f'- {line}' for line in machine_description())
     (args.out / 'compare.md').write_text(
         f'## Compiler tradeoffs\n\n`{command}`, {datetime.date.today().isoformat()}\n\n{machine}\n\n'

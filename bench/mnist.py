@@ -1,19 +1,19 @@
 """Speed: our compiled module against pure-Python micrograd, NumPy, PyTorch and plain C, in one run,
 and whether the project's speed and size targets are met.
 
-    python -m mnist.bench [--n-train 10000] [--repeats 3] [--timeout 300] [--configs LABEL ...]
+    python -m bench.mnist [--n-train 10000] [--repeats 3] [--timeout 300] [--configs LABEL ...] [--quick]
 """
-import argparse
 import sys
 import time
 
 from codegen import CompilerNotFound
+from mnist.data import load_mnist
+from mnist.model import build_graph
 
-from .data import load_mnist
-from .measure import (INTERPRETED, NUMPY, SEED, TORCH, add_arguments, c_reference, columns, compiled,
+from . import cli
+from .measure import (INTERPRETED, NUMPY, SEED, TORCH, c_reference, columns, compiled,
                       machine_description, markdown_table, measure_all, paired_ratio, ratio_column,
                       speedup_column, table_notes)
-from .model import build_graph
 
 # Ours first: the process's peak RSS, which only grows, is then ours before NumPy and PyTorch add theirs.
 FUSED = [compiled('tcc'), compiled('gcc', 2), compiled('gcc', 3, native=True),
@@ -23,6 +23,7 @@ SCALAR = [compiled('tcc', fuse=False), compiled('gcc', 1, fuse=False)]
 REFERENCES = {'gcc': c_reference('gcc'), 'clang': c_reference('clang')}
 CONFIGS = [*FUSED, *SCALAR, *REFERENCES.values(), INTERPRETED, NUMPY, TORCH]
 PAIRS = 7
+QUICK = {'configs': ['tcc', 'gcc-O2', 'numpy'], 'n_train': 300, 'repeats': 1}
 
 
 def graph_and_emit_seconds() -> float:
@@ -81,9 +82,12 @@ def target_lines(rows, emit_seconds, paired) -> list[str]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser, n_train=10_000, timeout=300, configs=CONFIGS)
-    args = parser.parse_args(argv)
+    args = cli.parser('python -m bench.mnist', __doc__).parse_args(argv)
+    if args.quick:
+        vars(args).update(QUICK)
+    if args.configs and not set(args.configs) & {c.label for c in CONFIGS}:
+        print('MNIST: none of --configs is an MNIST configuration; skipped')
+        return 0
     data = load_mnist(args.data_dir)
 
     emit_seconds = graph_and_emit_seconds()
