@@ -31,7 +31,16 @@ def c_literal(x):
 # Lists up to this long are written out element by element, constant offsets the compiler sees
 # (a convolution's window); longer ones call the loop kernels of templates/prelude.c, which for
 # contiguous lists pay off sooner.
-UNROLL_MAX, UNROLL_MAX_CONTIGUOUS = 32, 8
+UNROLL_MAX, UNROLL_MAX_CONTIGUOUS = 32, 16
+
+
+def _tree_sum(parts):
+    """parts summed pairwise, ((p0 + p1) + (p2 + p3)) + ...: a chain of n additions would wait on
+    each one in turn; the tree is log2(n) deep (fused mode reorders sums anyway)."""
+    while len(parts) > 1:
+        pairs = [f"({parts[i]} + {parts[i + 1]})" for i in range(0, len(parts) - 1, 2)]
+        parts = pairs + ([parts[-1]] if len(parts) % 2 else [])
+    return parts[0]
 
 
 def _unrolled(*vectors):
@@ -122,7 +131,7 @@ class _Emitter:
                 parts += self._sum(ops.terms)
             if ops.a:
                 parts += self._dot(ops.a, ops.b)
-            value = " + ".join(parts)
+            value = _tree_sum(parts)
         return _loop(g.shape, [f"{_d(ops.out)} = {value};"])
 
     def backward(self, g, sgd=False):
@@ -154,7 +163,8 @@ class _Emitter:
                 self._add_products(wrt, other, factors, go, contribute)
         if not grads and not updates:
             return []
-        body = [f"const double go = {out_grad};"] + grads + updates
+        # Every contribution is go times something: none when go is 0 (a ReLU that is off).
+        body = [f"const double go = {out_grad};", "if (go != 0.0) {", *grads, *updates, "}"]
         return _loop(g.shape, body) if g.shape else ["{ " + " ".join(body) + " }"]
 
     def _add_terms(self, v, nodes, go, contribute):

@@ -369,7 +369,8 @@ static PyObject *fn_backward(PyObject *module, PyObject *unused)
 
 static PyObject *fn_zero_grad(PyObject *module, PyObject *unused)
 {
-    memset(state_of(module)->g, 0, N_SLOTS * sizeof(double));
+    /* Only the parameters' gradients persist: backward() restarts every other one from 0. */
+    memset(state_of(module)->g, 0, N_PARAMS * sizeof(double));
     Py_RETURN_NONE;
 }
 
@@ -505,7 +506,8 @@ static PyMethodDef methods[] = {
     {"forward", fn_forward, METH_NOARGS, "forward() -> the output's value"},
     {"backward", fn_backward, METH_NOARGS,
      "backward(): gradients of the output; parameter gradients accumulate until zero_grad()"},
-    {"zero_grad", fn_zero_grad, METH_NOARGS, "zero_grad(): set every gradient to 0"},
+    {"zero_grad", fn_zero_grad, METH_NOARGS,
+     "zero_grad(): set the parameters' gradients to 0 (backward() restarts every other gradient)"},
     {"update", (PyCFunction)(void (*)(void))fn_update, METH_FASTCALL,
      "update(lr): SGD step, param -= lr * grad"},
     {"outputs", fn_outputs, METH_NOARGS, "outputs() -> tuple of the extra outputs' values"},
