@@ -136,14 +136,16 @@ class _Emitter:
 
     def backward(self, g, sgd=False):
         """Statements adding the group's gradients into its operands' gradients. With sgd (see
-        ir.sgd_in_backward) a contribution to a parameter instead applies `param -= lr *
-        contribution`, placed after the statements that still read the parameter's old value."""
+        ir.sgd_in_backward) a contribution to a parameter marked sgd_fused instead applies
+        `param -= lr * contribution`, placed after the statements that still read the parameter's
+        old value."""
         ops, node = g.operands, g.first
         grads, updates = [], []
         out_grad = _g(ops.out)
 
-        def contribute(to_param, accumulate, update):
-            (updates if sgd and to_param else grads).append(update if sgd and to_param else accumulate)
+        def contribute(to_fused_param, accumulate, update):
+            fused = sgd and to_fused_param
+            (updates if fused else grads).append(update if fused else accumulate)
 
         if node.kind == "op":
             names = dict(zip("ab", map(_operand, ops.args)), out=_d(ops.out))
@@ -153,7 +155,7 @@ class _Emitter:
                 if arg.needs_grad and not arg.shares_grad:
                     local = node.op.render(formula, **names)
                     term = out_grad if local == "1" else f"({local}) * {out_grad}"
-                    contribute(arg.kind == "param", f"{_g(where)} += {term};", f"{_d(where)} -= lr * ({term});")
+                    contribute(arg.sgd_fused, f"{_g(where)} += {term};", f"{_d(where)} -= lr * ({term});")
             return _loop(g.shape, grads + updates)
         go = "go"
         if ops.terms:
@@ -176,9 +178,9 @@ class _Emitter:
         if _unrolled(v) or not all(needs):
             for x, o, need in zip(nodes, v.offsets, needs):
                 if need:
-                    contribute(x.kind == "param", f"{_g(v.start, o)} += {go};", f"{_d(v.start, o)} -= lr * {go};")
+                    contribute(x.sgd_fused, f"{_g(v.start, o)} += {go};", f"{_d(v.start, o)} -= lr * {go};")
             return
-        to_param = nodes[0].kind == "param"
+        to_param = nodes[0].sgd_fused
         if v.contiguous:
             contribute(to_param, f"add_range(g + {_index(v.start, grad=True)}, {go}, {n});",
                        f"add_range(d + {_index(v.start)}, -(lr * {go}), {n});")
@@ -197,9 +199,9 @@ class _Emitter:
             for f, i, j, need in zip(factors, wrt.offsets, other.offsets, needs):
                 if need:
                     term = f"{go} * {_d(other.start, j)}"
-                    contribute(f.kind == "param", f"{_g(wrt.start, i)} += {term};", f"{_d(wrt.start, i)} -= lr * ({term});")
+                    contribute(f.sgd_fused, f"{_g(wrt.start, i)} += {term};", f"{_d(wrt.start, i)} -= lr * ({term});")
             return
-        to_param = factors[0].kind == "param"
+        to_param = factors[0].sgd_fused
         if wrt.contiguous and other.contiguous:
             contribute(to_param, f"axpy(g + {_index(wrt.start, grad=True)}, {go}, d + {_index(other.start)}, {n});",
                        f"sgd_axpy(d + {_index(wrt.start)}, lr, {go}, d + {_index(other.start)}, {n});")
@@ -290,6 +292,7 @@ def _render(program, chunk, unit):
         f"#define N_CONSTANTS {len(program.constants)}",
         f"static const long OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
         _constants(program.constants),
+        _sgd_after_backward(program.sgd_after_backward),
     ])
     if len(units) == 1:
         graph = [prelude, layout, e.offsets.render(), *(p[0] for p in pieces), *drivers]
@@ -308,6 +311,13 @@ def _constants(constants):
     return (f"static const double CONSTANT_VALUES[{len(constants)}] = {{{values}}};\n"
             f"static void init_constants(double *d) {{ memcpy(d + {constants[0][0]}, CONSTANT_VALUES, "
             f"sizeof CONSTANT_VALUES); }}")
+
+
+def _sgd_after_backward(runs):
+    """sgd_after_backward(d, g, lr): the SGD step of the parameters not updated in backward."""
+    body = "".join(f"\n    for (long i = {start}; i < {start + n}; i++) {{ d[i] -= lr * g[i]; g[i] = 0.0; }}"
+                   for start, n in runs)
+    return f"static void sgd_after_backward(double *restrict d, double *restrict g, double lr)\n{{{body}\n    (void)d; (void)g; (void)lr;\n}}"
 
 
 def _template(name):

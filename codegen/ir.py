@@ -36,7 +36,7 @@ class Node:
     A dot's value is sum(args) + sum(a[i] * b[i])."""
 
     __slots__ = ("kind", "op", "args", "k", "value", "slot", "needs_grad", "a", "b", "grad_slot",
-                 "shares_grad", "for_outputs")
+                 "shares_grad", "for_outputs", "sgd_fused")
 
     def __init__(self, kind, op=None, args=(), k=None, value=None):
         self.kind, self.op, self.args, self.k, self.value = kind, op, args, k, value
@@ -45,6 +45,7 @@ class Node:
         self.grad_slot = None     # where its gradient lives: its own slot, or its consumer's
         self.shares_grad = False  # its gradient is its only consumer's, which passes it on unchanged
         self.for_outputs = False  # the outputs need it: predict() computes it
+        self.sgd_fused = False    # a parameter that batch-1 SGD updates inside backward
         self.a = self.b = ()
 
     def reads(self):
@@ -76,7 +77,8 @@ class Program:
     backward: list = field(default_factory=list)  # groups whose grads flow back, reverse order
     constants: list = field(default_factory=list)  # (slot, value) of constants that live in slots
     fused: bool = False
-    sgd_in_backward: bool = False  # a batch-1 SGD step can run inside backward (see the pass)
+    sgd_in_backward: bool = False  # a batch-1 SGD step updates parameters in backward (see the pass)
+    sgd_after_backward: list = field(default_factory=list)  # (slot, count) runs of the others
 
     @property
     def input_base(self):
@@ -116,6 +118,8 @@ def _lower(loss, inputs, params, outputs, fuse, input_grads):
         forward=groups, n_output_groups=sum(g.first.for_outputs for g in groups), backward=backward,
         constants=constants, fused=fuse)
     program.sgd_in_backward = fuse and sgd_in_backward(program)
+    if program.sgd_in_backward:
+        program.sgd_after_backward = unfused_params(program, leaves[:len(params)])
     return program
 
 
@@ -243,30 +247,62 @@ def share_gradients(groups, compute, roots):
 
 
 def sgd_in_backward(program):
-    """Whether a batch-1 SGD step can update parameters during backward instead of after it:
-    every parameter gets at most one gradient contribution (so `param -= lr * contribution` is
-    the whole step, bit for bit), a dot's factor list is all parameters or none, and no
-    parameter is itself read as a result."""
-    contributions = set()
+    """Which parameters a batch-1 SGD step can update during backward instead of after it
+    (node.sgd_fused): those that get one gradient contribution, so `param -= lr * contribution`
+    is their whole step, bit for bit; alike for every member of a group and every element of a
+    dot's factor list (one loop or kernel updates them all); not a parameter whose old value
+    another update's statement still reads (w1 * w2), nor one that is itself read as a result.
+    The others accumulate their gradient, and a sweep after backward updates them. Returns
+    whether any parameter is updated in backward."""
+    contributions = {}
+    positions = []  # per group and operand position: the params there, which share one fate
     for g in program.backward:
         for node in g.members:
-            targets = [x for x in node.args if x.needs_grad]
+            for x in node.args:
+                if x.needs_grad and x.kind == "param":
+                    contributions[id(x)] = contributions.get(id(x), 0) + 1
             for factors in (node.a, node.b):
-                if any(f.needs_grad for f in factors):
-                    if len({f.kind == "param" for f in factors}) > 1:
-                        return False
-                    targets += factors
-            for t in targets:
-                if t.kind == "param":
-                    if id(t) in contributions:
-                        return False
-                    contributions.add(id(t))
+                for f in factors:
+                    if f.needs_grad and f.kind == "param":
+                        contributions[id(f)] = contributions.get(id(f), 0) + 1
+        first = g.first
+        for i in range(len(first.args)):
+            positions.append([m.args[i] for m in g.members])
+        for which in ("a", "b"):
+            if getattr(first, which):
+                positions.append([f for m in g.members for f in getattr(m, which)])
+    params = {id(x): x for xs in positions for x in xs if x.kind == "param"}
+    for x in params.values():
+        x.sgd_fused = contributions.get(id(x), 0) == 1
+    for r in [program.loss, *program.outputs]:
+        r.sgd_fused = False
+    for g in program.backward:
+        for node in g.members:
             # An update must follow every read of the parameter's old value: a node whose backward
             # reads one parameter to update another (w1 * w2) cannot update during backward.
-            if sum(x.kind == "param" for x in node.args if node.kind == "op") > 1 or \
-                    (node.a and node.a[0].kind == "param" and node.b[0].kind == "param"):
-                return False
-    return all(r.kind != "param" for r in [program.loss, *program.outputs])
+            if node.kind == "op" and sum(x.kind == "param" for x in node.args) > 1:
+                for x in node.args:
+                    x.sgd_fused = False
+            if node.a and any(f.kind == "param" for f in node.a) and any(f.kind == "param" for f in node.b):
+                for f in node.a + node.b:
+                    f.sgd_fused = False
+    for xs in positions:  # a list or a loop's operand with a mixed fate: all accumulate
+        if any(x.kind != "param" or not x.sgd_fused for x in xs if x.needs_grad):
+            for x in xs:
+                x.sgd_fused = False
+    return any(x.sgd_fused for x in params.values())
+
+
+def unfused_params(program, params):
+    """Runs (first slot, count) of the parameters that SGD updates after backward."""
+    runs = []
+    for p in params:
+        if not p.sgd_fused:
+            if runs and runs[-1][0] + runs[-1][1] == p.slot:
+                runs[-1][1] += 1
+            else:
+                runs.append([p.slot, 1])
+    return [tuple(r) for r in runs]
 
 
 # ---- helpers -----------------------------------------------------------------------------------

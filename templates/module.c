@@ -443,6 +443,7 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
         if (SGD_IN_BACKWARD && batch == 1) {
             seed_gradients(g);
             backward_sgd_body(d, g, lr);
+            sgd_after_backward(d, g, lr);
         } else {
             backward_all(d, g);
             if (++in_batch == batch) { /* the mean gradient of the minibatch */

@@ -226,3 +226,28 @@ def test_decompose():
     assert strides.tolist() == [[16, 1], [0, 7], [3, 0]]
     assert vector.decompose(np.array([[0], [1], [5]])) is None
     assert vector.decompose(np.array([[3, 4]]))[0] == ()
+
+
+def test_train_updates_single_contribution_params_in_backward(compiler):
+    """A convolution's weights get one gradient contribution per position, the dense layer's one
+    each: batch-1 train() updates the dense weights inside backward and the conv weights after
+    it, and equals the step-by-step functions."""
+    build, init, n_inputs = cnn_case()
+    params, inputs = [Value(v) for v in init], [Value(0.0) for _ in range(n_inputs)]
+    program = ir.lower(build(params, inputs), inputs, params)
+    assert program.sgd_in_backward and program.sgd_after_backward == [(0, 20)]  # 2 filters: 9 + 1 each
+    nets = [codegen.compile(build(params, inputs), inputs, params, compiler=compiler) for _ in range(2)]
+    rng = np.random.default_rng(4)
+    X, labels = rng.uniform(0, 1, size=(12, 64)), rng.integers(0, 4, size=12)
+    expected = []
+    for x, label in zip(X, labels):
+        row = np.zeros(n_inputs)
+        row[:64], row[64 + label] = x, 1.0
+        nets[0].set_input(row)
+        expected.append(nets[0].forward())
+        nets[0].zero_grad()
+        nets[0].backward()
+        nets[0].update(0.05)
+    got = nets[1].train(X, labels, 0.05)
+    assert got == pytest.approx(np.mean(expected), rel=1e-12)
+    np.testing.assert_allclose(np.asarray(nets[1].params), np.asarray(nets[0].params), rtol=1e-12, atol=1e-15)
