@@ -7,6 +7,7 @@ that the toolchain compiles in parallel.
 """
 
 import math
+from dataclasses import dataclass
 from importlib import resources
 
 # Statements per generated function: gcc/clang -O1 take superlinear time in a function's size.
@@ -85,13 +86,35 @@ class _OffsetTables:
                           for offsets, name in self.names.items())
 
 
+@dataclass(frozen=True)
+class _Accumulate:
+    """`g[target + offset] += term`, kept apart from other statements so that a loop nest can sum
+    it in a register while the target stays put over the innermost loop (the weights a
+    convolution shares between positions, a bias shared by a layer's samples)."""
+    target: object  # Affine
+    offset: int
+    term: str
+
+    def render(self, value=None):
+        return f"{_g(self.target, self.offset)} += {value or self.term};"
+
+
 def _loop(shape, body):
     """The statements `body` inside one loop nest over `shape` (none for a single node)."""
     if not shape:
-        return body
-    head = "\n    ".join(f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape))
-    inner = "\n        ".join(body)
-    return [f"{head} {{\n        {inner}\n    }}"]
+        return [s.render() if isinstance(s, _Accumulate) else s for s in body]
+    held = [s for s in body if isinstance(s, _Accumulate) and s.target.strides[-1] == 0]
+    names = {id(s): f"sum{k}" for k, s in enumerate(held)}
+    inner = [f"{names[id(s)]} += {s.term};" if id(s) in names else s.render() if isinstance(s, _Accumulate)
+             else s for s in body]
+    *outer, last = [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape)]
+    innermost = f"{last} {{\n        " + "\n        ".join(inner) + "\n    }"
+    if not held:
+        return ["\n    ".join(outer + [innermost])]
+    before = "double " + ", ".join(f"{names[id(s)]} = 0" for s in held) + ";"
+    after = [s.render(names[id(s)]) for s in held]
+    block = "{\n    " + "\n    ".join([before, innermost, *after]) + "\n    }"
+    return ["\n    ".join(outer + [block])]
 
 
 class _Emitter:
@@ -155,7 +178,7 @@ class _Emitter:
                 if arg.needs_grad and not arg.shares_grad:
                     local = node.op.render(formula, **names)
                     term = out_grad if local == "1" else f"({local}) * {out_grad}"
-                    contribute(arg.sgd_fused, f"{_g(where)} += {term};", f"{_d(where)} -= lr * ({term});")
+                    contribute(arg.sgd_fused, _Accumulate(where, 0, term), f"{_d(where)} -= lr * ({term});")
             return _loop(g.shape, grads + updates)
         go = "go"
         if ops.terms:
@@ -167,7 +190,7 @@ class _Emitter:
             return []
         # Every contribution is go times something: none when go is 0 (a ReLU that is off).
         body = [f"const double go = {out_grad};", "if (go != 0.0) {", *grads, *updates, "}"]
-        return _loop(g.shape, body) if g.shape else ["{ " + " ".join(body) + " }"]
+        return _loop(g.shape, body) if g.shape else ["{ " + " ".join(_loop((), body)) + " }"]
 
     def _add_terms(self, v, nodes, go, contribute):
         """Loose terms of a sum: each gets the sum's gradient."""
@@ -178,7 +201,7 @@ class _Emitter:
         if _unrolled(v) or not all(needs):
             for x, o, need in zip(nodes, v.offsets, needs):
                 if need:
-                    contribute(x.sgd_fused, f"{_g(v.start, o)} += {go};", f"{_d(v.start, o)} -= lr * {go};")
+                    contribute(x.sgd_fused, _Accumulate(v.start, o, go), f"{_d(v.start, o)} -= lr * {go};")
             return
         to_param = nodes[0].sgd_fused
         if v.contiguous:
@@ -199,7 +222,7 @@ class _Emitter:
             for f, i, j, need in zip(factors, wrt.offsets, other.offsets, needs):
                 if need:
                     term = f"{go} * {_d(other.start, j)}"
-                    contribute(f.sgd_fused, f"{_g(wrt.start, i)} += {term};", f"{_d(wrt.start, i)} -= lr * ({term});")
+                    contribute(f.sgd_fused, _Accumulate(wrt.start, i, term), f"{_d(wrt.start, i)} -= lr * ({term});")
             return
         to_param = factors[0].sgd_fused
         if wrt.contiguous and other.contiguous:

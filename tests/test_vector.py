@@ -171,7 +171,7 @@ def test_demo_is_a_few_loops():
     sizes = sorted(math.prod(g.shape) for g in program.forward if g.shape)
     assert sizes[-1] == 100 * 16 * 2  # both first-layer products of every neuron of every sample
     assert program.constants  # the data points and labels, read by loops from slots
-    assert generated_lines(ir.lower(*_demo_graph())) < 200  # was 26,751 lines
+    assert generated_lines(ir.lower(*_demo_graph())) < 300  # was 26,751 lines
 
 
 def generated_lines(program):
