@@ -89,31 +89,49 @@ class _OffsetTables:
 @dataclass(frozen=True)
 class _Accumulate:
     """`g[target + offset] += term`, kept apart from other statements so that a loop nest can sum
-    it in a register while the target stays put over the innermost loop (the weights a
-    convolution shares between positions, a bias shared by a layer's samples)."""
+    it outside the innermost loop when the target stays put over it (the weights a convolution
+    shares between positions, a layer's weights over the samples of a batch): in a register, or,
+    for `term` = the group's gradient times a value, both contiguous along that loop (`product`:
+    their Affines and the value's offset; no value: the gradient alone), as one dot product (or
+    sum) over the loop's range."""
     target: object  # Affine
     offset: int
     term: str
+    product: tuple = None
 
     def render(self, value=None):
         return f"{_g(self.target, self.offset)} += {value or self.term};"
 
 
-def _loop(shape, body):
-    """The statements `body` inside one loop nest over `shape` (none for a single node)."""
+def _at_start(affine):
+    """The Affine with the innermost loop index at 0."""
+    return type(affine)(affine.base, affine.strides[:-1] + (0,), affine.grad_base)
+
+
+def _loop(shape, body, dots=True):
+    """The statements `body` inside one loop nest over `shape` (none for a single node). With
+    `dots`, accumulations of products may become dot products after the innermost loop (only
+    where the loop updates no value they read)."""
     if not shape:
         return [s.render() if isinstance(s, _Accumulate) else s for s in body]
     held = [s for s in body if isinstance(s, _Accumulate) and s.target.strides[-1] == 0]
-    names = {id(s): f"sum{k}" for k, s in enumerate(held)}
+    dotted = [s for s in held if dots and s.product and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
+              and all(a.strides[-1] == 1 for a in s.product[:2] if a is not None)]
+    summed = [s for s in held if s not in dotted]
+    names = {id(s): f"sum{k}" for k, s in enumerate(summed)}
     inner = [f"{names[id(s)]} += {s.term};" if id(s) in names else s.render() if isinstance(s, _Accumulate)
-             else s for s in body]
+             else s for s in body if s not in dotted]
     *outer, last = [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape)]
     innermost = f"{last} {{\n        " + "\n        ".join(inner) + "\n    }"
     if not held:
         return ["\n    ".join(outer + [innermost])]
-    before = "double " + ", ".join(f"{names[id(s)]} = 0" for s in held) + ";"
-    after = [s.render(names[id(s)]) for s in held]
-    block = "{\n    " + "\n    ".join([before, innermost, *after]) + "\n    }"
+    before = ["double " + ", ".join(f"{names[id(s)]} = 0" for s in summed) + ";"] if summed else []
+    after = [s.render(names[id(s)]) for s in summed]
+    after += [s.render(f"sum_range(g + {_index(_at_start(s.product[0]), grad=True)}, {shape[-1]})"
+                       if s.product[1] is None else
+                       f"dot(g + {_index(_at_start(s.product[0]), grad=True)}, "
+                       f"d + {_index(_at_start(s.product[1]), s.product[2])}, {shape[-1]})") for s in dotted]
+    block = "{\n    " + "\n    ".join([*before, innermost, *after]) + "\n    }"
     return ["\n    ".join(outer + [block])]
 
 
@@ -182,17 +200,21 @@ class _Emitter:
             return _loop(g.shape, grads + updates)
         go = "go"
         if ops.terms:
-            self._add_terms(ops.terms, [node.args[i] for i in ops.term_positions], go, contribute)
+            self._add_terms(ops.terms, [node.args[i] for i in ops.term_positions], go, contribute, ops.out)
         if ops.a:
             for wrt, other, factors in ((ops.b, ops.a, node.b), (ops.a, ops.b, node.a)):
-                self._add_products(wrt, other, factors, go, contribute)
+                self._add_products(wrt, other, factors, go, contribute, ops.out)
         if not grads and not updates:
             return []
-        # Every contribution is go times something: none when go is 0 (a ReLU that is off).
-        body = [f"const double go = {out_grad};", "if (go != 0.0) {", *grads, *updates, "}"]
-        return _loop(g.shape, body) if g.shape else ["{ " + " ".join(_loop((), body)) + " }"]
+        # Every contribution is go times something: none when go is 0 (a ReLU that is off), which
+        # saves the kernels' passes; written-out statements stay branch-free, to be vectorised.
+        if any(isinstance(s, str) and s.split("(")[0].isidentifier() for s in grads + updates):  # a kernel
+            body = [f"const double go = {out_grad};", "if (go != 0.0) {", *grads, *updates, "}"]
+        else:
+            body = [f"const double go = {out_grad};", *grads, *updates]
+        return _loop(g.shape, body, dots=not updates) if g.shape else ["{ " + " ".join(_loop((), body)) + " }"]
 
-    def _add_terms(self, v, nodes, go, contribute):
+    def _add_terms(self, v, nodes, go, contribute, out):
         """Loose terms of a sum: each gets the sum's gradient."""
         needs = [x.needs_grad and not x.shares_grad for x in nodes]
         if not any(needs):
@@ -201,7 +223,7 @@ class _Emitter:
         if _unrolled(v) or not all(needs):
             for x, o, need in zip(nodes, v.offsets, needs):
                 if need:
-                    contribute(x.sgd_fused, _Accumulate(v.start, o, go), f"{_d(v.start, o)} -= lr * {go};")
+                    contribute(x.sgd_fused, _Accumulate(v.start, o, go, (out, None, 0)), f"{_d(v.start, o)} -= lr * {go};")
             return
         to_param = nodes[0].sgd_fused
         if v.contiguous:
@@ -212,7 +234,7 @@ class _Emitter:
             contribute(to_param, f"add_offsets(g + {_index(v.start, grad=True)}, {table}, {go}, {n});",
                        f"add_offsets(d + {_index(v.start)}, {table}, -(lr * {go}), {n});")
 
-    def _add_products(self, wrt, other, factors, go, contribute):
+    def _add_products(self, wrt, other, factors, go, contribute, out):
         """Factor list `wrt` of a dot gets go times the other list's values."""
         needs = [f.needs_grad for f in factors]
         if not any(needs):
@@ -222,7 +244,8 @@ class _Emitter:
             for f, i, j, need in zip(factors, wrt.offsets, other.offsets, needs):
                 if need:
                     term = f"{go} * {_d(other.start, j)}"
-                    contribute(f.sgd_fused, _Accumulate(wrt.start, i, term), f"{_d(wrt.start, i)} -= lr * ({term});")
+                    contribute(f.sgd_fused, _Accumulate(wrt.start, i, term, (out, other.start, j)),
+                               f"{_d(wrt.start, i)} -= lr * ({term});")
             return
         to_param = factors[0].sgd_fused
         if wrt.contiguous and other.contiguous:

@@ -1,7 +1,8 @@
 """Lowering: a Value graph to a flat program of groups over slots, as a list of named passes:
 
-    build_nodes (find_sums) -> mark_gradients -> vector.group -> layout -> share_gradients
-    -> vector.vectorize -> sgd_in_backward
+    build_nodes (find_sums) -> mark_gradients -> vector.group -> layout -> vector.vectorize
+    [-> vector.batch_innermost -> layout -> vector.vectorize] -> sgd_in_backward
+    (scalar mode: ... layout -> share_gradients -> vector.vectorize -> ...)
 
 Every node gets a slot in flat ``data[]``/``grad[]`` arrays: parameters first (in ``params``
 order), then inputs (in ``inputs`` order), then intermediates, then constants that a loop reads
@@ -29,6 +30,8 @@ from . import vector
 
 # Sums with fewer terms than this stay chains of `+`: a loop does not pay for itself.
 MIN_SUM_TERMS = 4
+# Rounds of vector.batch_innermost: each moves the batch loop inside one more link of a chain.
+MAX_BATCH_ROUNDS = 4
 
 
 class Node:
@@ -106,12 +109,29 @@ def _lower(loss, inputs, params, outputs, fuse, input_grads):
     leaves, compute, roots = build_nodes(loss, inputs, params, outputs, fuse)
     mark_gradients(leaves, compute, input_grads)
     groups = _outputs_first(vector.group(compute) if fuse else [Group([n]) for n in compute])
-    n_slots = layout(groups, leaves)
-    for node in leaves + compute:
-        node.grad_slot = node.slot
-    if not fuse:  # in loops every node keeps its own gradient; straight-line code saves the copies
-        share_gradients(reversed(groups), compute, roots)
-    groups, constants, n_slots = vector.vectorize(groups, n_slots)
+    if fuse:
+        placed = _place(groups, leaves, compute)
+        orders = [list(g.members) for g in groups]
+        moved = set()
+        # A group whose batch moves inside shows the next one its batch: a few rounds, and the
+        # result is kept only if no loop was lost on the way.
+        for _ in range(MAX_BATCH_ROUNDS):
+            if not vector.batch_innermost(placed[0], moved):
+                break
+            placed = _place(groups, leaves, compute)
+        if moved:
+            batched = [list(g.members) for g in groups]
+            if _loop_count(_place_in(groups, orders, leaves, compute)[0]) <= _loop_count(placed[0]):
+                placed = _place_in(groups, batched, leaves, compute)
+            else:
+                placed = _place(groups, leaves, compute)
+        groups, constants, n_slots = placed
+    else:
+        n_slots = layout(groups, leaves)
+        for node in leaves + compute:
+            node.grad_slot = node.slot
+        share_gradients(reversed(groups), compute, roots)  # straight-line code saves the copies
+        groups, constants, n_slots = vector.vectorize(groups, n_slots)
     backward = [g for g in reversed(groups) if g.first.needs_grad]
     program = Program(
         n_params=len(params), n_inputs=len(inputs), n_slots=n_slots, loss=roots[-1], outputs=roots[:-1],
@@ -121,6 +141,28 @@ def _lower(loss, inputs, params, outputs, fuse, input_grads):
     if program.sgd_in_backward:
         program.sgd_after_backward = unfused_params(program, leaves[:len(params)])
     return program
+
+
+def _place(groups, leaves, compute):
+    """layout, then vectorize: (groups, constants, slot count)."""
+    for node in leaves:
+        if node.kind == "const":
+            node.slot = None
+    n_slots = layout(groups, leaves)
+    for node in leaves + compute:
+        node.grad_slot = node.slot
+    return vector.vectorize(groups, n_slots)
+
+
+def _place_in(groups, orders, leaves, compute):
+    """_place with the groups' members in the given orders."""
+    for g, members in zip(groups, orders):
+        g.members = members
+    return _place(groups, leaves, compute)
+
+
+def _loop_count(groups):
+    return sum(1 for g in groups if g.shape)
 
 
 # ---- passes ------------------------------------------------------------------------------------

@@ -89,6 +89,36 @@ def _key(node, class_of):
             tuple(map(operand, node.b)))
 
 
+def batch_innermost(groups, moved):
+    """Reorders the members of loop nests whose outermost loop runs over a batch (the samples of
+    micrograd's demo: every parameter operand the same along it) so that this loop becomes the
+    innermost, and with it the results' layout: the samples of a value then sit side by side,
+    and a loop over them (a layer applied to the whole batch) is one the C compiler vectorises.
+    Each group moves once (`moved`: their ids). Returns whether any group
+    changed; `layout` and `vectorize` must then run again."""
+    changed = False
+    for g in groups:
+        if len(g.shape) < 2 or g.shape[0] < 4 or id(g) in moved or not _params_constant_along_outer(g):
+            continue
+        order = np.arange(len(g.members)).reshape(g.shape)
+        order = order.transpose(list(range(1, len(g.shape))) + [0]).ravel()
+        g.members = [g.members[i] for i in order]
+        moved.add(id(g))
+        changed = True
+    return changed
+
+
+def _params_constant_along_outer(g):
+    first, ops = g.first, g.operands
+    if first.kind == "op":
+        slots = [a for a, x in zip(ops.args, first.args) if x.kind == "param"]
+    else:
+        terms = [first.args[i] for i in ops.term_positions]
+        slots = [v.start for v, xs in ((ops.terms, terms), (ops.a, first.a), (ops.b, first.b))
+                 if v is not None and any(x.kind == "param" for x in xs)]
+    return all(a.strides[0] == 0 for a in slots)
+
+
 def vectorize(groups, n_slots):
     """Describes every group's operands (group.operands, group.shape); a group whose operands are
     not at constant strides is split into single nodes. Constants that a loop reads get slots

@@ -129,7 +129,7 @@ def test_batch_of_input_rows_sharing_weights(compiler):
     rows = [list(np.random.default_rng(2).normal(size=24))]
     assert_equivalent(build, init, rows, "fused", compiler=compiler, opt=2)
     program = lowered(build, len(init), 24)
-    assert any(g.shape == (6, 5) for g in program.forward)  # samples x neurons, one loop
+    assert any(g.shape == (5, 6) for g in program.forward)  # neurons x samples, one loop (samples inside)
 
 
 def test_scattered_operands_stay_correct(compiler):
