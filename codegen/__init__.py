@@ -10,9 +10,10 @@ import time
 from array import array
 
 from . import emit, ir, loader, toolchain
+from .export import export
 from .toolchain import CompileError, CompilerNotFound, CompileTimeout, ToolchainError
 
-__all__ = ["compile", "generate", "copy_to_values", "copy_from_values", "CompileError",
+__all__ = ["compile", "generate", "export", "copy_to_values", "copy_from_values", "CompileError",
            "CompilerNotFound", "CompileTimeout", "ToolchainError"]
 
 
