@@ -240,3 +240,30 @@ def test_bad_export_arguments(tmp_path):
         codegen.export(x * 2.0, [x], path=tmp_path, name="bad-name")
     with pytest.raises(ValueError, match="listed twice"):
         codegen.export(x * 2.0, [x], [x], path=tmp_path)
+
+
+def test_readme_export_example_runs(capsys):
+    from pathlib import Path
+    import re
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    code = re.search(r"## Models out of Python.*?```python\n(.*?)```", readme, re.S).group(1)
+    namespace = {}
+    exec(code, namespace)
+    assert namespace["train"].source.is_file() and namespace["infer"].header.is_file()
+    assert "tiny_frozen_predict" in namespace["infer"].header.read_text()
+
+
+def test_the_make_export_script(tmp_path, capsys):
+    from mnist import export as export_script
+    from mnist.model import build_graph
+    graph = build_graph(0)
+    params = tmp_path / "params.npz"
+    np.savez(params, params=np.array([p.data for p in graph.model.parameters()]), seed=0, hidden=[50], epochs=0)
+    out = tmp_path / "out"
+    assert export_script.main(["--load", str(params), "--out", str(out), "--check-compiler", "none"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["freestanding", "mnist.c", "mnist.h", "mnist_train.c",
+                                                     "mnist_train.h"]
+    assert "void mnist_predict(const double *in, double *out);" in (out / "mnist.h").read_text()
+    np.savez(params, params=np.zeros(5), seed=0, hidden=[50], epochs=0)
+    assert export_script.main(["--load", str(params), "--out", str(out)]) == 2
+    assert "different model" in capsys.readouterr().err

@@ -141,3 +141,13 @@ def test_bad_calls_say_what_is_wrong():
         jit(compiler="libtcc")(lambda a: "text")(1.0)
     with pytest.raises(TypeError, match="jit needs a function"):
         jit(3)
+
+
+def test_readme_jit_example_runs():
+    from pathlib import Path
+    import re
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    code = re.search(r"## `micrograd_c.jit`.*?```python\n(.*?)```", readme, re.S).group(1)
+    namespace = {}
+    exec(code.replace("1_000_000", "1_000"), namespace)  # fewer rows: a quick test
+    assert namespace["grads"].shape == (1000, 3) and namespace["values"].shape == (1000,)
