@@ -5,7 +5,6 @@ import gc
 import os
 import subprocess
 
-import numpy as np
 import pytest
 
 import codegen

@@ -3,7 +3,6 @@ wasmtime package: a small tanh classifier, and the frozen MNIST classifier on 10
 with the predictions of the compiled extension module."""
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
