@@ -53,6 +53,9 @@ static inline void eval_rows(const double *restrict X, Py_ssize_t n, double *res
 #else
         double *restrict d = heap_d, *restrict g = heap_g;
 #endif
+#ifdef N_CONSTANTS /* constants the graph's loops read from slots */
+        init_constants(d);
+#endif
         for (int i = 0; i < N_INPUTS; i++)
             d[INPUT_BASE + i] = X[r * N_INPUTS + i];
         forward_outputs(d);

@@ -20,6 +20,13 @@ static double work[N_SLOTS];
 
 void @NAME@_predict(const double *in, double *out)
 {
+#ifdef N_CONSTANTS /* constants the graph's loops read from slots: written once */
+    static int constants_ready;
+    if (!constants_ready) {
+        init_constants(work);
+        constants_ready = 1;
+    }
+#endif
     memcpy(work + INPUT_BASE, in, N_INPUTS * sizeof(double));
     forward_outputs(work);
     for (int i = 0; i < N_OUTPUTS; i++)

@@ -25,6 +25,9 @@ void @NAME@_init(@NAME@_state *s)
 {
     memset(s, 0, sizeof *s);
     memcpy(s->data, INITIAL, (N_PARAMS + N_INPUTS) * sizeof(double));
+#ifdef N_CONSTANTS /* constants the graph's loops read from slots */
+    init_constants(s->data);
+#endif
 }
 
 void @NAME@_set_input(@NAME@_state *s, const double *in)
