@@ -51,3 +51,14 @@ torch: $(VENV)/.installed
 
 clean:
 	rm -rf build $(VENV) *.egg-info .pytest_cache
+
+.PHONY: export bench-jit
+# The trained MNIST classifier as plain C with no Python: build/export/mnist.c, .h (frozen) and
+# mnist_train.c, .h (trainable), checked against the module on the test set
+export: $(VENV)/.installed
+	$(PY) -m mnist.train $(FLAGS) --save build/mnist_params.npz $(ARGS)
+	$(PY) -m mnist.export --load build/mnist_params.npz --out build/export
+
+# micrograd_c.jit against the interpreter, per-call use, symengine and JAX (when installed)
+bench-jit: $(VENV)/.installed
+	$(PY) -m bench.jit --compiler $(CC) $(ARGS)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mnist.data import load_mnist
 
+from .libtcc_row import LIBTCC, measure_libtcc
 from .measure import (INTERPRETED, NUMPY, TORCH, Column, add_arguments, columns, compiled, machine_description,
                       markdown_table, measure_all, speedup_column, table_notes, write_csv)
 
@@ -90,7 +91,7 @@ def plot(rows, path) -> bool:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser, n_train=5_000, timeout=180, configs=CONFIGS)
+    add_arguments(parser, n_train=5_000, timeout=180, configs=CONFIGS + [LIBTCC])
     parser.add_argument('--out', type=Path, default=Path('results'), help='directory for the outputs')
     parser.add_argument('--quick', action='store_true',
                         help=f'a smoke test: {" ".join(QUICK["configs"])} on {QUICK["n_train"]} images, once')
@@ -100,6 +101,9 @@ def main(argv=None):
     data = load_mnist(args.data_dir)
 
     rows = measure_all(CONFIGS, data, args)
+    if not args.configs or LIBTCC.label in args.configs:  # in-memory JIT, after tcc (bench/libtcc_row.py)
+        rows.insert(next((i + 1 for i, r in enumerate(rows) if r.config.label == 'tcc'), len(rows)),
+                    measure_libtcc(data, args))
     on_front = {id(row) for row in pareto_front(rows)}
     table_columns = [*columns('config', 'mode', 'compiler', 'flags', 'status', 'codegen s', 'C lines', 'C bytes',
                               'compile s', 'compiler peak MB', 's/epoch', 'images timed'),

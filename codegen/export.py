@@ -1,0 +1,86 @@
+"""Models out of Python: a Value graph as plain C99 files with no Python and no allocation.
+
+    codegen.export(loss, inputs=xs + ys, params=model.parameters(), outputs=logits,
+                   path="out", name="mnist")                 # out/mnist.c, out/mnist.h: training
+    codegen.export(loss, inputs=xs, params=model.parameters(), outputs=logits,
+                   path="out", name="mnist_frozen", frozen=True)   # only mnist_frozen_predict()
+
+The graph's C is codegen.emit.standalone(); templates/export/ wraps it in the API. Beside the
+files goes freestanding/ (math.h, string.h), for building with no libc (WebAssembly).
+"""
+from __future__ import annotations
+
+import pathlib
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from . import emit, ir
+
+FREESTANDING_HEADERS = ("math.h", "string.h")
+
+
+@dataclass(frozen=True)
+class Exported:
+    source: pathlib.Path      # DIR/<name>.c
+    header: pathlib.Path      # DIR/<name>.h
+    freestanding: pathlib.Path  # DIR/freestanding: the headers for builds with no libc
+    n_inputs: int
+    n_outputs: int
+    n_params: int             # 0 when frozen: the parameters are constants in the code
+
+
+def export(loss, inputs=(), params=(), outputs=(), path=".", name="model", frozen=False, fuse=True):
+    """Writes path/<name>.c and path/<name>.h (and path/freestanding/) computing the graph.
+
+    frozen=False: the training step, with <name>_init, _set_input, _forward, _outputs, _backward,
+    _zero_grad, _update, _params and _param_grads over a caller-owned <name>_state; the
+    parameters start at the Values' current .data.
+    frozen=True: inference only, <name>_predict(const double *in, double *out); the parameters'
+    current values become constants in the code, and `out` receives `outputs` (or the loss when
+    none are given). The code is then straight-line: each weight is a literal the compiler folds
+    into an instruction (dot-product fusion only fuses products of two slots).
+    """
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"name must be a C identifier, got {name!r}")
+    inputs, params, outputs = list(inputs), list(params), list(outputs)
+    directory = pathlib.Path(path)
+    if frozen:
+        outputs = outputs or [loss]
+        # the params are ordinary leaves, so constants; the loss is not needed, only the outputs
+        program = ir.lower(outputs[0], inputs, (), outputs, fuse=False)
+        values = {"N_SLOTS": program.n_slots}
+        kind = "frozen"
+    else:
+        program = ir.lower(loss, inputs, params, outputs, fuse=fuse)
+        initial = [float(v.data) for v in params + inputs]
+        values = {"N_SLOTS": program.n_slots, "N_PARAMS": len(params),
+                  "INITIAL": _wrap([emit.c_literal(x) for x in initial] + ["0.0"])}
+        kind = "trainable"
+    values.update(NAME=name, UPPER=name.upper(), GUARD=f"{name.upper()}_H", N_INPUTS=len(inputs),
+                  N_OUTPUTS=len(program.outputs))
+    graph = emit.standalone(program)
+    directory.mkdir(parents=True, exist_ok=True)
+    source, header = directory / f"{name}.c", directory / f"{name}.h"
+    header.write_text(_fill(_template(f"export/{kind}.h"), values))
+    source.write_text(_fill(_template(f"export/{kind}.c"), values).replace("@GRAPH@", graph))
+    freestanding = directory / "freestanding"
+    freestanding.mkdir(exist_ok=True)
+    for header_name in FREESTANDING_HEADERS:
+        (freestanding / header_name).write_text(_template(f"freestanding/{header_name}"))
+    return Exported(source, header, freestanding, len(inputs), len(program.outputs),
+                    0 if frozen else len(params))
+
+
+def _fill(text, values):
+    for key, value in values.items():
+        text = text.replace(f"@{key}@", str(value))
+    return text
+
+
+def _wrap(literals, per_line=6):
+    return ",\n".join("    " + ", ".join(literals[i:i + per_line]) for i in range(0, len(literals), per_line))
+
+
+def _template(name):
+    return resources.files("templates").joinpath(name).read_text()
