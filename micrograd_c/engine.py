@@ -2,6 +2,8 @@
 
 from . import ops
 
+_ADD, _MUL = ops.OPS["add"], ops.OPS["mul"]
+
 
 class Value:
     """Stores a single scalar value and its gradient."""
@@ -21,7 +23,7 @@ class Value:
         args = (self,) + tuple(o if isinstance(o, Value) else Value(o) for o in others)
         a = args[0].data
         b = args[1].data if op.arity == 2 else None
-        return Value(op.value_fn(a, b, None, k), args, op.label.format(k=k), op, k)
+        return Value(op.value_fn(a, b, None, k), args, op.label if k is None else op.label.format(k=k), op, k)
 
     def _backward(self):
         op = self._kind
@@ -32,11 +34,16 @@ class Value:
         for child, grad_fn in zip(self._prev, op.grad_fns):
             child.grad += grad_fn(a, b, self.data, self._k) * self.grad
 
+    def _binary(self, op, other):  # _apply for + and *, the ops a model is made of, made lean
+        if not isinstance(other, Value):
+            other = Value(other)
+        return Value(op.value_fn(self.data, other.data, None, None), (self, other), op.label, op)
+
     def __add__(self, other):
-        return self._apply("add", other)
+        return self._binary(_ADD, other)
 
     def __mul__(self, other):
-        return self._apply("mul", other)
+        return self._binary(_MUL, other)
 
     def __pow__(self, other):
         assert isinstance(other, (int, float)), "only supporting int/float powers for now"
