@@ -100,8 +100,8 @@ def test_load_with_the_wrong_parameter_count_is_a_clear_error(tmp_path, capsys):
 
 @pytest.mark.parametrize("option, saved, message", [
     (["--hidden", "128", "64"], {}, "was saved from a model with --hidden 50, not 128 64: it is from another model"),
-    (["--activation", "tanh"], {}, "was saved from a model with --activation relu, not tanh"),
-    (["--optimizer", "sgd"], {"optimizer": "adam"}, "was saved from a model with --optimizer adam, not sgd"),
+    (["--activation", "tanh"], {}, "was saved from a model with --activation relu, not tanh: it is from another model"),
+    (["--optimizer", "sgd"], {"optimizer": "adam"}, "was saved from a model with --optimizer adam, not sgd: it is from another model"),
 ])
 def test_load_refuses_a_file_from_another_model(tmp_path, capsys, option, saved, message):
     params = tmp_path / "model.npz"
