@@ -343,8 +343,7 @@ static void batch_step(State *s, double lr, long long n)
     if (n > 1)
         for (long i = 0; i < N_PARAMS; i++)
             s->g[i] /= (double)n;
-    optimizer_step(s->d, s->g, s->opt_m, s->opt_v, s->opt_step, lr);
-    memset(s->g, 0, N_PARAMS * sizeof(double));
+    optimizer_step(s->d, s->g, s->opt_m, s->opt_v, s->opt_step, lr, 1);
 }
 
 /* ---- exported functions ------------------------------------------------------------------- */
@@ -398,7 +397,7 @@ static PyObject *fn_update(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (check_nargs("update", nargs, 1, 1) < 0 || get_finite("update", "lr", args[0], &lr) < 0)
         return NULL;
     State *s = state_of(module);
-    optimizer_step(s->d, s->g, s->opt_m, s->opt_v, s->opt_step, lr);
+    optimizer_step(s->d, s->g, s->opt_m, s->opt_v, s->opt_step, lr, 0);
     Py_RETURN_NONE;
 }
 

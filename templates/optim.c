@@ -34,13 +34,22 @@ typedef double vec __attribute__((vector_size(16)));
 #define VLANES (long)(sizeof(vec) / sizeof(double))
 #endif
 
-static void optimizer_step(double *restrict p, const double *restrict g, double *restrict m,
-                           double *restrict v, double *step, double lr)
+/* With `clear` the step also zeroes the gradients, in the same pass (train(): the next batch
+ * starts from zero). It is a constant at each call, so the step is compiled once each way. */
+#if defined(__GNUC__) && !defined(__TINYC__)
+#define SPECIALISED __attribute__((always_inline)) inline
+#else
+#define SPECIALISED inline
+#endif
+static SPECIALISED void optimizer_step(double *restrict p, double *restrict g, double *restrict m,
+                                       double *restrict v, double *step, double lr, int clear)
 {
     if (OPTIMIZER == 0) {
         for (long i = 0; i < N_PARAMS; i++) {
             double grad = WEIGHT_DECAY != 0.0 ? g[i] + WEIGHT_DECAY * p[i] : g[i];
             p[i] = p[i] + -lr * grad;
+            if (clear)
+                g[i] = 0.0;
         }
     } else if (OPTIMIZER == 1) {
         /* PyTorch starts the buffer as a copy of the first gradient: momentum * 0 + grad is that. */
@@ -49,6 +58,8 @@ static void optimizer_step(double *restrict p, const double *restrict g, double 
             m[i] = m[i] * MOMENTUM + grad;
             grad = NESTEROV ? grad + MOMENTUM * m[i] : m[i];
             p[i] = p[i] + -lr * grad;
+            if (clear)
+                g[i] = 0.0;
         }
     } else {
         double t = *step += 1.0;
@@ -70,9 +81,14 @@ static void optimizer_step(double *restrict p, const double *restrict g, double 
             memcpy(p + i, &P, sizeof P);
             memcpy(m + i, &M, sizeof M);
             memcpy(v + i, &V, sizeof V);
+            if (clear)
+                memset(g + i, 0, sizeof G);
         }
 #endif
-        for (; i < N_PARAMS; i++)
+        for (; i < N_PARAMS; i++) {
             ADAM_ELEMENT(sqrt, p[i], g[i], m[i], v[i]);
+            if (clear)
+                g[i] = 0.0;
+        }
     }
 }
