@@ -183,3 +183,27 @@ def test_missing_compiler_is_a_clear_error(tmp_path, capsys):
     status, _, err = run_train(capsys, "--compiler", "no-such-cc", "--module-dir", str(tmp_path))
     assert status == 2
     assert err.startswith("error: C compiler 'no-such-cc' not found")
+
+
+@pytest.mark.slow
+def test_adam_reaches_the_targets(mnist_dir, tmp_path, capsys):
+    """Adam, lr 0.001 falling linearly, batch 1, he init: MLP(784, [128, 64, 10]) reaches 97.38%
+    after one epoch and 98.07% after three (the issue's targets: 97.0% and 98%)."""
+    picture = tmp_path / "loss.png"
+    status, out, _ = run_train(capsys, "--data-dir", str(mnist_dir), "--no-download", "--optimizer", "adam",
+                               "--hidden", "128", "64", "--epochs", "3", "--plot", str(picture),
+                               "--module-dir", str(tmp_path))
+    assert status == 0
+    accuracies = [float(a) / 100 for a in re.findall(r"epoch \d/3: loss [\d.]+, test accuracy ([\d.]+)%", out)]
+    assert accuracies[0] >= 0.97 and accuracies[-1] >= 0.98
+    assert picture.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_adam_on_the_default_model(mnist_dir, tmp_path, capsys):
+    """The default MLP(784, [50, 10]) with Adam: 96.68% after one epoch (seeds 1, 2: 96.49%,
+    96.63%), short of 97.0% (see README, Optimizers)."""
+    status, out, _ = run_train(capsys, "--data-dir", str(mnist_dir), "--no-download", "--optimizer", "adam",
+                               "--module-dir", str(tmp_path))
+    assert status == 0
+    assert summary_accuracy(out) >= 0.965
