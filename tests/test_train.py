@@ -81,9 +81,9 @@ def test_full_mnist_reaches_the_targets(mnist_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("scalar, tolerance", [(False, 1e-12), (True, 0.0)])
-def test_xor_compiled_and_interpreted_agree(capsys, scalar, tolerance):
+def test_xor_compiled_and_interpreted_agree(capsys, tmp_path, scalar, tolerance):
     """Fused dot products add in another order than the interpreter; scalar code replays it exactly."""
-    assert xor.main(["--compiler", "gcc", "--opt", "2"] + ["--scalar"] * scalar) == 0
+    assert xor.main(["--compiler", "gcc", "--opt", "2", "--out", str(tmp_path)] + ["--scalar"] * scalar) == 0
     out = capsys.readouterr().out
     difference = float(re.search(r"over the final parameters: (\S+)", out).group(1))
     assert difference <= tolerance
