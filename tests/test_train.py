@@ -44,7 +44,8 @@ def run_train(capsys, *argv):
 
 
 def summary_accuracy(out):
-    return float(re.search(r"test accuracy\s+([\d.]+)%", out).group(1)) / 100
+    """The summary's test accuracy (after the last epoch): the last of the lines that give one."""
+    return float(re.findall(r"test accuracy\s+([\d.]+)%", out)[-1]) / 100
 
 
 def test_trains_on_a_subset_saves_and_reloads(mnist_dir, tmp_path, capsys):
@@ -187,15 +188,17 @@ def test_missing_compiler_is_a_clear_error(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_adam_reaches_the_targets(mnist_dir, tmp_path, capsys):
-    """Adam, lr 0.001 falling linearly, batch 1, he init: MLP(784, [128, 64, 10]) reaches 97.38%
-    after one epoch and 98.07% after three (the issue's targets: 97.0% and 98%)."""
+    """Adam, lr 0.001 falling linearly over the run, batch 1, he init, MLP(784, [128, 64, 10]):
+    97.38% after one epoch; 98.07% after a run of three (the issue's targets: 97.0% and 98%)."""
     picture = tmp_path / "loss.png"
-    status, out, _ = run_train(capsys, "--data-dir", str(mnist_dir), "--no-download", "--optimizer", "adam",
-                               "--hidden", "128", "64", "--epochs", "3", "--plot", str(picture),
-                               "--module-dir", str(tmp_path))
+    common = ["--data-dir", str(mnist_dir), "--no-download", "--optimizer", "adam", "--hidden", "128", "64",
+              "--module-dir", str(tmp_path)]
+    status, out, _ = run_train(capsys, *common)
     assert status == 0
-    accuracies = [float(a) / 100 for a in re.findall(r"epoch \d/3: loss [\d.]+, test accuracy ([\d.]+)%", out)]
-    assert accuracies[0] >= 0.97 and accuracies[-1] >= 0.98
+    assert summary_accuracy(out) >= 0.97
+    status, out, _ = run_train(capsys, *common, "--epochs", "3", "--plot", str(picture))
+    assert status == 0
+    assert summary_accuracy(out) >= 0.98
     assert picture.stat().st_size > 10_000
 
 
