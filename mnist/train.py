@@ -110,6 +110,7 @@ def run(args):
         check_saved_size(saved, graph.model)
     net, origin = compiled_module(graph, args, optimizer)
     epochs_before = restore(saved, net) if saved else 0
+    codegen.copy_to_values(net, graph.model.parameters())  # --interpreted starts where the module does
     print(f"module: {origin.how}; codegen {origin.codegen_seconds:.2f} s, compile {origin.compile} ({origin.compiler})")
     summary = [
         ("model", f"{describe(graph.model)}, {args.activation}, {net.n_params:,} parameters, seed {args.seed}"),
