@@ -1,6 +1,9 @@
 """draw_dot: the Value graph as an SVG/PNG through graphviz's `dot`, and a clear error without it."""
 
+import re
+import textwrap
 import xml.etree.ElementTree as ElementTree
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +52,12 @@ def test_without_dot_on_path_the_error_says_what_to_install(tmp_path, monkeypatc
 def test_unknown_format_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="format must be one of"):
         draw_dot(small_graph(), tmp_path / "graph.pdf")
+
+
+def test_readme_example_draws(tmp_path, monkeypatch):
+    """The README's draw_dot example runs as written."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"\*\*`draw_dot\(root, path, format=None\)`\*\*.*?```python\n(.*?)```", readme, re.S).group(1)
+    monkeypatch.chdir(tmp_path)
+    exec(textwrap.dedent(code), {})
+    assert ElementTree.parse(tmp_path / "graph.svg").getroot().tag.endswith("svg")
