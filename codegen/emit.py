@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 
+from . import optim
+
 # Statements per generated function: gcc/clang -O1 take superlinear time in a function's size.
 CHUNK_STATEMENTS = 200
 # Statements per C file: big programs become several files, compiled in parallel, each in
@@ -285,17 +287,27 @@ def _units(pieces, unit):
     return units
 
 
-def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS):
+def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, optimizer=None,
+         initial_params=None):
     """The C sources of the extension module `module_name` computing `program`: the module
-    itself, then (for big programs) extra units of generated functions compiled alongside."""
+    itself, then (for big programs) extra units of generated functions compiled alongside.
+    optimizer: a codegen.optim description (None: SGD); initial_params: values every load of
+    the module starts its parameters from (None: zeros)."""
     if not module_name.isidentifier() or not module_name.isascii():
         raise ValueError(f"module name must be a C identifier, got {module_name!r}")
     graph, extra = _render(program, chunk, unit)
     constants = "\n".join([
         f'#define MODULE_NAME_STR "{module_name}"',
         f"#define MODULE_INIT PyInit_{module_name}",
+        optim.check(optimizer).c_defines(),
     ])
-    module = (_template("module.c").replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", graph))
+    if initial_params is not None:
+        if len(initial_params) != program.n_params:
+            raise ValueError(f"{len(initial_params)} initial parameter values for {program.n_params} parameters")
+        constants += ("\n#define HAVE_INITIAL_PARAMS 1\nstatic const double INITIAL_PARAMS[] = {"
+                      + ", ".join(map(c_literal, initial_params)) + "};")
+    module = (_template("module.c").replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", graph)
+              .replace("/*@OPTIM@*/", _template("optim.c")))
     return [module] + extra
 
 

@@ -46,8 +46,17 @@ class Value:
         return self._binary(_MUL, other)
 
     def __pow__(self, other):
-        assert isinstance(other, (int, float)), "only supporting int/float powers for now"
+        """self ** k for a number k (micrograd's op, '**k'), or self ** other for a Value ('**')."""
+        if isinstance(other, Value):
+            return self._apply("vpow", other)
+        if not isinstance(other, (int, float)):
+            return NotImplemented
         return self._apply("pow", k=other)
+
+    def __rpow__(self, other):  # other ** self, other a number
+        if not isinstance(other, (int, float)):
+            return NotImplemented
+        return Value(other)._apply("vpow", self)
 
     def relu(self):
         return self._apply("relu")

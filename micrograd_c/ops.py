@@ -27,11 +27,21 @@ def _log(x):
     return -math.inf if x == 0 else math.nan  # IEEE results where math.log raises
 
 
+def _pow(x, y):
+    """x ** y as C's pow: IEEE results (inf, nan) where Python raises or returns a complex."""
+    try:
+        result = x ** y
+    except (ZeroDivisionError, OverflowError):  # 0 ** negative, or too large: C gives +-inf
+        odd = float(y).is_integer() and y % 2 == 1
+        return math.copysign(math.inf, x) if odd else math.inf
+    return math.nan if isinstance(result, complex) else result
+
+
 def _where(cond, if_true, if_false):
     return if_true if cond else if_false
 
 
-PRIMITIVES = {"exp": _exp, "log": _log, "tanh": math.tanh, "pow": pow, "where": _where}
+PRIMITIVES = {"exp": _exp, "log": _log, "tanh": math.tanh, "pow": _pow, "where": _where}
 
 # Names the formulas bind; the same names are the placeholders.
 _ARGS = ("a", "b", "out", "k")
@@ -65,6 +75,8 @@ _TABLE = [
     Op("add", "+", 2, "{a} + {b}", ("1", "1")),
     Op("mul", "*", 2, "{a} * {b}", ("{b}", "{a}")),
     Op("pow", "**{k}", 1, "pow({a}, {k})", ("{k} * pow({a}, {k} - 1)",)),
+    # a ** b with b a Value too (a > 0 for the gradient in b: log a)
+    Op("vpow", "**", 2, "pow({a}, {b})", ("{b} * pow({a}, {b} - 1)", "{out} * log({a})")),
     Op("relu", "ReLU", 1, "where({a} < 0, 0, {a})", ("({out} > 0)",)),
     Op("tanh", "tanh", 1, "tanh({a})", ("1 - {out} * {out}",)),
     Op("sigmoid", "sigmoid", 1, "1 / (1 + exp(-{a}))", ("{out} * (1 - {out})",)),

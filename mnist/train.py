@@ -1,6 +1,7 @@
 """`make mnist`: train micrograd's MLP(784, [50, 10]) on MNIST through its compiled training step.
 
     python -m mnist.train [--epochs 1] [--lr 0.03] [--compiler gcc] [--opt 2] [--limit N] ...
+    python -m mnist.train --hidden 128 64 --optimizer adam --epochs 3 --plot loss.png
 
 The images go to the compiled module's train() in chunks, so that a progress bar can follow;
 the test accuracy is measured after every epoch and a summary of the timings ends the run.
@@ -24,8 +25,9 @@ import codegen
 from codegen import loader, toolchain
 
 from .data import DataError, load_mnist
+from .model import (DEFAULT_LR, MODEL_DEFAULTS, PIXEL_SCALE, add_model_arguments, at_least, build_graph,
+                    image_loss, model_options, sgd_step)
 from .resources import process_peak_rss
-from .model import INITS, PIXEL_SCALE, build_graph, image_loss, sgd_step
 
 # Images per train() call: the call costs microseconds, the chunk milliseconds, so the progress
 # bar updates often at no measurable cost. Batches never span two chunks: a --batch-size that
@@ -59,15 +61,14 @@ def main(argv=None):
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=at_least(1), default=1, help="passes over the training set (default 1)")
-    parser.add_argument("--lr", type=float, default=0.03, help="learning rate (default 0.03)")
-    parser.add_argument("--init", choices=INITS, default="he",
-                        help="he (default): micrograd's uniform(-1, 1) draws scaled by sqrt(6 / fan-in); "
-                             "micrograd: its init unchanged (trains slower: ~93%% after one epoch)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="learning rate (default: sgd 0.03, momentum 0.003, adam and adamw 0.001)")
+    add_model_arguments(parser)
     parser.add_argument("--schedule", choices=("linear", "constant"), default="linear",
                         help="linear (default): the rate falls from --lr to 0 over the whole run, set per "
                              "chunk of %d images; constant: --lr throughout" % CHUNK)
     parser.add_argument("--batch-size", type=at_least(1), default=1,
-                        help="images per SGD step, which follows their mean gradient (default 1)")
+                        help="images per optimizer step, which follows their mean gradient (default 1)")
     parser.add_argument("--seed", type=at_least(0), default=0,
                         help="random.seed for the initial weights, and the shuffle of every epoch (default 0)")
     parser.add_argument("--compiler", default=None, help="tcc, gcc, clang or a command (default: $CC, else gcc)")
@@ -78,8 +79,12 @@ def parse_args(argv):
                         help="the MNIST files (default: $MNIST_DIR, else ~/.cache/micrograd_c/mnist)")
     parser.add_argument("--no-download", action="store_true", help="fail instead of downloading missing files")
     parser.add_argument("--limit", type=at_least(1), metavar="N", help="train on the first N training images only")
-    parser.add_argument("--save", type=Path, metavar="PATH.npz", help="save the trained parameters")
-    parser.add_argument("--load", type=Path, metavar="PATH.npz", help="start from parameters saved by --save")
+    parser.add_argument("--save", type=Path, metavar="PATH.npz",
+                        help="save the trained parameters, the architecture and the optimizer's state")
+    parser.add_argument("--load", type=Path, metavar="PATH.npz",
+                        help="start from a file saved by --save (its architecture and optimizer, unless given)")
+    parser.add_argument("--plot", type=Path, metavar="PATH.png",
+                        help="draw the training loss (per chunk) and the test accuracy (per epoch) (matplotlib)")
     parser.add_argument("--eval-only", action="store_true", help="only measure the test accuracy, no training")
     parser.add_argument("--interpreted", type=at_least(0), default=0, metavar="N",
                         help="also train pure-Python micrograd_c on N images, to compare speeds (default 0: skip)")
@@ -87,32 +92,29 @@ def parse_args(argv):
                         help="use the nn module `make` built there if its C files are what these options "
                              "generate (default build)")
     args = parser.parse_args(argv)
-    if not (math.isfinite(args.lr) and args.lr > 0):
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
         parser.error(f"argument --lr: must be a positive number, got {args.lr}")
     return args
 
 
-def at_least(minimum):
-    """An argparse type: an int >= minimum."""
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-    return parse
-
-
 def run(args):
-    # Cheap checks first: a bad --load or a missing compiler fails before any download.
-    graph = build_graph(args.seed, init=args.init)
-    epochs_before = load_params(args.load, graph.model) if args.load else 0
-    net, origin = compiled_module(graph, args)
+    # Cheap checks first: a bad --load or --plot, or a missing compiler, fails before any download.
+    saved = read_saved(args.load) if args.load else None
+    optimizer = resolve_model_options(args, saved)
+    if args.lr is None:
+        args.lr = DEFAULT_LR[args.optimizer]
+    if args.plot:
+        check_plotting()
+    graph = build_graph(args.seed, hidden=args.hidden, init=args.init, activation=args.activation)
+    if saved:
+        check_saved_size(saved, graph.model)
+    net, origin = compiled_module(graph, args, optimizer)
+    epochs_before = restore(saved, net) if saved else 0
+    codegen.copy_to_values(net, graph.model.parameters())  # --interpreted starts where the module does
     print(f"module: {origin.how}; codegen {origin.codegen_seconds:.2f} s, compile {origin.compile} ({origin.compiler})")
     summary = [
-        ("model", f"{describe(graph.model)}, {net.n_params:,} parameters, seed {args.seed}"),
+        ("model", f"{describe(graph.model)}, {args.activation}, {net.n_params:,} parameters, seed {args.seed}"),
+        ("optimizer", net.optimizer),
         ("module", origin.how),
         ("codegen", f"{origin.codegen_seconds:.2f} s"),
         ("compile", origin.compile),
@@ -126,7 +128,7 @@ def run(args):
     if args.eval_only:
         accuracy = test_accuracy(net, test_images, test_labels)
     else:
-        epoch_seconds, accuracy = train(net, args, train_images, train_labels, test_images, test_labels)
+        epoch_seconds, accuracy, history = train(net, args, train_images, train_labels, test_images, test_labels)
         epochs_trained, per_epoch = len(epoch_seconds), statistics.median(epoch_seconds)
         summary += [
             ("training", f"{args.epochs} epoch(s) x {n_train:,} images, lr {args.lr:g} ({args.schedule}), "
@@ -136,7 +138,10 @@ def run(args):
         ]
     summary.append(("test accuracy", f"{accuracy:.2%} of {len(test_images):,} images"))
     if args.save:
-        save_params(args.save, net, args.seed, layer_sizes(graph.model)[:-1], epochs_before + epochs_trained)
+        save_params(args.save, net, args, epochs_before + epochs_trained)
+    if args.plot and not args.eval_only:
+        plot(args.plot, history, n_train, f"{describe(graph.model)}, {args.activation}, {net.optimizer}, lr {args.lr:g}")
+        summary.append(("plot", str(args.plot)))
     if args.interpreted:
         summary.append(("interpreted", compare_interpreted(graph.model, train_images[:args.interpreted],
                                                            train_labels[:args.interpreted], args.lr, n_train,
@@ -154,10 +159,10 @@ def print_summary(rows):
         print(f"  {label:<{width}}  {value}")
 
 
-def compiled_module(graph, args):
+def compiled_module(graph, args, optimizer):
     """The module and its Origin: the one `make` built in --module-dir if its C files are those
     these options generate, else compiled now (or taken from the build cache). It holds the
-    model's current parameters."""
+    model's initial parameters, baked into its C as `make` bakes them."""
     fuse = not args.scalar
     compiler = toolchain.find_compiler(args.compiler)
     try:
@@ -169,16 +174,17 @@ def compiled_module(graph, args):
     if prebuilt.is_file() and recorded.get("compiler") == list(compiler.argv) and \
             recorded.get("opt") == args.opt and recorded.get("native") == args.native:
         started = time.perf_counter()
-        sources = graph.generate(fuse=fuse)  # the module, then any extra units: nn.c, nn.1.c, nn.2.c...
+        # the module, then any extra units: nn.c, nn.1.c, nn.2.c...
+        sources = graph.generate(fuse=fuse, optimizer=optimizer, embed_params=True)
         codegen_seconds = time.perf_counter() - started
         c_files = [args.module_dir / toolchain.unit_file_name("nn", i) for i in range(len(sources))]
         if all(c.is_file() and c.read_text() == source for c, source in zip(c_files, sources)):
             net = loader.load_extension(prebuilt, "nn")
-            codegen.copy_from_values(net, graph.model.parameters())
             compile_time = "cached" if recorded.get("cached") else f"{recorded.get('compile_seconds', 0):.2f} s"
             return net, Origin(f"prebuilt {prebuilt} (`make`; its C files match these options)", codegen_seconds,
                                f"{compile_time} (by `make`)", f"{Path(compiler.argv[0]).name} {flags}")
-    net = graph.compile(compiler=compiler, opt=args.opt, native=args.native, fuse=fuse)
+    net = graph.compile(compiler=compiler, opt=args.opt, native=args.native, fuse=fuse, optimizer=optimizer,
+                        embed_params=True)
     return net, Origin("from the build cache" if net.build.cached else "compiled", net.timings["codegen"],
                        "cached" if net.build.cached else f"{net.timings['compile']:.2f} s",
                        f"{Path(compiler.argv[0]).name} {flags}")
@@ -193,10 +199,12 @@ def build_record(module_dir):
 
 
 def train(net, args, train_images, train_labels, test_images, test_labels):
-    """Trains for args.epochs; returns each epoch's training seconds and the final test accuracy."""
+    """Trains for args.epochs; returns each epoch's training seconds, the final test accuracy and
+    the history: (images seen, mean loss) per chunk, (epoch, test accuracy) per epoch."""
     shuffle = np.random.default_rng(args.seed)
     n = len(train_images)
     epoch_seconds = []
+    history = {"chunks": [], "epochs": []}
     for epoch in range(args.epochs):
         order = shuffle.permutation(n)
         loss_sum = 0.0
@@ -205,15 +213,18 @@ def train(net, args, train_images, train_labels, test_images, test_labels):
             for start in range(0, n, CHUNK):
                 rows = order[start:start + CHUNK]
                 lr = learning_rate(args, done=epoch * n + start, total=args.epochs * n)
-                loss_sum += len(rows) * net.train(train_images[rows], train_labels[rows], lr, scale=PIXEL_SCALE,
-                                                  batch_size=args.batch_size)
+                chunk_loss = net.train(train_images[rows], train_labels[rows], lr, scale=PIXEL_SCALE,
+                                       batch_size=args.batch_size)
+                loss_sum += len(rows) * chunk_loss
+                history["chunks"].append((epoch * n + start + len(rows), chunk_loss))
                 bar.set_postfix(loss=f"{loss_sum / (start + len(rows)):.4f}", refresh=False)
                 bar.update(len(rows))
             epoch_seconds.append(time.perf_counter() - started)
         accuracy = test_accuracy(net, test_images, test_labels)
+        history["epochs"].append((epoch + 1, accuracy))
         print(f"epoch {epoch + 1}/{args.epochs}: loss {loss_sum / n:.4f}, test accuracy {accuracy:.2%}, "
               f"{epoch_seconds[-1]:.2f} s")
-    return epoch_seconds, accuracy
+    return epoch_seconds, accuracy, history
 
 
 def learning_rate(args, done, total):
@@ -250,29 +261,106 @@ def describe(model):
     return f"MLP({len(model.layers[0].neurons[0].w)}, {layer_sizes(model)})"
 
 
-def save_params(path, net, seed, hidden, epochs):
+def check_plotting():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install matplotlib (the project's `plot` extra)") from None
+
+
+def plot(path, history, n_train, title):
+    """The training loss per chunk (against epochs) and the test accuracy per epoch, side by side."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (loss_axes, accuracy_axes) = plt.subplots(1, 2, figsize=(11, 4))
+    seen, losses = zip(*history["chunks"])
+    loss_axes.plot(np.array(seen) / n_train, losses)
+    loss_axes.set(xlabel="epoch", ylabel="mean training loss per chunk", yscale="log",
+                  title=f"training loss (chunks of {CHUNK:,} images)")
+    epochs, accuracies = zip(*history["epochs"])
+    accuracy_axes.plot(epochs, [100 * a for a in accuracies], marker="o")
+    accuracy_axes.set(xlabel="epoch", ylabel="test accuracy (%)", title="test accuracy after each epoch",
+                      xticks=epochs)
+    figure.suptitle(title)
+    figure.tight_layout()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, params=np.asarray(net.params), seed=seed, hidden=hidden, epochs=epochs)
+        figure.savefig(path, dpi=100)
+    except OSError as error:
+        raise UsageError(f"cannot write the plot: {error}") from error
+    finally:
+        plt.close(figure)
+    print(f"plotted the training loss and test accuracy to {path}")
+
+
+def save_params(path, net, args, epochs):
+    """The parameters, the architecture, the optimizer and its state, the seed and the epochs."""
+    state = {f"state_{name}": np.asarray(view) for name, view in net.optimizer_state.items()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, params=np.asarray(net.params), seed=args.seed, hidden=args.hidden,
+                 activation=args.activation, optimizer=args.optimizer, optimizer_repr=net.optimizer,
+                 epochs=epochs, **state)
     except OSError as error:
         raise UsageError(f"cannot save the parameters: {error}") from error
-    print(f"saved the parameters ({epochs} epoch(s) of training) to {path}")
+    print(f"saved the parameters and the optimizer state ({epochs} epoch(s) of training) to {path}")
 
 
-def load_params(path, model):
-    """Sets the model's parameters to those saved in path; returns the epochs they were trained for."""
+def read_saved(path):
+    """The contents of a file saved by --save, as a dict (files from before the architecture and
+    optimizer were saved get the defaults they were trained with)."""
     try:
         with np.load(path) as saved:
-            values, epochs = saved["params"], int(saved["epochs"])
+            contents = {key: saved[key] for key in saved.files}
+        contents["params"], contents["epochs"] = contents["params"], int(contents["epochs"])
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as error:
         raise UsageError(f"{path}: not a parameter file saved by --save: {error}") from error
-    params = model.parameters()
-    if values.shape != (len(params),):
-        raise UsageError(f"{path} holds {values.size:,} parameters but {describe(model)} has {len(params):,}: "
+    contents["path"] = path
+    contents["hidden"] = [int(h) for h in contents.get("hidden", MODEL_DEFAULTS["hidden"])]
+    contents["activation"] = str(contents.get("activation", MODEL_DEFAULTS["activation"]))
+    contents["optimizer"] = str(contents.get("optimizer", MODEL_DEFAULTS["optimizer"]))
+    return contents
+
+
+def resolve_model_options(args, saved):
+    """Fills the model options left unset from the --load file (else the defaults) and returns
+    the optimizer; options that contradict the file are refused."""
+    if saved:
+        for name, flag in (("hidden", "--hidden"), ("activation", "--activation"), ("optimizer", "--optimizer")):
+            given, theirs = getattr(args, name), saved[name]
+            if given is None:
+                setattr(args, name, theirs)
+            elif given != theirs and not (name == "optimizer" and args.eval_only):
+                show = " ".join(map(str, theirs)) if name == "hidden" else theirs
+                raise UsageError(f"{saved['path']} was saved from a model with {flag} {show}, not "
+                                 f"{' '.join(map(str, given)) if name == 'hidden' else given}: it is from another "
+                                 f"model (leave {flag} out to take the file's)")
+    try:
+        return model_options(args)
+    except (TypeError, ValueError) as error:
+        raise UsageError(error) from error
+
+
+def check_saved_size(saved, model):
+    values, count = saved["params"], len(model.parameters())
+    if values.shape != (count,):
+        raise UsageError(f"{saved['path']} holds {values.size:,} parameters but {describe(model)} has {count:,}: "
                          f"it was saved from a different model")
-    for value, data in zip(params, values):
-        value.data = float(data)
-    return epochs
+
+
+def restore(saved, net):
+    """Loads the saved parameters and optimizer state into net; returns the epochs trained."""
+    path = saved["path"]
+    net.set_params(np.ascontiguousarray(saved["params"], dtype=np.float64))
+    for name, view in net.optimizer_state.items():
+        if f"state_{name}" not in saved:
+            if saved["epochs"]:
+                print(f"note: {path} has no optimizer state {name!r}; it starts from zero")
+            continue
+        np.asarray(view)[:] = saved[f"state_{name}"]
+    return saved["epochs"]
 
 
 if __name__ == "__main__":

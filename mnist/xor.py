@@ -1,24 +1,28 @@
 """`make xor`: micrograd's MLP learns XOR twice, compiled and interpreted, to show that the compiled
 training step computes what micrograd_c's interpreter computes.
 
-    python -m mnist.xor [--compiler gcc] [--opt 2] [--scalar] [--steps 300] [--lr 0.1] [--seed 0]
+    python -m mnist.xor [--compiler gcc] [--opt 2] [--scalar] [--steps 300] [--lr 0.1] [--seed 0] [--out build]
 
 Both start from the same weights and take the same full-batch SGD steps on the mean squared error
 over the four points (baked into the compiled module as constants). The parameters end up equal
 to the last bit or two: fused dot products add in another order; --scalar code replays the
 interpreter's every operation, and they end up identical. Exit status 0 if both classify all four
 points and their final parameters agree.
+
+The compiled module is also installed as `xor` in --out (default build/), starting from the same
+initial weights, so that a script can `sys.path.insert(0, "build"); import xor` and train it.
 """
 
 import argparse
 import random
 import sys
+from pathlib import Path
 
 import codegen
 from micrograd_c import MLP, mse
 
-from .model import sgd_step
-from .train import at_least
+from .build import install
+from .model import at_least, sgd_step
 
 POINTS = [(0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0)]
 TARGETS = [-1.0, 1.0, 1.0, -1.0]  # the sign of the output is the class
@@ -34,6 +38,8 @@ def main(argv=None):
     parser.add_argument("--steps", type=at_least(1), default=300, help="SGD steps (default 300)")
     parser.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
     parser.add_argument("--seed", type=int, default=0, help="random.seed for the initial weights (default 0)")
+    parser.add_argument("--out", type=Path, default=Path("build"),
+                        help="where to install the module as `xor` (default build; '' to skip)")
     args = parser.parse_args(argv)
 
     random.seed(args.seed)
@@ -41,10 +47,14 @@ def main(argv=None):
     predictions = predict(model)
     try:
         net = codegen.compile(mse(predictions, TARGETS), params=model.parameters(), outputs=predictions,
-                              compiler=args.compiler, opt=args.opt, fuse=not args.scalar)
+                              compiler=args.compiler, opt=args.opt, fuse=not args.scalar, name="xor",
+                              embed_params=True)
     except codegen.ToolchainError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if str(args.out):
+        print(f"installed {install(net, 'xor', args.out, args.compiler, args.opt, False)} "
+              f"(import it from {args.out}: it starts from these initial weights)\n")
 
     print(f"{'step':>6}  {'compiled loss':>18}  {'interpreted loss':>18}")
     for step in range(1, args.steps + 1):

@@ -13,6 +13,8 @@
 typedef struct {
     double *d, *g;
     PyObject *data_buf, *grad_buf; /* bytearrays owning d and g */
+    double *opt_m, *opt_v, *opt_step; /* the optimizer's state (templates/optim.c), in opt_buf */
+    PyObject *opt_buf;
 } State;
 
 static State *state_of(PyObject *module) { return (State *)PyModule_GetState(module); }
@@ -30,6 +32,8 @@ static void backward_all(double *restrict d, double *restrict g)
     seed_gradients(g);
     backward_body(d, g);
 }
+
+/*@OPTIM@*/
 
 /* ---- argument checking ------------------------------------------------------------------- */
 static int check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t lo, Py_ssize_t hi)
@@ -328,6 +332,20 @@ static void sgd_step(double *restrict d, double *restrict g, double lr)
     }
 }
 
+/* train()'s step after a batch of n samples: plain SGD as sgd_step; any other optimizer takes
+ * one step on the batch's mean gradient. Parameter gradients are zeroed for the next batch. */
+static void batch_step(State *s, double lr, long long n)
+{
+    if (PLAIN_SGD) {
+        sgd_step(s->d, s->g, lr / (double)n);
+        return;
+    }
+    if (n > 1)
+        for (long i = 0; i < N_PARAMS; i++)
+            s->g[i] /= (double)n;
+    optimizer_step(s->d, s->g, s->opt_m, s->opt_v, s->opt_step, lr, 1);
+}
+
 /* ---- exported functions ------------------------------------------------------------------- */
 /* set_input and set_params: check one float64 buffer of `count` values, copy it to d + offset */
 static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *what, PyObject *const *args,
@@ -380,8 +398,7 @@ static PyObject *fn_update(PyObject *module, PyObject *const *args, Py_ssize_t n
     if (check_nargs("update", nargs, 1, 1) < 0 || get_finite("update", "lr", args[0], &lr) < 0)
         return NULL;
     State *s = state_of(module);
-    for (long i = 0; i < N_PARAMS; i++)
-        s->d[i] -= lr * s->g[i];
+    optimizer_step(s->d, s->g, s->opt_m, s->opt_v, s->opt_step, lr, 0);
     Py_RETURN_NONE;
 }
 
@@ -440,14 +457,14 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
         forward_outputs(d);
         forward_rest(d);
         loss_sum += d[LOSS_SLOT];
-        if (SGD_IN_BACKWARD && batch == 1) {
+        if (SGD_IN_BACKWARD && PLAIN_SGD && batch == 1) {
             seed_gradients(g);
             backward_sgd_body(d, g, lr);
             sgd_after_backward(d, g, lr);
         } else {
             backward_all(d, g);
             if (++in_batch == batch) { /* the mean gradient of the minibatch */
-                sgd_step(d, g, lr / (double)batch);
+                batch_step(st, lr, batch);
                 in_batch = 0;
             }
         }
@@ -458,7 +475,7 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
         }
     }
     if (in_batch)
-        sgd_step(d, g, lr / (double)in_batch);
+        batch_step(st, lr, in_batch);
     PyMem_Free(order);
     release_samples(&s);
     return PyFloat_FromDouble(s.n ? loss_sum / (double)s.n : 0.0);
@@ -510,12 +527,13 @@ static PyMethodDef methods[] = {
     {"zero_grad", fn_zero_grad, METH_NOARGS,
      "zero_grad(): set the parameters' gradients to 0 (backward() restarts every other gradient)"},
     {"update", (PyCFunction)(void (*)(void))fn_update, METH_FASTCALL,
-     "update(lr): SGD step, param -= lr * grad"},
+     "update(lr): one step of the compiled optimizer (default SGD: param -= lr * grad) on the\n"
+     "accumulated gradients, which it leaves as they are"},
     {"outputs", fn_outputs, METH_NOARGS, "outputs() -> tuple of the extra outputs' values"},
     {"train", (PyCFunction)(void (*)(void))fn_train, METH_FASTCALL | METH_KEYWORDS,
      "train(X, Y, lr, scale=1.0, batch_size=1, seed=-1) -> mean loss.\n"
-     "One pass of minibatch SGD (mean gradient per batch) over the rows of X (uint8 or float64,\n"
-     "times scale, into the first inputs) and Y (integer labels one-hot into the remaining\n"
+     "One pass of minibatch training (an optimizer step per batch, on its mean gradient) over the\n"
+     "rows of X (uint8 or float64, times scale, into the first inputs) and Y (integer labels one-hot into the remaining\n"
      "inputs, or float64 rows). seed >= 0 shuffles the order. Parameter gradients are zeroed first."},
     {"predict", (PyCFunction)(void (*)(void))fn_predict, METH_FASTCALL | METH_KEYWORDS,
      "predict(X, scale=1.0) -> memoryview of shape (rows, n_outputs) with the outputs' values;\n"
@@ -534,28 +552,64 @@ static int add_view(PyObject *module, const char *name, PyObject *buf, Py_ssize_
     return slice ? PyModule_AddObject(module, name, slice) : -1; /* steals slice on success */
 }
 
-/* A zeroed array of N_SLOTS doubles starting on a 64-byte boundary inside a new bytearray (so
+/* A zeroed array of `count` doubles starting on a 64-byte boundary inside a new bytearray (so
  * that vector loads of contiguous slot ranges do not straddle cache lines from one load of the
  * module to the next); *first is its index in the bytearray's doubles. */
-static double *aligned_slots(PyObject **owner, Py_ssize_t *first)
+static double *aligned_slots(PyObject **owner, Py_ssize_t *first, Py_ssize_t count)
 {
     const Py_ssize_t align = 64 / sizeof(double);
-    *owner = PyByteArray_FromStringAndSize(NULL, (N_SLOTS + align) * (Py_ssize_t)sizeof(double));
+    *owner = PyByteArray_FromStringAndSize(NULL, (count + align) * (Py_ssize_t)sizeof(double));
     if (!*owner)
         return NULL;
     double *raw = (double *)PyByteArray_AS_STRING(*owner);
     *first = (Py_ssize_t)((64 - (uintptr_t)raw % 64) % 64 / sizeof(double));
-    memset(raw + *first, 0, N_SLOTS * sizeof(double));
+    memset(raw + *first, 0, count * sizeof(double));
     return raw + *first;
+}
+
+/* The optimizer's state, zeroed, in one aligned block: its step count (padded to a cache line),
+ * then OPTIMIZER_STATE_ARRAYS arrays of N_PARAMS; `optimizer_state` maps PyTorch's names for
+ * them to views, and `optimizer` is the optimizer's description. */
+static int add_optimizer_state(PyObject *module, State *s)
+{
+    const Py_ssize_t line = 64 / sizeof(double), m0 = line, v0 = line + N_PARAMS;
+    static const char *const names[] = {OPTIMIZER_STATE_NAMES};
+    static const Py_ssize_t starts[] = {OPTIMIZER_STATE_STARTS};
+    Py_ssize_t first;
+    double *block = aligned_slots(&s->opt_buf, &first, line + OPTIMIZER_STATE_ARRAYS * N_PARAMS);
+    if (!block)
+        return -1;
+    s->opt_step = block;
+    s->opt_m = OPTIMIZER_STATE_ARRAYS > 0 ? block + m0 : NULL;
+    s->opt_v = OPTIMIZER_STATE_ARRAYS > 1 ? block + v0 : NULL;
+    PyObject *views = PyDict_New(), *raw = PyMemoryView_FromObject(s->opt_buf);
+    PyObject *typed = raw ? PyObject_CallMethod(raw, "cast", "s", "d") : NULL;
+    int status = views && typed ? 0 : -1;
+    for (size_t i = 0; status == 0 && i < sizeof starts / sizeof *starts && starts[i] >= 0; i++) {
+        Py_ssize_t stop = starts[i] ? first + starts[i] + N_PARAMS : first + 1; /* the step count: one value */
+        PyObject *view = PySequence_GetSlice(typed, first + starts[i], stop);
+        status = view ? PyDict_SetItemString(views, names[i], view) : -1;
+        Py_XDECREF(view);
+    }
+    Py_XDECREF(raw);
+    Py_XDECREF(typed);
+    if (status == 0 && PyModule_AddObject(module, "optimizer_state", views) == 0)
+        return PyModule_AddStringConstant(module, "optimizer", OPTIMIZER_REPR);
+    Py_XDECREF(views);
+    return -1;
 }
 
 static int module_exec(PyObject *module)
 {
     State *s = state_of(module);
     Py_ssize_t d0, g0;
-    if (!(s->d = aligned_slots(&s->data_buf, &d0)) || !(s->g = aligned_slots(&s->grad_buf, &g0)))
+    if (!(s->d = aligned_slots(&s->data_buf, &d0, N_SLOTS)) || !(s->g = aligned_slots(&s->grad_buf, &g0, N_SLOTS)) ||
+        add_optimizer_state(module, s) < 0)
         return -1;
     init_constants(s->d);
+#ifdef HAVE_INITIAL_PARAMS /* the parameters' values when compiled (codegen.compile(embed_params=True)) */
+    memcpy(s->d, INITIAL_PARAMS, N_PARAMS * sizeof(double));
+#endif
     if (add_view(module, "data", s->data_buf, d0, d0 + N_SLOTS) < 0 ||
         add_view(module, "grad", s->grad_buf, g0, g0 + N_SLOTS) < 0 ||
         add_view(module, "params", s->data_buf, d0, d0 + N_PARAMS) < 0 ||
@@ -575,6 +629,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     if (s) {
         Py_VISIT(s->data_buf);
         Py_VISIT(s->grad_buf);
+        Py_VISIT(s->opt_buf);
     }
     return 0;
 }
@@ -585,6 +640,7 @@ static int module_clear(PyObject *module)
     if (s) {
         Py_CLEAR(s->data_buf);
         Py_CLEAR(s->grad_buf);
+        Py_CLEAR(s->opt_buf);
     }
     return 0;
 }

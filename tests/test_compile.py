@@ -93,6 +93,8 @@ OP_CASES = {
     "max": lambda p, x: (p[0] * x[0]).max(p[1] * x[1] + 0.5),
     "neg-sub": lambda p, x: -(p[0] - x[0]) - (2.0 - p[1] * x[1]),
     "square-shared": lambda p, x: (p[0] * x[0]) * (p[0] * x[0]) + p[1] * p[1],
+    "pow-values": lambda p, x: (p[0] * p[0] + x[0] * x[0] + 0.5) ** (p[1] * x[1] + 0.3),
+    "number-pow-value": lambda p, x: 1.5 ** (p[0] * x[0] + p[1]),
 }
 OP_ROWS = [[0.5, -1.5], [-0.7, 0.3], [1.2, 0.9]]
 

@@ -147,8 +147,53 @@ def test_binary_op_value_and_gradient(name, x, y):
     assert b.grad == pytest.approx(central_difference(lambda t: build(Value(x), Value(t)).data, y), rel=1e-6, abs=1e-8)
 
 
+# Value ** Value (and number ** Value): bases > 0, where the derivative in the exponent, a^b log a, exists
+POWERS = [(0.7, 1.3), (2.0, -0.5), (1.5, 2.5), (0.4, 3.0)]
+
+
+@pytest.mark.parametrize("x, y", POWERS)
+def test_value_power_value(x, y):
+    a, b = Value(x), Value(y)
+    out = a ** b
+    out.backward()
+    assert out._op == "**" and out._prev == (a, b)
+    assert out.data == pytest.approx(x ** y, rel=1e-15)
+    assert (a.grad, b.grad) == pytest.approx((y * x ** (y - 1), x ** y * math.log(x)), rel=1e-14)
+    assert a.grad == pytest.approx(central_difference(lambda t: (Value(t) ** Value(y)).data, x), rel=1e-6)
+    assert b.grad == pytest.approx(central_difference(lambda t: (Value(x) ** Value(t)).data, y), rel=1e-6)
+
+
+@pytest.mark.parametrize("x, y", POWERS)
+def test_number_power_value(x, y):
+    b = Value(y)
+    out = x ** b
+    out.backward()
+    assert out.data == pytest.approx(x ** y, rel=1e-15)
+    assert b.grad == pytest.approx(central_difference(lambda t: (x ** Value(t)).data, y), rel=1e-6)
+    assert (Value(x) ** 2)._op == "**2"  # a number exponent keeps micrograd's op
+
+
+def test_power_values_follow_c_where_python_raises():
+    assert (Value(0.0) ** Value(-1.0)).data == math.inf
+    assert math.isnan((Value(-8.0) ** Value(1 / 3)).data)
+    assert (Value(-2.0) ** Value(3.0)).data == -8.0
+    with pytest.raises(TypeError):
+        Value(2.0) ** "3"
+
+
+@pytest.mark.parametrize("x, y", POWERS)
+def test_power_against_pytorch(x, y):
+    """A hold-out: PyTorch's own pow and autograd (optional: `make torch`)."""
+    torch = pytest.importorskip("torch")
+    ta, tb = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (x, y))
+    (ta ** tb + 3.0 ** tb).backward()
+    a, b = Value(x), Value(y)
+    (a ** b + 3.0 ** b).backward()
+    assert (a.grad, b.grad) == pytest.approx((ta.grad.item(), tb.grad.item()), rel=1e-14)
+
+
 def test_every_op_in_the_table_is_tested():
-    tested = {"relu", "tanh", "sigmoid", "exp", "log", "pow", "add", "mul", "max"}
+    tested = {"relu", "tanh", "sigmoid", "exp", "log", "pow", "vpow", "add", "mul", "max"}
     assert tested == set(ops.OPS)
 
 

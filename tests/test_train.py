@@ -2,6 +2,8 @@
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +43,8 @@ def run_train(capsys, *argv):
 
 
 def summary_accuracy(out):
-    return float(re.search(r"test accuracy\s+([\d.]+)%", out).group(1)) / 100
+    """The summary's test accuracy (after the last epoch): the last of the lines that give one."""
+    return float(re.findall(r"test accuracy\s+([\d.]+)%", out)[-1]) / 100
 
 
 def test_trains_on_a_subset_saves_and_reloads(mnist_dir, tmp_path, capsys):
@@ -78,9 +81,9 @@ def test_full_mnist_reaches_the_targets(mnist_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("scalar, tolerance", [(False, 1e-12), (True, 0.0)])
-def test_xor_compiled_and_interpreted_agree(capsys, scalar, tolerance):
+def test_xor_compiled_and_interpreted_agree(capsys, tmp_path, scalar, tolerance):
     """Fused dot products add in another order than the interpreter; scalar code replays it exactly."""
-    assert xor.main(["--compiler", "gcc", "--opt", "2"] + ["--scalar"] * scalar) == 0
+    assert xor.main(["--compiler", "gcc", "--opt", "2", "--out", str(tmp_path)] + ["--scalar"] * scalar) == 0
     out = capsys.readouterr().out
     difference = float(re.search(r"over the final parameters: (\S+)", out).group(1))
     assert difference <= tolerance
@@ -89,10 +92,73 @@ def test_xor_compiled_and_interpreted_agree(capsys, scalar, tolerance):
 
 def test_load_with_the_wrong_parameter_count_is_a_clear_error(tmp_path, capsys):
     params = tmp_path / "small.npz"
-    np.savez(params, params=np.zeros(5), seed=0, hidden=[1], epochs=1)
+    np.savez(params, params=np.zeros(5), seed=0, hidden=[50], epochs=1)
     status, _, err = run_train(capsys, "--load", str(params), "--data-dir", str(tmp_path), "--no-download")
     assert status == 2
     assert err.startswith(f"error: {params} holds 5 parameters but MLP(784, [50, 10]) has 39,760")
+
+
+@pytest.mark.parametrize("option, saved, message", [
+    (["--hidden", "128", "64"], {}, "was saved from a model with --hidden 50, not 128 64: it is from another model"),
+    (["--activation", "tanh"], {}, "was saved from a model with --activation relu, not tanh: it is from another model"),
+    (["--optimizer", "sgd"], {"optimizer": "adam"}, "was saved from a model with --optimizer adam, not sgd: it is from another model"),
+])
+def test_load_refuses_a_file_from_another_model(tmp_path, capsys, option, saved, message):
+    params = tmp_path / "model.npz"
+    np.savez(params, **{"params": np.zeros(39760), "seed": 0, "hidden": [50], "activation": "relu",
+                        "optimizer": "sgd", "epochs": 1, **saved})
+    status, _, err = run_train(capsys, "--load", str(params), *option, "--data-dir", str(tmp_path), "--no-download")
+    assert status == 2
+    assert err == f"error: {params} {message} (leave {option[0]} out to take the file's)\n"
+
+
+def test_adam_with_a_plot_saves_and_resumes_its_state(mnist_dir, tmp_path, capsys):
+    """--optimizer adam --plot on a subset; --load takes the architecture and the optimizer (and
+    its step count) from the file."""
+    common = ["--data-dir", str(mnist_dir), "--no-download", "--compiler", "gcc", "--limit", "2000",
+              "--module-dir", str(tmp_path)]
+    saved, picture = tmp_path / "adam.npz", tmp_path / "loss.png"
+    status, out, _ = run_train(capsys, *common, "--optimizer", "adam", "--hidden", "20", "--activation", "tanh",
+                               "--plot", str(picture), "--save", str(saved))
+    assert status == 0
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "MLP(784, [20, 10]), tanh" in out and "Adam(betas=(0.9, 0.999)" in out
+    file = np.load(saved)
+    assert (list(file["hidden"]), str(file["activation"]), str(file["optimizer"])) == ([20], "tanh", "adam")
+    assert file["state_step"][0] == 2000 and file["state_exp_avg"].shape == (15910,)
+    status, out, _ = run_train(capsys, *common, "--load", str(saved), "--save", str(saved))
+    assert status == 0
+    assert "MLP(784, [20, 10]), tanh" in out and "lr 0.001" in out
+    assert np.load(saved)["state_step"][0] == 4000 and int(np.load(saved)["epochs"]) == 2
+
+
+def run_python(code, cwd):
+    """Runs code in a fresh interpreter (as a user's script), in cwd; returns its stdout."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def readme_snippet(heading):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return re.search(heading + r".*?```python\n(.*?)```", readme, re.S).group(1)
+
+
+def test_import_nn_built_by_make_trains_from_the_readme(mnist_dir, tmp_path):
+    """The README's `import nn` snippet, in a fresh process, on the module `make` builds:
+    it starts from the model's initial weights and reaches >= 95% after one epoch."""
+    assert build.main(["--compiler", "gcc", "--out", str(tmp_path / "build")]) == 0
+    code = readme_snippet("### Training the module `make` built") + "\nprint(f'accuracy {accuracy}')\n"
+    out = run_python(code, tmp_path)
+    assert float(re.search(r"accuracy ([\d.]+)", out).group(1)) >= 0.95
+
+
+def test_import_xor_built_by_make_xor_trains_from_the_readme(tmp_path, capsys):
+    assert xor.main(["--compiler", "gcc", "--out", str(tmp_path / "build")]) == 0
+    capsys.readouterr()
+    out = run_python(readme_snippet("### Training the module `make xor` built"), tmp_path)
+    assert out.split()[-4:] == ["-1", "1", "1", "-1"]  # the signs of the outputs: XOR
 
 
 def test_truncated_data_file_is_a_clear_error(mnist_dir, tmp_path, capsys):
@@ -117,3 +183,29 @@ def test_missing_compiler_is_a_clear_error(tmp_path, capsys):
     status, _, err = run_train(capsys, "--compiler", "no-such-cc", "--module-dir", str(tmp_path))
     assert status == 2
     assert err.startswith("error: C compiler 'no-such-cc' not found")
+
+
+@pytest.mark.slow
+def test_adam_reaches_the_targets(mnist_dir, tmp_path, capsys):
+    """Adam, lr 0.001 falling linearly over the run, batch 1, he init, MLP(784, [128, 64, 10]):
+    97.38% after one epoch; 98.07% after a run of three (the issue's targets: 97.0% and 98%)."""
+    picture = tmp_path / "loss.png"
+    common = ["--data-dir", str(mnist_dir), "--no-download", "--optimizer", "adam", "--hidden", "128", "64",
+              "--module-dir", str(tmp_path)]
+    status, out, _ = run_train(capsys, *common)
+    assert status == 0
+    assert summary_accuracy(out) >= 0.97
+    status, out, _ = run_train(capsys, *common, "--epochs", "3", "--plot", str(picture))
+    assert status == 0
+    assert summary_accuracy(out) >= 0.98
+    assert picture.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_adam_on_the_default_model(mnist_dir, tmp_path, capsys):
+    """The default MLP(784, [50, 10]) with Adam: 96.68% after one epoch (seeds 1, 2: 96.49%,
+    96.63%), short of 97.0% (see README, Optimizers)."""
+    status, out, _ = run_train(capsys, "--data-dir", str(mnist_dir), "--no-download", "--optimizer", "adam",
+                               "--module-dir", str(tmp_path))
+    assert status == 0
+    assert summary_accuracy(out) >= 0.965

@@ -1,0 +1,253 @@
+"""The compiled optimizers against PyTorch's update formulas: 100 steps of each (SGD, momentum,
+Nesterov, Adam, AdamW, each with and without weight decay) through update() and through train()
+(batch 1 and larger), with every compiler, against a NumPy reference written here from
+torch.optim's documented algorithms, and against torch.optim itself when PyTorch is installed.
+
+The model is compiled in the straight-line scalar mode, whose gradients are the interpreter's to
+the bit, so that the tests hold the optimizer alone (to 1e-12).
+"""
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+import codegen
+from micrograd_c import MLP, Value, mse
+
+STEPS = 100
+RTOL = 1e-12
+
+OPTIMIZERS = {
+    "sgd": codegen.SGD(),
+    "sgd-wd": codegen.SGD(weight_decay=0.1),
+    "momentum": codegen.SGD(momentum=0.9),
+    "momentum-wd": codegen.SGD(momentum=0.9, weight_decay=0.05),
+    "nesterov": codegen.SGD(momentum=0.8, nesterov=True),
+    "nesterov-wd": codegen.SGD(momentum=0.8, nesterov=True, weight_decay=0.05),
+    "adam": codegen.Adam(),
+    "adam-wd": codegen.Adam(betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+    "adamw-no-wd": codegen.AdamW(weight_decay=0.0),
+    "adamw": codegen.AdamW(betas=(0.85, 0.995), weight_decay=0.1),
+    "adam-beta1-below-half": codegen.Adam(betas=(0.3, 0.9)),  # torch's lerp takes its other form
+}
+
+
+class Reference:
+    """torch.optim's single-tensor algorithms (dampening 0, no amsgrad), step for step in NumPy."""
+
+    def __init__(self, optimizer, n):
+        self.o = optimizer
+        self.buf = None
+        self.m, self.v, self.t = np.zeros(n), np.zeros(n), 0
+
+    def step(self, p, grad, lr):
+        o = self.o
+        if isinstance(o, codegen.SGD):
+            if o.weight_decay:
+                grad = grad + o.weight_decay * p
+            if o.momentum:
+                self.buf = grad.copy() if self.buf is None else self.buf * o.momentum + grad
+                grad = grad + o.momentum * self.buf if o.nesterov else self.buf
+            return p + -lr * grad
+        self.t += 1
+        beta1, beta2 = o.betas
+        if isinstance(o, codegen.AdamW):
+            p = p * (1 - lr * o.weight_decay)
+        elif o.weight_decay:
+            grad = grad + o.weight_decay * p
+        weight = 1 - beta1  # torch: exp_avg.lerp_(grad, 1 - beta1)
+        self.m = self.m + weight * (grad - self.m) if weight < 0.5 else grad - (grad - self.m) * (1 - weight)
+        self.v = self.v * beta2 + (1 - beta2) * grad * grad
+        step_size = lr / (1 - beta1 ** self.t)
+        denom = np.sqrt(self.v) / math.sqrt(1 - beta2 ** self.t) + o.eps
+        return p + (-step_size * self.m) / denom
+
+
+def model_case(seed=3):
+    """A small tanh MLP regressing its last input; (Value builder, initial params, data rows)."""
+    random.seed(seed)
+    init = [p.data for p in MLP(3, [4, 1], activation="tanh").parameters()]
+    rng = np.random.default_rng(seed)
+    rows = np.concatenate([rng.normal(size=(12, 3)), rng.normal(size=(12, 1))], axis=1)
+
+    def build(params, inputs):
+        random.seed(seed)
+        model = MLP(3, [4, 1], activation="tanh")
+        values = iter(params)
+        for neuron in (n for layer in model.layers for n in layer.neurons):
+            neuron.w = [next(values) for _ in neuron.w]
+            neuron.b = next(values)
+        return mse([model(inputs[:3])], [inputs[3]])
+
+    return build, np.array(init), rows
+
+
+def interpreted_gradient(build, p, row):
+    params, inputs = [Value(float(x)) for x in p], [Value(float(x)) for x in row]
+    build(params, inputs).backward()
+    return np.array([v.grad for v in params])
+
+
+def learning_rate(step):
+    """A rate that changes every call, as a schedule does."""
+    return 0.05 * (1 - step / (2 * STEPS))
+
+
+def compiled(build, init, optimizer, compiler):
+    params, inputs = [Value(float(x)) for x in init], [Value(0.0) for _ in range(4)]
+    return codegen.compile(build(params, inputs), inputs, params, optimizer=optimizer, compiler=compiler,
+                           fuse=False)
+
+
+def assert_close(got, expected, what):
+    scale = max(1.0, float(np.max(np.abs(expected))))
+    np.testing.assert_allclose(got, expected, rtol=RTOL, atol=RTOL * scale, err_msg=what)
+
+
+def reference_state(ref):
+    if isinstance(ref.o, codegen.SGD):
+        return {"momentum_buffer": ref.buf} if ref.o.momentum else {}
+    return {"step": [ref.t], "exp_avg": ref.m, "exp_avg_sq": ref.v}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_update_follows_the_reference_for_100_steps(name, compiler):
+    optimizer = OPTIMIZERS[name]
+    build, p, rows = model_case()
+    net = compiled(build, p, optimizer, compiler)
+    ref = Reference(optimizer, len(p))
+    for step in range(STEPS):
+        row = rows[step % len(rows)]
+        net.set_input(row)
+        net.forward()
+        net.zero_grad()
+        net.backward()
+        grad = interpreted_gradient(build, p, row)
+        assert_close(np.asarray(net.grad)[:net.n_params], grad, f"gradient at step {step}")
+        lr = learning_rate(step)
+        net.update(lr)
+        p = ref.step(p, grad, lr)
+    assert_close(np.asarray(net.params), p, "parameters after 100 steps")
+    expected_state = reference_state(ref)
+    assert sorted(net.optimizer_state) == sorted(expected_state)
+    for key, value in expected_state.items():
+        assert_close(np.asarray(net.optimizer_state[key]), np.asarray(value, dtype=float), key)
+    assert net.optimizer == repr(optimizer)
+
+
+@pytest.mark.parametrize("batch_size", [1, 5])
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_train_follows_the_reference(name, batch_size, compiler):
+    """train(): one optimizer step per batch on its mean gradient; the last batch may be short."""
+    optimizer = OPTIMIZERS[name]
+    build, p, rows = model_case()
+    net = compiled(build, p, optimizer, compiler)
+    ref = Reference(optimizer, len(p))
+    epochs = STEPS // math.ceil(len(rows) / batch_size)
+    X, Y = np.ascontiguousarray(rows[:, :3]), np.ascontiguousarray(rows[:, 3:])
+    for epoch in range(epochs):
+        lr = learning_rate(epoch * 10)
+        net.train(X, Y, lr, batch_size=batch_size)
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start:start + batch_size]
+            grad = sum(interpreted_gradient(build, p, row) for row in batch) / len(batch)
+            p = ref.step(p, grad, lr)
+    assert_close(np.asarray(net.params), p, f"parameters after {epochs} epochs")
+    assert not np.any(np.asarray(net.grad)[:net.n_params])  # zeroed after every step
+    for key, value in reference_state(ref).items():
+        assert_close(np.asarray(net.optimizer_state[key]), np.asarray(value, dtype=float), key)
+
+
+def torch_optimizer(torch, optimizer, tensor):
+    if isinstance(optimizer, codegen.SGD):
+        return torch.optim.SGD([tensor], lr=1.0, momentum=optimizer.momentum, nesterov=optimizer.nesterov,
+                               weight_decay=optimizer.weight_decay)
+    kind = torch.optim.AdamW if isinstance(optimizer, codegen.AdamW) else torch.optim.Adam
+    return kind([tensor], lr=1.0, betas=optimizer.betas, eps=optimizer.eps, weight_decay=optimizer.weight_decay)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_update_follows_torch_optim(name):
+    """The same 100 steps as torch.optim takes them (PyTorch is optional: `make torch`)."""
+    torch = pytest.importorskip("torch")
+    optimizer = OPTIMIZERS[name]
+    build, p, rows = model_case()
+    net = compiled(build, p, optimizer, "gcc")
+    tensor = torch.tensor(p, dtype=torch.float64, requires_grad=True)
+    theirs = torch_optimizer(torch, optimizer, tensor)
+    for step in range(STEPS):
+        net.set_input(rows[step % len(rows)])
+        net.forward()
+        net.zero_grad()
+        net.backward()
+        lr = learning_rate(step)
+        net.update(lr)
+        tensor.grad = torch.tensor(interpreted_gradient(build, tensor.detach().numpy(), rows[step % len(rows)]))
+        for group in theirs.param_groups:
+            group["lr"] = lr
+        theirs.step()
+    assert_close(np.asarray(net.params), tensor.detach().numpy(), "parameters after 100 torch steps")
+    state = theirs.state[tensor]
+    for key, view in net.optimizer_state.items():
+        assert_close(np.atleast_1d(np.asarray(view)), np.atleast_1d(np.asarray(state[key], dtype=float)), key)
+
+
+def test_state_views_are_writable_and_per_module():
+    build, p, rows = model_case()
+    first, second = (compiled(build, p, codegen.Adam(), "tcc") for _ in range(2))
+    first.set_input(rows[0])
+    first.forward()
+    first.backward()
+    first.update(0.01)
+    assert first.optimizer_state["step"][0] == 1.0 and second.optimizer_state["step"][0] == 0.0
+    # restoring the state (as mnist.train --load does) continues where it left off
+    for key, view in first.optimizer_state.items():
+        np.asarray(second.optimizer_state[key])[:] = view
+    second.set_params(np.asarray(first.params))
+    np.asarray(second.grad)[:] = first.grad
+    for net in (first, second):
+        net.update(0.01)
+    np.testing.assert_array_equal(np.asarray(first.params), np.asarray(second.params))
+
+
+def test_plain_sgd_keeps_the_fused_training_step():
+    """Only plain SGD updates during backward; the others accumulate then step."""
+    build, p, _ = model_case()
+    params, inputs = [Value(float(x)) for x in p], [Value(0.0) for _ in range(4)]
+    loss = build(params, inputs)
+    sgd = codegen.generate(loss, inputs, params)[0]
+    adam = codegen.generate(loss, inputs, params, optimizer=codegen.Adam())[0]
+    assert "#define PLAIN_SGD 1" in sgd and "#define PLAIN_SGD 0" in adam
+    assert "#define OPTIMIZER 2" in adam and "#define BETA2 0.999" in adam
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: codegen.SGD(momentum=-0.1), ValueError, r"SGD momentum must be >= 0, got -0.1"),
+    (lambda: codegen.SGD(nesterov=True), ValueError, r"nesterov needs a momentum > 0"),
+    (lambda: codegen.SGD(weight_decay="0.1"), TypeError, r"SGD weight_decay must be a finite number"),
+    (lambda: codegen.Adam(betas=(0.9, 1.0)), ValueError, r"Adam beta2 must be >= 0 and < 1, got 1.0"),
+    (lambda: codegen.Adam(betas=0.9), TypeError, r"betas must be a pair"),
+    (lambda: codegen.AdamW(eps=math.nan), TypeError, r"AdamW eps must be a finite number"),
+])
+def test_bad_hyperparameters_are_clear_errors(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def test_optimizer_must_be_a_description():
+    x = Value(1.0)
+    with pytest.raises(TypeError, match="optimizer must be codegen.SGD"):
+        codegen.generate(x * x, params=[x], optimizer="adam")
+
+
+def test_embedded_params_start_every_load():
+    build, p, rows = model_case()
+    params, inputs = [Value(float(x)) for x in p], [Value(0.0) for _ in range(4)]
+    loss = build(params, inputs)
+    net = codegen.compile(loss, inputs, params, compiler="tcc", embed_params=True)
+    again = codegen.loader.load_extension(net.build.path, "nn")  # a fresh load, as `import nn` is
+    np.testing.assert_array_equal(np.asarray(again.params), p)
+    plain = codegen.loader.load_extension(codegen.compile(loss, inputs, params, compiler="tcc").build.path, "nn")
+    assert not np.any(np.asarray(plain.params))  # without it, parameters start at zero
