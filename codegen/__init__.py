@@ -10,11 +10,12 @@ import time
 from array import array
 
 from . import emit, ir, loader, toolchain
+from .explain import explain
 from .export import export
 from .optim import SGD, Adam, AdamW
 from .toolchain import CompileError, CompilerNotFound, CompileTimeout, ToolchainError
 
-__all__ = ["compile", "generate", "export", "copy_to_values", "copy_from_values", "SGD", "Adam", "AdamW", "CompileError",
+__all__ = ["compile", "generate", "explain", "export", "copy_to_values", "copy_from_values", "SGD", "Adam", "AdamW", "CompileError",
            "CompilerNotFound", "CompileTimeout", "ToolchainError"]
 
 

@@ -41,16 +41,22 @@ def _escape(text):
 def draw_dot(root, path, format=None):
     """Renders the graph of `root` to `path` (an SVG or PNG file: `format`, else the path's
     suffix, else svg) with graphviz's `dot`; returns the path."""
+    return render(to_dot(root), path, format, "draw_dot")
+
+
+def render(source, path, format=None, who="draw_dot"):
+    """Renders graphviz `source` to `path` (svg or png: `format`, else the path's suffix, else
+    svg) with the system's `dot` program; `who` names the caller in errors. Returns the path."""
     path = Path(path)
     format = format or path.suffix.lstrip(".").lower() or "svg"
     if format not in FORMATS:
-        raise ValueError(f"draw_dot: format must be one of {FORMATS}, got {format!r}")
+        raise ValueError(f"{who}: format must be one of {FORMATS}, got {format!r}")
     dot = shutil.which("dot")
     if dot is None:
-        raise GraphvizNotFound("draw_dot needs graphviz's `dot` program, which is not on PATH: "
+        raise GraphvizNotFound(f"{who} needs graphviz's `dot` program, which is not on PATH: "
                                "install it with `apt-get install graphviz` (or your system's package manager)")
-    result = subprocess.run([dot, f"-T{format}", "-o", str(path)], input=to_dot(root), text=True,
+    result = subprocess.run([dot, f"-T{format}", "-o", str(path)], input=source, text=True,
                             capture_output=True)
     if result.returncode != 0:
-        raise RuntimeError(f"draw_dot: `dot -T{format}` failed (exit {result.returncode}): {result.stderr.strip()}")
+        raise RuntimeError(f"{who}: `dot -T{format}` failed (exit {result.returncode}): {result.stderr.strip()}")
     return path

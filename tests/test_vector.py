@@ -251,3 +251,16 @@ def test_train_updates_single_contribution_params_in_backward(compiler):
     got = nets[1].train(X, labels, 0.05)
     assert got == pytest.approx(np.mean(expected), rel=1e-12)
     np.testing.assert_allclose(np.asarray(nets[1].params), np.asarray(nets[0].params), rtol=1e-12, atol=1e-15)
+
+
+def test_explain_counts_and_draws_the_program(tmp_path):
+    """codegen.explain: the demo as a few loop nests, listed and drawn."""
+    explanation = codegen.explain(*_demo_graph())
+    assert len(explanation.loops) >= 8 and len(explanation.steps) < 20
+    assert sum(s.nodes for s in explanation.loops) > 11_000  # nearly every node is in a loop
+    text = str(explanation)
+    assert "loop nests" in text and "16 x 100" in text and "relu" in text
+    straight = codegen.explain(*_demo_graph(), fuse=False)
+    assert not straight.loops and straight.c_lines > 20 * explanation.c_lines
+    svg = explanation.draw(tmp_path / "program.svg")
+    assert svg.read_text().lstrip().startswith(("<?xml", "<svg")) and "16 x 100" in svg.read_text()

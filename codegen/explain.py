@@ -1,0 +1,91 @@
+"""What the compiler made of a graph: the lowered program's groups (loop nests and single
+statements), counted, listed and drawn, so that a user sees why a model compiles fast or slow.
+
+    print(codegen.explain(loss, inputs, params, outputs))
+    codegen.explain(loss, inputs, params, outputs).draw("program.svg")
+"""
+
+from dataclasses import dataclass
+
+from micrograd_c.draw import render
+from micrograd_c.engine import topological_order
+
+from . import emit, ir
+
+
+@dataclass
+class Step:
+    """One group of the lowered program: what it computes, over which loop nest."""
+    index: int
+    what: str          # e.g. "relu", "sum of 1 term + 784 products"
+    shape: tuple       # loop extents, outermost first; () for a single statement
+    nodes: int         # graph nodes it computes
+    reads: list        # indices of the steps whose results it reads
+    phase: str         # "outputs" (predict runs it) or "loss"
+
+    @property
+    def loop(self):
+        return bool(self.shape)
+
+
+@dataclass
+class Explanation:
+    values: int        # Values in the graph
+    steps: list
+    c_lines: int       # generated C (the kernels' fixed prelude excluded)
+    program: object    # the ir.Program
+
+    @property
+    def loops(self):
+        return [s for s in self.steps if s.loop]
+
+    def summary(self):
+        single = len(self.steps) - len(self.loops)
+        covered = sum(s.nodes for s in self.loops)
+        return (f"{self.values:,} Values -> {sum(s.nodes for s in self.steps):,} nodes after fusing sums -> "
+                f"{len(self.steps):,} steps: {len(self.loops):,} loop nests ({covered:,} nodes) and "
+                f"{single:,} single statements; {self.c_lines:,} lines of generated C")
+
+    def __str__(self):
+        rows = [f"{'#':>4}  {'computes':<40} {'loop nest':<16} {'nodes':>9}  reads"]
+        for s in self.steps:
+            shape = " x ".join(map(str, s.shape)) if s.shape else "-"
+            rows.append(f"{s.index:>4}  {s.what:<40} {shape:<16} {s.nodes:>9,}  {', '.join(map(str, s.reads))}")
+        return self.summary() + "\n" + "\n".join(rows)
+
+    def to_dot(self):
+        lines = ["digraph program {", "  rankdir=LR;", '  node [shape=record, fontname="monospace"];']
+        for s in self.steps:
+            shape = " x ".join(map(str, s.shape)) if s.shape else "single"
+            style = ', style=filled, fillcolor="#d8ecd8"' if s.loop else ""
+            lines.append(f'  s{s.index} [label="{{#{s.index} {s.what} | {shape} | {s.nodes:,} nodes}}"{style}];')
+            lines += [f"  s{r} -> s{s.index};" for r in s.reads]
+        lines.append("}")
+        return "\n".join(lines)
+
+    def draw(self, path, format=None):
+        """The program as a picture (svg or png), loop nests shaded, an edge per group read."""
+        return render(self.to_dot(), path, format, "explain.draw")
+
+
+def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False):
+    """The lowered program of `loss` as compile() would build it, step by step."""
+    program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
+    step_of = {}
+    for i, g in enumerate(program.forward):
+        for node in g.members:
+            step_of[id(node)] = i
+    steps = []
+    for i, g in enumerate(program.forward):
+        reads = sorted({step_of[id(x)] for node in g.members for x in node.reads() if id(x) in step_of} - {i})
+        steps.append(Step(i, _what(g.first), tuple(g.shape), len(g.members), reads,
+                          "outputs" if g.first.for_outputs else "loss"))
+    c_lines = len(emit.standalone(program).splitlines()) - len(emit._template("prelude.c").splitlines())
+    values = len(topological_order(*outputs, loss))
+    return Explanation(values, steps, c_lines, program)
+
+
+def _what(node):
+    if node.kind == "op":
+        return node.op.name if node.k is None else f"{node.op.name} {node.k:g}"
+    return f"sum of {len(node.args)} term{'s' * (len(node.args) != 1)} + {len(node.a)} products"
