@@ -110,10 +110,12 @@ def _at_start(affine):
     return type(affine)(affine.base, affine.strides[:-1] + (0,), affine.grad_base)
 
 
-def _loop(shape, body, dots=True):
+def _loop(shape, body, dots=True, independent=False):
     """The statements `body` inside one loop nest over `shape` (none for a single node). With
     `dots`, accumulations of products may become dot products after the innermost loop (only
-    where the loop updates no value they read)."""
+    where the loop updates no value they read). `independent`: no iteration reads what another
+    writes (a forward loop writes only its group's results, which it never reads), which the
+    C compiler is told, so that it vectorises without checking at run time."""
     if not shape:
         return [s.render() if isinstance(s, _Accumulate) else s for s in body]
     held = [s for s in body if isinstance(s, _Accumulate) and s.target.strides[-1] == 0]
@@ -124,6 +126,8 @@ def _loop(shape, body, dots=True):
     inner = [f"{names[id(s)]} += {s.term};" if id(s) in names else s.render() if isinstance(s, _Accumulate)
              else s for s in body if s not in dotted]
     *outer, last = [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape)]
+    if independent or _independent_writes([s for s in body if s not in held], shape[-1]):
+        last = "INDEPENDENT " + last
     innermost = f"{last} {{\n        " + "\n        ".join(inner) + "\n    }"
     if not held:
         return ["\n    ".join(outer + [innermost])]
@@ -135,6 +139,21 @@ def _loop(shape, body, dots=True):
                        f"d + {_index(_at_start(s.product[1]), s.product[2])}, {shape[-1]})") for s in dotted]
     block = "{\n    " + "\n    ".join([*before, innermost, *after]) + "\n    }"
     return ["\n    ".join(outer + [block])]
+
+
+def _independent_writes(body, n):
+    """Whether the innermost loop of a backward body is free of dependences between its n
+    iterations: only gradient accumulations (besides reading the group's own gradient), all
+    moving with one stride along it, none reaching a slot that another iteration reaches."""
+    writes = [s for s in body if isinstance(s, _Accumulate)]
+    if not writes or any(not isinstance(s, _Accumulate) and not s.startswith("const double go = ") for s in body):
+        return False
+    strides = {s.target.strides[-1] for s in writes}
+    if len(strides) != 1 or 0 in strides:
+        return False
+    step = abs(strides.pop())
+    bases = sorted({s.target.grad_offset() + s.offset for s in writes})
+    return all(b - a >= step * n or (b - a) % step for a, b in zip(bases, bases[1:]))
 
 
 class _Emitter:
@@ -175,7 +194,7 @@ class _Emitter:
             if ops.a:
                 parts += self._dot(ops.a, ops.b)
             value = _tree_sum(parts)
-        return _loop(g.shape, [f"{_d(ops.out)} = {value};"])
+        return _loop(g.shape, [f"{_d(ops.out)} = {value};"], independent=True)
 
     def backward(self, g, sgd=False):
         """Statements adding the group's gradients into its operands' gradients. With sgd (see

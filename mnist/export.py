@@ -23,7 +23,7 @@ from codegen import toolchain
 
 from .data import DataError, load_mnist
 from .model import PIXEL_SCALE, build_graph
-from .train import UsageError, load_params
+from .train import UsageError, check_saved_size, describe, read_saved
 
 
 def main(argv=None):
@@ -46,15 +46,18 @@ def main(argv=None):
 
 
 def run(args):
-    graph = build_graph(0)
-    epochs = load_params(args.load, graph.model)
-    params = graph.model.parameters()
+    saved = read_saved(args.load)
+    graph = build_graph(0, hidden=saved["hidden"], activation=saved["activation"])
+    check_saved_size(saved, graph.model)
+    params, epochs = graph.model.parameters(), saved["epochs"]
+    for p, value in zip(params, saved["params"]):
+        p.data = float(value)
     started = time.perf_counter()
     frozen = codegen.export(graph.loss, graph.pixels, params, graph.logits, path=args.out, name=args.name,
                             frozen=True)
     trainable = codegen.export(graph.loss, graph.pixels + graph.targets, params, graph.logits, path=args.out,
                                name=f"{args.name}_train")
-    print(f"exported MLP(784, [50, 10]) ({epochs} epoch(s) trained) in {time.perf_counter() - started:.1f} s:")
+    print(f"exported {describe(graph.model)} ({epochs} epoch(s) trained) in {time.perf_counter() - started:.1f} s:")
     for exported in (frozen, trainable):
         for path in (exported.source, exported.header):
             print(f"  {path}  {path.stat().st_size:,} bytes")

@@ -17,6 +17,16 @@
 #define KERNEL static
 #endif
 
+/* Before a generated loop whose iterations are independent (a group's forward): vectorise it
+ * without run-time overlap checks, which compilers give up on when a loop reads many arrays. */
+#if defined(__clang__)
+#define INDEPENDENT _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__) && !defined(__TINYC__)
+#define INDEPENDENT _Pragma("GCC ivdep")
+#else
+#define INDEPENDENT
+#endif
+
 /* The op table's `where(cond, x, y)` primitive. */
 #define where(c, x, y) ((c) ? (x) : (y))
 

@@ -132,9 +132,10 @@ def test_adam_with_a_plot_saves_and_resumes_its_state(mnist_dir, tmp_path, capsy
     assert np.load(saved)["state_step"][0] == 4000 and int(np.load(saved)["epochs"]) == 2
 
 
-def run_python(code, cwd):
-    """Runs code in a fresh interpreter (as a user's script), in cwd; returns its stdout."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+def run_python(code, cwd, **environment):
+    """Runs code in a fresh interpreter (as a user's script), in cwd, with more environment
+    variables; returns its stdout."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **environment}
     done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -150,7 +151,7 @@ def test_import_nn_built_by_make_trains_from_the_readme(mnist_dir, tmp_path):
     it starts from the model's initial weights and reaches >= 95% after one epoch."""
     assert build.main(["--compiler", "gcc", "--out", str(tmp_path / "build")]) == 0
     code = readme_snippet("### Training the module `make` built") + "\nprint(f'accuracy {accuracy}')\n"
-    out = run_python(code, tmp_path)
+    out = run_python(code, tmp_path, MNIST_DIR=str(mnist_dir))
     assert float(re.search(r"accuracy ([\d.]+)", out).group(1)) >= 0.95
 
 
