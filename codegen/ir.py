@@ -180,10 +180,9 @@ def build_nodes(loss, inputs, params, outputs, fuse):
     sums, absorbed = find_sums(order, outputs + [loss], leaf_kind) if fuse else ({}, set())
     nodes = {}
     compute = []
-    for position, v in enumerate(order):
+    for_outputs = set(map(id, order[:n_output_values]))
+    for v in [v for v in order if id(v) not in absorbed] if absorbed else order:
         key = id(v)
-        if key in absorbed:
-            continue
         if v._kind is None:
             node = nodes[key] = Node(leaf_kind.get(key, "const"), value=v.data)
         elif key in sums:
@@ -194,7 +193,7 @@ def build_nodes(loss, inputs, params, outputs, fuse):
         else:
             node = nodes[key] = Node("op", v._kind, tuple(nodes[id(c)] for c in v._prev), v._k)
             compute.append(node)
-        node.for_outputs = position < n_output_values
+        node.for_outputs = key in for_outputs
     # Params or inputs that the output does not reach still get their slot.
     for v in params + inputs:
         if id(v) not in nodes:

@@ -121,21 +121,23 @@ def topological_order(*roots, starts=None):
     recursive build_topo gives (root by root); iterative, so a chain of any length works.
     `starts`, a list, receives the length of the order before each root."""
     order, visited = [], set()
+    append, visit = order.append, visited.add  # a hot loop over every node: names bound once
     for root in roots:
         if starts is not None:
             starts.append(len(order))
         if id(root) in visited:
             continue
-        visited.add(id(root))
+        visit(id(root))
         stack = [(root, iter(root._prev))]
+        push, pop = stack.append, stack.pop
         while stack:
             node, children = stack[-1]
             for child in children:
                 if id(child) not in visited:
-                    visited.add(id(child))
-                    stack.append((child, iter(child._prev)))
+                    visit(id(child))
+                    push((child, iter(child._prev)))
                     break
             else:
-                stack.pop()
-                order.append(node)
+                pop()
+                append(node)
     return order
