@@ -38,9 +38,9 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     started = time.perf_counter()
     sources = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name)
     generated = time.perf_counter()
-    build = toolchain.build_extension(sources, name, compiler=compiler, opt=opt, native=native,
-                                      cache=cache, timeout=timeout)
-    module = loader.load_extension(build.path, name)
+    build, module = loader.build_and_load(  # a cached module that fails to load is rebuilt once
+        lambda: toolchain.build_extension(sources, name, compiler=compiler, opt=opt, native=native,
+                                          cache=cache, timeout=timeout), name)
     copy_from_values(module, params)
     module.inputs[:] = array("d", (float(v.data) for v in inputs))
     module.build = build

@@ -16,9 +16,12 @@ import sys
 import sysconfig
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
+
+from . import cache as build_cache
 
 COMPILER_NAMES = ('tcc', 'gcc', 'clang')
 
@@ -193,6 +196,7 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildR
 
     cache = pathlib.Path(cache) if cache is not None else cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
+    size_limit = build_cache.max_bytes()  # a malformed $MICROGRAD_C_CACHE_MAX_MB fails before building
     # A new path for every key: re-importing a rebuilt .so at the same path returns the old module.
     stem = f'{name}_{key[:16]}'
     output = cache / (stem + (ext_suffix if kind == 'extension' else '.so'))
@@ -201,11 +205,38 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildR
     def link(output_path, inputs):  # libraries after the inputs: --as-needed linkers drop earlier ones
         return [*compiler.argv, *flags, *map(str, inputs), '-o', str(output_path), '-lm', *compiler.link_args]
 
-    if output.exists():
-        return BuildResult(output, cached=True, seconds=0.0, peak_rss=None, command=tuple(link(output, c_files)),
-                           source=c_files[0])
+    def look_up():  # the entry, checked against its record (see codegen/cache.py)
+        status, why, fd = build_cache.open_entry(output)
+        if fd is not None:
+            os.close(fd)
+        return status, why
 
-    # Write and compile into temporary files, then rename: concurrent builders never see partial files.
+    hit = BuildResult(output, cached=True, seconds=0.0, peak_rss=None, command=tuple(link(output, c_files)),
+                      source=c_files[0])
+    if look_up()[0] == build_cache.VALID:
+        return hit
+    # One builder per entry at a time (the others wait, then find it built); the record, written
+    # last, commits the entry.
+    with build_cache.build_lock(cache, stem):
+        status, why = look_up()
+        if status == build_cache.VALID:
+            return hit
+        if status == build_cache.DAMAGED:
+            warnings.warn(f'build cache entry {output} is damaged ({why}); removing and rebuilding it',
+                          build_cache.CacheWarning, stacklevel=4)
+        build_cache.remove_entry(output)
+        seconds, peak_rss = _compile(compiler, flags, link, sources, c_files, cache, output, timeout)
+        build_cache.commit(output, kind=kind, name=name, compiler=compiler.family,
+                           compiler_version=compiler.version, flags=flags, sources=[c.name for c in c_files],
+                           build_seconds=seconds)
+    build_cache.evict(cache, size_limit, keep=(stem,))
+    return BuildResult(output, cached=False, seconds=seconds, peak_rss=peak_rss, command=tuple(link(output, c_files)),
+                       source=c_files[0])
+
+
+def _compile(compiler, flags, link, sources, c_files, cache, output, timeout) -> tuple[float, int]:
+    """Write the C files and build `output` from them: wall seconds and the compiler's peak RSS."""
+    # Write and compile into temporary files, then rename: concurrent readers never see partial files.
     for c_file, text in zip(c_files, sources):
         _write_atomically(c_file, text)
     temp_output = _temp_file(cache, output.name)
@@ -233,8 +264,7 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildR
         for path in [temp_output, *objects]:
             if os.path.exists(path):
                 os.unlink(path)
-    return BuildResult(output, cached=False, seconds=seconds, peak_rss=peak_rss, command=tuple(link(output, c_files)),
-                       source=c_files[0])
+    return seconds, peak_rss
 
 
 def unit_file_name(stem: str, index: int) -> str:
