@@ -8,8 +8,6 @@ import sys
 import types
 import warnings
 
-from . import cache
-
 
 def load_extension(path: str | os.PathLike, module_name: str) -> types.ModuleType:
     """Import the extension at path (its init function is PyInit_<module_name>).
@@ -23,6 +21,7 @@ def load_extension(path: str | os.PathLike, module_name: str) -> types.ModuleTyp
     truncated file would kill the process with SIGBUS). Once loaded, it is kept from eviction
     for the life of the process.
     """
+    from . import cache  # here, not at the top: see toolchain._build
     path = pathlib.Path(path)
     if not path.is_file():
         raise ImportError(f'extension module file not found: {path}', name=module_name, path=str(path))
@@ -58,6 +57,7 @@ def build_and_load(build, module_name: str):
     """build() -> toolchain.BuildResult, then load it: (result, module). A cached module that
     fails to load (damaged, or built for another machine) is removed and rebuilt once, with a
     cache.CacheWarning."""
+    from . import cache
     result = build()
     try:
         return result, load_extension(result.path, module_name)

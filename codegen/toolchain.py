@@ -21,8 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
 
-from . import cache as build_cache
-
 COMPILER_NAMES = ('tcc', 'gcc', 'clang')
 
 _INSTALL_ADVICE = {
@@ -180,6 +178,8 @@ def build_library(sources: str | Sequence[str], name: str, compiler: str | Compi
 
 
 def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildResult:
+    # imported here, not at the top: `python -m codegen.cache` must not find it imported already
+    from . import cache as build_cache
     if not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
         raise ValueError(f'name must be a C identifier, not {name!r}')
     sources = [sources] if isinstance(sources, str) else list(sources)
