@@ -77,6 +77,8 @@ class BuildResult:
 
 def find_compiler(name: str | None = None) -> Compiler:
     """name: 'tcc', 'gcc', 'clang', 'cc' or any command/path; None means $CC, else 'gcc'."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f'compiler must be a name or command (str), a Compiler or None, not {type(name).__name__}')
     return _find_compiler(name or os.environ.get('CC') or 'gcc')
 
 
@@ -140,8 +142,10 @@ def available_compilers() -> list[str]:
 
 def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False) -> list[str]:
     """Optimisation and shared-object flags. No -g: it makes gcc very slow on huge straight-line functions."""
-    if opt not in (0, 1, 2, 3):
+    if type(opt) is not int or opt not in (0, 1, 2, 3):  # not True, not 2.0: they would print -OTrue, -O2.0
         raise ValueError(f'opt must be 0, 1, 2 or 3, not {opt!r}')
+    if not isinstance(native, bool):
+        raise TypeError(f'native must be True or False, not {native!r}')
     flags = [f'-O{opt}', '-shared', '-fPIC']
     if compiler.family != 'tcc':
         flags.append('-fno-semantic-interposition')
@@ -180,8 +184,10 @@ def build_library(sources: str | Sequence[str], name: str, compiler: str | Compi
 def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildResult:
     # imported here, not at the top: `python -m codegen.cache` must not find it imported already
     from . import cache as build_cache
-    if not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
+    if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
         raise ValueError(f'name must be a C identifier, not {name!r}')
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        raise ValueError(f'timeout must be a number of seconds > 0 or None, not {timeout!r}')
     sources = [sources] if isinstance(sources, str) else list(sources)
     if not isinstance(compiler, Compiler):
         compiler = find_compiler(compiler)
