@@ -584,11 +584,17 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (parse_args("predict", args, nargs, kwnames, names, 2, 1, a) < 0 ||
         (a[1] && get_finite("predict", "scale", a[1], &scale) < 0))
         return NULL;
+    if (N_OUTPUTS == 0) {
+        PyErr_SetString(PyExc_ValueError, "predict(): the model has no outputs to predict; compile it "
+                        "with outputs=[...]");
+        return NULL;
+    }
     Samples s;
     if (get_samples("predict", a[0], NULL, scale, &s) < 0)
         return NULL;
-    PyObject *bytes = s.n > PY_SSIZE_T_MAX / ((N_OUTPUTS ? N_OUTPUTS : 1) * (Py_ssize_t)sizeof(double))
-        ? PyErr_NoMemory() : PyByteArray_FromStringAndSize(NULL, s.n * N_OUTPUTS * (Py_ssize_t)sizeof(double));
+    Py_ssize_t rows = s.n ? s.n : 1; /* 0 rows: a slice of a 1-row view (below) */
+    PyObject *bytes = rows > PY_SSIZE_T_MAX / ((N_OUTPUTS ? N_OUTPUTS : 1) * (Py_ssize_t)sizeof(double))
+        ? PyErr_NoMemory() : PyByteArray_FromStringAndSize(NULL, rows * N_OUTPUTS * (Py_ssize_t)sizeof(double));
     State *st = bytes ? lock_state(module, "predict") : NULL;
     if (!st) {
         Py_XDECREF(bytes);
@@ -621,13 +627,19 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
         Py_DECREF(bytes);
         return NULL;
     }
-    /* memoryview(bytes).cast('d', (n, N_OUTPUTS)): numpy.asarray() gives the (n, outputs) array */
+    /* memoryview(bytes).cast('d', (n, N_OUTPUTS)): numpy.asarray() gives the (n, outputs) array.
+     * cast() refuses a 0 in the shape, so 0 rows are the empty slice of one row. */
     PyObject *view = PyMemoryView_FromObject(bytes);
     Py_DECREF(bytes);
     if (!view)
         return NULL;
-    PyObject *shaped = PyObject_CallMethod(view, "cast", "s(nn)", "d", n, (Py_ssize_t)N_OUTPUTS);
+    PyObject *shaped = PyObject_CallMethod(view, "cast", "s(nn)", "d", rows, (Py_ssize_t)N_OUTPUTS);
     Py_DECREF(view);
+    if (shaped && n == 0) {
+        PyObject *empty = PySequence_GetSlice(shaped, 0, 0);
+        Py_DECREF(shaped);
+        shaped = empty;
+    }
     return shaped;
 }
 

@@ -10,6 +10,7 @@ import array
 import math
 import os
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -58,6 +59,17 @@ def report_counts():
     for (what, compiler), (calls, errors) in sorted(COUNTS.items()):
         print(f"\nfuzz: {calls:,} calls of {what} with {compiler}, {errors:,} raised TypeError/ValueError/"
               f"MemoryError, 0 crashes")
+
+
+@pytest.fixture(autouse=True)
+def nothing_printed_behind_our_back(monkeypatch):
+    """Errors CPython only prints (e.g. "deallocated bytearray object has exported buffers", a
+    buffer freed while still exported) fail the test too."""
+    printed = []
+    monkeypatch.setattr(sys, "excepthook", lambda *error: printed.append(error))
+    monkeypatch.setattr(sys, "unraisablehook", lambda error: printed.append(error))
+    yield
+    assert not printed
 
 
 # ---- strategies -------------------------------------------------------------------------------------
@@ -215,6 +227,17 @@ def test_exported_functions(models):
         net.zero_grad()
 
     run_until(key, CALLS_PER_COMPILER, fuzz)
+
+
+def test_found_by_fuzzing_predict_of_no_rows_and_of_no_outputs(models):
+    """predict() of 0 rows failed in memoryview.cast (and freed the result's bytes while
+    exported); a model without outputs has nothing to predict."""
+    classifier, _, no_outputs = models[1]
+    for dtype in ("<f8", "u1"):
+        result = classifier.predict(np.zeros((0, 5), dtype))
+        assert result.shape == (0, classifier.n_outputs) and np.asarray(result).shape == (0, 2)
+    with pytest.raises(ValueError, match="no outputs"):
+        no_outputs.predict(np.zeros((3, 0)))
 
 
 # ---- codegen.compile's arguments ------------------------------------------------------------------------

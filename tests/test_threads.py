@@ -245,3 +245,14 @@ def test_two_modules_train_in_parallel():
     print(f"two modules in two threads: {ratio:.2f}x the time of one ({os.cpu_count()} CPUs)")
     if (os.cpu_count() or 1) >= 2:
         assert ratio < 1.75  # taking turns: 2 or more (2.57 measured with the GIL held)
+
+
+def test_readme_threads_example_runs():
+    import pathlib
+    import re
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    code = re.search(r"## Robustness: threads, cache, fuzzing\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    namespace = {}
+    exec(code, namespace)
+    first, second = namespace["nets"]
+    assert bytes(first.params) == bytes(second.params) != bytes(np.zeros(first.n_params))
