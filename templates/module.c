@@ -593,8 +593,13 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (get_samples("predict", a[0], NULL, scale, &s) < 0)
         return NULL;
     Py_ssize_t rows = s.n ? s.n : 1; /* 0 rows: a slice of a 1-row view (below) */
-    PyObject *bytes = rows > PY_SSIZE_T_MAX / ((N_OUTPUTS ? N_OUTPUTS : 1) * (Py_ssize_t)sizeof(double))
-        ? PyErr_NoMemory() : PyByteArray_FromStringAndSize(NULL, rows * N_OUTPUTS * (Py_ssize_t)sizeof(double));
+    /* Empty, then resized: when PyByteArray_FromStringAndSize cannot allocate, it frees a half-built
+     * bytearray (CPython 3.11 then prints "deallocated bytearray object has exported buffers"). */
+    PyObject *bytes = PyByteArray_FromStringAndSize(NULL, 0);
+    if (bytes && (rows > PY_SSIZE_T_MAX / ((N_OUTPUTS ? N_OUTPUTS : 1) * (Py_ssize_t)sizeof(double))
+                      ? (PyErr_NoMemory(), -1)
+                      : PyByteArray_Resize(bytes, rows * N_OUTPUTS * (Py_ssize_t)sizeof(double))) < 0)
+        Py_CLEAR(bytes);
     State *st = bytes ? lock_state(module, "predict") : NULL;
     if (!st) {
         Py_XDECREF(bytes);

@@ -94,19 +94,22 @@ def soak_compile_load(cycles, directory):
     for graph in graphs:  # the first of each builds; the rest are cache hits
         loss, inputs, params, logits = graph
         codegen.compile(loss, inputs, params, outputs=logits, compiler="tcc", cache=directory)
-    hits = []
+    hits = [0, 0]
 
-    def cycle():
-        for i in range(cycles):
+    def cycle(n):
+        for i in range(n):
             loss, inputs, params, logits = graphs[i % len(graphs)]
             net = codegen.compile(loss, inputs, params, outputs=logits, compiler="tcc", cache=directory)
-            hits.append(net.build.cached)
+            hits[net.build.cached] += 1
             net.forward()
 
-    measured(f"{cycles:,} compile-load cycles of {len(graphs)} models", cycle)
-    print(f"  cache hits {sum(hits):,} of {len(hits):,}; {len(cache.entries(directory))} entries in the cache",
-          flush=True)
-    return all(hits)
+    fds = len(os.listdir("/proc/self/fd"))
+    half = cycles // 2  # the second half shows whether memory keeps growing or has levelled off
+    measured(f"{half:,} compile-load cycles of {len(graphs)} models", lambda: cycle(half))
+    measured(f"{cycles - half:,} more compile-load cycles", lambda: cycle(cycles - half))
+    print(f"  cache hits {hits[True]:,} of {sum(hits):,}; {len(cache.entries(directory))} entries in the cache; "
+          f"open file descriptors {fds} -> {len(os.listdir('/proc/self/fd'))}", flush=True)
+    return hits[False] == 0
 
 
 def fill_past_the_cap(directory, cap_mb=0.5, builds=40):
