@@ -14,7 +14,7 @@ FLAGS  := --compiler $(CC) --opt $(OPT) $(if $(NATIVE),--native)
 ARGS   ?=
 BUILD_ARGS ?=
 
-.PHONY: all nn mnist xor test test-all bench compare torch clean
+.PHONY: all nn mnist xor test test-all bench compare torch clean fuzz soak
 
 all: nn
 
@@ -38,6 +38,19 @@ test: $(VENV)/.installed
 # the slow tests too (big graphs in scalar mode, longer MNIST runs)
 test-all: $(VENV)/.installed
 	$(PY) -m pytest -q -m '' $(ARGS)
+
+# hypothesis fuzzing at volume: FUZZ_CALLS calls of the exported functions per compiler (tcc, gcc,
+# clang), FUZZ_COMPILES random codegen.compile calls; prints the counts
+FUZZ_CALLS    ?= 100000
+FUZZ_COMPILES ?= 2000
+fuzz: $(VENV)/.installed
+	MICROGRAD_C_FUZZ_CALLS=$(FUZZ_CALLS) MICROGRAD_C_FUZZ_COMPILES=$(FUZZ_COMPILES) \
+		$(PY) -m pytest -q -s -p no:cacheprovider tests/test_fuzz.py $(ARGS)
+
+# 10^6 training steps (train() and step by step) watching memory, 10,000 compile-load cycles,
+# the cache filled past a cap, two modules in two threads
+soak: $(VENV)/.installed
+	$(PY) tests/soak.py $(ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) -m bench $(ARGS)

@@ -52,9 +52,9 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     if compiler == "libtcc":  # in memory: no file, no process (codegen/libtcc.py)
         module, build = _load_in_memory(sources, name, native)
     else:
-        build = toolchain.build_extension(sources, name, compiler=compiler, opt=opt, native=native,
-                                          cache=cache, timeout=timeout)
-        module = loader.load_extension(build.path, name)
+        build, module = loader.build_and_load(  # a cached module that fails to load is rebuilt once
+            lambda: toolchain.build_extension(sources, name, compiler=compiler, opt=opt, native=native,
+                                              cache=cache, timeout=timeout), name)
     copy_from_values(module, params)
     module.inputs[:] = array("d", (float(v.data) for v in inputs))
     module.build = build

@@ -16,6 +16,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Sequence
@@ -76,6 +77,8 @@ class BuildResult:
 
 def find_compiler(name: str | None = None) -> Compiler:
     """name: 'tcc', 'gcc', 'clang', 'cc' or any command/path; None means $CC, else 'gcc'."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f'compiler must be a name or command (str), a Compiler or None, not {type(name).__name__}')
     return _find_compiler(name or os.environ.get('CC') or 'gcc')
 
 
@@ -139,8 +142,10 @@ def available_compilers() -> list[str]:
 
 def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False) -> list[str]:
     """Optimisation and shared-object flags. No -g: it makes gcc very slow on huge straight-line functions."""
-    if opt not in (0, 1, 2, 3):
+    if type(opt) is not int or opt not in (0, 1, 2, 3):  # not True, not 2.0: they would print -OTrue, -O2.0
         raise ValueError(f'opt must be 0, 1, 2 or 3, not {opt!r}')
+    if not isinstance(native, bool):
+        raise TypeError(f'native must be True or False, not {native!r}')
     flags = [f'-O{opt}', '-shared', '-fPIC']
     if compiler.family != 'tcc':
         flags.append('-fno-semantic-interposition')
@@ -177,8 +182,12 @@ def build_library(sources: str | Sequence[str], name: str, compiler: str | Compi
 
 
 def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildResult:
-    if not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
+    # imported here, not at the top: `python -m codegen.cache` must not find it imported already
+    from . import cache as build_cache
+    if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
         raise ValueError(f'name must be a C identifier, not {name!r}')
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        raise ValueError(f'timeout must be a number of seconds > 0 or None, not {timeout!r}')
     sources = [sources] if isinstance(sources, str) else list(sources)
     if not isinstance(compiler, Compiler):
         compiler = find_compiler(compiler)
@@ -193,6 +202,7 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildR
 
     cache = pathlib.Path(cache) if cache is not None else cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
+    size_limit = build_cache.max_bytes()  # a malformed $MICROGRAD_C_CACHE_MAX_MB fails before building
     # A new path for every key: re-importing a rebuilt .so at the same path returns the old module.
     stem = f'{name}_{key[:16]}'
     output = cache / (stem + (ext_suffix if kind == 'extension' else '.so'))
@@ -201,11 +211,38 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildR
     def link(output_path, inputs):  # libraries after the inputs: --as-needed linkers drop earlier ones
         return [*compiler.argv, *flags, *map(str, inputs), '-o', str(output_path), '-lm', *compiler.link_args]
 
-    if output.exists():
-        return BuildResult(output, cached=True, seconds=0.0, peak_rss=None, command=tuple(link(output, c_files)),
-                           source=c_files[0])
+    def look_up():  # the entry, checked against its record (see codegen/cache.py)
+        status, why, fd = build_cache.open_entry(output)
+        if fd is not None:
+            os.close(fd)
+        return status, why
 
-    # Write and compile into temporary files, then rename: concurrent builders never see partial files.
+    hit = BuildResult(output, cached=True, seconds=0.0, peak_rss=None, command=tuple(link(output, c_files)),
+                      source=c_files[0])
+    if look_up()[0] == build_cache.VALID:
+        return hit
+    # One builder per entry at a time (the others wait, then find it built); the record, written
+    # last, commits the entry.
+    with build_cache.build_lock(cache, stem):
+        status, why = look_up()
+        if status == build_cache.VALID:
+            return hit
+        if status == build_cache.DAMAGED:
+            warnings.warn(f'build cache entry {output} is damaged ({why}); removing and rebuilding it',
+                          build_cache.CacheWarning, stacklevel=4)
+        build_cache.remove_entry(output)
+        seconds, peak_rss = _compile(compiler, flags, link, sources, c_files, cache, output, timeout)
+        build_cache.commit(output, kind=kind, name=name, compiler=compiler.family,
+                           compiler_version=compiler.version, flags=flags, sources=[c.name for c in c_files],
+                           build_seconds=seconds)
+    build_cache.evict(cache, size_limit, keep=(stem,))
+    return BuildResult(output, cached=False, seconds=seconds, peak_rss=peak_rss, command=tuple(link(output, c_files)),
+                       source=c_files[0])
+
+
+def _compile(compiler, flags, link, sources, c_files, cache, output, timeout) -> tuple[float, int]:
+    """Write the C files and build `output` from them: wall seconds and the compiler's peak RSS."""
+    # Write and compile into temporary files, then rename: concurrent readers never see partial files.
     for c_file, text in zip(c_files, sources):
         _write_atomically(c_file, text)
     temp_output = _temp_file(cache, output.name)
@@ -233,8 +270,7 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildR
         for path in [temp_output, *objects]:
             if os.path.exists(path):
                 os.unlink(path)
-    return BuildResult(output, cached=False, seconds=seconds, peak_rss=peak_rss, command=tuple(link(output, c_files)),
-                       source=c_files[0])
+    return seconds, peak_rss
 
 
 def unit_file_name(stem: str, index: int) -> str:

@@ -3,6 +3,7 @@
  * d[] (values) and g[] (gradients): parameters first, then inputs, then intermediates. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <time.h>
 
 /*@CONSTANTS@*/
 
@@ -15,9 +16,62 @@ typedef struct {
     PyObject *data_buf, *grad_buf; /* bytearrays owning d and g */
     double *opt_m, *opt_v, *opt_step; /* the optimizer's state (templates/optim.c), in opt_buf */
     PyObject *opt_buf;
+    PyThread_type_lock lock;       /* held by every function reading or writing d and g */
+    unsigned long owner;           /* the thread holding `lock` (0: none), to refuse re-entry */
 } State;
 
 static State *state_of(PyObject *module) { return (State *)PyModule_GetState(module); }
+
+/* ---- threads: the module's lock and the GIL ----------------------------------------------------
+ * Every function touching d and g holds the module's lock, so two threads using one module take
+ * turns (no torn state), while different modules run in parallel: train(), predict() and the
+ * passes over big graphs release the GIL. Deadlock rule: never wait for the lock while holding the
+ * GIL (the holder may need the GIL to check for signals); try it, and release the GIL to wait.
+ * The data/grad/params/inputs memoryviews bypass the lock: writing them while another thread
+ * runs the module is the caller's race. */
+static State *lock_state(PyObject *module, const char *fn)
+{
+    State *s = state_of(module);
+    if (s->owner == PyThread_get_thread_ident()) { /* e.g. a signal handler run during train() */
+        PyErr_Format(PyExc_RuntimeError, "%s() called while this thread is already running this "
+                     "module (from a signal handler or finalizer)", fn);
+        return NULL;
+    }
+    if (!PyThread_acquire_lock(s->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(s->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    s->owner = PyThread_get_thread_ident();
+    return s;
+}
+
+static void unlock_state(State *s)
+{
+    s->owner = 0;
+    PyThread_release_lock(s->lock);
+}
+
+/* One forward or backward pass over a graph this big is worth releasing the GIL for. */
+#define BIG_GRAPH (N_SLOTS >= 16384)
+#define WITHOUT_GIL_IF(condition, statement)                                                     \
+    do {                                                                                         \
+        if (condition) {                                                                         \
+            Py_BEGIN_ALLOW_THREADS statement; Py_END_ALLOW_THREADS                               \
+        } else {                                                                                 \
+            statement;                                                                           \
+        }                                                                                        \
+    } while (0)
+
+/* train() and predict() run without the GIL and take it back every SIGNAL_CHECK_MS (checking the
+ * clock every 64 rows) to check for signals, so that Ctrl-C stops them within a fraction of a second. */
+#define SIGNAL_CHECK_MS 50.0
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
 
 /* The output's gradient is 1; every other non-parameter gradient restarts from 0, while
  * parameter gradients accumulate until zero_grad(), as in micrograd. */
@@ -89,8 +143,14 @@ static int get_finite(const char *fn, const char *what, PyObject *obj, double *o
         return -1;
     }
     *out = PyFloat_AsDouble(obj);
-    if (*out == -1.0 && PyErr_Occurred())
+    if (*out == -1.0 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) { /* an int beyond float range */
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s(): %s must be finite, got an int too large for a float",
+                         fn, what);
+        }
         return -1;
+    }
     if (!isfinite(*out)) {
         PyErr_Format(PyExc_ValueError, "%s(): %s must be finite, got %R", fn, what, obj);
         return -1;
@@ -106,8 +166,14 @@ static int get_int(const char *fn, const char *what, PyObject *obj, long long lo
         return -1;
     }
     *out = PyLong_AsLongLong(obj);
-    if (*out == -1 && PyErr_Occurred())
+    if (*out == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s(): %s must be between %lld and %lld", fn, what, lo,
+                         (long long)LLONG_MAX);
+        }
         return -1;
+    }
     if (*out < lo) {
         PyErr_Format(PyExc_ValueError, "%s(): %s must be >= %lld, got %lld", fn, what, lo, *out);
         return -1;
@@ -355,7 +421,13 @@ static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *w
     if (check_nargs(fn, nargs, 1, 1) < 0 || get_buffer(fn, what, args[0], &view, 1, "d", 0) < 0 ||
         check_length(fn, what, &view, count) < 0 || check_no_nan(fn, what, view.buf, count, &view) < 0)
         return NULL;
-    memcpy(state_of(module)->d + offset, view.buf, (size_t)count * sizeof(double));
+    State *s = lock_state(module, fn);
+    if (!s) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    memcpy(s->d + offset, view.buf, (size_t)count * sizeof(double));
+    unlock_state(s);
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
 }
@@ -372,23 +444,34 @@ static PyObject *fn_set_params(PyObject *module, PyObject *const *args, Py_ssize
 
 static PyObject *fn_forward(PyObject *module, PyObject *unused)
 {
-    double *d = state_of(module)->d;
-    forward_outputs(d);
-    forward_rest(d);
-    return PyFloat_FromDouble(d[LOSS_SLOT]);
+    State *s = lock_state(module, "forward");
+    if (!s)
+        return NULL;
+    double *d = s->d;
+    WITHOUT_GIL_IF(BIG_GRAPH, forward_outputs(d); forward_rest(d));
+    double loss = d[LOSS_SLOT];
+    unlock_state(s);
+    return PyFloat_FromDouble(loss);
 }
 
 static PyObject *fn_backward(PyObject *module, PyObject *unused)
 {
-    State *s = state_of(module);
-    backward_all(s->d, s->g);
+    State *s = lock_state(module, "backward");
+    if (!s)
+        return NULL;
+    WITHOUT_GIL_IF(BIG_GRAPH, backward_all(s->d, s->g));
+    unlock_state(s);
     Py_RETURN_NONE;
 }
 
 static PyObject *fn_zero_grad(PyObject *module, PyObject *unused)
 {
+    State *s = lock_state(module, "zero_grad");
+    if (!s)
+        return NULL;
     /* Only the parameters' gradients persist: backward() restarts every other one from 0. */
-    memset(state_of(module)->g, 0, N_PARAMS * sizeof(double));
+    memset(s->g, 0, N_PARAMS * sizeof(double));
+    unlock_state(s);
     Py_RETURN_NONE;
 }
 
@@ -397,23 +480,38 @@ static PyObject *fn_update(PyObject *module, PyObject *const *args, Py_ssize_t n
     double lr;
     if (check_nargs("update", nargs, 1, 1) < 0 || get_finite("update", "lr", args[0], &lr) < 0)
         return NULL;
-    State *s = state_of(module);
+    State *s = lock_state(module, "update");
+    if (!s)
+        return NULL;
     optimizer_step(s->d, s->g, s->opt_m, s->opt_v, s->opt_step, lr, 0);
+    unlock_state(s);
     Py_RETURN_NONE;
 }
 
 static PyObject *fn_outputs(PyObject *module, PyObject *unused)
 {
-    double *d = state_of(module)->d;
+    /* copied under the lock, boxed after it: allocating may run finalizers that use the module */
+    double *values = PyMem_Malloc((N_OUTPUTS ? N_OUTPUTS : 1) * sizeof(double));
+    if (!values)
+        return PyErr_NoMemory();
+    State *s = lock_state(module, "outputs");
+    if (!s) {
+        PyMem_Free(values);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < N_OUTPUTS; i++)
+        values[i] = s->d[OUTPUT_SLOTS[i]];
+    unlock_state(s);
     PyObject *out = PyTuple_New(N_OUTPUTS);
     for (Py_ssize_t i = 0; out && i < N_OUTPUTS; i++) {
-        PyObject *v = PyFloat_FromDouble(d[OUTPUT_SLOTS[i]]);
+        PyObject *v = PyFloat_FromDouble(values[i]);
         if (!v) {
             Py_CLEAR(out);
             break;
         }
         PyTuple_SET_ITEM(out, i, v);
     }
+    PyMem_Free(values);
     return out;
 }
 
@@ -432,7 +530,8 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     Samples s;
     if (get_samples("train", a[0], a[1], scale, &s) < 0)
         return NULL;
-    Py_ssize_t *order = PyMem_Malloc((size_t)(s.n ? s.n : 1) * sizeof(Py_ssize_t));
+    Py_ssize_t *order = (size_t)s.n > PY_SSIZE_T_MAX / sizeof(Py_ssize_t) ? NULL
+        : PyMem_Malloc((size_t)(s.n ? s.n : 1) * sizeof(Py_ssize_t));
     if (!order) {
         release_samples(&s);
         return PyErr_NoMemory();
@@ -448,8 +547,16 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
             order[j] = t;
         }
     }
-    State *st = state_of(module);
+    State *st = lock_state(module, "train");
+    if (!st) {
+        PyMem_Free(order);
+        release_samples(&s);
+        return NULL;
+    }
     double *d = st->d, *g = st->g, loss_sum = 0.0;
+    int interrupted = 0;
+    Py_BEGIN_ALLOW_THREADS /* the buffers stay held (release_samples below), the state locked */
+    double next_check = now_ms() + SIGNAL_CHECK_MS;
     memset(g, 0, N_PARAMS * sizeof(double));
     Py_ssize_t in_batch = 0;
     for (Py_ssize_t i = 0; i < s.n; i++) {
@@ -468,16 +575,23 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
                 in_batch = 0;
             }
         }
-        if ((i & 1023) == 1023 && PyErr_CheckSignals() < 0) {
-            PyMem_Free(order);
-            release_samples(&s);
-            return NULL;
+        if ((i & 63) == 63 && now_ms() >= next_check) { /* Ctrl-C: keep the steps done, stop */
+            Py_BLOCK_THREADS
+            interrupted = PyErr_CheckSignals() < 0;
+            Py_UNBLOCK_THREADS
+            if (interrupted)
+                break;
+            next_check = now_ms() + SIGNAL_CHECK_MS;
         }
     }
-    if (in_batch)
+    if (in_batch && !interrupted)
         batch_step(st, lr, in_batch);
+    Py_END_ALLOW_THREADS
+    unlock_state(st);
     PyMem_Free(order);
     release_samples(&s);
+    if (interrupted)
+        return NULL;
     return PyFloat_FromDouble(s.n ? loss_sum / (double)s.n : 0.0);
 }
 
@@ -489,30 +603,67 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (parse_args("predict", args, nargs, kwnames, names, 2, 1, a) < 0 ||
         (a[1] && get_finite("predict", "scale", a[1], &scale) < 0))
         return NULL;
+    if (N_OUTPUTS == 0) {
+        PyErr_SetString(PyExc_ValueError, "predict(): the model has no outputs to predict; compile it "
+                        "with outputs=[...]");
+        return NULL;
+    }
     Samples s;
     if (get_samples("predict", a[0], NULL, scale, &s) < 0)
         return NULL;
-    PyObject *bytes = PyByteArray_FromStringAndSize(NULL, s.n * N_OUTPUTS * (Py_ssize_t)sizeof(double));
-    if (!bytes) {
+    Py_ssize_t rows = s.n ? s.n : 1; /* 0 rows: a slice of a 1-row view (below) */
+    /* Empty, then resized: when PyByteArray_FromStringAndSize cannot allocate, it frees a half-built
+     * bytearray (CPython 3.11 then prints "deallocated bytearray object has exported buffers"). */
+    PyObject *bytes = PyByteArray_FromStringAndSize(NULL, 0);
+    if (bytes && (rows > PY_SSIZE_T_MAX / ((N_OUTPUTS ? N_OUTPUTS : 1) * (Py_ssize_t)sizeof(double))
+                      ? (PyErr_NoMemory(), -1)
+                      : PyByteArray_Resize(bytes, rows * N_OUTPUTS * (Py_ssize_t)sizeof(double))) < 0)
+        Py_CLEAR(bytes);
+    State *st = bytes ? lock_state(module, "predict") : NULL;
+    if (!st) {
+        Py_XDECREF(bytes);
         release_samples(&s);
         return NULL;
     }
-    double *out = (double *)PyByteArray_AS_STRING(bytes), *d = state_of(module)->d;
+    double *out = (double *)PyByteArray_AS_STRING(bytes), *d = st->d;
+    int interrupted = 0;
+    Py_BEGIN_ALLOW_THREADS
+    double next_check = now_ms() + SIGNAL_CHECK_MS;
     for (Py_ssize_t i = 0; i < s.n; i++) {
         load_sample(&s, i, d + INPUT_BASE);
         forward_outputs(d);
         for (int j = 0; j < N_OUTPUTS; j++)
             out[i * N_OUTPUTS + j] = d[OUTPUT_SLOTS[j]];
+        if ((i & 63) == 63 && now_ms() >= next_check) {
+            Py_BLOCK_THREADS
+            interrupted = PyErr_CheckSignals() < 0;
+            Py_UNBLOCK_THREADS
+            if (interrupted)
+                break;
+            next_check = now_ms() + SIGNAL_CHECK_MS;
+        }
     }
+    Py_END_ALLOW_THREADS
+    unlock_state(st);
     Py_ssize_t n = s.n;
     release_samples(&s);
-    /* memoryview(bytes).cast('d', (n, N_OUTPUTS)): numpy.asarray() gives the (n, outputs) array */
+    if (interrupted) {
+        Py_DECREF(bytes);
+        return NULL;
+    }
+    /* memoryview(bytes).cast('d', (n, N_OUTPUTS)): numpy.asarray() gives the (n, outputs) array.
+     * cast() refuses a 0 in the shape, so 0 rows are the empty slice of one row. */
     PyObject *view = PyMemoryView_FromObject(bytes);
     Py_DECREF(bytes);
     if (!view)
         return NULL;
-    PyObject *shaped = PyObject_CallMethod(view, "cast", "s(nn)", "d", n, (Py_ssize_t)N_OUTPUTS);
+    PyObject *shaped = PyObject_CallMethod(view, "cast", "s(nn)", "d", rows, (Py_ssize_t)N_OUTPUTS);
     Py_DECREF(view);
+    if (shaped && n == 0) {
+        PyObject *empty = PySequence_GetSlice(shaped, 0, 0);
+        Py_DECREF(shaped);
+        shaped = empty;
+    }
     return shaped;
 }
 
@@ -603,6 +754,10 @@ static int module_exec(PyObject *module)
 {
     State *s = state_of(module);
     Py_ssize_t d0, g0;
+    if (!(s->lock = PyThread_allocate_lock())) {
+        PyErr_NoMemory();
+        return -1;
+    }
     if (!(s->d = aligned_slots(&s->data_buf, &d0, N_SLOTS)) || !(s->g = aligned_slots(&s->grad_buf, &g0, N_SLOTS)) ||
         add_optimizer_state(module, s) < 0)
         return -1;
@@ -645,7 +800,15 @@ static int module_clear(PyObject *module)
     return 0;
 }
 
-static void module_free(void *module) { module_clear((PyObject *)module); }
+static void module_free(void *module)
+{
+    module_clear((PyObject *)module);
+    State *s = state_of((PyObject *)module);
+    if (s && s->lock) {
+        PyThread_free_lock(s->lock);
+        s->lock = NULL;
+    }
+}
 
 static PyModuleDef_Slot slots[] = {{Py_mod_exec, (void *)module_exec}, {0, NULL}};
 
