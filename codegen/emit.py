@@ -312,6 +312,8 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
     itself, then (for big programs) extra units of generated functions compiled alongside.
     optimizer: a codegen.optim description (None: SGD); initial_params: values every load of
     the module starts its parameters from (None: zeros)."""
+    if not isinstance(module_name, str):
+        raise TypeError(f"module name must be a str, got {type(module_name).__name__}")
     if not module_name.isidentifier() or not module_name.isascii():
         raise ValueError(f"module name must be a C identifier, got {module_name!r}")
     graph, extra = _render(program, chunk, unit)
