@@ -26,6 +26,7 @@ from codegen import CompilerNotFound, CompileTimeout
 from codegen import loader
 from codegen.toolchain import COMPILER_NAMES, FAMILIES, build_extension, find_compiler
 from mnist.model import PIXEL_SCALE, build_graph, image_loss, sgd_step
+from mnist.options import add_data_dir_argument
 from mnist.resources import process_peak_rss
 
 from .peers import NHID, NIN, NOUT, CReference, NumpyMLP, TorchMLP
@@ -284,8 +285,7 @@ def add_arguments(parser, n_train: int, timeout: float, configs: list[Config]) -
                         help=f'seconds a compile may take before it is stopped and reported "> limit" '
                              f'(default {timeout:g})')
     parser.add_argument('--lr', type=float, default=LR)
-    parser.add_argument('--data-dir', type=Path, default=None,
-                        help='MNIST directory (default: $MNIST_DIR, else the cache, downloading if missing)')
+    add_data_dir_argument(parser)
     parser.add_argument('--configs', nargs='+', metavar='LABEL', choices=[c.label for c in configs],
                         help='measure only these: ' + ' '.join(c.label for c in configs))
 

@@ -408,16 +408,23 @@ def find_build(directory: str | os.PathLike, name: str, key: str) -> ExportedBui
     """The build export_build wrote in directory as `name`, if its record holds this cache key
     (build_key of the sources, compiler and flags wanted) and its files are there; else None."""
     directory = pathlib.Path(directory)
-    try:
-        record = json.loads(_record_path(directory, name).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get('format') != EXPORT_RECORD_FORMAT or record.get('key') != key:
+    record = export_record(directory, name)
+    if record is None or record.get('key') != key:
         return None
     files = [record.get('file'), *(record.get('sources') or [None])]
     if not all(isinstance(f, str) and '/' not in f and (directory / f).is_file() for f in files):
         return None
     return ExportedBuild(directory / record['file'], record)
+
+
+def export_record(directory: str | os.PathLike, name: str) -> dict | None:
+    """The record export_build wrote in directory for `name`; None if there is none (or not one of
+    its records). Cheap: a caller can skip computing a cache key when there is nothing to compare."""
+    try:
+        record = json.loads(_record_path(pathlib.Path(directory), name).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get('format') == EXPORT_RECORD_FORMAT else None
 
 
 def _record_path(directory: pathlib.Path, name: str) -> pathlib.Path:
