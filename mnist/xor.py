@@ -23,6 +23,7 @@ from micrograd_c import MLP, mse
 
 from .build import install
 from .model import at_least, sgd_step
+from .options import add_compiler_arguments, compiler_options
 
 POINTS = [(0.0, 0.0), (0.0, 1.0), (1.0, 0.0), (1.0, 1.0)]
 TARGETS = [-1.0, 1.0, 1.0, -1.0]  # the sign of the output is the class
@@ -32,9 +33,7 @@ TOLERANCE = 1e-9  # on the parameters: far above rounding differences, far below
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--compiler", default=None, help="tcc, gcc, clang or a command (default: $CC, else gcc)")
-    parser.add_argument("--opt", type=int, default=2, choices=range(4), help="-O level (default 2)")
-    parser.add_argument("--scalar", action="store_true", help="pure straight-line scalar code, no fused dots")
+    add_compiler_arguments(parser, native=False)
     parser.add_argument("--steps", type=at_least(1), default=300, help="SGD steps (default 300)")
     parser.add_argument("--lr", type=float, default=0.1, help="learning rate (default 0.1)")
     parser.add_argument("--seed", type=int, default=0, help="random.seed for the initial weights (default 0)")
@@ -47,8 +46,7 @@ def main(argv=None):
     predictions = predict(model)
     try:
         net = codegen.compile(mse(predictions, TARGETS), params=model.parameters(), outputs=predictions,
-                              compiler=args.compiler, opt=args.opt, fuse=not args.scalar, name="xor",
-                              embed_params=True)
+                              **compiler_options(args), name="xor", embed_params=True)
     except codegen.ToolchainError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

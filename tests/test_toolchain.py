@@ -62,13 +62,19 @@ def uncached():
     toolchain._find_compiler.cache_clear()
 
 
-@pytest.mark.parametrize('opt', [0, 2])
-def test_build_load_and_call(compiler, opt, tmp_path):
-    result = build_extension(extension_source(42), 'tiny', compiler, opt=opt, cache=tmp_path, timeout=60)
+@pytest.mark.parametrize('opt, measure_memory', [(0, False), (2, True)])
+def test_build_load_and_call(compiler, opt, measure_memory, tmp_path):
+    result = build_extension(extension_source(42), 'tiny', compiler, opt=opt, cache=tmp_path, timeout=60,
+                             measure_memory=measure_memory)
     assert not result.cached
     assert result.path.parent == tmp_path and result.path.name.endswith(EXT_SUFFIX)
     assert result.path.with_name(result.path.name[:-len(EXT_SUFFIX)] + '.c').read_text() == extension_source(42)
-    assert result.seconds > 0 and result.peak_rss > 1 << 20
+    assert result.seconds > 0
+    if measure_memory:  # the probe reports the compiler's peak; a plain build measures none
+        assert result.peak_rss > 1 << 20
+    else:
+        assert result.peak_rss is None
+    assert result.key == toolchain.build_key(extension_source(42), 'tiny', compiler, opt=opt)
     assert f'-O{opt}' in result.command and '-g' not in result.command
     assert load_extension(result.path, 'tiny').answer() == 42
     assert leftovers(tmp_path) == []
@@ -125,9 +131,10 @@ def test_concurrent_builds_of_the_same_source(compiler, tmp_path):
     assert leftovers(tmp_path) == []
 
 
-def test_syntax_error_reports_command_and_stderr(compiler, tmp_path):
+@pytest.mark.parametrize('measure_memory', [False, True])
+def test_syntax_error_reports_command_and_stderr(compiler, measure_memory, tmp_path):
     with pytest.raises(CompileError) as caught:
-        build_library(SYNTAX_ERROR_SOURCE, 'broken', compiler, cache=tmp_path)
+        build_library(SYNTAX_ERROR_SOURCE, 'broken', compiler, cache=tmp_path, measure_memory=measure_memory)
     error = caught.value
     assert 'error' in error.stderr and ':1:' in error.stderr  # the compiler's own diagnostic, with line number
     assert error.command[0] == find_compiler(compiler).argv[0]
@@ -156,10 +163,11 @@ def test_invalid_opt(compiler, opt, tmp_path):
         build_extension(extension_source(), 'tiny', compiler, opt=opt, cache=tmp_path)
 
 
-def test_timeout_kills_compiler(compiler, tmp_path):
+@pytest.mark.parametrize('measure_memory', [False, True])
+def test_timeout_kills_compiler(compiler, measure_memory, tmp_path):
     big_source = 'double big(double x) {\n' + 'x = x * 1.000001 + 0.5;\n' * 50_000 + 'return x; }\n'
     with pytest.raises(CompileTimeout) as caught:
-        build_library(big_source, 'big', compiler, cache=tmp_path, timeout=1e-4)
+        build_library(big_source, 'big', compiler, cache=tmp_path, timeout=1e-4, measure_memory=measure_memory)
     assert caught.value.seconds == 1e-4
     assert [p.suffix for p in tmp_path.iterdir()] == ['.c']
 
@@ -249,3 +257,54 @@ def test_cache_dir_locations(tmp_path, monkeypatch):
 def test_load_missing_file(tmp_path):
     with pytest.raises(ImportError, match='not found'):
         load_extension(tmp_path / f'nothing{EXT_SUFFIX}', 'nothing')
+
+
+def test_family_table():
+    assert toolchain.COMPILER_NAMES == ('tcc', 'gcc', 'clang')
+    assert toolchain.family_of_version('tcc version 0.9.27 (x86_64 Linux)').name == 'tcc'
+    assert toolchain.family_of_version('Debian clang version 14.0.6').name == 'clang'
+    assert toolchain.family_of_version('gcc (Debian 12.2.0-14) 12.2.0').name == 'gcc'
+    assert toolchain.family_of_version('cc (some vendor) 1.0').name == 'gcc'  # the fallback
+    tcc = toolchain.FAMILIES['tcc']
+    assert not tcc.native and not tcc.optimises and not tcc.parallel_units
+    assert all(f.native and f.parallel_units for f in map(toolchain.FAMILIES.get, ('gcc', 'clang')))
+
+
+def test_build_key_follows_sources_and_flags(compiler):
+    key = toolchain.build_key(LIBRARY_SOURCE, 'plain', compiler, kind='library')
+    assert key == toolchain.build_key([LIBRARY_SOURCE], 'plain', compiler, kind='library')
+    assert key != toolchain.build_key(LIBRARY_SOURCE + '\n', 'plain', compiler, kind='library')
+    assert key != toolchain.build_key(LIBRARY_SOURCE, 'plain', compiler, opt=0, kind='library')
+    assert key != toolchain.build_key(LIBRARY_SOURCE, 'plain', compiler)  # an extension: Python's headers
+    with pytest.raises(ValueError, match='kind'):
+        toolchain.build_key(LIBRARY_SOURCE, 'plain', compiler, kind='program')
+
+
+def test_export_and_find_build(compiler, tmp_path):
+    sources = [extension_source(9), 'int unused_unit(void) { return 0; }\n']
+    build = build_extension(sources, 'tiny', compiler, cache=tmp_path / 'cache')
+    out = tmp_path / 'out'
+    exported = toolchain.export_build(build, out, 'tiny', record={'opt': 2})
+    assert exported.path == out / f'tiny{EXT_SUFFIX}' and exported.record['opt'] == 2
+    assert [(out / name).read_text() for name in ('tiny.c', 'tiny.1.c')] == sources
+    found = toolchain.find_build(out, 'tiny', toolchain.build_key(sources, 'tiny', compiler))
+    assert found == exported
+    assert load_extension(found.path, 'tiny').answer() == 9
+    assert toolchain.find_build(out, 'tiny', toolchain.build_key(sources, 'tiny', compiler, opt=0)) is None
+    assert toolchain.find_build(out, 'other', build.key) is None
+    (out / 'tiny.1.c').unlink()  # an export missing a file is not found
+    assert toolchain.find_build(out, 'tiny', build.key) is None
+    assert leftovers(out) == []
+
+
+def test_write_atomically_leaves_nothing_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / 'file.txt'
+    toolchain.write_atomically(target, 'old')
+
+    def failing_replace(*args):
+        raise OSError('disk full')
+
+    monkeypatch.setattr(toolchain.os, 'replace', failing_replace)
+    with pytest.raises(OSError, match='disk full'):
+        toolchain.write_atomically(target, b'new')
+    assert target.read_text() == 'old' and [p.name for p in tmp_path.iterdir()] == ['file.txt']

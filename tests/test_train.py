@@ -210,3 +210,19 @@ def test_adam_on_the_default_model(mnist_dir, tmp_path, capsys):
                                "--module-dir", str(tmp_path))
     assert status == 0
     assert summary_accuracy(out) >= 0.965
+
+
+def test_module_dir_build_is_used_only_for_the_same_build(tmp_path, capsys):
+    """mnist.train takes the module mnist.build exported when its recorded cache key is the one these
+    options give (same C, compiler and flags), never a stale one."""
+    module_dir = tmp_path / "build"
+    assert build.main(["--compiler", "tcc", "--out", str(module_dir)]) == 0
+    assert sorted(p.name for p in module_dir.iterdir() if not p.name.endswith(".so")) == ["nn.c", "nn.json"]
+    hows = []
+    for options in (["--compiler", "tcc"], ["--compiler", "tcc", "--seed", "1"], ["--compiler", "gcc"]):
+        args = train.parse_args([*options, "--module-dir", str(module_dir)])
+        optimizer = train.resolve_model_options(args, None)
+        graph = train.build_graph(args.seed, hidden=args.hidden, init=args.init, activation=args.activation)
+        hows.append(train.compiled_module(graph, args, optimizer)[1].how)
+    assert hows[0].startswith(f"prebuilt {module_dir}")
+    assert hows[1:] == ["compiled", "compiled"]  # other initial weights in the C; another compiler
