@@ -4,6 +4,28 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The element type of every slot, kernel and optimizer state: codegen/emit.py defines
+ * REAL_IS_FLOAT before this file (dtype="float32": float, else double). The op table's
+ * primitives go through real_exp, real_log, real_tanh and real_pow in float mode (the emitter
+ * renames them), so that float code calls expf & co. instead of widening to double. */
+#if REAL_IS_FLOAT
+typedef float real;
+#define REAL_FORMAT "f"
+#define real_exp expf
+#define real_log logf
+#define real_tanh tanhf
+#define real_pow powf
+#define real_sqrt sqrtf
+#else
+typedef double real;
+#define REAL_FORMAT "d"
+#define real_exp exp
+#define real_log log
+#define real_tanh tanh
+#define real_pow pow
+#define real_sqrt sqrt
+#endif
+
 /* Generated straight-line code comes in many small functions, perhaps spread over several
  * files compiled in parallel. Keep GCC and Clang from inlining them back into one huge
  * function (they optimise that in superlinear time) and out of the module's exports. */
@@ -44,10 +66,10 @@
 #define UNROLLED
 #endif
 
-KERNEL double dot(const double *restrict a, const double *restrict b, long n)
+KERNEL real dot(const real *restrict a, const real *restrict b, long n)
 {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-    const double *end = a + (n & ~7L);
+    real s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    const real *end = a + (n & ~7L);
 #define DOT(l) s##l += a[l] * b[l];
     UNROLLED
     for (; a < end; a += 8, b += 8) {
@@ -67,17 +89,17 @@ KERNEL double dot(const double *restrict a, const double *restrict b, long n)
 }
 
 /* The sum of x[0..n), in eight lanes like dot() */
-KERNEL double sum_range(const double *restrict x, long n)
+KERNEL real sum_range(const real *restrict x, long n)
 {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-    const double *end = x + (n & ~7L);
+    real s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    const real *end = x + (n & ~7L);
 #define SUM(l) s##l += x[l];
     UNROLLED
     for (; x < end; x += 8) {
         STEP8(SUM)
     }
 #undef SUM
-    double s[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    real s[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
     for (long i = 0; i < (n & 7); i++)
         s[i] += x[i];
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
@@ -85,30 +107,30 @@ KERNEL double sum_range(const double *restrict x, long n)
 
 /* Lists that are not contiguous: element i at base + offsets[i], the same offsets for every
  * iteration of a loop (a convolution's window), so one small table serves the whole loop. */
-KERNEL double dot_offsets(const double *a, const int32_t *oa, const double *b, const int32_t *ob, long n)
+KERNEL real dot_offsets(const real *a, const int32_t *oa, const real *b, const int32_t *ob, long n)
 {
-    double s[8] = {0};
+    real s[8] = {0};
     for (long i = 0; i < n; i++)
         s[i & 7] += a[oa[i]] * b[ob[i]];
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-KERNEL double sum_offsets(const double *x, const int32_t *ox, long n)
+KERNEL real sum_offsets(const real *x, const int32_t *ox, long n)
 {
-    double s[8] = {0};
+    real s[8] = {0};
     for (long i = 0; i < n; i++)
         s[i & 7] += x[ox[i]];
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
 /* y[i] += alpha * x[i] */
-KERNEL void axpy(double *restrict y, double alpha, const double *restrict x, long n)
+KERNEL void axpy(real *restrict y, real alpha, const real *restrict x, long n)
 {
-    if (alpha == 0.0) /* adds nothing; skipping saves a pass over y (ReLUs that are off) */
+    if (alpha == 0) /* adds nothing; skipping saves a pass over y (ReLUs that are off) */
         return;
     for (; n > 0 && (uintptr_t)y % 32; n--) /* stores that straddle cache lines cost double */
         *y++ += alpha * *x++;
-    const double *end = x + (n & ~7L);
+    const real *end = x + (n & ~7L);
 #define AXPY(l) y[l] += alpha * x[l];
     UNROLLED
     for (; x < end; x += 8, y += 8) {
@@ -122,13 +144,13 @@ KERNEL void axpy(double *restrict y, double alpha, const double *restrict x, lon
 /* A batch-1 SGD step fused into backward: w[i] -= lr * (alpha * x[i]), the same rounding as
  * accumulating the gradient alpha * x[i] into a zeroed grad and then updating. Skipped when
  * alpha is 0 (a ReLU that is off), which is most of the saving. */
-KERNEL void sgd_axpy(double *restrict w, double lr, double alpha, const double *restrict x, long n)
+KERNEL void sgd_axpy(real *restrict w, real lr, real alpha, const real *restrict x, long n)
 {
-    if (alpha == 0.0)
+    if (alpha == 0)
         return;
     for (; n > 0 && (uintptr_t)w % 32; n--) /* stores that straddle cache lines cost double */
         *w++ -= lr * (alpha * *x++);
-    const double *end = x + (n & ~7L);
+    const real *end = x + (n & ~7L);
 #define SGD_AXPY(l) w[l] -= lr * (alpha * x[l]);
     UNROLLED
     for (; x < end; x += 8, w += 8) {
@@ -140,34 +162,34 @@ KERNEL void sgd_axpy(double *restrict w, double lr, double alpha, const double *
 }
 
 /* y[i] += alpha (a sum's gradient to its terms; with alpha = -(lr * g), their SGD step) */
-KERNEL void add_range(double *restrict y, double alpha, long n)
+KERNEL void add_range(real *restrict y, real alpha, long n)
 {
-    if (alpha == 0.0)
+    if (alpha == 0)
         return;
     for (long i = 0; i < n; i++)
         y[i] += alpha;
 }
 
 /* Sequential, so repeated offsets accumulate correctly. */
-KERNEL void add_offsets(double *y, const int32_t *oy, double alpha, long n)
+KERNEL void add_offsets(real *y, const int32_t *oy, real alpha, long n)
 {
     for (long i = 0; i < n; i++)
         y[oy[i]] += alpha;
 }
 
-KERNEL void axpy_offsets(double *restrict y, const int32_t *oy, double alpha, const double *restrict x,
+KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const real *restrict x,
                          const int32_t *ox, long n)
 {
-    if (alpha == 0.0)
+    if (alpha == 0)
         return;
     for (long i = 0; i < n; i++)
         y[oy[i]] += alpha * x[ox[i]];
 }
 
-KERNEL void sgd_axpy_offsets(double *w, const int32_t *ow, double lr, double alpha, const double *x,
+KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, const real *x,
                              const int32_t *ox, long n)
 {
-    if (alpha == 0.0)
+    if (alpha == 0)
         return;
     for (long i = 0; i < n; i++)
         w[ow[i]] -= lr * (alpha * x[ox[i]]);
