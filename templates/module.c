@@ -595,7 +595,7 @@ static real *aligned_slots(PyObject **owner, Py_ssize_t *first, Py_ssize_t count
  * them to views, and `optimizer` is the optimizer's description. */
 static int add_optimizer_state(PyObject *module, State *s)
 {
-    const Py_ssize_t line = 64 / sizeof(real), m0 = line, v0 = line + N_PARAMS;
+    const Py_ssize_t line = 8, m0 = line, v0 = line + N_PARAMS; /* codegen/optim.py's _STATE_LINE */
     static const char *const names[] = {OPTIMIZER_STATE_NAMES};
     static const Py_ssize_t starts[] = {OPTIMIZER_STATE_STARTS};
     Py_ssize_t first;
