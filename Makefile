@@ -8,8 +8,9 @@ CC := gcc
 endif
 OPT    ?= 2
 NATIVE ?=
+DTYPE  ?=
 # The compiler flags both `make` (the build) and `make mnist` (the training) use
-FLAGS  := --compiler $(CC) --opt $(OPT) $(if $(NATIVE),--native)
+FLAGS  := --compiler $(CC) --opt $(OPT) $(if $(NATIVE),--native) $(if $(DTYPE),--dtype $(DTYPE))
 # More options for the target's script, e.g. make mnist ARGS="--epochs 3"; BUILD_ARGS for the build
 ARGS   ?=
 BUILD_ARGS ?=

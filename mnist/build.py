@@ -39,7 +39,7 @@ def main(argv=None):
     graph = build_graph(args.seed, hidden=args.hidden, init=args.init, activation=args.activation)
     try:
         net = graph.compile(compiler=args.compiler, opt=args.opt, native=args.native, fuse=not args.scalar,
-                            optimizer=optimizer, embed_params=True)
+                            optimizer=optimizer, embed_params=True, dtype=args.dtype)
     except (codegen.ToolchainError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -113,7 +113,7 @@ def run(args):
     codegen.copy_to_values(net, graph.model.parameters())  # --interpreted starts where the module does
     print(f"module: {origin.how}; codegen {origin.codegen_seconds:.2f} s, compile {origin.compile} ({origin.compiler})")
     summary = [
-        ("model", f"{describe(graph.model)}, {args.activation}, {net.n_params:,} parameters, seed {args.seed}"),
+        ("model", f"{describe(graph.model)}, {args.activation}, {net.n_params:,} parameters, {args.dtype}, seed {args.seed}"),
         ("optimizer", net.optimizer),
         ("module", origin.how),
         ("codegen", f"{origin.codegen_seconds:.2f} s"),
@@ -175,7 +175,7 @@ def compiled_module(graph, args, optimizer):
             recorded.get("opt") == args.opt and recorded.get("native") == args.native:
         started = time.perf_counter()
         # the module, then any extra units: nn.c, nn.1.c, nn.2.c...
-        sources = graph.generate(fuse=fuse, optimizer=optimizer, embed_params=True)
+        sources = graph.generate(fuse=fuse, optimizer=optimizer, embed_params=True, dtype=args.dtype)
         codegen_seconds = time.perf_counter() - started
         c_files = [args.module_dir / toolchain.unit_file_name("nn", i) for i in range(len(sources))]
         if all(c.is_file() and c.read_text() == source for c, source in zip(c_files, sources)):
@@ -184,7 +184,7 @@ def compiled_module(graph, args, optimizer):
             return net, Origin(f"prebuilt {prebuilt} (`make`; its C files match these options)", codegen_seconds,
                                f"{compile_time} (by `make`)", f"{Path(compiler.argv[0]).name} {flags}")
     net = graph.compile(compiler=compiler, opt=args.opt, native=args.native, fuse=fuse, optimizer=optimizer,
-                        embed_params=True)
+                        embed_params=True, dtype=args.dtype)
     return net, Origin("from the build cache" if net.build.cached else "compiled", net.timings["codegen"],
                        "cached" if net.build.cached else f"{net.timings['compile']:.2f} s",
                        f"{Path(compiler.argv[0]).name} {flags}")
