@@ -20,18 +20,19 @@ __all__ = ["compile", "generate", "explain", "export", "copy_to_values", "copy_f
 
 
 def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn", optimizer=None,
-             embed_params=False, dtype="float64"):
+             embed_params=False, dtype="float64", sparse_inputs=True):
     """The C sources compile() builds: the module, then any extra units of generated functions
     (big straight-line programs are split so that the files compile in parallel)."""
     emit.check_dtype(dtype)
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
     initial = [float(p.data) for p in params] if embed_params else None
-    return emit.emit(program, name, optimizer=optimizer, initial_params=initial, dtype=dtype)
+    return emit.emit(program, name, optimizer=optimizer, initial_params=initial, dtype=dtype,
+                     sparse_inputs=sparse_inputs)
 
 
 def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native=False, fuse=True,
             input_grads=False, name="nn", cache=None, timeout=None, optimizer=None, embed_params=False,
-            dtype="float64"):
+            dtype="float64", sparse_inputs=True):
     """Builds (or takes from the cache) and loads the module computing `loss`.
 
     inputs:  leaf Values set per sample with set_input() (their current values are loaded too).
@@ -47,12 +48,17 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     dtype="float32" computes the whole step in float: state, kernels, optimizer; the module's
     views are float32 ('f'), and float64 buffers given to set_input/set_params/train/predict are
     rounded to float32.
+    sparse_inputs=True: a dot product over a range of inputs (a first layer's pixels, a one-hot
+    input) visits only the range's nonzero values when fewer than half are nonzero, and so does
+    the update of the weights it read; the module lists them before every forward and backward.
+    False: always the dense kernels.
     The module gets attributes `build` (toolchain.BuildResult) and `timings` (seconds per step).
     """
     inputs, params = list(inputs), list(params)
     started = time.perf_counter()
     sources = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name,
-                       optimizer=optimizer, embed_params=embed_params, dtype=dtype)
+                       optimizer=optimizer, embed_params=embed_params, dtype=dtype,
+                       sparse_inputs=sparse_inputs)
     generated = time.perf_counter()
     if compiler == "libtcc":  # in memory: no file, no process (codegen/libtcc.py)
         module, build = _load_in_memory(sources, name, native)

@@ -181,10 +181,34 @@ def _independent_writes(body, n):
 
 
 class _Emitter:
-    def __init__(self, program, dtype="float64"):
+    def __init__(self, program, dtype="float64", sparse_inputs=False):
         self.program = program
         self.dtype = dtype
         self.offsets = _OffsetTables()
+        self.sparse_inputs = sparse_inputs
+        self.nonzero_lists = {}  # (first slot, length) of an input range: its list's offset in words
+
+    def _nonzeros(self, v):
+        """For a factor list that is one input range, the same in every iteration (a first
+        layer's pixels), the C pointer to its nonzero list (templates/prelude.c's dot_nz), which
+        lives in the words after the N_SLOTS values of d; else None."""
+        p, n = self.program, len(v.offsets)
+        if not (self.sparse_inputs and v.contiguous and not any(v.start.strides)
+                and p.input_base <= v.start.base and v.start.base + n <= p.input_base + p.n_inputs):
+            return None
+        key = (v.start.base, n)
+        if key not in self.nonzero_lists:
+            self.nonzero_lists[key] = sum(m + 1 for _, m in self.nonzero_lists)
+        return f"(const int32_t *)(d + {p.n_slots}) + {self.nonzero_lists[key]}"
+
+    def scan_nonzeros(self):
+        """scan_nonzeros(d): every nonzero list from its input range's current values, and
+        NONZERO_WORDS, the words they take after d's N_SLOTS values."""
+        lines = [f"    scan_range(d + {base}, {n}, (int32_t *)(d + N_SLOTS) + {offset});"
+                 for (base, n), offset in self.nonzero_lists.items()]
+        words = sum(n + 1 for _, n in self.nonzero_lists)
+        return (f"#define NONZERO_WORDS {words}\nstatic void scan_nonzeros(real *restrict d)\n{{\n"
+                + "\n".join(lines) + "\n    (void)d;\n}")
 
     def _op_c(self, node, formula, names):
         """An op-table formula with its placeholders replaced by C expressions."""
@@ -204,6 +228,10 @@ class _Emitter:
         if _unrolled(a, b):
             return [f"{_d(a.start, i)} * {_d(b.start, j)}" for i, j in zip(a.offsets, b.offsets)]
         if a.contiguous and b.contiguous:
+            for other, inputs in ((a, b), (b, a)):
+                nonzeros = self._nonzeros(inputs)
+                if nonzeros:
+                    return [f"dot_nz(d + {_index(other.start)}, d + {_index(inputs.start)}, {n}, {nonzeros})"]
             return [f"dot(d + {_index(a.start)}, d + {_index(b.start)}, {n})"]
         return [f"dot_offsets(d + {_index(a.start)}, {self.offsets(a.offsets)}, "
                 f"d + {_index(b.start)}, {self.offsets(b.offsets)}, {n})"]
@@ -299,7 +327,11 @@ class _Emitter:
                                f"{_d(wrt.start, i)} -= lr * ({term});")
             return
         to_param = factors[0].sgd_fused
-        if wrt.contiguous and other.contiguous:
+        nonzeros = self._nonzeros(other) if wrt.contiguous and other.contiguous else None
+        if nonzeros:
+            contribute(to_param, f"axpy_nz(g + {_index(wrt.start, grad=True)}, {go}, d + {_index(other.start)}, {n}, {nonzeros});",
+                       f"sgd_axpy_nz(d + {_index(wrt.start)}, lr, {go}, d + {_index(other.start)}, {n}, {nonzeros});")
+        elif wrt.contiguous and other.contiguous:
             contribute(to_param, f"axpy(g + {_index(wrt.start, grad=True)}, {go}, d + {_index(other.start)}, {n});",
                        f"sgd_axpy(d + {_index(wrt.start)}, lr, {go}, d + {_index(other.start)}, {n});")
         else:
@@ -337,15 +369,17 @@ def _units(pieces, unit):
 
 
 def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, optimizer=None,
-         initial_params=None, dtype="float64"):
+         initial_params=None, dtype="float64", sparse_inputs=True):
     """The C sources of the extension module `module_name` computing `program`: the module
     itself, then (for big programs) extra units of generated functions compiled alongside.
     optimizer: a codegen.optim description (None: SGD); initial_params: values every load of
     the module starts its parameters from (None: zeros); dtype: "float64" or "float32", the
-    element type of the whole state, the kernels and the module's views."""
+    element type of the whole state, the kernels and the module's views; sparse_inputs: dots
+    that read an input range skip its zeros when most of it is zero (dense inputs keep the
+    dense kernels)."""
     if not module_name.isidentifier() or not module_name.isascii():
         raise ValueError(f"module name must be a C identifier, got {module_name!r}")
-    graph, extra = _render(program, chunk, unit, dtype)
+    graph, extra = _render(program, chunk, unit, dtype, sparse_inputs)
     constants = "\n".join([
         f'#define MODULE_NAME_STR "{module_name}"',
         f"#define MODULE_INIT PyInit_{module_name}",
@@ -370,9 +404,11 @@ def standalone(program, chunk=CHUNK_STATEMENTS):
     return graph
 
 
-def _render(program, chunk, unit, dtype="float64"):
-    """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units)."""
-    e = _Emitter(program, check_dtype(dtype))
+def _render(program, chunk, unit, dtype="float64", sparse_inputs=None):
+    """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units).
+    sparse_inputs (modules: True or False; None for standalone code, which has no lists): dots
+    over an input range use its nonzero list (scan_nonzeros and the words after d's slots)."""
+    e = _Emitter(program, check_dtype(dtype), bool(sparse_inputs))
     forward_outputs = [s for g in program.forward[:program.n_output_groups] for s in e.forward(g)]
     forward_rest = [s for g in program.forward[program.n_output_groups:] for s in e.forward(g)]
     backward = [s for g in program.backward for s in e.backward(g)]
@@ -401,6 +437,7 @@ def _render(program, chunk, unit, dtype="float64"):
         f"static const long OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
         _constants(program.constants, dtype),
         _sgd_after_backward(program.sgd_after_backward),
+        *([e.scan_nonzeros()] if sparse_inputs is not None else []),
     ])
     if len(units) == 1:
         graph = [prelude, layout, e.offsets.render(), *(p[0] for p in pieces), *drivers]

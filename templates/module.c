@@ -391,6 +391,7 @@ static PyObject *fn_set_params(PyObject *module, PyObject *const *args, Py_ssize
 static PyObject *fn_forward(PyObject *module, PyObject *unused)
 {
     real *d = state_of(module)->d;
+    scan_nonzeros(d); /* the inputs may have been written through the `inputs` or `data` views */
     forward_outputs(d);
     forward_rest(d);
     return PyFloat_FromDouble(d[LOSS_SLOT]);
@@ -399,6 +400,7 @@ static PyObject *fn_forward(PyObject *module, PyObject *unused)
 static PyObject *fn_backward(PyObject *module, PyObject *unused)
 {
     State *s = state_of(module);
+    scan_nonzeros(s->d);
     backward_all(s->d, s->g);
     Py_RETURN_NONE;
 }
@@ -473,6 +475,7 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     Py_ssize_t in_batch = 0;
     for (Py_ssize_t i = 0; i < s.n; i++) {
         load_sample(&s, order[i], d + INPUT_BASE);
+        scan_nonzeros(d);
         forward_outputs(d);
         forward_rest(d);
         loss_sum += d[LOSS_SLOT];
@@ -519,6 +522,7 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     real *out = (real *)PyByteArray_AS_STRING(bytes), *d = state_of(module)->d;
     for (Py_ssize_t i = 0; i < s.n; i++) {
         load_sample(&s, i, d + INPUT_BASE);
+        scan_nonzeros(d);
         forward_outputs(d);
         for (int j = 0; j < N_OUTPUTS; j++)
             out[i * N_OUTPUTS + j] = d[OUTPUT_SLOTS[j]];
@@ -626,7 +630,9 @@ static int module_exec(PyObject *module)
 {
     State *s = state_of(module);
     Py_ssize_t d0, g0;
-    if (!(s->d = aligned_slots(&s->data_buf, &d0, N_SLOTS)) || !(s->g = aligned_slots(&s->grad_buf, &g0, N_SLOTS)) ||
+    /* after d's slots, the sparse inputs' nonzero lists (int32, codegen/emit.py's scan_nonzeros) */
+    const Py_ssize_t nonzero_reals = (NONZERO_WORDS * 4 + (Py_ssize_t)sizeof(real) - 1) / (Py_ssize_t)sizeof(real);
+    if (!(s->d = aligned_slots(&s->data_buf, &d0, N_SLOTS + nonzero_reals)) || !(s->g = aligned_slots(&s->grad_buf, &g0, N_SLOTS)) ||
         add_optimizer_state(module, s) < 0)
         return -1;
     init_constants(s->d);

@@ -194,3 +194,67 @@ KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, co
     for (long i = 0; i < n; i++)
         w[ow[i]] -= lr * (alpha * x[ox[i]]);
 }
+
+/* ---- sparse inputs ------------------------------------------------------------------------ */
+/* An input range that dots read (a layer's pixels) has a list of its nonzero positions, built
+ * by scan_nonzeros() before each forward and backward: nz[0] is their count, nz[1..] their
+ * offsets in the range. When under half of the n values are nonzero, the dot and the update
+ * of the weights it read visit only those: the terms left out are exact zeros (w * 0; only a
+ * weight that is inf or NaN would have made them otherwise). Otherwise the dense kernel runs. */
+#define NZ_SHORT(nz, n) (2 * (long)(nz)[0] < (n))
+
+KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const int32_t *restrict nz)
+{
+    if (!NZ_SHORT(nz, n))
+        return dot(a, x, n);
+    long m = nz[0], j = 0;
+    nz++;
+    real s0 = 0, s1 = 0, s2 = 0, s3 = 0; /* four chains: the loads are gathers, the adds short */
+    for (; j + 4 <= m; j += 4) {
+        s0 += a[nz[j]] * x[nz[j]];
+        s1 += a[nz[j + 1]] * x[nz[j + 1]];
+        s2 += a[nz[j + 2]] * x[nz[j + 2]];
+        s3 += a[nz[j + 3]] * x[nz[j + 3]];
+    }
+    for (; j < m; j++)
+        s0 += a[nz[j]] * x[nz[j]];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* y[i] += alpha * x[i] over the nonzero x[i] */
+KERNEL void axpy_nz(real *restrict y, real alpha, const real *restrict x, long n, const int32_t *restrict nz)
+{
+    if (!NZ_SHORT(nz, n)) {
+        axpy(y, alpha, x, n);
+        return;
+    }
+    if (alpha == 0)
+        return;
+    for (long j = 1; j <= nz[0]; j++)
+        y[nz[j]] += alpha * x[nz[j]];
+}
+
+/* sgd_axpy over the nonzero x[i]: w[i] -= lr * (alpha * x[i]) */
+KERNEL void sgd_axpy_nz(real *restrict w, real lr, real alpha, const real *restrict x, long n,
+                        const int32_t *restrict nz)
+{
+    if (!NZ_SHORT(nz, n)) {
+        sgd_axpy(w, lr, alpha, x, n);
+        return;
+    }
+    if (alpha == 0)
+        return;
+    for (long j = 1; j <= nz[0]; j++)
+        w[nz[j]] -= lr * (alpha * x[nz[j]]);
+}
+
+/* The nonzero list of the n values x[0..n) into nz (branch-free: the scan runs every sample) */
+static void scan_range(const real *restrict x, long n, int32_t *restrict nz)
+{
+    int32_t count = 0;
+    for (long i = 0; i < n; i++) {
+        nz[1 + count] = (int32_t)i;
+        count += x[i] != 0;
+    }
+    nz[0] = count;
+}
