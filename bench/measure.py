@@ -50,6 +50,8 @@ class Config:
     opt: int = 2
     native: bool = False
     fuse: bool = True       # compiled only: False is the straight-line scalar code
+    dtype: str = 'float64'  # compiled only: codegen.compile's dtype
+    sparse: bool = False    # compiled: codegen's sparse_inputs; c-reference: its SPARSE_INPUTS variant
     max_images: int | None = None  # time at most this many images (slow configurations)
 
     def __post_init__(self):
@@ -69,16 +71,27 @@ class Config:
         return f'-O{self.opt}' + (' -march=native' if self.native else '')
 
 
-def compiled(compiler: str, opt: int = 2, native: bool = False, fuse: bool = True) -> Config:
-    """Our module; tcc takes no -O level (it does not optimise) and no -march."""
+def compiled(compiler: str, opt: int = 2, native: bool = False, fuse: bool = True, dtype: str = 'float64',
+             sparse: bool = False) -> Config:
+    """Our module; tcc takes no -O level (it does not optimise) and no -march. The rows are dense
+    (sparse_inputs=False) unless `sparse`, so that they compare kernels with kernels."""
     name = 'tcc' if compiler == 'tcc' else f'{compiler}-O{opt}' + ('-native' if native else '')
-    return Config(name + ('' if fuse else '-scalar'), 'compiled', compiler, 0 if compiler == 'tcc' else opt,
-                  native, fuse)
+    name += ('' if fuse else '-scalar') + ('-f32' if dtype == 'float32' else '') + ('-sparse' if sparse else '')
+    return Config(name, 'compiled', compiler, 0 if compiler == 'tcc' else opt, native, fuse, dtype=dtype,
+                  sparse=sparse)
 
 
-def c_reference(compiler: str, opt: int = 3, native: bool = True) -> Config:
-    label = f'c-ref-{compiler}-O{opt}' + ('-native' if native else '')
-    return Config(label, 'c-reference', compiler, opt, native)
+def with_dtype(configs: list[Config], dtype: str) -> list[Config]:
+    """--dtype: our float64 rows in another element type (labels gain -f32), the rest unchanged."""
+    if dtype == 'float64':
+        return list(configs)
+    return [compiled(c.compiler, c.opt, c.native, c.fuse, dtype, c.sparse)
+            if c.kind == 'compiled' and c.dtype == 'float64' else c for c in configs]
+
+
+def c_reference(compiler: str, opt: int = 3, native: bool = True, sparse: bool = False) -> Config:
+    label = f'c-ref-{compiler}-O{opt}' + ('-native' if native else '') + ('-sparse' if sparse else '')
+    return Config(label, 'c-reference', compiler, opt, native, sparse=sparse)
 
 
 INTERPRETED = Config('interpreted', 'interpreted', max_images=INTERPRETED_IMAGES)
@@ -207,7 +220,8 @@ class _CompiledTrainer:
     def __init__(self, config, row, timeout):
         graph = build_graph(SEED)
         self.net = graph.compile(compiler=config.compiler, opt=config.opt, native=config.native,
-                                 fuse=config.fuse, timeout=timeout)
+                                 fuse=config.fuse, timeout=timeout, dtype=config.dtype,
+                                 sparse_inputs=config.sparse)
         row.codegen_s = self.net.timings['codegen']
         _record_build(row, self.net.build)
         self.init = np.array([p.data for p in graph.model.parameters()], dtype=np.float64)
@@ -246,7 +260,8 @@ class _PeerTrainer:
     def __init__(self, config, row, timeout):
         init = peer_params(build_graph(SEED).model)
         if config.kind == 'c-reference':
-            self.make = lambda: CReference(init, compiler=config.compiler, opt=config.opt, native=config.native)
+            self.make = lambda: CReference(init, compiler=config.compiler, opt=config.opt, native=config.native,
+                                           sparse=config.sparse)
             _record_build(row, self.make().build)  # this build compiles; reset()'s come from the cache
         else:
             self.make = lambda: {'numpy': NumpyMLP, 'torch': TorchMLP}[config.kind](init)
@@ -279,6 +294,8 @@ def add_arguments(parser, n_train: int, timeout: float, configs: list[Config]) -
     parser.add_argument('--lr', type=float, default=LR)
     parser.add_argument('--data-dir', type=Path, default=None,
                         help='MNIST directory (default: $MNIST_DIR, else the cache, downloading if missing)')
+    parser.add_argument('--dtype', choices=('float64', 'float32'), default='float64',
+                        help='the element type of our float64 rows (float32: labels gain -f32; default float64)')
     parser.add_argument('--configs', nargs='+', metavar='LABEL', choices=[c.label for c in configs],
                         help='measure only these: ' + ' '.join(c.label for c in configs))
 
