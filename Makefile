@@ -15,7 +15,7 @@ FLAGS  := --compiler $(CC) --opt $(OPT) $(if $(NATIVE),--native) $(if $(DTYPE),-
 ARGS   ?=
 BUILD_ARGS ?=
 
-.PHONY: all nn mnist xor test test-all bench compare torch clean
+.PHONY: all nn mnist xor test test-all bench compare torch clean roofline
 
 all: nn
 
@@ -45,6 +45,12 @@ bench: $(VENV)/.installed
 
 compare: $(VENV)/.installed
 	$(PY) -m bench.compare $(ARGS)
+
+# The machine's L1/L2 bandwidth and multiply-add throughput (README: the roofline of one step)
+roofline:
+	mkdir -p build
+	$(CC) -O3 -march=native bench/c/bandwidth.c -o build/bandwidth
+	build/bandwidth
 
 # PyTorch (CPU) as a peer in bench/compare: optional, large
 torch: $(VENV)/.installed

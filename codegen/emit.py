@@ -369,7 +369,7 @@ def _units(pieces, unit):
 
 
 def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, optimizer=None,
-         initial_params=None, dtype="float64", sparse_inputs=True):
+         initial_params=None, dtype="float64", sparse_inputs=False):
     """The C sources of the extension module `module_name` computing `program`: the module
     itself, then (for big programs) extra units of generated functions compiled alongside.
     optimizer: a codegen.optim description (None: SGD); initial_params: values every load of

@@ -32,17 +32,17 @@ def rows(n=6, seed=0):
 @pytest.mark.parametrize("mode", ["fused", "float32"])
 def test_sparse_rows_equal_the_interpreter(compiler, mode):
     build, init = mlp_case(N_PIXELS, [8, 1])
-    assert_equivalent(build, init, rows(), mode, compiler=compiler, opt=2)
+    assert_equivalent(build, init, rows(), mode, compiler=compiler, opt=2, sparse_inputs=True)
 
 
 def test_the_first_layer_uses_the_nonzero_lists():
     build, init = mlp_case(N_PIXELS, [8, 1])
     from micrograd_c import Value
     params, inputs = [Value(v) for v in init], [Value(0.0) for _ in range(N_PIXELS + 1)]
-    source = codegen.generate(build(params, inputs), inputs, params)[0]
+    source = codegen.generate(build(params, inputs), inputs, params, sparse_inputs=True)[0]
     assert source.count("dot_nz(") == 1 + 1 and "sgd_axpy_nz(" in source and "axpy_nz(g" in source
     assert "scan_range(d + " in source  # one range: the pixels
-    dense = codegen.generate(build(params, inputs), inputs, params, sparse_inputs=False)[0]
+    dense = codegen.generate(build(params, inputs), inputs, params)[0]  # off by default
     assert "dot_nz(d" not in dense and "#define NONZERO_WORDS 0" in dense
 
 
