@@ -80,9 +80,8 @@ static double write_bandwidth(v8d *x, size_t bytes, long passes)
                 a[k] = m * (float)k;                                                        \
             double t = now();                                                               \
             for (long s = 0; s < steps; s++) {                                              \
-                for (int k = 0; k < chains; k++)                                            \
+                for (int k = 0; k < chains; k++) /* no -ffast-math: nothing to fold */      \
                     a[k] = a[k] * m + c;                                                    \
-                __asm__ volatile("" : "+x"(a[0]));                                          \
             }                                                                               \
             t = now() - t;                                                                  \
             for (int k = 0; k < chains; k++)                                                \
