@@ -8,13 +8,14 @@ CC := gcc
 endif
 OPT    ?= 2
 NATIVE ?=
+DTYPE  ?=
 # The compiler flags both `make` (the build) and `make mnist` (the training) use
-FLAGS  := --compiler $(CC) --opt $(OPT) $(if $(NATIVE),--native)
+FLAGS  := --compiler $(CC) --opt $(OPT) $(if $(NATIVE),--native) $(if $(DTYPE),--dtype $(DTYPE))
 # More options for the target's script, e.g. make mnist ARGS="--epochs 3"; BUILD_ARGS for the build
 ARGS   ?=
 BUILD_ARGS ?=
 
-.PHONY: all nn mnist xor test test-all bench compare torch clean fuzz soak
+.PHONY: all nn mnist xor test test-all bench compare torch clean fuzz soak roofline
 
 all: nn
 
@@ -57,6 +58,12 @@ bench: $(VENV)/.installed
 
 compare: $(VENV)/.installed
 	$(PY) -m bench.compare $(ARGS)
+
+# The machine's L1/L2 bandwidth and multiply-add throughput (README: the roofline of one step)
+roofline:
+	mkdir -p build
+	$(CC) -O3 -march=native bench/c/bandwidth.c -o build/bandwidth
+	build/bandwidth
 
 # PyTorch (CPU) as a peer in bench/compare: optional, large
 torch: $(VENV)/.installed

@@ -15,7 +15,7 @@ from mnist.data import load_mnist
 
 from .libtcc_row import LIBTCC, measure_libtcc
 from .measure import (INTERPRETED, NUMPY, TORCH, Column, add_arguments, columns, compiled, machine_description,
-                      markdown_table, measure_all, speedup_column, table_notes, write_csv)
+                      markdown_table, measure_all, speedup_column, table_notes, with_dtype, write_csv)
 
 BUILDS = [('tcc', 0, False),
           *[(cc, opt, False) for cc in ('gcc', 'clang') for opt in range(4)],
@@ -100,8 +100,11 @@ def main(argv=None):
         vars(args).update(QUICK)
     data = load_mnist(args.data_dir)
 
-    rows = measure_all(CONFIGS, data, args)
-    if not args.configs or LIBTCC.label in args.configs:  # in-memory JIT, after tcc (bench/libtcc_row.py)
+    configs = with_dtype([c for c in CONFIGS if not args.configs or c.label in args.configs], args.dtype)
+    want_libtcc = not args.configs or LIBTCC.label in args.configs
+    args.configs = None  # chosen: with --dtype float32 the labels changed
+    rows = measure_all(configs, data, args)
+    if want_libtcc:  # in-memory JIT, after tcc (bench/libtcc_row.py)
         rows.insert(next((i + 1 for i, r in enumerate(rows) if r.config.label == 'tcc'), len(rows)),
                     measure_libtcc(data, args))
     on_front = {id(row) for row in pareto_front(rows)}

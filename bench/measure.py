@@ -52,6 +52,8 @@ class Config:
     opt: int = 2
     native: bool = False
     fuse: bool = True       # compiled only: False is the straight-line scalar code
+    dtype: str = 'float64'  # compiled only: codegen.compile's dtype
+    sparse: bool = False    # compiled: codegen's sparse_inputs; c-reference: its SPARSE_INPUTS variant
     max_images: int | None = None  # time at most this many images (slow configurations)
 
     def __post_init__(self):
@@ -71,17 +73,29 @@ class Config:
         return f'-O{self.opt}' + (' -march=native' if self.native else '')
 
 
-def compiled(compiler: str, opt: int = 2, native: bool = False, fuse: bool = True) -> Config:
-    """Our module; a compiler that does not optimise (tcc) is named without an -O level and built at -O0."""
+def compiled(compiler: str, opt: int = 2, native: bool = False, fuse: bool = True, dtype: str = 'float64',
+             sparse: bool = False) -> Config:
+    """Our module; a compiler that does not optimise (tcc) is named without an -O level and built at
+    -O0. The rows are dense (sparse_inputs=False) unless `sparse`, so that they compare kernels with
+    kernels."""
     family = FAMILIES.get(compiler)
     optimises = family is None or family.optimises
     name = f'{compiler}-O{opt}' + ('-native' if native else '') if optimises else compiler
-    return Config(name + ('' if fuse else '-scalar'), 'compiled', compiler, opt if optimises else 0, native, fuse)
+    name += ('' if fuse else '-scalar') + ('-f32' if dtype == 'float32' else '') + ('-sparse' if sparse else '')
+    return Config(name, 'compiled', compiler, opt if optimises else 0, native, fuse, dtype=dtype, sparse=sparse)
 
 
-def c_reference(compiler: str, opt: int = 3, native: bool = True) -> Config:
-    label = f'c-ref-{compiler}-O{opt}' + ('-native' if native else '')
-    return Config(label, 'c-reference', compiler, opt, native)
+def with_dtype(configs: list[Config], dtype: str) -> list[Config]:
+    """--dtype: our float64 rows in another element type (labels gain -f32), the rest unchanged."""
+    if dtype == 'float64':
+        return list(configs)
+    return [compiled(c.compiler, c.opt, c.native, c.fuse, dtype, c.sparse)
+            if c.kind == 'compiled' and c.dtype == 'float64' else c for c in configs]
+
+
+def c_reference(compiler: str, opt: int = 3, native: bool = True, sparse: bool = False) -> Config:
+    label = f'c-ref-{compiler}-O{opt}' + ('-native' if native else '') + ('-sparse' if sparse else '')
+    return Config(label, 'c-reference', compiler, opt, native, sparse=sparse)
 
 
 INTERPRETED = Config('interpreted', 'interpreted', max_images=INTERPRETED_IMAGES)
@@ -211,7 +225,7 @@ class _CompiledTrainer:
         graph = build_graph(SEED)
         # graph.compile's steps, with the compiler's peak memory measured (measure_memory)
         started = time.perf_counter()
-        sources = graph.generate(fuse=config.fuse)
+        sources = graph.generate(fuse=config.fuse, dtype=config.dtype, sparse_inputs=config.sparse)
         row.codegen_s = time.perf_counter() - started
         build, self.net = loader.build_and_load(
             lambda: build_extension(sources, 'nn', compiler=config.compiler, opt=config.opt, native=config.native,
@@ -254,7 +268,7 @@ class _PeerTrainer:
         init = peer_params(build_graph(SEED).model)
         if config.kind == 'c-reference':
             self.make = lambda: CReference(init, compiler=config.compiler, opt=config.opt, native=config.native,
-                                           measure_memory=True)
+                                           measure_memory=True, sparse=config.sparse)
             _record_build(row, self.make().build)  # this build compiles; reset()'s come from the cache
         else:
             self.make = lambda: {'numpy': NumpyMLP, 'torch': TorchMLP}[config.kind](init)
@@ -286,6 +300,8 @@ def add_arguments(parser, n_train: int, timeout: float, configs: list[Config]) -
                              f'(default {timeout:g})')
     parser.add_argument('--lr', type=float, default=LR)
     add_data_dir_argument(parser)
+    parser.add_argument('--dtype', choices=('float64', 'float32'), default='float64',
+                        help='the element type of our float64 rows (float32: labels gain -f32; default float64)')
     parser.add_argument('--configs', nargs='+', metavar='LABEL', choices=[c.label for c in configs],
                         help='measure only these: ' + ' '.join(c.label for c in configs))
 

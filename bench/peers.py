@@ -137,10 +137,12 @@ long mlp_count_correct(const double *W1, const double *b1, const double *W2,
 class CReference:
     """bench/c/mnist_reference.c, compiled with codegen.toolchain and called through cffi (ABI mode)."""
 
-    def __init__(self, params, compiler='gcc', opt=3, native=True, measure_memory=False):
+    def __init__(self, params, compiler='gcc', opt=3, native=True, measure_memory=False, sparse=False):
         import cffi
         from codegen.toolchain import build_library
         source = (importlib.resources.files('bench') / 'c' / 'mnist_reference.c').read_text()
+        if sparse:  # its variant that visits only the nonzero pixels
+            source = '#define SPARSE_INPUTS 1\n' + source
         self.build = build_library(source, 'mlp_reference', compiler=compiler, opt=opt, native=native,
                                    measure_memory=measure_memory)
         self.ffi = cffi.FFI()

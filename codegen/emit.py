@@ -7,6 +7,7 @@ that the toolchain compiles in parallel.
 """
 
 import math
+import re
 from dataclasses import dataclass
 from importlib import resources
 
@@ -19,16 +20,36 @@ CHUNK_STATEMENTS = 200
 UNIT_STATEMENTS = 20_000
 
 
-def c_literal(x):
-    """A C double literal for x that reads back exactly; negative ones parenthesised so that
-    `-{a}` never turns into `--`."""
+# The element types the generated C can compute in (codegen.compile's dtype): C type, and the
+# struct format of the module's memoryviews.
+DTYPES = {"float64": "double", "float32": "float"}
+
+
+def check_dtype(dtype):
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
+    return dtype
+
+
+def c_literal(x, dtype="float64"):
+    """A C literal for x that reads back exactly (float32: an `f` literal, the float nearest to
+    x); negative ones parenthesised so that `-{a}` never turns into `--`."""
     x = float(x)
     if math.isnan(x):
         return "NAN"
     if math.isinf(x):
         return "INFINITY" if x > 0 else "(-INFINITY)"
-    text = repr(x)
+    text = repr(x) + ("f" if dtype == "float32" else "")
     return f"({text})" if x < 0 or text.startswith("-") else text
+
+
+_PRIMITIVE_CALL = re.compile(r"\b(exp|log|tanh|pow)\(")
+
+
+def _formula(dtype, formula):
+    """An op-table formula for the C type: in float32 its primitives call the float functions
+    (templates/prelude.c's real_exp & co.) instead of widening to double."""
+    return formula if dtype == "float64" else _PRIMITIVE_CALL.sub(r"real_\1(", formula)
 
 
 # Lists up to this long are written out element by element, constant offsets the compiler sees
@@ -66,9 +87,9 @@ def _g(affine, offset=0):
     return f"g[{_index(affine, offset, grad=True)}]"
 
 
-def _operand(arg):
+def _operand(arg, dtype):
     """An op argument in C: a slot, or a constant's literal."""
-    return _d(arg) if hasattr(arg, "base") else c_literal(arg)
+    return _d(arg) if hasattr(arg, "base") else c_literal(arg, dtype)
 
 
 class _OffsetTables:
@@ -131,7 +152,7 @@ def _loop(shape, body, dots=True, independent=False):
     innermost = f"{last} {{\n        " + "\n        ".join(inner) + "\n    }"
     if not held:
         return ["\n    ".join(outer + [innermost])]
-    before = ["double " + ", ".join(f"{names[id(s)]} = 0" for s in summed) + ";"] if summed else []
+    before = ["real " + ", ".join(f"{names[id(s)]} = 0" for s in summed) + ";"] if summed else []
     after = [s.render(names[id(s)]) for s in summed]
     after += [s.render(f"sum_range(g + {_index(_at_start(s.product[0]), grad=True)}, {shape[-1]})"
                        if s.product[1] is None else
@@ -141,12 +162,15 @@ def _loop(shape, body, dots=True, independent=False):
     return ["\n    ".join(outer + [block])]
 
 
+_GO = "const real go = "  # backward's first statement: the group's gradient
+
+
 def _independent_writes(body, n):
     """Whether the innermost loop of a backward body is free of dependences between its n
     iterations: only gradient accumulations (besides reading the group's own gradient), all
     moving with one stride along it, none reaching a slot that another iteration reaches."""
     writes = [s for s in body if isinstance(s, _Accumulate)]
-    if not writes or any(not isinstance(s, _Accumulate) and not s.startswith("const double go = ") for s in body):
+    if not writes or any(not isinstance(s, _Accumulate) and not s.startswith(_GO) for s in body):
         return False
     strides = {s.target.strides[-1] for s in writes}
     if len(strides) != 1 or 0 in strides:
@@ -157,9 +181,38 @@ def _independent_writes(body, n):
 
 
 class _Emitter:
-    def __init__(self, program):
+    def __init__(self, program, dtype="float64", sparse_inputs=False):
         self.program = program
+        self.dtype = dtype
         self.offsets = _OffsetTables()
+        self.sparse_inputs = sparse_inputs
+        self.nonzero_lists = {}  # (first slot, length) of an input range: its list's offset in words
+
+    def _nonzeros(self, v):
+        """For a factor list that is one input range, the same in every iteration (a first
+        layer's pixels), the C pointer to its nonzero list (templates/prelude.c's dot_nz), which
+        lives in the words after the N_SLOTS values of d; else None."""
+        p, n = self.program, len(v.offsets)
+        if not (self.sparse_inputs and v.contiguous and not any(v.start.strides)
+                and p.input_base <= v.start.base and v.start.base + n <= p.input_base + p.n_inputs):
+            return None
+        key = (v.start.base, n)
+        if key not in self.nonzero_lists:
+            self.nonzero_lists[key] = sum(m + 1 for _, m in self.nonzero_lists)
+        return f"(const int32_t *)(d + {p.n_slots}) + {self.nonzero_lists[key]}"
+
+    def scan_nonzeros(self):
+        """scan_nonzeros(d): every nonzero list from its input range's current values, and
+        NONZERO_WORDS, the words they take after d's N_SLOTS values."""
+        lines = [f"    scan_range(d + {base}, {n}, (int32_t *)(d + N_SLOTS) + {offset});"
+                 for (base, n), offset in self.nonzero_lists.items()]
+        words = sum(n + 1 for _, n in self.nonzero_lists)
+        return (f"#define NONZERO_WORDS {words}\nstatic void scan_nonzeros(real *restrict d)\n{{\n"
+                + "\n".join(lines) + "\n    (void)d;\n}")
+
+    def _op_c(self, node, formula, names):
+        """An op-table formula with its placeholders replaced by C expressions."""
+        return node.op.render(_formula(self.dtype, formula), **names)
 
     def _sum(self, v):
         """C for the sum of a Vector's values (a list of parts, summed left to right)."""
@@ -175,6 +228,10 @@ class _Emitter:
         if _unrolled(a, b):
             return [f"{_d(a.start, i)} * {_d(b.start, j)}" for i, j in zip(a.offsets, b.offsets)]
         if a.contiguous and b.contiguous:
+            for other, inputs in ((a, b), (b, a)):
+                nonzeros = self._nonzeros(inputs)
+                if nonzeros:
+                    return [f"dot_nz(d + {_index(other.start)}, d + {_index(inputs.start)}, {n}, {nonzeros})"]
             return [f"dot(d + {_index(a.start)}, d + {_index(b.start)}, {n})"]
         return [f"dot_offsets(d + {_index(a.start)}, {self.offsets(a.offsets)}, "
                 f"d + {_index(b.start)}, {self.offsets(b.offsets)}, {n})"]
@@ -183,12 +240,12 @@ class _Emitter:
         ops = g.operands
         node = g.first
         if node.kind == "op":
-            names = dict(zip("ab", map(_operand, ops.args)))
+            names = {n: _operand(a, self.dtype) for n, a in zip("ab", ops.args)}
             if node.k is not None:
-                names["k"] = c_literal(node.k)
-            value = node.op.render(node.op.value, **names)
+                names["k"] = c_literal(node.k, self.dtype)
+            value = self._op_c(node, node.op.value, names)
         else:
-            parts = [c_literal(c) for c in ops.constants]
+            parts = [c_literal(c, self.dtype) for c in ops.constants]
             if ops.terms:
                 parts += self._sum(ops.terms)
             if ops.a:
@@ -210,12 +267,13 @@ class _Emitter:
             (updates if fused else grads).append(update if fused else accumulate)
 
         if node.kind == "op":
-            names = dict(zip("ab", map(_operand, ops.args)), out=_d(ops.out))
+            names = {n: _operand(a, self.dtype) for n, a in zip("ab", ops.args)}
+            names["out"] = _d(ops.out)
             if node.k is not None:
-                names["k"] = c_literal(node.k)
+                names["k"] = c_literal(node.k, self.dtype)
             for arg, where, formula in zip(node.args, ops.args, node.op.grads):
                 if arg.needs_grad and not arg.shares_grad:
-                    local = node.op.render(formula, **names)
+                    local = self._op_c(node, formula, names)
                     term = out_grad if local == "1" else f"({local}) * {out_grad}"
                     contribute(arg.sgd_fused, _Accumulate(where, 0, term), f"{_d(where)} -= lr * ({term});")
             return _loop(g.shape, grads + updates)
@@ -230,9 +288,9 @@ class _Emitter:
         # Every contribution is go times something: none when go is 0 (a ReLU that is off), which
         # saves the kernels' passes; written-out statements stay branch-free, to be vectorised.
         if any(isinstance(s, str) and s.split("(")[0].isidentifier() for s in grads + updates):  # a kernel
-            body = [f"const double go = {out_grad};", "if (go != 0.0) {", *grads, *updates, "}"]
+            body = [f"{_GO}{out_grad};", "if (go != 0) {", *grads, *updates, "}"]
         else:
-            body = [f"const double go = {out_grad};", *grads, *updates]
+            body = [f"{_GO}{out_grad};", *grads, *updates]
         return _loop(g.shape, body, dots=not updates) if g.shape else ["{ " + " ".join(_loop((), body)) + " }"]
 
     def _add_terms(self, v, nodes, go, contribute, out):
@@ -269,7 +327,11 @@ class _Emitter:
                                f"{_d(wrt.start, i)} -= lr * ({term});")
             return
         to_param = factors[0].sgd_fused
-        if wrt.contiguous and other.contiguous:
+        nonzeros = self._nonzeros(other) if wrt.contiguous and other.contiguous else None
+        if nonzeros:
+            contribute(to_param, f"axpy_nz(g + {_index(wrt.start, grad=True)}, {go}, d + {_index(other.start)}, {n}, {nonzeros});",
+                       f"sgd_axpy_nz(d + {_index(wrt.start)}, lr, {go}, d + {_index(other.start)}, {n}, {nonzeros});")
+        elif wrt.contiguous and other.contiguous:
             contribute(to_param, f"axpy(g + {_index(wrt.start, grad=True)}, {go}, d + {_index(other.start)}, {n});",
                        f"sgd_axpy(d + {_index(wrt.start)}, lr, {go}, d + {_index(other.start)}, {n});")
         else:
@@ -307,16 +369,19 @@ def _units(pieces, unit):
 
 
 def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, optimizer=None,
-         initial_params=None):
+         initial_params=None, dtype="float64", sparse_inputs=False):
     """The C sources of the extension module `module_name` computing `program`: the module
     itself, then (for big programs) extra units of generated functions compiled alongside.
     optimizer: a codegen.optim description (None: SGD); initial_params: values every load of
-    the module starts its parameters from (None: zeros)."""
+    the module starts its parameters from (None: zeros); dtype: "float64" or "float32", the
+    element type of the whole state, the kernels and the module's views; sparse_inputs: dots
+    that read an input range skip its zeros when most of it is zero (dense inputs keep the
+    dense kernels)."""
     if not isinstance(module_name, str):
         raise TypeError(f"module name must be a str, got {type(module_name).__name__}")
     if not module_name.isidentifier() or not module_name.isascii():
         raise ValueError(f"module name must be a C identifier, got {module_name!r}")
-    graph, extra = _render(program, chunk, unit)
+    graph, extra = _render(program, chunk, unit, dtype, sparse_inputs)
     constants = "\n".join([
         f'#define MODULE_NAME_STR "{module_name}"',
         f"#define MODULE_INIT PyInit_{module_name}",
@@ -341,24 +406,26 @@ def standalone(program, chunk=CHUNK_STATEMENTS):
     return graph
 
 
-def _render(program, chunk, unit):
-    """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units)."""
-    e = _Emitter(program)
+def _render(program, chunk, unit, dtype="float64", sparse_inputs=None):
+    """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units).
+    sparse_inputs (modules: True or False; None for standalone code, which has no lists): dots
+    over an input range use its nonzero list (scan_nonzeros and the words after d's slots)."""
+    e = _Emitter(program, check_dtype(dtype), bool(sparse_inputs))
     forward_outputs = [s for g in program.forward[:program.n_output_groups] for s in e.forward(g)]
     forward_rest = [s for g in program.forward[program.n_output_groups:] for s in e.forward(g)]
     backward = [s for g in program.backward for s in e.backward(g)]
     backward_sgd = [s for g in program.backward for s in e.backward(g, sgd=True)] if program.sgd_in_backward else []
-    d, dg = ["double *restrict d"], ["double *restrict d", "double *restrict g"]
+    d, dg = ["real *restrict d"], ["real *restrict d", "real *restrict g"]
     pieces, drivers = [], []
     for name, params, statements in [("forward_outputs", d, forward_outputs),
                                      ("forward_rest", d, forward_rest),
                                      ("backward_body", dg, backward),
-                                     ("backward_sgd_body", dg + ["double lr"], backward_sgd)]:
+                                     ("backward_sgd_body", dg + ["real lr"], backward_sgd)]:
         functions, driver = _functions(name, params, statements, chunk)
         pieces += functions
         drivers.append(driver)
     units = _units(pieces, unit) if unit else [pieces]
-    prelude = _template("prelude.c")
+    prelude = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n" + _template("prelude.c")
     output_slots = [n.slot for n in program.outputs] or [0]
     layout = "\n".join([
         f"#define N_SLOTS {program.n_slots}",
@@ -370,8 +437,9 @@ def _render(program, chunk, unit):
         f"#define SGD_IN_BACKWARD {int(program.sgd_in_backward)}",
         f"#define N_CONSTANTS {len(program.constants)}",
         f"static const long OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
-        _constants(program.constants),
+        _constants(program.constants, dtype),
         _sgd_after_backward(program.sgd_after_backward),
+        *([e.scan_nonzeros()] if sparse_inputs is not None else []),
     ])
     if len(units) == 1:
         graph = [prelude, layout, e.offsets.render(), *(p[0] for p in pieces), *drivers]
@@ -382,21 +450,21 @@ def _render(program, chunk, unit):
     return "\n".join(graph), extra
 
 
-def _constants(constants):
+def _constants(constants, dtype):
     """init_constants(d): writes the constants that loops read into their slots (consecutive)."""
     if not constants:
-        return "static void init_constants(double *d) { (void)d; }"
-    values = ", ".join(c_literal(v) for _, v in constants)
-    return (f"static const double CONSTANT_VALUES[{len(constants)}] = {{{values}}};\n"
-            f"static void init_constants(double *d) {{ memcpy(d + {constants[0][0]}, CONSTANT_VALUES, "
+        return "static void init_constants(real *d) { (void)d; }"
+    values = ", ".join(c_literal(v, dtype) for _, v in constants)
+    return (f"static const real CONSTANT_VALUES[{len(constants)}] = {{{values}}};\n"
+            f"static void init_constants(real *d) {{ memcpy(d + {constants[0][0]}, CONSTANT_VALUES, "
             f"sizeof CONSTANT_VALUES); }}")
 
 
 def _sgd_after_backward(runs):
     """sgd_after_backward(d, g, lr): the SGD step of the parameters not updated in backward."""
-    body = "".join(f"\n    for (long i = {start}; i < {start + n}; i++) {{ d[i] -= lr * g[i]; g[i] = 0.0; }}"
+    body = "".join(f"\n    for (long i = {start}; i < {start + n}; i++) {{ d[i] -= lr * g[i]; g[i] = 0; }}"
                    for start, n in runs)
-    return f"static void sgd_after_backward(double *restrict d, double *restrict g, double lr)\n{{{body}\n    (void)d; (void)g; (void)lr;\n}}"
+    return f"static void sgd_after_backward(real *restrict d, real *restrict g, real lr)\n{{{body}\n    (void)d; (void)g; (void)lr;\n}}"
 
 
 def _template(name):

@@ -33,7 +33,7 @@ def main(argv=None):
     started = time.perf_counter()
     graph = build_graph(args.seed, hidden=args.hidden, init=args.init, activation=args.activation)
     try:
-        net = graph.compile(**compiler_options(args), optimizer=optimizer, embed_params=True)
+        net = graph.compile(**compiler_options(args), optimizer=optimizer, embed_params=True, dtype=args.dtype)
     except (codegen.ToolchainError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -69,6 +69,8 @@ def add_model_arguments(parser):
     parser.add_argument("--momentum", type=float, default=0.9, help="the momentum of --optimizer momentum (default 0.9)")
     parser.add_argument("--weight-decay", type=float, default=None,
                         help="L2 weight decay (AdamW: decoupled); default 0, AdamW 0.01")
+    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                        help="the element type the module computes in (default float64)")
 
 
 def model_options(args):

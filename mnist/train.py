@@ -108,7 +108,7 @@ def run(args):
     codegen.copy_to_values(net, graph.model.parameters())  # --interpreted starts where the module does
     print(f"module: {origin.how}; codegen {origin.codegen_seconds:.2f} s, compile {origin.compile} ({origin.compiler})")
     summary = [
-        ("model", f"{describe(graph.model)}, {args.activation}, {net.n_params:,} parameters, seed {args.seed}"),
+        ("model", f"{describe(graph.model)}, {args.activation}, {net.n_params:,} parameters, {args.dtype}, seed {args.seed}"),
         ("optimizer", net.optimizer),
         ("module", origin.how),
         ("codegen", f"{origin.codegen_seconds:.2f} s"),
@@ -168,7 +168,7 @@ def compiled_module(graph, args, optimizer):
     prebuilt = None
     if toolchain.export_record(args.module_dir, "nn"):  # else nothing to compare: skip generating the C twice
         started = time.perf_counter()
-        sources = graph.generate(fuse=options["fuse"], optimizer=optimizer, embed_params=True)
+        sources = graph.generate(fuse=options["fuse"], optimizer=optimizer, embed_params=True, dtype=args.dtype)
         codegen_seconds = time.perf_counter() - started
         prebuilt = toolchain.find_build(args.module_dir, "nn", toolchain.build_key(sources, "nn", compiler, args.opt,
                                                                                     args.native))
@@ -178,7 +178,7 @@ def compiled_module(graph, args, optimizer):
         compile_time = "cached" if recorded.get("cached") else f"{recorded.get('compile_seconds', 0):.2f} s"
         return net, Origin(f"prebuilt {prebuilt.path} (`make`; the build of these options)", codegen_seconds,
                            f"{compile_time} (by `make`)", f"{Path(compiler.argv[0]).name} {flags}")
-    net = graph.compile(**{**options, "compiler": compiler}, optimizer=optimizer, embed_params=True)
+    net = graph.compile(**{**options, "compiler": compiler}, optimizer=optimizer, embed_params=True, dtype=args.dtype)
     return net, Origin("from the build cache" if net.build.cached else "compiled", net.timings["codegen"],
                        "cached" if net.build.cached else f"{net.timings['compile']:.2f} s",
                        f"{Path(compiler.argv[0]).name} {flags}")

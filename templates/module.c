@@ -1,6 +1,7 @@
 /* A micrograd-c training-step module. Generated code is spliced in at the @...@ markers by
  * codegen/emit.py; everything else is this fixed skeleton. Every slot of the graph lives in
- * d[] (values) and g[] (gradients): parameters first, then inputs, then intermediates. */
+ * d[] (values) and g[] (gradients): parameters first, then inputs, then intermediates. Their
+ * element type `real` is double or float (codegen.compile's dtype, templates/prelude.c). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <time.h>
@@ -12,9 +13,9 @@
 
 /* ---- module state --------------------------------------------------------------------- */
 typedef struct {
-    double *d, *g;
+    real *d, *g;
     PyObject *data_buf, *grad_buf; /* bytearrays owning d and g */
-    double *opt_m, *opt_v, *opt_step; /* the optimizer's state (templates/optim.c), in opt_buf */
+    real *opt_m, *opt_v, *opt_step; /* the optimizer's state (templates/optim.c), in opt_buf */
     PyObject *opt_buf;
     PyThread_type_lock lock;       /* held by every function reading or writing d and g */
     unsigned long owner;           /* the thread holding `lock` (0: none), to refuse re-entry */
@@ -75,13 +76,13 @@ static double now_ms(void)
 
 /* The output's gradient is 1; every other non-parameter gradient restarts from 0, while
  * parameter gradients accumulate until zero_grad(), as in micrograd. */
-static void seed_gradients(double *restrict g)
+static void seed_gradients(real *restrict g)
 {
-    memset(g + N_PARAMS, 0, (size_t)(N_SLOTS - N_PARAMS) * sizeof(double));
+    memset(g + N_PARAMS, 0, (size_t)(N_SLOTS - N_PARAMS) * sizeof(real));
     g[LOSS_SLOT] = 1.0;
 }
 
-static void backward_all(double *restrict d, double *restrict g)
+static void backward_all(real *restrict d, real *restrict g)
 {
     seed_gradients(g);
     backward_body(d, g);
@@ -191,7 +192,7 @@ static char element_type(const Py_buffer *view)
 }
 
 /* Gets a C-contiguous buffer with ndim dimensions; kinds lists the element types allowed
- * ('d' float64, 'B' uint8, 'i' any integer). */
+ * ('d' float64, 'f' float32, 'B' uint8, 'i' any integer). */
 static int get_buffer(const char *fn, const char *what, PyObject *obj, Py_buffer *view, int ndim,
                       const char *kinds, int writable)
 {
@@ -211,13 +212,14 @@ static int get_buffer(const char *fn, const char *what, PyObject *obj, Py_buffer
     }
     char t = element_type(view);
     int ok = (strchr(kinds, 'd') && t == 'd' && view->itemsize == 8) ||
+             (strchr(kinds, 'f') && t == 'f' && view->itemsize == 4) ||
              (strchr(kinds, 'B') && t == 'B') ||
              (strchr(kinds, 'i') && t != '?' && strchr("bBhHiIlLqQ", t));
     if (!ok) {
         PyErr_Format(PyExc_TypeError, "%s(): %s has element format '%s'; expected %s", fn, what,
                      view->format ? view->format : "B",
-                     strchr(kinds, 'i') ? "integers" : strchr(kinds, 'B') ? "float64 ('d') or uint8 ('B')"
-                                                                          : "float64 ('d')");
+                     strchr(kinds, 'i') ? "integers" : strchr(kinds, 'B') ? "float64 ('d'), float32 ('f') or uint8 ('B')"
+                                                                          : "float64 ('d') or float32 ('f')");
         PyBuffer_Release(view);
         return -1;
     }
@@ -235,16 +237,22 @@ static int check_length(const char *fn, const char *what, Py_buffer *view, Py_ss
     Py_ssize_t n = view->len / view->itemsize;
     if (n == expected)
         return 0;
-    PyErr_Format(PyExc_ValueError, "%s(): %s must hold %zd float64 values, got %zd", fn, what,
+    PyErr_Format(PyExc_ValueError, "%s(): %s must hold %zd values, got %zd", fn, what,
                  expected, n);
     PyBuffer_Release(view);
     return -1;
 }
 
-static int check_no_nan(const char *fn, const char *what, const double *x, Py_ssize_t n, Py_buffer *view)
+/* The i-th value of a float64 or float32 buffer */
+static double read_float(const Py_buffer *view, Py_ssize_t i)
+{
+    return view->itemsize == 4 ? (double)((const float *)view->buf)[i] : ((const double *)view->buf)[i];
+}
+
+static int check_no_nan(const char *fn, const char *what, Py_ssize_t n, Py_buffer *view)
 {
     for (Py_ssize_t i = 0; i < n; i++)
-        if (isnan(x[i])) {
+        if (isnan(read_float(view, i))) {
             PyErr_Format(PyExc_ValueError, "%s(): %s holds NaN at index %zd", fn, what, i);
             PyBuffer_Release(view);
             return -1;
@@ -270,8 +278,9 @@ static long long read_int(const Py_buffer *view, Py_ssize_t i)
 }
 
 /* ---- samples for train() and predict() ---------------------------------------------------- */
-/* X: (n, n_x) uint8 or float64 rows scaled into the first n_x inputs. Y: (n,) integer class
- * labels, one-hot into the remaining inputs, or (n, n_y) float64 rows copied into them. */
+/* X: (n, n_x) uint8, float64 or float32 rows scaled into the first n_x inputs. Y: (n,) integer
+ * class labels, one-hot into the remaining inputs, or (n, n_y) float64 or float32 rows copied
+ * into them (converted to the module's dtype). */
 typedef struct {
     Py_buffer x, y;
     int have_y, y_is_labels;
@@ -290,7 +299,7 @@ static int get_samples(const char *fn, PyObject *xobj, PyObject *yobj, double sc
 {
     memset(s, 0, sizeof *s);
     s->scale = scale;
-    if (get_buffer(fn, "X", xobj, &s->x, 2, "dB", 0) < 0)
+    if (get_buffer(fn, "X", xobj, &s->x, 2, "dfB", 0) < 0)
         return -1;
     s->n = s->x.shape[0];
     s->n_x = s->x.shape[1];
@@ -300,7 +309,7 @@ static int get_samples(const char *fn, PyObject *xobj, PyObject *yobj, double sc
         PyBuffer_Release(&s->x);
         return -1;
     }
-    if (element_type(&s->x) == 'd' && check_no_nan(fn, "X", s->x.buf, s->n * s->n_x, &s->x) < 0)
+    if (element_type(&s->x) != 'B' && check_no_nan(fn, "X", s->n * s->n_x, &s->x) < 0)
         return -1;
     if (!yobj)
         return 0;
@@ -308,13 +317,13 @@ static int get_samples(const char *fn, PyObject *xobj, PyObject *yobj, double sc
     Py_buffer probe;
     if (PyObject_GetBuffer(yobj, &probe, PyBUF_ND) < 0) {
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError, "%s(): Y must be a buffer of integer labels or of float64 rows, "
+        PyErr_Format(PyExc_TypeError, "%s(): Y must be a buffer of integer labels or of float64 or float32 rows, "
                      "got %.100s", fn, Py_TYPE(yobj)->tp_name);
         goto fail;
     }
     s->y_is_labels = probe.ndim == 1;
     PyBuffer_Release(&probe);
-    if (get_buffer(fn, "Y", yobj, &s->y, s->y_is_labels ? 1 : 2, s->y_is_labels ? "i" : "d", 0) < 0)
+    if (get_buffer(fn, "Y", yobj, &s->y, s->y_is_labels ? 1 : 2, s->y_is_labels ? "i" : "df", 0) < 0)
         goto fail;
     s->have_y = 1;
     if (s->y.shape[0] != s->n) {
@@ -337,7 +346,7 @@ static int get_samples(const char *fn, PyObject *xobj, PyObject *yobj, double sc
                          "%zd to fill the model's %d inputs", fn, s->y.shape[1], s->n_x, s->n_y, N_INPUTS);
             goto fail_y;
         }
-        if (check_no_nan(fn, "Y", s->y.buf, s->n * s->n_y, &s->y) < 0) {
+        if (check_no_nan(fn, "Y", s->n * s->n_y, &s->y) < 0) {
             s->have_y = 0;
             goto fail;
         }
@@ -351,25 +360,31 @@ fail:
     return -1;
 }
 
-static void load_sample(const Samples *s, Py_ssize_t row, double *restrict in)
+/* Scaled in double, then rounded to the module's type. */
+static void load_sample(const Samples *s, Py_ssize_t row, real *restrict in)
 {
     if (element_type(&s->x) == 'B') {
         const unsigned char *x = (const unsigned char *)s->x.buf + row * s->n_x;
         for (Py_ssize_t j = 0; j < s->n_x; j++)
-            in[j] = x[j] * s->scale;
+            in[j] = (real)(x[j] * s->scale);
+    } else if (s->x.itemsize == 4) {
+        const float *x = (const float *)s->x.buf + row * s->n_x;
+        for (Py_ssize_t j = 0; j < s->n_x; j++)
+            in[j] = (real)(x[j] * s->scale);
     } else {
         const double *x = (const double *)s->x.buf + row * s->n_x;
         for (Py_ssize_t j = 0; j < s->n_x; j++)
-            in[j] = x[j] * s->scale;
+            in[j] = (real)(x[j] * s->scale);
     }
     if (!s->have_y)
         return;
-    double *target = in + s->n_x;
+    real *target = in + s->n_x;
     if (s->y_is_labels) {
-        memset(target, 0, (size_t)s->n_y * sizeof(double));
-        target[read_int(&s->y, row)] = 1.0;
+        memset(target, 0, (size_t)s->n_y * sizeof(real));
+        target[read_int(&s->y, row)] = 1;
     } else {
-        memcpy(target, (const double *)s->y.buf + row * s->n_y, (size_t)s->n_y * sizeof(double));
+        for (Py_ssize_t j = 0; j < s->n_y; j++)
+            target[j] = (real)read_float(&s->y, row * s->n_y + j);
     }
 }
 
@@ -383,10 +398,10 @@ static uint64_t next_random(uint64_t *x)
 }
 
 /* param -= lr * grad, then grad = 0, over the parameter block */
-static void sgd_step(double *restrict d, double *restrict g, double lr)
+static void sgd_step(real *restrict d, real *restrict g, real lr)
 {
-    double *end = d + (N_PARAMS & ~7L);
-#define SGD(l) d[l] -= lr * g[l]; g[l] = 0.0;
+    real *end = d + (N_PARAMS & ~7L);
+#define SGD(l) d[l] -= lr * g[l]; g[l] = 0;
     UNROLLED
     for (; d < end; d += 8, g += 8) {
         STEP8(SGD)
@@ -394,7 +409,7 @@ static void sgd_step(double *restrict d, double *restrict g, double lr)
 #undef SGD
     for (long i = 0; i < (N_PARAMS & 7); i++) {
         d[i] -= lr * g[i];
-        g[i] = 0.0;
+        g[i] = 0;
     }
 }
 
@@ -413,20 +428,23 @@ static void batch_step(State *s, double lr, long long n)
 }
 
 /* ---- exported functions ------------------------------------------------------------------- */
-/* set_input and set_params: check one float64 buffer of `count` values, copy it to d + offset */
+/* set_input and set_params: check one float64 or float32 buffer of `count` values, copy it to
+ * d + offset, converted to the module's dtype (rounded to nearest in float32) */
 static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *what, PyObject *const *args,
                                  Py_ssize_t nargs, Py_ssize_t offset, Py_ssize_t count)
 {
     Py_buffer view;
-    if (check_nargs(fn, nargs, 1, 1) < 0 || get_buffer(fn, what, args[0], &view, 1, "d", 0) < 0 ||
-        check_length(fn, what, &view, count) < 0 || check_no_nan(fn, what, view.buf, count, &view) < 0)
+    if (check_nargs(fn, nargs, 1, 1) < 0 || get_buffer(fn, what, args[0], &view, 1, "df", 0) < 0 ||
+        check_length(fn, what, &view, count) < 0 || check_no_nan(fn, what, count, &view) < 0)
         return NULL;
     State *s = lock_state(module, fn);
     if (!s) {
         PyBuffer_Release(&view);
         return NULL;
     }
-    memcpy(s->d + offset, view.buf, (size_t)count * sizeof(double));
+    real *d = s->d + offset;
+    for (Py_ssize_t i = 0; i < count; i++)
+        d[i] = (real)read_float(&view, i);
     unlock_state(s);
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
@@ -447,7 +465,8 @@ static PyObject *fn_forward(PyObject *module, PyObject *unused)
     State *s = lock_state(module, "forward");
     if (!s)
         return NULL;
-    double *d = s->d;
+    real *d = s->d;
+    scan_nonzeros(d); /* the inputs may have been written through the `inputs` or `data` views */
     WITHOUT_GIL_IF(BIG_GRAPH, forward_outputs(d); forward_rest(d));
     double loss = d[LOSS_SLOT];
     unlock_state(s);
@@ -459,6 +478,7 @@ static PyObject *fn_backward(PyObject *module, PyObject *unused)
     State *s = lock_state(module, "backward");
     if (!s)
         return NULL;
+    scan_nonzeros(s->d);
     WITHOUT_GIL_IF(BIG_GRAPH, backward_all(s->d, s->g));
     unlock_state(s);
     Py_RETURN_NONE;
@@ -470,7 +490,7 @@ static PyObject *fn_zero_grad(PyObject *module, PyObject *unused)
     if (!s)
         return NULL;
     /* Only the parameters' gradients persist: backward() restarts every other one from 0. */
-    memset(s->g, 0, N_PARAMS * sizeof(double));
+    memset(s->g, 0, N_PARAMS * sizeof(real));
     unlock_state(s);
     Py_RETURN_NONE;
 }
@@ -500,7 +520,7 @@ static PyObject *fn_outputs(PyObject *module, PyObject *unused)
         return NULL;
     }
     for (Py_ssize_t i = 0; i < N_OUTPUTS; i++)
-        values[i] = s->d[OUTPUT_SLOTS[i]];
+        values[i] = (double)s->d[OUTPUT_SLOTS[i]];
     unlock_state(s);
     PyObject *out = PyTuple_New(N_OUTPUTS);
     for (Py_ssize_t i = 0; out && i < N_OUTPUTS; i++) {
@@ -553,14 +573,16 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
         release_samples(&s);
         return NULL;
     }
-    double *d = st->d, *g = st->g, loss_sum = 0.0;
+    real *d = st->d, *g = st->g;
+    double loss_sum = 0.0;
     int interrupted = 0;
     Py_BEGIN_ALLOW_THREADS /* the buffers stay held (release_samples below), the state locked */
     double next_check = now_ms() + SIGNAL_CHECK_MS;
-    memset(g, 0, N_PARAMS * sizeof(double));
+    memset(g, 0, N_PARAMS * sizeof(real));
     Py_ssize_t in_batch = 0;
     for (Py_ssize_t i = 0; i < s.n; i++) {
         load_sample(&s, order[i], d + INPUT_BASE);
+        scan_nonzeros(d);
         forward_outputs(d);
         forward_rest(d);
         loss_sum += d[LOSS_SLOT];
@@ -615,9 +637,9 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     /* Empty, then resized: when PyByteArray_FromStringAndSize cannot allocate, it frees a half-built
      * bytearray (CPython 3.11 then prints "deallocated bytearray object has exported buffers"). */
     PyObject *bytes = PyByteArray_FromStringAndSize(NULL, 0);
-    if (bytes && (rows > PY_SSIZE_T_MAX / ((N_OUTPUTS ? N_OUTPUTS : 1) * (Py_ssize_t)sizeof(double))
+    if (bytes && (rows > PY_SSIZE_T_MAX / ((N_OUTPUTS ? N_OUTPUTS : 1) * (Py_ssize_t)sizeof(real))
                       ? (PyErr_NoMemory(), -1)
-                      : PyByteArray_Resize(bytes, rows * N_OUTPUTS * (Py_ssize_t)sizeof(double))) < 0)
+                      : PyByteArray_Resize(bytes, rows * N_OUTPUTS * (Py_ssize_t)sizeof(real))) < 0)
         Py_CLEAR(bytes);
     State *st = bytes ? lock_state(module, "predict") : NULL;
     if (!st) {
@@ -625,12 +647,13 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
         release_samples(&s);
         return NULL;
     }
-    double *out = (double *)PyByteArray_AS_STRING(bytes), *d = st->d;
+    real *out = (real *)PyByteArray_AS_STRING(bytes), *d = st->d;
     int interrupted = 0;
     Py_BEGIN_ALLOW_THREADS
     double next_check = now_ms() + SIGNAL_CHECK_MS;
     for (Py_ssize_t i = 0; i < s.n; i++) {
         load_sample(&s, i, d + INPUT_BASE);
+        scan_nonzeros(d);
         forward_outputs(d);
         for (int j = 0; j < N_OUTPUTS; j++)
             out[i * N_OUTPUTS + j] = d[OUTPUT_SLOTS[j]];
@@ -651,13 +674,13 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
         Py_DECREF(bytes);
         return NULL;
     }
-    /* memoryview(bytes).cast('d', (n, N_OUTPUTS)): numpy.asarray() gives the (n, outputs) array.
+    /* memoryview(bytes).cast('d' or 'f', (n, N_OUTPUTS)): numpy.asarray() gives the (n, outputs) array.
      * cast() refuses a 0 in the shape, so 0 rows are the empty slice of one row. */
     PyObject *view = PyMemoryView_FromObject(bytes);
     Py_DECREF(bytes);
     if (!view)
         return NULL;
-    PyObject *shaped = PyObject_CallMethod(view, "cast", "s(nn)", "d", rows, (Py_ssize_t)N_OUTPUTS);
+    PyObject *shaped = PyObject_CallMethod(view, "cast", "s(nn)", REAL_FORMAT, rows, (Py_ssize_t)N_OUTPUTS);
     Py_DECREF(view);
     if (shaped && n == 0) {
         PyObject *empty = PySequence_GetSlice(shaped, 0, 0);
@@ -669,9 +692,11 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
 
 static PyMethodDef methods[] = {
     {"set_input", (PyCFunction)(void (*)(void))fn_set_input, METH_FASTCALL,
-     "set_input(buffer): copy n_inputs float64 values into the input slots"},
+     "set_input(buffer): copy n_inputs float64 or float32 values into the input slots (converted\n"
+     "to the module's dtype: float32 modules round float64 values to nearest)"},
     {"set_params", (PyCFunction)(void (*)(void))fn_set_params, METH_FASTCALL,
-     "set_params(buffer): copy n_params float64 values into the parameter slots"},
+     "set_params(buffer): copy n_params float64 or float32 values into the parameter slots\n"
+     "(converted to the module's dtype, as set_input)"},
     {"forward", fn_forward, METH_NOARGS, "forward() -> the output's value"},
     {"backward", fn_backward, METH_NOARGS,
      "backward(): gradients of the output; parameter gradients accumulate until zero_grad()"},
@@ -684,10 +709,12 @@ static PyMethodDef methods[] = {
     {"train", (PyCFunction)(void (*)(void))fn_train, METH_FASTCALL | METH_KEYWORDS,
      "train(X, Y, lr, scale=1.0, batch_size=1, seed=-1) -> mean loss.\n"
      "One pass of minibatch training (an optimizer step per batch, on its mean gradient) over the\n"
-     "rows of X (uint8 or float64, times scale, into the first inputs) and Y (integer labels one-hot into the remaining\n"
-     "inputs, or float64 rows). seed >= 0 shuffles the order. Parameter gradients are zeroed first."},
+     "rows of X (uint8, float64 or float32, times scale, into the first inputs) and Y (integer labels one-hot into the\n"
+     "remaining inputs, or float64 or float32 rows). Values are scaled in double, then converted to the module's dtype.\n"
+     "seed >= 0 shuffles the order. Parameter gradients are zeroed first."},
     {"predict", (PyCFunction)(void (*)(void))fn_predict, METH_FASTCALL | METH_KEYWORDS,
-     "predict(X, scale=1.0) -> memoryview of shape (rows, n_outputs) with the outputs' values;\n"
+     "predict(X, scale=1.0) -> memoryview of shape (rows, n_outputs) with the outputs' values\n"
+     "(format 'd' float64 or 'f' float32: the module's dtype);\n"
      "X's rows (times scale) fill the first inputs, the other inputs keep their values."},
     {NULL, NULL, 0, NULL},
 };
@@ -696,25 +723,25 @@ static PyMethodDef methods[] = {
 static int add_view(PyObject *module, const char *name, PyObject *buf, Py_ssize_t start, Py_ssize_t stop)
 {
     PyObject *raw = PyMemoryView_FromObject(buf);
-    PyObject *typed = raw ? PyObject_CallMethod(raw, "cast", "s", "d") : NULL;
+    PyObject *typed = raw ? PyObject_CallMethod(raw, "cast", "s", REAL_FORMAT) : NULL;
     PyObject *slice = typed ? PySequence_GetSlice(typed, start, stop) : NULL;
     Py_XDECREF(raw);
     Py_XDECREF(typed);
     return slice ? PyModule_AddObject(module, name, slice) : -1; /* steals slice on success */
 }
 
-/* A zeroed array of `count` doubles starting on a 64-byte boundary inside a new bytearray (so
+/* A zeroed array of `count` reals starting on a 64-byte boundary inside a new bytearray (so
  * that vector loads of contiguous slot ranges do not straddle cache lines from one load of the
- * module to the next); *first is its index in the bytearray's doubles. */
-static double *aligned_slots(PyObject **owner, Py_ssize_t *first, Py_ssize_t count)
+ * module to the next); *first is its index in the bytearray's reals. */
+static real *aligned_slots(PyObject **owner, Py_ssize_t *first, Py_ssize_t count)
 {
-    const Py_ssize_t align = 64 / sizeof(double);
-    *owner = PyByteArray_FromStringAndSize(NULL, (count + align) * (Py_ssize_t)sizeof(double));
+    const Py_ssize_t align = 64 / sizeof(real);
+    *owner = PyByteArray_FromStringAndSize(NULL, (count + align) * (Py_ssize_t)sizeof(real));
     if (!*owner)
         return NULL;
-    double *raw = (double *)PyByteArray_AS_STRING(*owner);
-    *first = (Py_ssize_t)((64 - (uintptr_t)raw % 64) % 64 / sizeof(double));
-    memset(raw + *first, 0, count * sizeof(double));
+    real *raw = (real *)PyByteArray_AS_STRING(*owner);
+    *first = (Py_ssize_t)((64 - (uintptr_t)raw % 64) % 64 / sizeof(real));
+    memset(raw + *first, 0, count * sizeof(real));
     return raw + *first;
 }
 
@@ -723,18 +750,18 @@ static double *aligned_slots(PyObject **owner, Py_ssize_t *first, Py_ssize_t cou
  * them to views, and `optimizer` is the optimizer's description. */
 static int add_optimizer_state(PyObject *module, State *s)
 {
-    const Py_ssize_t line = 64 / sizeof(double), m0 = line, v0 = line + N_PARAMS;
+    const Py_ssize_t line = 8, m0 = line, v0 = line + N_PARAMS; /* codegen/optim.py's _STATE_LINE */
     static const char *const names[] = {OPTIMIZER_STATE_NAMES};
     static const Py_ssize_t starts[] = {OPTIMIZER_STATE_STARTS};
     Py_ssize_t first;
-    double *block = aligned_slots(&s->opt_buf, &first, line + OPTIMIZER_STATE_ARRAYS * N_PARAMS);
+    real *block = aligned_slots(&s->opt_buf, &first, line + OPTIMIZER_STATE_ARRAYS * N_PARAMS);
     if (!block)
         return -1;
     s->opt_step = block;
     s->opt_m = OPTIMIZER_STATE_ARRAYS > 0 ? block + m0 : NULL;
     s->opt_v = OPTIMIZER_STATE_ARRAYS > 1 ? block + v0 : NULL;
     PyObject *views = PyDict_New(), *raw = PyMemoryView_FromObject(s->opt_buf);
-    PyObject *typed = raw ? PyObject_CallMethod(raw, "cast", "s", "d") : NULL;
+    PyObject *typed = raw ? PyObject_CallMethod(raw, "cast", "s", REAL_FORMAT) : NULL;
     int status = views && typed ? 0 : -1;
     for (size_t i = 0; status == 0 && i < sizeof starts / sizeof *starts && starts[i] >= 0; i++) {
         Py_ssize_t stop = starts[i] ? first + starts[i] + N_PARAMS : first + 1; /* the step count: one value */
@@ -758,12 +785,15 @@ static int module_exec(PyObject *module)
         PyErr_NoMemory();
         return -1;
     }
-    if (!(s->d = aligned_slots(&s->data_buf, &d0, N_SLOTS)) || !(s->g = aligned_slots(&s->grad_buf, &g0, N_SLOTS)) ||
+    /* after d's slots, the sparse inputs' nonzero lists (int32, codegen/emit.py's scan_nonzeros) */
+    const Py_ssize_t nonzero_reals = (NONZERO_WORDS * 4 + (Py_ssize_t)sizeof(real) - 1) / (Py_ssize_t)sizeof(real);
+    if (!(s->d = aligned_slots(&s->data_buf, &d0, N_SLOTS + nonzero_reals)) || !(s->g = aligned_slots(&s->grad_buf, &g0, N_SLOTS)) ||
         add_optimizer_state(module, s) < 0)
         return -1;
     init_constants(s->d);
 #ifdef HAVE_INITIAL_PARAMS /* the parameters' values when compiled (codegen.compile(embed_params=True)) */
-    memcpy(s->d, INITIAL_PARAMS, N_PARAMS * sizeof(double));
+    for (long i = 0; i < N_PARAMS; i++)
+        s->d[i] = (real)INITIAL_PARAMS[i];
 #endif
     if (add_view(module, "data", s->data_buf, d0, d0 + N_SLOTS) < 0 ||
         add_view(module, "grad", s->grad_buf, g0, g0 + N_SLOTS) < 0 ||

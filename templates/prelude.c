@@ -4,6 +4,28 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The element type of every slot, kernel and optimizer state: codegen/emit.py defines
+ * REAL_IS_FLOAT before this file (dtype="float32": float, else double). The op table's
+ * primitives go through real_exp, real_log, real_tanh and real_pow in float mode (the emitter
+ * renames them), so that float code calls expf & co. instead of widening to double. */
+#if REAL_IS_FLOAT
+typedef float real;
+#define REAL_FORMAT "f"
+#define real_exp expf
+#define real_log logf
+#define real_tanh tanhf
+#define real_pow powf
+#define real_sqrt sqrtf
+#else
+typedef double real;
+#define REAL_FORMAT "d"
+#define real_exp exp
+#define real_log log
+#define real_tanh tanh
+#define real_pow pow
+#define real_sqrt sqrt
+#endif
+
 /* Generated straight-line code comes in many small functions, perhaps spread over several
  * files compiled in parallel. Keep GCC and Clang from inlining them back into one huge
  * function (they optimise that in superlinear time) and out of the module's exports. */
@@ -46,10 +68,51 @@
 #define UNROLLED
 #endif
 
-KERNEL double dot(const double *restrict a, const double *restrict b, long n)
+#if REAL_IS_FLOAT
+/* Floats: sixteen lanes, one step a 512-bit vector (two 256-bit ones). With eight, GCC's loop
+ * vectoriser would vectorise across steps, with permutes, at half the double kernel's speed. */
+#define STEP16(op) STEP8(op) op(8) op(9) op(10) op(11) op(12) op(13) op(14) op(15)
+#define LANES16(s) ((((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))) + \
+                    (((s[8] + s[9]) + (s[10] + s[11])) + ((s[12] + s[13]) + (s[14] + s[15]))))
+
+KERNEL real dot(const real *restrict a, const real *restrict b, long n)
 {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-    const double *end = a + (n & ~7L);
+    real s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    real s8 = 0, s9 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0, s14 = 0, s15 = 0;
+    const real *end = a + (n & ~15L);
+#define DOT(l) s##l += a[l] * b[l];
+    UNROLLED
+    for (; a < end; a += 16, b += 16) {
+        STEP16(DOT)
+    }
+#undef DOT
+    real s[16] = {s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15};
+    for (long i = 0; i < (n & 15); i++) /* the tail, lane by lane as if the loop went on */
+        s[i] += a[i] * b[i];
+    return LANES16(s);
+}
+
+KERNEL real sum_range(const real *restrict x, long n)
+{
+    real s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    real s8 = 0, s9 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0, s14 = 0, s15 = 0;
+    const real *end = x + (n & ~15L);
+#define SUM(l) s##l += x[l];
+    UNROLLED
+    for (; x < end; x += 16) {
+        STEP16(SUM)
+    }
+#undef SUM
+    real s[16] = {s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15};
+    for (long i = 0; i < (n & 15); i++)
+        s[i] += x[i];
+    return LANES16(s);
+}
+#else
+KERNEL real dot(const real *restrict a, const real *restrict b, long n)
+{
+    real s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    const real *end = a + (n & ~7L);
 #define DOT(l) s##l += a[l] * b[l];
     UNROLLED
     for (; a < end; a += 8, b += 8) {
@@ -69,48 +132,49 @@ KERNEL double dot(const double *restrict a, const double *restrict b, long n)
 }
 
 /* The sum of x[0..n), in eight lanes like dot() */
-KERNEL double sum_range(const double *restrict x, long n)
+KERNEL real sum_range(const real *restrict x, long n)
 {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-    const double *end = x + (n & ~7L);
+    real s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+    const real *end = x + (n & ~7L);
 #define SUM(l) s##l += x[l];
     UNROLLED
     for (; x < end; x += 8) {
         STEP8(SUM)
     }
 #undef SUM
-    double s[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+    real s[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
     for (long i = 0; i < (n & 7); i++)
         s[i] += x[i];
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
+#endif
 
 /* Lists that are not contiguous: element i at base + offsets[i], the same offsets for every
  * iteration of a loop (a convolution's window), so one small table serves the whole loop. */
-KERNEL double dot_offsets(const double *a, const int32_t *oa, const double *b, const int32_t *ob, long n)
+KERNEL real dot_offsets(const real *a, const int32_t *oa, const real *b, const int32_t *ob, long n)
 {
-    double s[8] = {0};
+    real s[8] = {0};
     for (long i = 0; i < n; i++)
         s[i & 7] += a[oa[i]] * b[ob[i]];
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-KERNEL double sum_offsets(const double *x, const int32_t *ox, long n)
+KERNEL real sum_offsets(const real *x, const int32_t *ox, long n)
 {
-    double s[8] = {0};
+    real s[8] = {0};
     for (long i = 0; i < n; i++)
         s[i & 7] += x[ox[i]];
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
 /* y[i] += alpha * x[i] */
-KERNEL void axpy(double *restrict y, double alpha, const double *restrict x, long n)
+KERNEL void axpy(real *restrict y, real alpha, const real *restrict x, long n)
 {
-    if (alpha == 0.0) /* adds nothing; skipping saves a pass over y (ReLUs that are off) */
+    if (alpha == 0) /* adds nothing; skipping saves a pass over y (ReLUs that are off) */
         return;
     for (; n > 0 && (uintptr_t)y % 32; n--) /* stores that straddle cache lines cost double */
         *y++ += alpha * *x++;
-    const double *end = x + (n & ~7L);
+    const real *end = x + (n & ~7L);
 #define AXPY(l) y[l] += alpha * x[l];
     UNROLLED
     for (; x < end; x += 8, y += 8) {
@@ -124,13 +188,13 @@ KERNEL void axpy(double *restrict y, double alpha, const double *restrict x, lon
 /* A batch-1 SGD step fused into backward: w[i] -= lr * (alpha * x[i]), the same rounding as
  * accumulating the gradient alpha * x[i] into a zeroed grad and then updating. Skipped when
  * alpha is 0 (a ReLU that is off), which is most of the saving. */
-KERNEL void sgd_axpy(double *restrict w, double lr, double alpha, const double *restrict x, long n)
+KERNEL void sgd_axpy(real *restrict w, real lr, real alpha, const real *restrict x, long n)
 {
-    if (alpha == 0.0)
+    if (alpha == 0)
         return;
     for (; n > 0 && (uintptr_t)w % 32; n--) /* stores that straddle cache lines cost double */
         *w++ -= lr * (alpha * *x++);
-    const double *end = x + (n & ~7L);
+    const real *end = x + (n & ~7L);
 #define SGD_AXPY(l) w[l] -= lr * (alpha * x[l]);
     UNROLLED
     for (; x < end; x += 8, w += 8) {
@@ -142,35 +206,106 @@ KERNEL void sgd_axpy(double *restrict w, double lr, double alpha, const double *
 }
 
 /* y[i] += alpha (a sum's gradient to its terms; with alpha = -(lr * g), their SGD step) */
-KERNEL void add_range(double *restrict y, double alpha, long n)
+KERNEL void add_range(real *restrict y, real alpha, long n)
 {
-    if (alpha == 0.0)
+    if (alpha == 0)
         return;
     for (long i = 0; i < n; i++)
         y[i] += alpha;
 }
 
 /* Sequential, so repeated offsets accumulate correctly. */
-KERNEL void add_offsets(double *y, const int32_t *oy, double alpha, long n)
+KERNEL void add_offsets(real *y, const int32_t *oy, real alpha, long n)
 {
     for (long i = 0; i < n; i++)
         y[oy[i]] += alpha;
 }
 
-KERNEL void axpy_offsets(double *restrict y, const int32_t *oy, double alpha, const double *restrict x,
+KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const real *restrict x,
                          const int32_t *ox, long n)
 {
-    if (alpha == 0.0)
+    if (alpha == 0)
         return;
     for (long i = 0; i < n; i++)
         y[oy[i]] += alpha * x[ox[i]];
 }
 
-KERNEL void sgd_axpy_offsets(double *w, const int32_t *ow, double lr, double alpha, const double *x,
+KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, const real *x,
                              const int32_t *ox, long n)
 {
-    if (alpha == 0.0)
+    if (alpha == 0)
         return;
     for (long i = 0; i < n; i++)
         w[ow[i]] -= lr * (alpha * x[ox[i]]);
+}
+
+/* ---- sparse inputs ------------------------------------------------------------------------ */
+/* An input range that dots read (a layer's pixels) has a list of its nonzero positions, built
+ * by scan_nonzeros() before each forward and backward: nz[0] is their count, nz[1..] their
+ * offsets in the range. When under half of the n values are nonzero, the dot and the update
+ * of the weights it read visit only those: the terms left out are exact zeros (w * 0; only a
+ * weight that is inf or NaN would have made them otherwise). Otherwise the dense kernel runs. */
+#define NZ_SHORT(nz, n) (2 * (long)(nz)[0] < (n))
+/* Scalar loops: GCC would vectorise them with gathers and scatters, which on this project's AMD
+ * machine made them slower than the dense kernels (measured: 1.6x the dense float32 step). */
+#if defined(__GNUC__) && !defined(__TINYC__) && !defined(__clang__)
+#define SCALAR_LOOPS __attribute__((optimize("no-tree-vectorize")))
+#else
+#define SCALAR_LOOPS
+#endif
+
+SCALAR_LOOPS KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const int32_t *restrict nz)
+{
+    if (!NZ_SHORT(nz, n))
+        return dot(a, x, n);
+    long m = nz[0], j = 0;
+    nz++;
+    real s0 = 0, s1 = 0, s2 = 0, s3 = 0; /* four chains: the loads are gathers, the adds short */
+    for (; j + 4 <= m; j += 4) {
+        s0 += a[nz[j]] * x[nz[j]];
+        s1 += a[nz[j + 1]] * x[nz[j + 1]];
+        s2 += a[nz[j + 2]] * x[nz[j + 2]];
+        s3 += a[nz[j + 3]] * x[nz[j + 3]];
+    }
+    for (; j < m; j++)
+        s0 += a[nz[j]] * x[nz[j]];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* y[i] += alpha * x[i] over the nonzero x[i] */
+SCALAR_LOOPS KERNEL void axpy_nz(real *restrict y, real alpha, const real *restrict x, long n, const int32_t *restrict nz)
+{
+    if (!NZ_SHORT(nz, n)) {
+        axpy(y, alpha, x, n);
+        return;
+    }
+    if (alpha == 0)
+        return;
+    for (long j = 1; j <= nz[0]; j++)
+        y[nz[j]] += alpha * x[nz[j]];
+}
+
+/* sgd_axpy over the nonzero x[i]: w[i] -= lr * (alpha * x[i]) */
+SCALAR_LOOPS KERNEL void sgd_axpy_nz(real *restrict w, real lr, real alpha, const real *restrict x, long n,
+                        const int32_t *restrict nz)
+{
+    if (!NZ_SHORT(nz, n)) {
+        sgd_axpy(w, lr, alpha, x, n);
+        return;
+    }
+    if (alpha == 0)
+        return;
+    for (long j = 1; j <= nz[0]; j++)
+        w[nz[j]] -= lr * (alpha * x[nz[j]]);
+}
+
+/* The nonzero list of the n values x[0..n) into nz (branch-free: the scan runs every sample) */
+static void scan_range(const real *restrict x, long n, int32_t *restrict nz)
+{
+    int32_t count = 0;
+    for (long i = 0; i < n; i++) {
+        nz[1 + count] = (int32_t)i;
+        count += x[i] != 0;
+    }
+    nz[0] = count;
 }

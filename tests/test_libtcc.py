@@ -12,7 +12,7 @@ from codegen import libtcc
 from micrograd_c import Value
 
 # Collected again in this module, where `compiler` is libtcc.
-from test_compile import (mode, test_each_op, test_explicit_dot_compiles_to_one_fused_loop,  # noqa: F401
+from test_compile import (test_each_op, test_explicit_dot_compiles_to_one_fused_loop,  # noqa: F401
                           test_fused_dot_with_scattered_and_repeated_factors, test_random_graphs, test_xor_mlp)
 from test_module import (compile_classifier, test_a_leaf_output_and_a_constant_output,  # noqa: F401
                          test_bad_arguments_raise_clear_errors, test_constants_are_printed_exactly,
@@ -33,6 +33,11 @@ def compiler():
 @pytest.fixture
 def opt():  # libtcc does not optimise: one level is enough
     return 0
+
+
+@pytest.fixture(params=["scalar", "fused", "float32"])
+def column(request):  # test_compile's (mode, -O level) pairs, at the one level
+    return request.param, 0
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +78,7 @@ def test_the_prepared_header_and_plain_python_h_build_the_same_module(compiler):
 
 def test_compile_errors_carry_libtccs_messages(compiler, monkeypatch):
     x = Value(1.0)
-    monkeypatch.setattr(codegen.emit, "c_literal", lambda value: "syntax error here")
+    monkeypatch.setattr(codegen.emit, "c_literal", lambda value, dtype="float64": "syntax error here")
     with pytest.raises(codegen.CompileError) as error:
         codegen.compile(x * 2.0, [x], [], compiler="libtcc")
     assert "<module>:" in error.value.stderr and "error" in error.value.stderr

@@ -70,6 +70,30 @@ def test_trains_on_a_subset_saves_and_reloads(mnist_dir, tmp_path, capsys):
     assert summary_accuracy(out) == accuracy
 
 
+def test_float32_trains_the_subset_and_the_float64_module_is_not_taken_for_it(mnist_dir, tmp_path, capsys):
+    """--dtype float32 (make DTYPE=float32): a float32 build, used by the training only when it
+    asks for float32; its accuracy on the subset as float64's bar."""
+    module_dir = tmp_path / "build"
+    assert build.main(["--compiler", "gcc", "--out", str(module_dir)]) == 0  # float64
+    common = ["--data-dir", str(mnist_dir), "--no-download", "--compiler", "gcc", "--limit", "10000",
+              "--module-dir", str(module_dir)]
+    status, out, _ = run_train(capsys, *common, "--dtype", "float32")
+    assert status == 0 and "module: compiled;" in out and "float32" in out
+    assert summary_accuracy(out) >= SUBSET_ACCURACY
+    assert build.main(["--compiler", "gcc", "--out", str(module_dir), "--dtype", "float32"]) == 0
+    capsys.readouterr()
+    status, out, _ = run_train(capsys, *common, "--dtype", "float32")
+    assert status == 0 and f"module: prebuilt {module_dir}" in out
+
+
+@pytest.mark.slow
+def test_float32_full_mnist_one_epoch(mnist_dir, tmp_path, capsys):
+    """The issue's bar: one epoch in float32 >= 96% test accuracy (measured 96.56%)."""
+    status, out, _ = run_train(capsys, "--data-dir", str(mnist_dir), "--no-download", "--dtype", "float32",
+                               "--module-dir", str(tmp_path))
+    assert status == 0 and summary_accuracy(out) >= 0.96
+
+
 def test_full_mnist_reaches_the_targets(mnist_dir, tmp_path, capsys):
     """The README's claim: >= 95% test accuracy after one epoch, >= 97% after three."""
     status, out, _ = run_train(capsys, "--data-dir", str(mnist_dir), "--no-download", "--epochs", "3",

@@ -1,0 +1,150 @@
+/* The machine's roofline, measured: L1 and L2 read and write bandwidth, and multiply-add
+ * throughput (float64 and float32, independent chains: the peak; one chain: the latency bound
+ * of a dot product summed in one vector register). `make roofline` builds it with
+ * $(CC) -O3 -march=native and runs it; README's "The roofline of one training step" uses it.
+ *
+ * "one chain": a dot product over L1-resident vectors summed in one vector register, the
+ * accumulator each multiply-add waits for, as the dot kernels of templates/prelude.c sum.
+ * Each figure is the best of REPEATS timed passes (the machine is shared: the best is the least
+ * disturbed). Vectors are GCC/Clang vector types of 64 bytes (one AVX-512 register, two AVX2).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef double v8d __attribute__((vector_size(64)));
+typedef float v16f __attribute__((vector_size(64)));
+#define REPEATS 7
+#define KEEP(p) __asm__ volatile("" : : "r"(p) : "memory") /* the compiler must do the stores */
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+/* Bytes a second reading `bytes` of a buffer `passes` times: eight vector accumulators. */
+static double read_bandwidth(const v8d *x, size_t bytes, long passes, double *sink)
+{
+    size_t n = bytes / sizeof(v8d);
+    double best = 0;
+    for (int r = 0; r < REPEATS; r++) {
+        v8d s[8] = {{0}};
+        double t = now();
+        for (long p = 0; p < passes; p++) {
+            for (size_t i = 0; i < n; i += 8)
+                for (int k = 0; k < 8; k++)
+                    s[k] += x[i + k];
+            KEEP(x);
+        }
+        t = now() - t;
+        for (int k = 0; k < 8; k++)
+            *sink += s[k][0];
+        if ((double)bytes * passes / t > best)
+            best = (double)bytes * passes / t;
+    }
+    return best;
+}
+
+static double write_bandwidth(v8d *x, size_t bytes, long passes)
+{
+    size_t n = bytes / sizeof(v8d);
+    double best = 0;
+    for (int r = 0; r < REPEATS; r++) {
+        v8d value = {r, 1, 2, 3, 4, 5, 6, 7};
+        double t = now();
+        for (long p = 0; p < passes; p++) {
+            for (size_t i = 0; i < n; i++)
+                x[i] = value;
+            KEEP(x);
+        }
+        t = now() - t;
+        if ((double)bytes * passes / t > best)
+            best = (double)bytes * passes / t;
+    }
+    return best;
+}
+
+/* Multiply-adds a second: CHAINS independent vector accumulators (a = a * m + c). */
+#define FMA_LOOP(type, lanes, chains)                                                       \
+    static double fma_rate_##type##_##chains(long steps, double *sink)                      \
+    {                                                                                       \
+        double best = 0;                                                                    \
+        for (int r = 0; r < REPEATS; r++) {                                                 \
+            type a[chains], m, c;                                                           \
+            for (int l = 0; l < lanes; l++) {                                               \
+                m[l] = 0.999999f;                                                           \
+                c[l] = 1e-7f;                                                               \
+            }                                                                               \
+            for (int k = 0; k < chains; k++)                                                \
+                a[k] = m * (float)k;                                                        \
+            double t = now();                                                               \
+            for (long s = 0; s < steps; s++) {                                              \
+                for (int k = 0; k < chains; k++) /* no -ffast-math: nothing to fold */      \
+                    a[k] = a[k] * m + c;                                                    \
+            }                                                                               \
+            t = now() - t;                                                                  \
+            for (int k = 0; k < chains; k++)                                                \
+                *sink += a[k][0];                                                           \
+            if ((double)steps * chains * lanes / t > best)                                  \
+                best = (double)steps * chains * lanes / t;                                  \
+        }                                                                                   \
+        return best;                                                                        \
+    }
+FMA_LOOP(v8d, 8, 12)
+FMA_LOOP(v16f, 16, 12)
+
+/* Multiply-adds a second of s += x[i] * y[i] over 98 vectors (784 doubles or 1568 floats, in
+ * L1), one accumulator: the dependency chain of a dot product. */
+#define DOT_CHAIN(type, lanes)                                                              \
+    static double dot_chain_##type(long passes, double *sink)                               \
+    {                                                                                       \
+        static type x[98], y[98];                                                           \
+        for (int i = 0; i < 98; i++)                                                        \
+            for (int l = 0; l < lanes; l++) {                                               \
+                x[i][l] = 1e-3f * (float)(i + l);                                           \
+                y[i][l] = 1e-3f;                                                            \
+            }                                                                               \
+        double best = 0;                                                                    \
+        for (int r = 0; r < REPEATS; r++) {                                                 \
+            type s = {0};                                                                   \
+            double t = now();                                                               \
+            for (long p = 0; p < passes; p++) {                                             \
+                for (int i = 0; i < 98; i++)                                                \
+                    s += x[i] * y[i];                                                       \
+                KEEP(x);                                                                    \
+            }                                                                               \
+            t = now() - t;                                                                  \
+            *sink += s[0];                                                                  \
+            if ((double)passes * 98 * lanes / t > best)                                     \
+                best = (double)passes * 98 * lanes / t;                                     \
+        }                                                                                   \
+        return best;                                                                        \
+    }
+DOT_CHAIN(v8d, 8)
+DOT_CHAIN(v16f, 16)
+
+int main(void)
+{
+    double sink = 0;
+    v8d *buf = aligned_alloc(64, 1 << 20);
+    memset(buf, 0, 1 << 20);
+    struct { const char *name; size_t bytes; long passes; } levels[] = {
+        {"L1 (16 KiB)", 16 << 10, 20000}, {"L2 (256 KiB)", 256 << 10, 1200},
+    };
+    printf("%-14s %14s %14s\n", "working set", "read GB/s", "write GB/s");
+    for (int i = 0; i < 2; i++)
+        printf("%-14s %14.1f %14.1f\n", levels[i].name,
+               read_bandwidth(buf, levels[i].bytes, levels[i].passes, &sink) / 1e9,
+               write_bandwidth(buf, levels[i].bytes, levels[i].passes) / 1e9);
+    long steps = 20000000;
+    long passes = 200000;
+    printf("multiply-adds  float64: %.1f G/s (12 chains), %.2f G/s (a dot in 1 chain of 8 lanes)\n",
+           fma_rate_v8d_12(steps, &sink) / 1e9, dot_chain_v8d(passes, &sink) / 1e9);
+    printf("multiply-adds  float32: %.1f G/s (12 chains), %.2f G/s (a dot in 1 chain of 16 lanes)\n",
+           fma_rate_v16f_12(steps, &sink) / 1e9, dot_chain_v16f(passes, &sink) / 1e9);
+    free(buf);
+    return sink == 12345.678; /* keeps every result alive */
+}

@@ -1,0 +1,92 @@
+"""Sparse inputs: dots over an input range visit only its nonzero values when fewer than half
+are nonzero (templates/prelude.c's dot_nz, axpy_nz, sgd_axpy_nz). Held to the interpreter within
+the fused mode's tolerance, on sparse, dense and all-zero rows, and to the dense kernels; the
+nonzero lists follow every way the inputs change."""
+
+import numpy as np
+import pytest
+
+import codegen
+from test_compile import assert_equivalent, mlp_case
+from test_module import N_CLASSES, N_IN, small_classifier
+
+N_PIXELS = 40
+
+
+def rows(n=6, seed=0):
+    """Rows of N_PIXELS inputs and a target: sparse (10% nonzero), dense, all zero, one-hot-like."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        x = rng.uniform(-1, 1, N_PIXELS)
+        if i % 3 == 0:
+            x *= rng.random(N_PIXELS) < 0.1
+        elif i % 3 == 2:
+            x[:] = 0.0
+            x[i] = 1.0
+        out.append(list(x) + [float(rng.uniform(-1, 1))])
+    out[1] = [0.0] * N_PIXELS + [0.5]
+    return out
+
+
+@pytest.mark.parametrize("mode", ["fused", "float32"])
+def test_sparse_rows_equal_the_interpreter(compiler, mode):
+    build, init = mlp_case(N_PIXELS, [8, 1])
+    assert_equivalent(build, init, rows(), mode, compiler=compiler, opt=2, sparse_inputs=True)
+
+
+def test_the_first_layer_uses_the_nonzero_lists():
+    build, init = mlp_case(N_PIXELS, [8, 1])
+    from micrograd_c import Value
+    params, inputs = [Value(v) for v in init], [Value(0.0) for _ in range(N_PIXELS + 1)]
+    source = codegen.generate(build(params, inputs), inputs, params, sparse_inputs=True)[0]
+    assert source.count("dot_nz(") == 1 + 1 and "sgd_axpy_nz(" in source and "axpy_nz(g" in source
+    assert "scan_range(d + " in source  # one range: the pixels
+    dense = codegen.generate(build(params, inputs), inputs, params)[0]  # off by default
+    assert "dot_nz(d" not in dense and "#define NONZERO_WORDS 0" in dense
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_train_equals_the_dense_kernels(compiler, batch_size):
+    """train() and predict() on mixed sparse and dense rows: as the dense kernels, to 1e-9."""
+    model, xs, ys, logits, loss = small_classifier(0)
+    nets = [codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler=compiler,
+                            sparse_inputs=sparse) for sparse in (True, False)]
+    assert "dot_nz(" in nets[0].build.source.read_text() and "dot_nz(d" not in nets[1].build.source.read_text()
+    rng = np.random.default_rng(1)
+    X = (rng.integers(0, 256, (60, N_IN)) * (rng.random((60, N_IN)) < 0.3)).astype(np.uint8)
+    X[::4] = rng.integers(1, 256, (15, N_IN))  # dense rows among them
+    labels = rng.integers(0, N_CLASSES, 60)
+    losses = [net.train(X, labels, 0.05, scale=1 / 255, batch_size=batch_size) for net in nets]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-9)
+    np.testing.assert_allclose(np.asarray(nets[0].params), np.asarray(nets[1].params), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(*(np.asarray(net.predict(X, scale=1 / 255)) for net in nets), rtol=1e-9, atol=1e-12)
+
+
+def test_writes_through_the_views_are_seen(compiler):
+    """The nonzero lists follow inputs written through `inputs` and `data`, between calls and
+    between forward() and backward()."""
+    model, xs, ys, logits, loss = small_classifier(0)
+    net, dense = (codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler=compiler,
+                                  sparse_inputs=sparse) for sparse in (True, False))
+    sparse_row = np.zeros(N_IN + N_CLASSES)
+    sparse_row[[1, N_IN + 2]] = [0.7, 1.0]
+    dense_row = np.linspace(0.1, 0.9, N_IN + N_CLASSES)
+    net.set_input(sparse_row)
+    net.forward()
+    np.asarray(net.inputs)[:] = dense_row            # a dense row written into the view
+    dense.set_input(dense_row)
+    assert net.forward() == pytest.approx(dense.forward(), rel=1e-12)
+    np.asarray(net.data)[net.n_params:net.n_params + N_IN] = 0.0   # then mostly zeros, via `data`
+    np.asarray(net.data)[net.n_params + 3] = -0.4
+    row = dense_row.copy()
+    row[:N_IN] = 0.0
+    row[3] = -0.4
+    dense.set_input(row)
+    assert net.forward() == pytest.approx(dense.forward(), rel=1e-12)
+    for m in (net, dense):                         # dense again, between forward and backward:
+        np.asarray(m.inputs)[:N_IN] = 0.25         # backward reads the pixels as they are now
+        m.zero_grad()
+        m.backward()
+    np.testing.assert_allclose(np.asarray(net.grad)[:net.n_params], np.asarray(dense.grad)[:net.n_params],
+                               rtol=1e-12, atol=1e-15)
