@@ -74,6 +74,20 @@ static double now_ms(void)
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
+/* Row i of a loop running without the GIL (`save`: its Py_BEGIN_ALLOW_THREADS state): every 64
+ * rows, once *next_check has passed, takes the GIL back for a moment to run signal handlers.
+ * Returns 1 when one raised (Ctrl-C): the caller stops, keeping the rows done. */
+static int interrupted_at(Py_ssize_t i, double *next_check, PyThreadState **save)
+{
+    if ((i & 63) != 63 || now_ms() < *next_check)
+        return 0;
+    PyEval_RestoreThread(*save);
+    int raised = PyErr_CheckSignals() < 0;
+    *save = PyEval_SaveThread();
+    *next_check = now_ms() + SIGNAL_CHECK_MS;
+    return raised;
+}
+
 /* The output's gradient is 1; every other non-parameter gradient restarts from 0, while
  * parameter gradients accumulate until zero_grad(), as in micrograd. */
 static void seed_gradients(real *restrict g)
@@ -597,14 +611,8 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
                 in_batch = 0;
             }
         }
-        if ((i & 63) == 63 && now_ms() >= next_check) { /* Ctrl-C: keep the steps done, stop */
-            Py_BLOCK_THREADS
-            interrupted = PyErr_CheckSignals() < 0;
-            Py_UNBLOCK_THREADS
-            if (interrupted)
-                break;
-            next_check = now_ms() + SIGNAL_CHECK_MS;
-        }
+        if ((interrupted = interrupted_at(i, &next_check, &_save)))
+            break;
     }
     if (in_batch && !interrupted)
         batch_step(st, lr, in_batch);
@@ -657,14 +665,8 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
         forward_outputs(d);
         for (int j = 0; j < N_OUTPUTS; j++)
             out[i * N_OUTPUTS + j] = d[OUTPUT_SLOTS[j]];
-        if ((i & 63) == 63 && now_ms() >= next_check) {
-            Py_BLOCK_THREADS
-            interrupted = PyErr_CheckSignals() < 0;
-            Py_UNBLOCK_THREADS
-            if (interrupted)
-                break;
-            next_check = now_ms() + SIGNAL_CHECK_MS;
-        }
+        if ((interrupted = interrupted_at(i, &next_check, &_save)))
+            break;
     }
     Py_END_ALLOW_THREADS
     unlock_state(st);
