@@ -32,7 +32,7 @@ def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=Fals
 
 def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native=False, fuse=True,
             input_grads=False, name="nn", cache=None, timeout=None, optimizer=None, embed_params=False,
-            dtype="float64", sparse_inputs=False):
+            dtype="float64", sparse_inputs=False, measure_memory=False):
     """Builds (or takes from the cache) and loads the module computing `loss`.
 
     inputs:  leaf Values set per sample with set_input() (their current values are loaded too).
@@ -52,6 +52,8 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     the range's nonzero values when fewer than half are nonzero, and so does the update of the
     weights it read; the module lists them before every forward and backward. Off by default:
     on MNIST (19% nonzero) it is no faster than the vectorised dense kernels (README, Speed).
+    measure_memory=True records the compiler's peak memory in `build.peak_rss` (through a small
+    intermediary process, which costs a few ms: benchmarks ask for it, users need not).
     The module gets attributes `build` (toolchain.BuildResult) and `timings` (seconds per step).
     """
     inputs, params = list(inputs), list(params)
@@ -65,7 +67,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     else:
         build, module = loader.build_and_load(  # a cached module that fails to load is rebuilt once
             lambda: toolchain.build_extension(sources, name, compiler=compiler, opt=opt, native=native,
-                                              cache=cache, timeout=timeout), name)
+                                              cache=cache, timeout=timeout, measure_memory=measure_memory), name)
     copy_from_values(module, params)
     module.inputs[:] = array(module.inputs.format, (float(v.data) for v in inputs))
     module.build = build
