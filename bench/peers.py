@@ -140,7 +140,8 @@ class CReference:
     def __init__(self, params, compiler='gcc', opt=3, native=True, measure_memory=False, sparse=False):
         import cffi
         from codegen.toolchain import build_library
-        source = (importlib.resources.files('bench') / 'c' / 'mnist_reference.c').read_text()
+        c = importlib.resources.files('bench') / 'c'
+        source = (c / 'zoo_common.h').read_text() + (c / 'mnist_reference.c').read_text()  # dot() is shared
         if sparse:  # its variant that visits only the nonzero pixels
             source = '#define SPARSE_INPUTS 1\n' + source
         self.build = build_library(source, 'mlp_reference', compiler=compiler, opt=opt, native=native,

@@ -29,9 +29,6 @@ class Affine:
     strides: tuple = ()
     grad_base: int = None
 
-    def shifted(self, offset):
-        return Affine(self.base + offset, self.strides, self.grad_offset() + offset)
-
     def grad_offset(self):
         return self.base if self.grad_base is None else self.grad_base
 
@@ -195,8 +192,9 @@ def _describe_loop(g, literals):
                 columns.append([m.args[i].slot for m in g.members])
     else:
         patterns = []
+        member_lists = [_lists(m, literals) for m in g.members]
         for which in range(3):
-            lists = [_lists(m, literals)[which] for m in g.members]
+            lists = [ml[which] for ml in member_lists]
             if not lists[0]:
                 patterns.append(None)
                 continue

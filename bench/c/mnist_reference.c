@@ -4,7 +4,7 @@
  * float64 throughout. Weights are row-major: W1[j*NIN + i], W2[k*NHID + j].
  *
  * Choices a tuned hand-written loop would make (none needs -ffast-math):
- *  - dot products use NACC independent accumulators, so gcc/clang vectorise
+ *  - dot products (zoo_common.h, put before this file) use NACC independent accumulators, so gcc/clang vectorise
  *    them at -O2/-O3 without being allowed to reassociate a single sum;
  *  - the backward pass fuses the SGD update (p -= lr * grad) instead of
  *    materialising gradient arrays; dh is computed from W2 before W2 changes;
@@ -17,27 +17,9 @@
  * fewer than half are nonzero the first layer's dots and weight updates visit only those
  * (the terms left out are exact zeros). The same trick as codegen's sparse_inputs.
  */
-#include <math.h>
-
 #define NIN 784
 #define NHID 50
 #define NOUT 10
-#define NACC 8 /* one AVX-512 vector, or two AVX2 vectors, of doubles */
-
-static double dot(const double *a, const double *b, int n)
-{
-    double acc[NACC] = {0};
-    int i = 0;
-    for (; i + NACC <= n; i += NACC)
-        for (int k = 0; k < NACC; k++)
-            acc[k] += a[i + k] * b[i + k];
-    for (; i < n; i++)
-        acc[0] += a[i] * b[i];
-    double s = 0;
-    for (int k = 0; k < NACC; k++)
-        s += acc[k];
-    return s;
-}
 
 #ifdef SPARSE_INPUTS
 static int nz[NIN], n_nz; /* the current image's nonzero pixels */

@@ -1,5 +1,5 @@
-/* Shared by the model zoo's plain-C references (bench/c/zoo_*.c; bench/zoo_peers.py puts this text
- * first). Double precision throughout; nothing needs -ffast-math. */
+/* Shared by the plain-C references (bench/c/zoo_*.c and mnist_reference.c; bench/zoo_peers.py
+ * and bench/peers.py put this text first). Double precision throughout; nothing needs -ffast-math. */
 #include <math.h>
 
 #define NACC 8 /* independent accumulators: gcc/clang vectorise the sum without reassociating one */
