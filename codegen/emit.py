@@ -6,6 +6,8 @@ compilers slow down superlinearly on huge basic blocks, and big programs into se
 that the toolchain compiles in parallel.
 """
 
+import dataclasses
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -187,6 +189,7 @@ class _Emitter:
         self.offsets = _OffsetTables()
         self.sparse_inputs = sparse_inputs
         self.nonzero_lists = {}  # (first slot, length) of an input range: its list's offset in words
+        self.tracked_rows = []  # backward(tracked=True)'s parameter rows: (start, length, loop shape, other's start)
 
     def _nonzeros(self, v):
         """For a factor list that is one input range, the same in every iteration (a first
@@ -253,16 +256,23 @@ class _Emitter:
             value = _tree_sum(parts)
         return _loop(g.shape, [f"{_d(ops.out)} = {value};"], independent=True)
 
-    def backward(self, g, sgd=False):
+    def backward(self, g, sgd=False, tracked=False):
         """Statements adding the group's gradients into its operands' gradients. With sgd (see
         ir.sgd_in_backward) a contribution to a parameter marked sgd_fused instead applies
         `param -= lr * contribution`, placed after the statements that still read the parameter's
-        old value."""
+        old value. With tracked (the step-by-step API's backward), a dot's contribution to a row
+        of such parameters by a kernel goes through the row's stamp (see _track)."""
         ops, node = g.operands, g.first
-        grads, updates = [], []
+        grads, updates, snapshots = [], [], []
         out_grad = _g(ops.out)
 
-        def contribute(to_fused_param, accumulate, update):
+        def contribute(to_fused_param, accumulate, update, track=None):
+            if tracked and to_fused_param and track:
+                statement, snapshot = track(g.shape)
+                if statement:
+                    grads.append(statement)
+                    snapshots.extend([snapshot] if snapshot else [])
+                    return
             fused = sgd and to_fused_param
             (updates if fused else grads).append(update if fused else accumulate)
 
@@ -291,7 +301,91 @@ class _Emitter:
             body = [f"{_GO}{out_grad};", "if (go != 0) {", *grads, *updates, "}"]
         else:
             body = [f"{_GO}{out_grad};", *grads, *updates]
-        return _loop(g.shape, body, dots=not updates) if g.shape else ["{ " + " ".join(_loop((), body)) + " }"]
+        return snapshots + (_loop(g.shape, body, dots=not updates) if g.shape
+                            else ["{ " + " ".join(_loop((), body)) + " }"])
+
+    def _track(self, wrt, other, n, shape, accumulate):
+        """The step-by-step API's form of `accumulate` (an axpy kernel adding go * other into the
+        parameter row wrt, in a loop nest over `shape`), and the statement before the loop that
+        snapshots `other`; (None, None) where it does not apply. Each iteration writes its own
+        row (the parameters get one contribution each) and has a stamp, numbered in loop order
+        (step_rows tells what the stamps say). The first contribution in a generation does not
+        write the row: it records go, the row standing for `0 + go * snapshot` (rank one) until
+        update() or someone looking at the gradients needs it."""
+        if (other is not None and any(other.strides)) or wrt.grad_offset() != wrt.base:  # one `other` for every row
+            return None, None
+        first = sum(math.prod(r[2]) for r in self.tracked_rows)
+        snapshot = sum(r[1] for r in self.tracked_rows if r[3] is not None)
+        self.tracked_rows.append((wrt, n, shape, other))
+        stamp = self._stamp_index(first, shape)
+        if other is None:  # a single parameter (a bias): its gradient is written at once
+            return (f"if (stamp[{stamp}] == gen) {accumulate} else if (go != 0) {{ stamp[{stamp}] = gen; "
+                    f"{_g(wrt)} = (real)0 + go; }}", None)
+        return (f"if (stamp[{stamp}] == gen) {accumulate} else if (go != 0) {{ stamp[{stamp}] = gen + 1; rank1[{stamp}] = go; }}",
+                f"memcpy(snap + {snapshot}, d + {_index(other)}, {n} * sizeof(real));")
+
+    @staticmethod
+    def _stamp_index(first, shape):
+        strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+        return " + ".join([str(first)] + [f"i{d}" if s == 1 else f"{s} * i{d}" for d, s in enumerate(strides)])
+
+    def step_rows(self, n_params):
+        """What the step-by-step API needs to leave the rows of backward(tracked=True) alone until
+        they are used. A row's stamp against the generation `gen` (which zero_grad() advances by
+        2) says what it holds: == gen, its gradient; == gen + 1, 0 + rank1[row] * its snapshot
+        (one contribution so far, not written out); otherwise stale values standing for zeros.
+        N_TRACKED_ROWS, N_SNAPSHOT (reals); SWEPT_RUNS, N_SWEPT_RUNS: the other parameters,
+        (first slot, count), zeroed and stepped every time; sgd_tracked_rows(d, g, stamp, rank1,
+        snap, gen, lr): `param -= lr * grad` over the rows of this generation; write_rows(g,
+        stamp, rank1, snap, gen, all): writes out the rank-one rows and, with all, zeroes the
+        stale ones, stamping them current."""
+        tracked = [False] * n_params
+        sgd, write = [], []
+        first = snapshot = 0
+        for start, n, shape, other in self.tracked_rows:
+            loops = "".join(f"for (long i{d} = 0; i{d} < {e}; i{d}++) " for d, e in enumerate(shape))
+            stamp = self._stamp_index(first, shape)
+            row = _index(start)
+            for index in itertools.product(*map(range, shape)):
+                at = start.base + sum(s * i for s, i in zip(start.strides, index))
+                tracked[at:at + n] = [True] * n
+            first += math.prod(shape)
+            if other is None:
+                sgd.append(f"    {loops}if (stamp[{stamp}] == gen) d[{row}] = d[{row}] + -lr * g[{row}];")
+                write.append(f"    {loops}if (all && stamp[{stamp}] != gen) {{ g[{row}] = 0; stamp[{stamp}] = gen; }}")
+                continue
+            sgd.append(f"    {loops}{{\n        if (stamp[{stamp}] == gen) sgd_row(d + {row}, lr, g + {row}, {n});\n"
+                       f"        else if (stamp[{stamp}] == gen + 1) sgd_rank1_row(d + {row}, lr, rank1[{stamp}], snap + {snapshot}, {n});\n    }}")
+            write.append(f"    {loops}{{\n        real *restrict q = g + {row};\n"
+                         f"        if (stamp[{stamp}] == gen + 1) {{ const real a = rank1[{stamp}];"
+                         f" for (long k = 0; k < {n}; k++) q[k] = (real)0 + a * snap[{snapshot} + k]; }}\n"
+                         f"        else if (all && stamp[{stamp}] != gen) memset(q, 0, {n} * sizeof(real));\n"
+                         f"        else continue;\n        stamp[{stamp}] = gen;\n    }}")
+            snapshot += n
+        runs = []
+        for slot, done in enumerate(tracked):
+            if done:
+                continue
+            if runs and runs[-1][0] + runs[-1][1] == slot:
+                runs[-1][1] += 1
+            else:
+                runs.append([slot, 1])
+        runs = runs or [[0, 0]]
+        # without tracked rows the step's backward is the ordinary one
+        untracked = [] if self.tracked_rows else [
+            "#define backward_tracked_body(d, g, stamp, rank1, snap, gen) "
+            "((void)(stamp), (void)(rank1), (void)(snap), (void)(gen), backward_body(d, g))"]
+        arrays = "const uint64_t *restrict stamp, const real *restrict rank1, const real *restrict snap, uint64_t gen"
+        return "\n".join([*untracked,
+            f"#define N_TRACKED_ROWS {first}",
+            f"#define N_SNAPSHOT {snapshot}",
+            f"#define N_SWEPT_RUNS {len(runs)}",
+            "static const long SWEPT_RUNS[][2] = {" + ", ".join(f"{{{a}, {b}}}" for a, b in runs) + "};",
+            f"static void sgd_tracked_rows(real *restrict d, const real *restrict g, {arrays}, real lr)\n{{\n"
+            + "\n".join(sgd) + "\n    (void)d; (void)g; (void)stamp; (void)rank1; (void)snap; (void)gen; (void)lr;\n}",
+            f"static void write_rows(real *restrict g, {arrays.replace('const uint64_t', 'uint64_t')}, int all)\n{{\n"
+            + "\n".join(write) + "\n    (void)g; (void)stamp; (void)rank1; (void)snap; (void)gen; (void)all;\n}",
+        ])
 
     def _add_terms(self, v, nodes, go, contribute, out):
         """Loose terms of a sum: each gets the sum's gradient."""
@@ -302,7 +396,9 @@ class _Emitter:
         if _unrolled(v) or not all(needs):
             for x, o, need in zip(nodes, v.offsets, needs):
                 if need:
-                    contribute(x.sgd_fused, _Accumulate(v.start, o, go, (out, None, 0)), f"{_d(v.start, o)} -= lr * {go};")
+                    contribute(x.sgd_fused, _Accumulate(v.start, o, go, (out, None, 0)), f"{_d(v.start, o)} -= lr * {go};",
+                               lambda shape, o=o: self._track(dataclasses.replace(v.start, base=v.start.base + o), None, 1,
+                                                              shape, f"{_g(v.start, o)} += {go};"))
             return
         to_param = nodes[0].sgd_fused
         if v.contiguous:
@@ -330,10 +426,14 @@ class _Emitter:
         nonzeros = self._nonzeros(other) if wrt.contiguous and other.contiguous else None
         if nonzeros:
             contribute(to_param, f"axpy_nz(g + {_index(wrt.start, grad=True)}, {go}, d + {_index(other.start)}, {n}, {nonzeros});",
-                       f"sgd_axpy_nz(d + {_index(wrt.start)}, lr, {go}, d + {_index(other.start)}, {n}, {nonzeros});")
+                       f"sgd_axpy_nz(d + {_index(wrt.start)}, lr, {go}, d + {_index(other.start)}, {n}, {nonzeros});",
+                       lambda shape: self._track(wrt.start, other.start, n, shape, f"axpy_nz(g + {_index(wrt.start, grad=True)}, "
+                                                 f"{go}, d + {_index(other.start)}, {n}, {nonzeros});"))
         elif wrt.contiguous and other.contiguous:
             contribute(to_param, f"axpy(g + {_index(wrt.start, grad=True)}, {go}, d + {_index(other.start)}, {n});",
-                       f"sgd_axpy(d + {_index(wrt.start)}, lr, {go}, d + {_index(other.start)}, {n});")
+                       f"sgd_axpy(d + {_index(wrt.start)}, lr, {go}, d + {_index(other.start)}, {n});",
+                       lambda shape: self._track(wrt.start, other.start, n, shape, f"axpy(g + {_index(wrt.start, grad=True)}, "
+                                                 f"{go}, d + {_index(other.start)}, {n});"))
         else:
             tw, to = self.offsets(wrt.offsets), self.offsets(other.offsets)
             contribute(to_param,
@@ -415,12 +515,18 @@ def _render(program, chunk, unit, dtype="float64", sparse_inputs=None):
     forward_rest = [s for g in program.forward[program.n_output_groups:] for s in e.forward(g)]
     backward = [s for g in program.backward for s in e.backward(g)]
     backward_sgd = [s for g in program.backward for s in e.backward(g, sgd=True)] if program.sgd_in_backward else []
+    # The step-by-step API's backward (modules only; the same as backward_body when no row is tracked)
+    backward_tracked = [s for g in program.backward for s in e.backward(g, tracked=True)] \
+        if sparse_inputs is not None and program.sgd_in_backward else []
     d, dg = ["real *restrict d"], ["real *restrict d", "real *restrict g"]
+    tracking = ["uint64_t *restrict stamp", "real *restrict rank1", "real *restrict snap", "uint64_t gen"]
     pieces, drivers = [], []
     for name, params, statements in [("forward_outputs", d, forward_outputs),
                                      ("forward_rest", d, forward_rest),
                                      ("backward_body", dg, backward),
-                                     ("backward_sgd_body", dg + ["real lr"], backward_sgd)]:
+                                     ("backward_sgd_body", dg + ["real lr"], backward_sgd),
+                                     *([("backward_tracked_body", dg + tracking, backward_tracked)]
+                                       if e.tracked_rows else [])]:
         functions, driver = _functions(name, params, statements, chunk)
         pieces += functions
         drivers.append(driver)
@@ -439,7 +545,7 @@ def _render(program, chunk, unit, dtype="float64", sparse_inputs=None):
         f"static const long OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
         _constants(program.constants, dtype),
         _sgd_after_backward(program.sgd_after_backward),
-        *([e.scan_nonzeros()] if sparse_inputs is not None else []),
+        *([e.scan_nonzeros(), e.step_rows(program.n_params)] if sparse_inputs is not None else []),
     ])
     if len(units) == 1:
         graph = [prelude, layout, e.offsets.render(), *(p[0] for p in pieces), *drivers]

@@ -205,6 +205,40 @@ KERNEL void sgd_axpy(real *restrict w, real lr, real alpha, const real *restrict
         w[i] -= lr * (alpha * x[i]);
 }
 
+/* The step-by-step API's update of a parameter row (codegen/emit.py's step_rows), plain SGD as
+ * update() always did it, w[i] + -lr * grad[i]: from the row's gradient g (sgd_row), or from
+ * the one contribution it had, grad[i] = 0 + alpha * x[i], never written out (sgd_rank1_row).
+ * Aligned stores, as sgd_axpy. */
+KERNEL void sgd_row(real *restrict w, real lr, const real *restrict g, long n)
+{
+    for (; n > 0 && (uintptr_t)w % 32; n--)
+        *w = *w + -lr * *g++, w++;
+    const real *end = g + (n & ~7L);
+#define SGD_ROW(l) w[l] = w[l] + -lr * g[l];
+    UNROLLED
+    for (; g < end; g += 8, w += 8) {
+        STEP8(SGD_ROW)
+    }
+#undef SGD_ROW
+    for (long i = 0; i < (n & 7); i++)
+        w[i] = w[i] + -lr * g[i];
+}
+
+KERNEL void sgd_rank1_row(real *restrict w, real lr, real alpha, const real *restrict x, long n)
+{
+    for (; n > 0 && (uintptr_t)w % 32; n--)
+        *w = *w + -lr * ((real)0 + alpha * *x++), w++;
+    const real *end = x + (n & ~7L);
+#define SGD_RANK1(l) w[l] = w[l] + -lr * ((real)0 + alpha * x[l]);
+    UNROLLED
+    for (; x < end; x += 8, w += 8) {
+        STEP8(SGD_RANK1)
+    }
+#undef SGD_RANK1
+    for (long i = 0; i < (n & 7); i++)
+        w[i] = w[i] + -lr * ((real)0 + alpha * x[i]);
+}
+
 /* y[i] += alpha (a sum's gradient to its terms; with alpha = -(lr * g), their SGD step) */
 KERNEL void add_range(real *restrict y, real alpha, long n)
 {
