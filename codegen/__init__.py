@@ -32,7 +32,7 @@ def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=Fals
 
 def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native=False, fuse=True,
             input_grads=False, name="nn", cache=None, timeout=None, optimizer=None, embed_params=False,
-            dtype="float64", sparse_inputs=False, measure_memory=False):
+            dtype="float64", sparse_inputs=False, measure_memory=False, sources=None):
     """Builds (or takes from the cache) and loads the module computing `loss`.
 
     inputs:  leaf Values set per sample with set_input() (their current values are loaded too).
@@ -54,13 +54,16 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     on MNIST (19% nonzero) it is no faster than the vectorised dense kernels (README, Speed).
     measure_memory=True records the compiler's peak memory in `build.peak_rss` (through a small
     intermediary process, which costs a few ms: benchmarks ask for it, users need not).
+    sources: what generate() returned for these same arguments, when the caller has them already
+    (e.g. to compute a build_key): the C is not generated a second time (timings["codegen"] is 0).
     The module gets attributes `build` (toolchain.BuildResult) and `timings` (seconds per step).
     """
     inputs, params = list(inputs), list(params)
     started = time.perf_counter()
-    sources = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name,
-                       optimizer=optimizer, embed_params=embed_params, dtype=dtype,
-                       sparse_inputs=sparse_inputs)
+    if sources is None:
+        sources = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name,
+                           optimizer=optimizer, embed_params=embed_params, dtype=dtype,
+                           sparse_inputs=sparse_inputs)
     generated = time.perf_counter()
     if compiler == "libtcc":  # in memory: no file, no process (codegen/libtcc.py)
         module, build = _load_in_memory(sources, name, native)

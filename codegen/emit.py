@@ -11,7 +11,7 @@ import itertools
 import math
 import re
 from dataclasses import dataclass
-from importlib import resources
+import templates
 
 from . import optim
 
@@ -492,8 +492,7 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
             raise ValueError(f"{len(initial_params)} initial parameter values for {program.n_params} parameters")
         constants += ("\n#define HAVE_INITIAL_PARAMS 1\nstatic const double INITIAL_PARAMS[] = {"
                       + ", ".join(map(c_literal, initial_params)) + "};")
-    module = (_template("module.c").replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", graph)
-              .replace("/*@OPTIM@*/", _template("optim.c")))
+    module = templates.read("module.c").replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", graph)
     return [module] + extra
 
 
@@ -531,7 +530,7 @@ def _render(program, chunk, unit, dtype="float64", sparse_inputs=None):
         pieces += functions
         drivers.append(driver)
     units = _units(pieces, unit) if unit else [pieces]
-    prelude = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n" + _template("prelude.c")
+    prelude = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n" + templates.read("prelude.c")
     output_slots = [n.slot for n in program.outputs] or [0]
     layout = "\n".join([
         f"#define N_SLOTS {program.n_slots}",
@@ -572,6 +571,3 @@ def _sgd_after_backward(runs):
                    for start, n in runs)
     return f"static void sgd_after_backward(real *restrict d, real *restrict g, real lr)\n{{{body}\n    (void)d; (void)g; (void)lr;\n}}"
 
-
-def _template(name):
-    return resources.files("templates").joinpath(name).read_text()

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from micrograd_c.draw import render
 from micrograd_c.engine import topological_order
 
+import templates
+
 from . import emit, ir
 
 
@@ -80,7 +82,7 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
         reads = sorted({step_of[id(x)] for node in g.members for x in node.reads() if id(x) in step_of} - {i})
         steps.append(Step(i, _what(g.first), tuple(g.shape), len(g.members), reads,
                           "outputs" if g.first.for_outputs else "loss"))
-    c_lines = len(emit.standalone(program).splitlines()) - len(emit._template("prelude.c").splitlines())
+    c_lines = len(emit.standalone(program).splitlines()) - len(templates.read("prelude.c").splitlines())
     values = len(topological_order(*outputs, loss))
     return Explanation(values, steps, c_lines, program)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pathlib
 import re
 from dataclasses import dataclass
-from importlib import resources
+import templates
 
 from . import emit, ir
 
@@ -62,12 +62,12 @@ def export(loss, inputs=(), params=(), outputs=(), path=".", name="model", froze
     graph = emit.standalone(program)
     directory.mkdir(parents=True, exist_ok=True)
     source, header = directory / f"{name}.c", directory / f"{name}.h"
-    header.write_text(_fill(_template(f"export/{kind}.h"), values))
-    source.write_text(_fill(_template(f"export/{kind}.c"), values).replace("@GRAPH@", graph))
+    header.write_text(_fill(templates.read(f"export/{kind}.h"), values))
+    source.write_text(_fill(templates.read(f"export/{kind}.c"), values).replace("@GRAPH@", graph))
     freestanding = directory / "freestanding"
     freestanding.mkdir(exist_ok=True)
     for header_name in FREESTANDING_HEADERS:
-        (freestanding / header_name).write_text(_template(f"freestanding/{header_name}"))
+        (freestanding / header_name).write_text(templates.read(f"freestanding/{header_name}"))
     return Exported(source, header, freestanding, len(inputs), len(program.outputs),
                     0 if frozen else len(params))
 
@@ -81,6 +81,3 @@ def _fill(text, values):
 def _wrap(literals, per_line=6):
     return ",\n".join("    " + ", ".join(literals[i:i + per_line]) for i in range(0, len(literals), per_line))
 
-
-def _template(name):
-    return resources.files("templates").joinpath(name).read_text()

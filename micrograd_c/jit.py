@@ -143,13 +143,13 @@ class JitFunction:
 
 def jit_source(program):
     """The jit module's C: templates/jit.c around the graph."""
-    from importlib import resources
+    import templates
 
     from codegen import emit
     inline = len(program.forward) + len(program.backward) <= INLINE_STATEMENTS
     constants = "\n".join([f'#define MODULE_NAME_STR "{MODULE_NAME}"', f"#define MODULE_INIT PyInit_{MODULE_NAME}",
                            f"#define INLINE_GRAPH {int(inline)}"])
-    template = resources.files("templates").joinpath("jit.c").read_text()
+    template = templates.read("jit.c")
     return template.replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", emit.standalone(program))
 
 

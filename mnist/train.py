@@ -165,7 +165,7 @@ def compiled_module(graph, args, optimizer):
         flags = " ".join(toolchain.compile_flags(compiler, args.opt, args.native))
     except ValueError as error:  # flags the compiler cannot take, e.g. --native with tcc
         raise UsageError(error) from error
-    prebuilt = None
+    prebuilt, sources = None, None
     if toolchain.export_record(args.module_dir, "nn"):  # else nothing to compare: skip generating the C twice
         started = time.perf_counter()
         sources = graph.generate(fuse=options["fuse"], optimizer=optimizer, embed_params=True, dtype=args.dtype)
@@ -178,7 +178,10 @@ def compiled_module(graph, args, optimizer):
         compile_time = "cached" if recorded.get("cached") else f"{recorded.get('compile_seconds', 0):.2f} s"
         return net, Origin(f"prebuilt {prebuilt.path} (`make`; the build of these options)", codegen_seconds,
                            f"{compile_time} (by `make`)", f"{Path(compiler.argv[0]).name} {flags}")
-    net = graph.compile(**{**options, "compiler": compiler}, optimizer=optimizer, embed_params=True, dtype=args.dtype)
+    net = graph.compile(**{**options, "compiler": compiler}, optimizer=optimizer, embed_params=True, dtype=args.dtype,
+                        sources=sources)  # generated above to compare with the prebuilt's key: not again
+    if sources is not None:
+        net.timings["codegen"] = codegen_seconds
     return net, Origin("from the build cache" if net.build.cached else "compiled", net.timings["codegen"],
                        "cached" if net.build.cached else f"{net.timings['compile']:.2f} s",
                        f"{Path(compiler.argv[0]).name} {flags}")

@@ -113,13 +113,14 @@ static int run(const double *X, Py_ssize_t n, double *values, double *grads)
     return 0;
 }
 
+/* ---- argument checking ------------------------------------------------------------------- */
+/*@INCLUDE args.c@*/
+
 /* ---- one call: f(a, b, c) and f(a, b, c, grad=True) -------------------------------------- */
 static int get_arguments(const char *fn, PyObject *const *args, Py_ssize_t nargs, double *x)
 {
-    if (nargs != N_INPUTS) {
-        PyErr_Format(PyExc_TypeError, "%s() takes %d arguments (%zd given)", fn, N_INPUTS, nargs);
+    if (check_nargs(fn, nargs, N_INPUTS, N_INPUTS) < 0)
         return -1;
-    }
     for (Py_ssize_t i = 0; i < nargs; i++) {
         if (!PyFloat_Check(args[i]) && !PyLong_Check(args[i])) {
             PyErr_Format(PyExc_TypeError, "%s(): argument %zd must be a float or an int, not %.100s", fn, i,
@@ -164,10 +165,7 @@ static int get_doubles(PyObject *obj, Py_buffer *view, Py_ssize_t count, int wri
 {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
         return -1;
-    const char *f = view->format ? view->format : "B";
-    if (*f == '@' || *f == '=' || *f == '<')
-        f++;
-    if (strcmp(f, "d") != 0 || view->len != count * (Py_ssize_t)sizeof(double)) {
+    if (element_type(view) != 'd' || view->len != count * (Py_ssize_t)sizeof(double)) {
         PyErr_Format(PyExc_ValueError, "batch(): %s must hold %zd float64 values", what, count);
         PyBuffer_Release(view);
         return -1;
@@ -179,10 +177,8 @@ static PyObject *fn_batch(PyObject *module, PyObject *const *args, Py_ssize_t na
 {
     Py_buffer x, values, grads;
     Py_ssize_t n;
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "batch() takes 3 arguments (%zd given)", nargs);
+    if (check_nargs("batch", nargs, 3, 3) < 0)
         return NULL;
-    }
     if (PyObject_GetBuffer(args[1], &values, PyBUF_ND) < 0)
         return NULL;
     n = values.len / (Py_ssize_t)sizeof(double);

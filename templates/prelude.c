@@ -239,6 +239,22 @@ KERNEL void sgd_rank1_row(real *restrict w, real lr, real alpha, const real *res
         w[i] = w[i] + -lr * ((real)0 + alpha * x[i]);
 }
 
+/* w[i] -= lr * g[i], then g[i] = 0: train()'s SGD step after a batch (templates/driver.c) */
+KERNEL void sgd_step(real *restrict w, real *restrict g, real lr, long n)
+{
+    real *end = w + (n & ~7L);
+#define SGD(l) w[l] -= lr * g[l]; g[l] = 0;
+    UNROLLED
+    for (; w < end; w += 8, g += 8) {
+        STEP8(SGD)
+    }
+#undef SGD
+    for (long i = 0; i < (n & 7); i++) {
+        w[i] -= lr * g[i];
+        g[i] = 0;
+    }
+}
+
 /* y[i] += alpha (a sum's gradient to its terms; with alpha = -(lr * g), their SGD step) */
 KERNEL void add_range(real *restrict y, real alpha, long n)
 {

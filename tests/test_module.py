@@ -139,6 +139,25 @@ def test_emitted_c_is_deterministic():
     assert len(texts) == 1
 
 
+def test_generated_sources_are_self_contained():
+    """Every template a module or jit source includes is spliced in once: the cache keys a build by
+    its text and keeps that text beside it, so an edited template is a new build."""
+    import importlib
+
+    import templates
+    jit = importlib.import_module("micrograd_c.jit")  # the module, not the decorator of that name
+
+    g = small_classifier(seed=3)
+    module = codegen.generate(g[4], g[1] + g[2], g[0].parameters(), g[3])[0]
+    jitted = jit.jit_source(codegen.ir.lower(g[4], g[1] + g[2], g[0].parameters(), g[3]))
+    for source, included in ((module, ["threads.c", "optim.c", "args.c", "samples.c", "driver.c"]),
+                             (jitted, ["args.c"])):
+        assert "@INCLUDE" not in source
+        for name in included:
+            first_function = next(line for line in templates.read(name).splitlines() if line.startswith("static"))
+            assert source.count(first_function) == 1, (name, first_function)
+
+
 def test_constants_are_printed_exactly(compiler):
     x = Value(0.0)
     tiny, third, big = 5e-324, 1 / 3, 1.7976931348623157e308

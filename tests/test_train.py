@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import codegen
 from mnist import build, train, xor
 from mnist.data import FILES, TEST_LABELS
 
@@ -236,13 +237,15 @@ def test_adam_on_the_default_model(mnist_dir, tmp_path, capsys):
     assert summary_accuracy(out) >= 0.965
 
 
-def test_module_dir_build_is_used_only_for_the_same_build(tmp_path, capsys):
+def test_module_dir_build_is_used_only_for_the_same_build(tmp_path, capsys, monkeypatch):
     """mnist.train takes the module mnist.build exported when its recorded cache key is the one these
     options give (same C, compiler and flags), never a stale one."""
     module_dir = tmp_path / "build"
     assert build.main(["--compiler", "tcc", "--out", str(module_dir)]) == 0
     assert sorted(p.name for p in module_dir.iterdir() if not p.name.endswith(".so")) == ["nn.c", "nn.json"]
-    hows = []
+    hows, lowerings = [], []
+    lower = codegen.ir.lower
+    monkeypatch.setattr(codegen.ir, "lower", lambda *a, **k: lowerings.append(1) or lower(*a, **k))
     for options in (["--compiler", "tcc"], ["--compiler", "tcc", "--seed", "1"], ["--compiler", "gcc"]):
         args = train.parse_args([*options, "--module-dir", str(module_dir)])
         optimizer = train.resolve_model_options(args, None)
@@ -250,3 +253,4 @@ def test_module_dir_build_is_used_only_for_the_same_build(tmp_path, capsys):
         hows.append(train.compiled_module(graph, args, optimizer)[1].how)
     assert hows[0].startswith(f"prebuilt {module_dir}")
     assert hows[1:] == ["compiled", "compiled"]  # other initial weights in the C; another compiler
+    assert len(lowerings) == 3  # the C generated once for each, though each was compared with the prebuilt

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import codegen
+import templates
 from codegen import ir, vector
 from micrograd_c import MLP, Value, cross_entropy, dot
 from test_compile import assert_equivalent, opt  # noqa: F401 (the -O0/-O2 fixture)
@@ -177,7 +178,7 @@ def test_demo_is_a_few_loops():
 def generated_lines(program):
     """Lines of C generated for a program, without the fixed prelude of kernels."""
     from codegen import emit
-    return len(emit.standalone(program).splitlines()) - len(emit._template("prelude.c").splitlines())
+    return len(emit.standalone(program).splitlines()) - len(templates.read("prelude.c").splitlines())
 
 
 def _demo_graph():

@@ -1,0 +1,84 @@
+/* The training and prediction loops over the generated functions (forward_outputs, forward_rest,
+ * backward_body, backward_sgd_body) and the optimizer (templates/optim.c): plain C on the module's
+ * State, run without the GIL by train() and predict() (templates/module.c), which check the
+ * arguments and hold the buffers and the lock. */
+/* The output's gradient is 1; every other non-parameter gradient restarts from 0, while
+ * parameter gradients accumulate until zero_grad(), as in micrograd. */
+static void seed_gradients(real *restrict g)
+{
+    memset(g + N_PARAMS, 0, (size_t)(N_SLOTS - N_PARAMS) * sizeof(real));
+    g[LOSS_SLOT] = 1.0;
+}
+
+static void backward_all(real *restrict d, real *restrict g)
+{
+    seed_gradients(g);
+    backward_body(d, g);
+}
+
+/* train()'s step after a batch of n samples: plain SGD (sgd_step, templates/prelude.c); any other optimizer takes
+ * one step on the batch's mean gradient. Parameter gradients are zeroed for the next batch. */
+static void batch_step(State *s, double lr, long long n)
+{
+    if (PLAIN_SGD) {
+        sgd_step(s->d, s->g, lr / (double)n, N_PARAMS);
+        return;
+    }
+    if (n > 1)
+        for (long i = 0; i < N_PARAMS; i++)
+            s->g[i] /= (double)n;
+    optimizer_step(s->d, s->g, s->opt_m, s->opt_v, s->opt_step, lr, 1);
+}
+
+/* One pass of train() over the rows in `order` (the samples s, loaded one at a time), without the
+ * GIL (`save`: the caller's Py_BEGIN_ALLOW_THREADS state). Adds each row's loss to *loss_sum;
+ * returns 1 when a signal handler raised (the rows done keep their steps), else 0. */
+static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, double lr, long long batch,
+                      double *loss_sum, PyThreadState **save)
+{
+    real *d = st->d, *g = st->g;
+    double next_check = now_ms() + SIGNAL_CHECK_MS;
+    memset(g, 0, N_PARAMS * sizeof(real));
+    Py_ssize_t in_batch = 0;
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        load_sample(s, order[i], d + INPUT_BASE);
+        scan_nonzeros(d);
+        forward_outputs(d);
+        forward_rest(d);
+        *loss_sum += d[LOSS_SLOT];
+        if (SGD_IN_BACKWARD && PLAIN_SGD && batch == 1) {
+            seed_gradients(g);
+            backward_sgd_body(d, g, lr);
+            sgd_after_backward(d, g, lr);
+        } else {
+            backward_all(d, g);
+            if (++in_batch == batch) { /* the mean gradient of the minibatch */
+                batch_step(st, lr, batch);
+                in_batch = 0;
+            }
+        }
+        if (interrupted_at(i, &next_check, save))
+            return 1;
+    }
+    if (in_batch)
+        batch_step(st, lr, in_batch);
+    return 0;
+}
+
+/* predict()'s pass: the outputs of every row of s into out (rows x N_OUTPUTS), without the GIL
+ * as train_rows; returns 1 when interrupted. */
+static int predict_rows(State *st, const Samples *s, real *restrict out, PyThreadState **save)
+{
+    real *d = st->d;
+    double next_check = now_ms() + SIGNAL_CHECK_MS;
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        load_sample(s, i, d + INPUT_BASE);
+        scan_nonzeros(d);
+        forward_outputs(d);
+        for (int j = 0; j < N_OUTPUTS; j++)
+            out[i * N_OUTPUTS + j] = d[OUTPUT_SLOTS[j]];
+        if (interrupted_at(i, &next_check, save))
+            return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,142 @@
+/* The rows train() and predict() read: checking X and Y once (templates/args.c), then loading
+ * one sample into the input slots; and train()'s visiting order.
+ * X: (n, n_x) uint8, float64 or float32 rows scaled into the first n_x inputs. Y: (n,) integer
+ * class labels, one-hot into the remaining inputs, or (n, n_y) float64 or float32 rows copied
+ * into them (converted to the module's dtype). */
+typedef struct {
+    Py_buffer x, y;
+    int have_y, y_is_labels;
+    Py_ssize_t n, n_x, n_y;
+    double scale;
+} Samples;
+
+static void release_samples(Samples *s)
+{
+    PyBuffer_Release(&s->x);
+    if (s->have_y)
+        PyBuffer_Release(&s->y);
+}
+
+static int get_samples(const char *fn, PyObject *xobj, PyObject *yobj, double scale, Samples *s)
+{
+    memset(s, 0, sizeof *s);
+    s->scale = scale;
+    if (get_buffer(fn, "X", xobj, &s->x, 2, "dfB", 0) < 0)
+        return -1;
+    s->n = s->x.shape[0];
+    s->n_x = s->x.shape[1];
+    if (s->n_x > N_INPUTS) {
+        PyErr_Format(PyExc_ValueError, "%s(): X has %zd columns but the model has only %d inputs", fn,
+                     s->n_x, N_INPUTS);
+        PyBuffer_Release(&s->x);
+        return -1;
+    }
+    if (element_type(&s->x) != 'B' && check_no_nan(fn, "X", s->n * s->n_x, &s->x) < 0)
+        return -1;
+    if (!yobj)
+        return 0;
+    s->n_y = N_INPUTS - s->n_x;
+    Py_buffer probe;
+    if (PyObject_GetBuffer(yobj, &probe, PyBUF_ND) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s(): Y must be a buffer of integer labels or of float64 or float32 rows, "
+                     "got %.100s", fn, Py_TYPE(yobj)->tp_name);
+        goto fail;
+    }
+    s->y_is_labels = probe.ndim == 1;
+    PyBuffer_Release(&probe);
+    if (get_buffer(fn, "Y", yobj, &s->y, s->y_is_labels ? 1 : 2, s->y_is_labels ? "i" : "df", 0) < 0)
+        goto fail;
+    s->have_y = 1;
+    if (s->y.shape[0] != s->n) {
+        PyErr_Format(PyExc_ValueError, "%s(): X has %zd rows but Y has %zd", fn, s->n, s->y.shape[0]);
+        goto fail_y;
+    }
+    if (s->y_is_labels) {
+        for (Py_ssize_t i = 0; i < s->n; i++) {
+            long long label = read_int(&s->y, i);
+            if (label < 0 || label >= s->n_y) {
+                PyErr_Format(PyExc_ValueError, "%s(): label %lld at row %zd is outside 0..%zd (the %zd "
+                             "inputs after X's %zd columns are the one-hot target)", fn, label, i,
+                             s->n_y - 1, s->n_y, s->n_x);
+                goto fail_y;
+            }
+        }
+    } else {
+        if (s->y.shape[1] != s->n_y) {
+            PyErr_Format(PyExc_ValueError, "%s(): Y has %zd columns; with X's %zd columns it must have "
+                         "%zd to fill the model's %d inputs", fn, s->y.shape[1], s->n_x, s->n_y, N_INPUTS);
+            goto fail_y;
+        }
+        if (check_no_nan(fn, "Y", s->n * s->n_y, &s->y) < 0) {
+            s->have_y = 0;
+            goto fail;
+        }
+    }
+    return 0;
+fail_y:
+    PyBuffer_Release(&s->y);
+    s->have_y = 0;
+fail:
+    PyBuffer_Release(&s->x);
+    return -1;
+}
+
+/* Scaled in double, then rounded to the module's type. */
+static void load_sample(const Samples *s, Py_ssize_t row, real *restrict in)
+{
+    if (element_type(&s->x) == 'B') {
+        const unsigned char *x = (const unsigned char *)s->x.buf + row * s->n_x;
+        for (Py_ssize_t j = 0; j < s->n_x; j++)
+            in[j] = (real)(x[j] * s->scale);
+    } else if (s->x.itemsize == 4) {
+        const float *x = (const float *)s->x.buf + row * s->n_x;
+        for (Py_ssize_t j = 0; j < s->n_x; j++)
+            in[j] = (real)(x[j] * s->scale);
+    } else {
+        const double *x = (const double *)s->x.buf + row * s->n_x;
+        for (Py_ssize_t j = 0; j < s->n_x; j++)
+            in[j] = (real)(x[j] * s->scale);
+    }
+    if (!s->have_y)
+        return;
+    real *target = in + s->n_x;
+    if (s->y_is_labels) {
+        memset(target, 0, (size_t)s->n_y * sizeof(real));
+        target[read_int(&s->y, row)] = 1;
+    } else {
+        for (Py_ssize_t j = 0; j < s->n_y; j++)
+            target[j] = (real)read_float(&s->y, row * s->n_y + j);
+    }
+}
+
+/* splitmix64: a tiny seeded generator, so a shuffle is the same on every platform */
+static uint64_t next_random(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* train()'s visiting order of n rows: 0..n-1, shuffled by Fisher-Yates when seed >= 0. NULL
+ * when out of memory (an exception set). */
+static Py_ssize_t *visiting_order(Py_ssize_t n, long long seed)
+{
+    Py_ssize_t *order = (size_t)n > PY_SSIZE_T_MAX / sizeof(Py_ssize_t) ? NULL
+        : PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    if (!order)
+        return (Py_ssize_t *)PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++)
+        order[i] = i;
+    if (seed >= 0) {
+        uint64_t x = (uint64_t)seed;
+        for (Py_ssize_t i = n - 1; i > 0; i--) {
+            Py_ssize_t j = (Py_ssize_t)(next_random(&x) % (uint64_t)(i + 1));
+            Py_ssize_t t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+    }
+    return order;
+}

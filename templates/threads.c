@@ -1,0 +1,64 @@
+/* The module's lock and the GIL (included by templates/module.c after its State).
+ * Every function touching d and g holds the module's lock, so two threads using one module take
+ * turns (no torn state), while different modules run in parallel: train(), predict() and the
+ * passes over big graphs release the GIL. Deadlock rule: never wait for the lock while holding the
+ * GIL (the holder may need the GIL to check for signals); try it, and release the GIL to wait.
+ * The data/grad/params/inputs memoryviews bypass the lock: writing them while another thread
+ * runs the module is the caller's race. */
+static State *lock_state(PyObject *module, const char *fn)
+{
+    State *s = state_of(module);
+    if (s->owner == PyThread_get_thread_ident()) { /* e.g. a signal handler run during train() */
+        PyErr_Format(PyExc_RuntimeError, "%s() called while this thread is already running this "
+                     "module (from a signal handler or finalizer)", fn);
+        return NULL;
+    }
+    if (!PyThread_acquire_lock(s->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(s->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    s->owner = PyThread_get_thread_ident();
+    return s;
+}
+
+static void unlock_state(State *s)
+{
+    s->owner = 0;
+    PyThread_release_lock(s->lock);
+}
+
+/* One forward or backward pass over a graph this big is worth releasing the GIL for. */
+#define BIG_GRAPH (N_SLOTS >= 16384)
+#define WITHOUT_GIL_IF(condition, statement)                                                     \
+    do {                                                                                         \
+        if (condition) {                                                                         \
+            Py_BEGIN_ALLOW_THREADS statement; Py_END_ALLOW_THREADS                               \
+        } else {                                                                                 \
+            statement;                                                                           \
+        }                                                                                        \
+    } while (0)
+
+/* train() and predict() run without the GIL and take it back every SIGNAL_CHECK_MS (checking the
+ * clock every 64 rows) to check for signals, so that Ctrl-C stops them within a fraction of a second. */
+#define SIGNAL_CHECK_MS 50.0
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* Row i of a loop running without the GIL (`save`: its Py_BEGIN_ALLOW_THREADS state): every 64
+ * rows, once *next_check has passed, takes the GIL back for a moment to run signal handlers.
+ * Returns 1 when one raised (Ctrl-C): the caller stops, keeping the rows done. */
+static int interrupted_at(Py_ssize_t i, double *next_check, PyThreadState **save)
+{
+    if ((i & 63) != 63 || now_ms() < *next_check)
+        return 0;
+    PyEval_RestoreThread(*save);
+    int raised = PyErr_CheckSignals() < 0;
+    *save = PyEval_SaveThread();
+    *next_check = now_ms() + SIGNAL_CHECK_MS;
+    return raised;
+}
