@@ -7,6 +7,7 @@ self-contained: the cache keys it by its text, and the C kept beside a build is 
     threads.c   the module's lock, the GIL and signal checks
     samples.c   train()/predict()'s rows: checking X and Y, loading one sample
     driver.c    the training and prediction loops over the generated functions, without Python
+    step.c      the step-by-step API's gradients: zero_grad(), backward(), update(), the `grad` view
     optim.c     the optimizers' steps (codegen/optim.py describes them)
     prelude.c   element type, kernels (dot, axpy, sgd_step, ...), math for the generated code
     jit.c       a micrograd_c.jit function's module

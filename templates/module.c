@@ -20,6 +20,12 @@ typedef struct {
     PyObject *opt_buf;
     PyThread_type_lock lock;       /* held by every function reading or writing d and g */
     unsigned long owner;           /* the thread holding `lock` (0: none), to refuse re-entry */
+    /* the step-by-step API's gradient rows (templates/step.c): their stamps, the current
+     * generation and that of the last backward(), rank-one factors and the dots' snapshots,
+     * and how many buffers of the `grad` view are alive */
+    uint64_t *stamp, gen, backward_gen;
+    real *rank1, *snap;
+    Py_ssize_t grad_exports;
 } State;
 
 static State *state_of(PyObject *module) { return (State *)PyModule_GetState(module); }
@@ -37,7 +43,20 @@ static State *state_of(PyObject *module) { return (State *)PyModule_GetState(mod
 /* ---- the training driver ------------------------------------------------------------------ */
 /*@INCLUDE driver.c@*/
 
+/* ---- the step-by-step API: zero_grad(), backward(), update(), `grad` -------------------------- */
+/*@INCLUDE step.c@*/
+
 /* ---- exported functions ------------------------------------------------------------------- */
+/* Whether n values of the module's own type hold a NaN, in one pass that vectorises (set_input
+ * runs at every step of a training loop) */
+static int has_nan(const real *x, Py_ssize_t n)
+{
+    int nan = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        nan |= x[i] != x[i];
+    return nan;
+}
+
 /* set_input and set_params: check one float64 or float32 buffer of `count` values, copy it to
  * d + offset, converted to the module's dtype (rounded to nearest in float32) */
 static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *what, PyObject *const *args,
@@ -45,7 +64,10 @@ static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *w
 {
     Py_buffer view;
     if (check_nargs(fn, nargs, 1, 1) < 0 || get_buffer(fn, what, args[0], &view, 1, "df", 0) < 0 ||
-        check_length(fn, what, &view, count) < 0 || check_no_nan(fn, what, count, &view) < 0)
+        check_length(fn, what, &view, count) < 0)
+        return NULL;
+    int same_type = view.itemsize == (Py_ssize_t)sizeof(real); /* copied as it is */
+    if ((!same_type || has_nan((const real *)view.buf, count)) && check_no_nan(fn, what, count, &view) < 0)
         return NULL;
     State *s = lock_state(module, fn);
     if (!s) {
@@ -53,8 +75,11 @@ static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *w
         return NULL;
     }
     real *d = s->d + offset;
-    for (Py_ssize_t i = 0; i < count; i++)
-        d[i] = (real)read_float(&view, i);
+    if (same_type)
+        memcpy(d, view.buf, (size_t)count * sizeof(real));
+    else
+        for (Py_ssize_t i = 0; i < count; i++)
+            d[i] = (real)read_float(&view, i);
     unlock_state(s);
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
@@ -89,7 +114,7 @@ static PyObject *fn_backward(PyObject *module, PyObject *unused)
     if (!s)
         return NULL;
     scan_nonzeros(s->d);
-    WITHOUT_GIL_IF(BIG_GRAPH, backward_all(s->d, s->g));
+    WITHOUT_GIL_IF(BIG_GRAPH, backward_step(s));
     unlock_state(s);
     Py_RETURN_NONE;
 }
@@ -100,7 +125,7 @@ static PyObject *fn_zero_grad(PyObject *module, PyObject *unused)
     if (!s)
         return NULL;
     /* Only the parameters' gradients persist: backward() restarts every other one from 0. */
-    memset(s->g, 0, N_PARAMS * sizeof(real));
+    zero_gradients(s);
     unlock_state(s);
     Py_RETURN_NONE;
 }
@@ -113,7 +138,7 @@ static PyObject *fn_update(PyObject *module, PyObject *const *args, Py_ssize_t n
     State *s = lock_state(module, "update");
     if (!s)
         return NULL;
-    optimizer_step(s->d, s->g, s->opt_m, s->opt_v, s->opt_step, lr, 0);
+    update_step(s, lr);
     unlock_state(s);
     Py_RETURN_NONE;
 }
@@ -173,6 +198,7 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     }
     double loss_sum = 0.0;
     int interrupted;
+    stamp_all_rows(st); /* train_rows zeroes every gradient first: all rows hold theirs */
     Py_BEGIN_ALLOW_THREADS /* the buffers stay held (release_samples below), the state locked */
     interrupted = train_rows(st, &s, order, lr, batch, &loss_sum, &_save);
     Py_END_ALLOW_THREADS
@@ -268,6 +294,9 @@ static PyMethodDef methods[] = {
      "predict(X, scale=1.0) -> memoryview of shape (rows, n_outputs) with the outputs' values\n"
      "(format 'd' float64 or 'f' float32: the module's dtype);\n"
      "X's rows (times scale) fill the first inputs, the other inputs keep their values."},
+    {"__getattr__", fn_getattr, METH_O,
+     "the `grad` view: a new writable memoryview of every slot's gradient at each look"},
+    {"__dir__", fn_dir, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -332,7 +361,7 @@ static int add_optimizer_state(PyObject *module, State *s)
 static int module_exec(PyObject *module)
 {
     State *s = state_of(module);
-    Py_ssize_t d0, g0;
+    Py_ssize_t d0, g0; /* g0: the gradients' view is `grad` (templates/step.c), g[0] is aligned all the same */
     if (!(s->lock = PyThread_allocate_lock())) {
         PyErr_NoMemory();
         return -1;
@@ -342,13 +371,14 @@ static int module_exec(PyObject *module)
     if (!(s->d = aligned_slots(&s->data_buf, &d0, N_SLOTS + nonzero_reals)) || !(s->g = aligned_slots(&s->grad_buf, &g0, N_SLOTS)) ||
         add_optimizer_state(module, s) < 0)
         return -1;
+    if (alloc_tracked_rows(s) < 0 || PyType_Ready(&GradBufferType) < 0)
+        return -1;
     init_constants(s->d);
 #ifdef HAVE_INITIAL_PARAMS /* the parameters' values when compiled (codegen.compile(embed_params=True)) */
     for (long i = 0; i < N_PARAMS; i++)
         s->d[i] = (real)INITIAL_PARAMS[i];
 #endif
     if (add_view(module, "data", s->data_buf, d0, d0 + N_SLOTS) < 0 ||
-        add_view(module, "grad", s->grad_buf, g0, g0 + N_SLOTS) < 0 ||
         add_view(module, "params", s->data_buf, d0, d0 + N_PARAMS) < 0 ||
         add_view(module, "inputs", s->data_buf, d0 + INPUT_BASE, d0 + INPUT_BASE + N_INPUTS) < 0 ||
         PyModule_AddIntConstant(module, "n_slots", N_SLOTS) < 0 ||
@@ -386,6 +416,8 @@ static void module_free(void *module)
 {
     module_clear((PyObject *)module);
     State *s = state_of((PyObject *)module);
+    if (s)
+        free_tracked_rows(s);
     if (s && s->lock) {
         PyThread_free_lock(s->lock);
         s->lock = NULL;
