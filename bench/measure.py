@@ -53,6 +53,7 @@ class Config:
     fuse: bool = True       # compiled only: False is the straight-line scalar code
     dtype: str = 'float64'  # compiled only: codegen.compile's dtype
     sparse: bool = False    # compiled: codegen's sparse_inputs; c-reference: its SPARSE_INPUTS variant
+    step_api: bool = False  # compiled: trained by set_input, zero_grad, forward, backward, update per image
     max_images: int | None = None  # time at most this many images (slow configurations)
 
     def __post_init__(self):
@@ -73,7 +74,7 @@ class Config:
 
 
 def compiled(compiler: str, opt: int = 2, native: bool = False, fuse: bool = True, dtype: str = 'float64',
-             sparse: bool = False) -> Config:
+             sparse: bool = False, step_api: bool = False) -> Config:
     """Our module; a compiler that does not optimise (tcc) is named without an -O level and built at
     -O0. The rows are dense (sparse_inputs=False) unless `sparse`, so that they compare kernels with
     kernels."""
@@ -81,14 +82,16 @@ def compiled(compiler: str, opt: int = 2, native: bool = False, fuse: bool = Tru
     optimises = family is None or family.optimises
     name = f'{compiler}-O{opt}' + ('-native' if native else '') if optimises else compiler
     name += ('' if fuse else '-scalar') + ('-f32' if dtype == 'float32' else '') + ('-sparse' if sparse else '')
-    return Config(name, 'compiled', compiler, opt if optimises else 0, native, fuse, dtype=dtype, sparse=sparse)
+    name += '-step' if step_api else ''
+    return Config(name, 'compiled', compiler, opt if optimises else 0, native, fuse, dtype=dtype, sparse=sparse,
+                  step_api=step_api)
 
 
 def with_dtype(configs: list[Config], dtype: str) -> list[Config]:
     """--dtype: our float64 rows in another element type (labels gain -f32), the rest unchanged."""
     if dtype == 'float64':
         return list(configs)
-    return [compiled(c.compiler, c.opt, c.native, c.fuse, dtype, c.sparse)
+    return [compiled(c.compiler, c.opt, c.native, c.fuse, dtype, c.sparse, c.step_api)
             if c.kind == 'compiled' and c.dtype == 'float64' else c for c in configs]
 
 
@@ -159,6 +162,8 @@ def measure(config: Config, data, n_train: int, repeats: int = 3, timeout: float
 def _timed_run(trainer, X, Y, lr) -> float:
     """Seconds for one pass of SGD over X from the initial weights."""
     trainer.reset()
+    if hasattr(trainer, 'prepare'):
+        trainer.prepare(X, Y)
     started = time.perf_counter()
     trainer.train(X, Y, lr)
     return time.perf_counter() - started
@@ -167,7 +172,7 @@ def _timed_run(trainer, X, Y, lr) -> float:
 def _train_and_score(config, row, data, n_images, repeats, timeout, lr):
     train_X, train_Y, test_X, test_Y = data
     X, Y = train_X[:n_images], train_Y[:n_images]
-    trainer = _TRAINERS[config.kind](config, row, timeout)
+    trainer = _trainer(config)(config, row, timeout)
     seconds = [_timed_run(trainer, X, Y, lr) for _ in range(repeats)]
     row.images_timed = n_images
     row.s_per_epoch = statistics.median(seconds) * EPOCH_IMAGES / n_images
@@ -180,7 +185,7 @@ def paired_ratio(config: Config, baseline: Config, data, n_train: int, repeats: 
     baseline's: both see the same moment of a shared, noisy machine, which separate medians
     taken minutes apart do not."""
     X, Y = data[0][:n_train], data[1][:n_train]
-    trainers = [_TRAINERS[c.kind](c, Row(c), None) for c in (config, baseline)]
+    trainers = [_trainer(c)(c, Row(c), None) for c in (config, baseline)]
     ratios = []
     for _ in range(repeats):
         ours, theirs = (_timed_run(t, X, Y, lr) for t in trainers)
@@ -240,6 +245,27 @@ class _CompiledTrainer:
         return float(np.mean(logits.argmax(axis=1) == Y))
 
 
+class _StepTrainer(_CompiledTrainer):
+    """Our module trained the way micrograd users write it, one image at a time: set_input(row),
+    zero_grad(), forward(), backward(), update(lr). The rows (pixels times PIXEL_SCALE, as train()
+    scales them, then the one-hot label) are made before the clock starts."""
+
+    def prepare(self, X, Y):
+        n, n_x = X.shape
+        self.rows = np.zeros((n, self.net.n_inputs))
+        self.rows[:, :n_x] = X * PIXEL_SCALE
+        self.rows[np.arange(n), n_x + Y.astype(np.int64)] = 1.0
+
+    def train(self, X, Y, lr):
+        net = self.net
+        for row in self.rows:
+            net.set_input(row)
+            net.zero_grad()
+            net.forward()
+            net.backward()
+            net.update(lr)
+
+
 class _InterpretedTrainer:
     """micrograd as written: a fresh graph per image, Value.backward, then the SGD step."""
 
@@ -278,6 +304,10 @@ class _PeerTrainer:
 
     def accuracy(self, X, Y):
         return self.peer.accuracy(X, Y)
+
+
+def _trainer(config):
+    return _StepTrainer if config.step_api else _TRAINERS[config.kind]
 
 
 _TRAINERS = {'compiled': _CompiledTrainer, 'interpreted': _InterpretedTrainer, 'numpy': _PeerTrainer,
