@@ -5,6 +5,7 @@
  * Its INCLUDE markers are replaced by those templates (templates/__init__.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <time.h>
 
 /*@CONSTANTS@*/
@@ -18,7 +19,7 @@ typedef struct {
     PyObject *data_buf, *grad_buf; /* bytearrays owning d and g */
     real *opt_m, *opt_v, *opt_step; /* the optimizer's state (templates/optim.c), in opt_buf */
     PyObject *opt_buf;
-    PyThread_type_lock lock;       /* held by every function reading or writing d and g */
+    pthread_mutex_t *lock;         /* held by every function reading or writing d and g */
     unsigned long owner;           /* the thread holding `lock` (0: none), to refuse re-entry */
     /* the step-by-step API's gradient rows (templates/step.c): their stamps, the current
      * generation and that of the last backward(), rank-one factors and the dots' snapshots,
@@ -362,7 +363,9 @@ static int module_exec(PyObject *module)
 {
     State *s = state_of(module);
     Py_ssize_t d0, g0; /* g0: the gradients' view is `grad` (templates/step.c), g[0] is aligned all the same */
-    if (!(s->lock = PyThread_allocate_lock())) {
+    if (!(s->lock = PyMem_Malloc(sizeof *s->lock)) || pthread_mutex_init(s->lock, NULL) != 0) {
+        PyMem_Free(s->lock);
+        s->lock = NULL;
         PyErr_NoMemory();
         return -1;
     }
@@ -419,7 +422,8 @@ static void module_free(void *module)
     if (s)
         free_tracked_rows(s);
     if (s && s->lock) {
-        PyThread_free_lock(s->lock);
+        pthread_mutex_destroy(s->lock);
+        PyMem_Free(s->lock);
         s->lock = NULL;
     }
 }
