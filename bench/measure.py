@@ -54,6 +54,7 @@ class Config:
     dtype: str = 'float64'  # compiled only: codegen.compile's dtype
     sparse: bool = False    # compiled: codegen's sparse_inputs; c-reference: its SPARSE_INPUTS variant
     step_api: bool = False  # compiled: trained by set_input, zero_grad, forward, backward, update per image
+    input_major: bool = False  # c-reference: its INPUT_MAJOR variant (W1 stored pixel by pixel)
     max_images: int | None = None  # time at most this many images (slow configurations)
 
     def __post_init__(self):
@@ -95,9 +96,11 @@ def with_dtype(configs: list[Config], dtype: str) -> list[Config]:
             if c.kind == 'compiled' and c.dtype == 'float64' else c for c in configs]
 
 
-def c_reference(compiler: str, opt: int = 3, native: bool = True, sparse: bool = False) -> Config:
-    label = f'c-ref-{compiler}-O{opt}' + ('-native' if native else '') + ('-sparse' if sparse else '')
-    return Config(label, 'c-reference', compiler, opt, native, sparse=sparse)
+def c_reference(compiler: str, opt: int = 3, native: bool = True, sparse: bool = False,
+                input_major: bool = False) -> Config:
+    label = (f'c-ref-{compiler}-O{opt}' + ('-native' if native else '') + ('-sparse' if sparse else '')
+             + ('-input-major' if input_major else ''))
+    return Config(label, 'c-reference', compiler, opt, native, sparse=sparse, input_major=input_major)
 
 
 INTERPRETED = Config('interpreted', 'interpreted', max_images=INTERPRETED_IMAGES)
@@ -290,7 +293,8 @@ class _PeerTrainer:
         init = peer_params(build_graph(SEED).model)
         if config.kind == 'c-reference':
             self.make = lambda: CReference(init, compiler=config.compiler, opt=config.opt, native=config.native,
-                                           measure_memory=True, sparse=config.sparse)
+                                           measure_memory=True, sparse=config.sparse,
+                                           input_major=config.input_major)
             _record_build(row, self.make().build)  # this build compiles; reset()'s come from the cache
         else:
             self.make = lambda: {'numpy': NumpyMLP, 'torch': TorchMLP}[config.kind](init)

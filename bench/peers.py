@@ -137,19 +137,24 @@ long mlp_count_correct(const double *W1, const double *b1, const double *W2,
 class CReference:
     """bench/c/mnist_reference.c, compiled with codegen.toolchain and called through cffi (ABI mode)."""
 
-    def __init__(self, params, compiler='gcc', opt=3, native=True, measure_memory=False, sparse=False):
+    def __init__(self, params, compiler='gcc', opt=3, native=True, measure_memory=False, sparse=False,
+                 input_major=False):
         import cffi
         from codegen.toolchain import build_library
         c = importlib.resources.files('bench') / 'c'
         source = (c / 'zoo_common.h').read_text() + (c / 'mnist_reference.c').read_text()  # dot() is shared
         if sparse:  # its variant that visits only the nonzero pixels
             source = '#define SPARSE_INPUTS 1\n' + source
+        if input_major:  # its variant with W1 stored pixel by pixel (the transpose of the model's order)
+            source = '#define INPUT_MAJOR 1\n' + source
         self.build = build_library(source, 'mlp_reference', compiler=compiler, opt=opt, native=native,
                                    measure_memory=measure_memory)
         self.ffi = cffi.FFI()
         self.ffi.cdef(_CDEF)
         self.lib = self.ffi.dlopen(str(self.build.path))
         self.params = _copy_params(params)
+        if input_major:
+            self.params['W1'] = np.ascontiguousarray(self.params['W1'].T)
 
     def _args(self, X_u8, labels):
         """Pointers to the parameters (updated in place) and to the data; validates the data."""

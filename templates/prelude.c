@@ -57,8 +57,8 @@ typedef double real;
 #define where(c, x, y) ((c) ? (x) : (y))
 
 /* ---- kernels for fused dot products -------------------------------------------------- */
-/* Written unrolled, eight elements a step with eight independent accumulators: GCC and Clang
- * turn each step into vector instructions without reassociating anything (no -ffast-math),
+/* Written unrolled, eight elements a step with eight independent accumulators (dot() and
+ * sum_range(): sixteen, below): GCC and Clang turn each step into vector instructions without reassociating anything (no -ffast-math),
  * and TCC, which does not optimise, still gets short dependency chains and few loop branches.
  * Every compiler sums in the same order, so their results agree. */
 #define STEP8(op) op(0) op(1) op(2) op(3) op(4) op(5) op(6) op(7)
@@ -70,9 +70,11 @@ typedef double real;
 #define UNROLLED
 #endif
 
-#if REAL_IS_FLOAT
-/* Floats: sixteen lanes, one step a 512-bit vector (two 256-bit ones). With eight, GCC's loop
- * vectoriser would vectorise across steps, with permutes, at half the double kernel's speed. */
+/* Sixteen lanes, two accumulator chains of 512-bit vectors in float64 (one in float32): a dot's
+ * multiply-adds wait for their lane's last one, so the dense MNIST step is bound by this chain's
+ * latency (README, the roofline); sixteen double lanes measured 0.71-0.79x the epoch time of
+ * eight. In float32, eight lanes would make GCC's loop vectoriser vectorise across steps, with
+ * permutes, at half the speed; thirty-two did not go faster than sixteen. */
 #define STEP16(op) STEP8(op) op(8) op(9) op(10) op(11) op(12) op(13) op(14) op(15)
 #define LANES16(s) ((((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))) + \
                     (((s[8] + s[9]) + (s[10] + s[11])) + ((s[12] + s[13]) + (s[14] + s[15]))))
@@ -94,6 +96,7 @@ KERNEL real dot(const real *restrict a, const real *restrict b, long n)
     return LANES16(s);
 }
 
+/* The sum of x[0..n), in sixteen lanes like dot() */
 KERNEL real sum_range(const real *restrict x, long n)
 {
     real s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
@@ -110,46 +113,6 @@ KERNEL real sum_range(const real *restrict x, long n)
         s[i] += x[i];
     return LANES16(s);
 }
-#else
-KERNEL real dot(const real *restrict a, const real *restrict b, long n)
-{
-    real s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-    const real *end = a + (n & ~7L);
-#define DOT(l) s##l += a[l] * b[l];
-    UNROLLED
-    for (; a < end; a += 8, b += 8) {
-        STEP8(DOT)
-    }
-#undef DOT
-    switch (n & 7) { /* the tail, lane by lane as if the loop went on */
-    case 7: s6 += a[6] * b[6]; /* fall through */
-    case 6: s5 += a[5] * b[5]; /* fall through */
-    case 5: s4 += a[4] * b[4]; /* fall through */
-    case 4: s3 += a[3] * b[3]; /* fall through */
-    case 3: s2 += a[2] * b[2]; /* fall through */
-    case 2: s1 += a[1] * b[1]; /* fall through */
-    case 1: s0 += a[0] * b[0];
-    }
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
-}
-
-/* The sum of x[0..n), in eight lanes like dot() */
-KERNEL real sum_range(const real *restrict x, long n)
-{
-    real s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-    const real *end = x + (n & ~7L);
-#define SUM(l) s##l += x[l];
-    UNROLLED
-    for (; x < end; x += 8) {
-        STEP8(SUM)
-    }
-#undef SUM
-    real s[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
-    for (long i = 0; i < (n & 7); i++)
-        s[i] += x[i];
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-#endif
 
 /* Lists that are not contiguous: element i at base + offsets[i], the same offsets for every
  * iteration of a loop (a convolution's window), so one small table serves the whole loop. */

@@ -4,7 +4,7 @@ straight-line scalar mode and the fused mode.
 
 Tolerances: the scalar mode evaluates the op table's formulas in the interpreter's order, so it
 agrees to 1e-12 relative (bit for bit unless the compiler contracts a*b+c into an FMA). The fused
-mode sums each dot product in eight interleaved lanes instead of left to right; the difference is
+mode sums each dot product in sixteen interleaved lanes instead of left to right; the difference is
 bounded by about n * 2**-52 * sum|terms|, so it is held to 1e-9.
 
 The float32 column (fused mode, dtype="float32") is held to the float64 interpreter to 1e-4

@@ -164,7 +164,7 @@ def test_frozen_export_predicts_as_the_module(cc, tmp_path):
 
     net = codegen.compile(loss, xs + ys, model.parameters(), logits, compiler="gcc")
     expected = np.asarray(net.predict(data))
-    # the module sums its dots in eight lanes, the frozen code left to right
+    # the module sums its dots in sixteen lanes, the frozen code left to right
     np.testing.assert_allclose(got["output"].reshape(expected.shape), expected, rtol=1e-12, atol=1e-14)
 
 

@@ -16,6 +16,12 @@
  * C programmer does with MNIST's zeros: it lists each image's nonzero pixels once, and when
  * fewer than half are nonzero the first layer's dots and weight updates visit only those
  * (the terms left out are exact zeros). The same trick as codegen's sparse_inputs.
+ *
+ * Compiled with INPUT_MAJOR defined (a third reference row, for scale), W1 is stored pixel by
+ * pixel, W1[i*NHID + j] (the caller passes the transpose): each nonzero pixel adds its 50 weights
+ * times its value to the hidden sums, and the update subtracts lr * x[i] * dh from that same
+ * row, so a step reads and writes only the nonzero pixels' rows, in vector registers. It is what
+ * a layout other than the model's parameter order buys; codegen keeps the model's order.
  */
 #define NIN 784
 #define NHID 50
@@ -70,6 +76,18 @@ static void forward(const double *W1, const double *b1, const double *W2,
         double a = b1[j] + (SHORT_LIST ? dot_sparse(W1 + j * NIN, x) : dot(W1 + j * NIN, x, NIN));
         h[j] = a < 0 ? 0 : a;
     }
+#elif defined(INPUT_MAJOR)
+    for (int j = 0; j < NHID; j++)
+        h[j] = b1[j];
+    for (int i = 0; i < NIN; i++) {
+        if (x[i] == 0)
+            continue;
+        const double *w = W1 + i * NHID;
+        for (int j = 0; j < NHID; j++)
+            h[j] += x[i] * w[j];
+    }
+    for (int j = 0; j < NHID; j++)
+        h[j] = h[j] < 0 ? 0 : h[j];
 #else
     for (int j = 0; j < NHID; j++) {
         double a = b1[j] + dot(W1 + j * NIN, x, NIN);
@@ -115,6 +133,18 @@ double mlp_train_epoch(double *W1, double *b1, double *W2, double *b2,
                 W2[k * NHID + j] -= g * h[j];
             b2[k] -= g;
         }
+#ifdef INPUT_MAJOR
+        for (int j = 0; j < NHID; j++)
+            b1[j] -= lr * dh[j];
+        for (int i = 0; i < NIN; i++) {
+            if (x[i] == 0)
+                continue;
+            double g = lr * x[i], *w = W1 + i * NHID;
+            for (int j = 0; j < NHID; j++)
+                w[j] -= g * dh[j];
+        }
+        continue;
+#endif
         for (int j = 0; j < NHID; j++) {
             if (dh[j] == 0)
                 continue;
