@@ -318,10 +318,12 @@ class _Emitter:
         snapshot = sum(r[1] for r in self.tracked_rows if r[3] is not None)
         self.tracked_rows.append((wrt, n, shape, other))
         stamp = self._stamp_index(first, shape)
+        listed = f"live[++live[0]] = (uint32_t)({stamp});"  # update() visits the rows of the list
         if other is None:  # a single parameter (a bias): its gradient is written at once
             return (f"if (stamp[{stamp}] == gen) {accumulate} else if (go != 0) {{ stamp[{stamp}] = gen; "
-                    f"{_g(wrt)} = (real)0 + go; }}", None)
-        return (f"if (stamp[{stamp}] == gen) {accumulate} else if (go != 0) {{ stamp[{stamp}] = gen + 1; rank1[{stamp}] = go; }}",
+                    f"{_g(wrt)} = (real)0 + go; {listed} }}", None)
+        return (f"if (stamp[{stamp}] == gen) {accumulate} else if (go != 0) {{ stamp[{stamp}] = gen + 1; "
+                f"rank1[{stamp}] = go; {listed} }}",
                 f"memcpy(snap + {snapshot}, d + {_index(other)}, {n} * sizeof(real));")
 
     @staticmethod
@@ -334,28 +336,28 @@ class _Emitter:
         they are used. A row's stamp against the generation `gen` (which zero_grad() advances by
         2) says what it holds: == gen, its gradient; == gen + 1, 0 + rank1[row] * its snapshot
         (one contribution so far, not written out); otherwise stale values standing for zeros.
-        N_TRACKED_ROWS, N_SNAPSHOT (reals); SWEPT_RUNS, N_SWEPT_RUNS: the other parameters,
-        (first slot, count), zeroed and stepped every time; sgd_tracked_rows(d, g, stamp, rank1,
-        snap, gen, lr): `param -= lr * grad` over the rows of this generation; write_rows(g,
-        stamp, rank1, snap, gen, all): writes out the rank-one rows and, with all, zeroes the
-        stale ones, stamping them current."""
+        The rows stamped in this generation are listed in live[1..live[0]]. N_TRACKED_ROWS,
+        N_SNAPSHOT (reals); SWEPT_RUNS, N_SWEPT_RUNS: the other parameters, (first slot, count),
+        zeroed and stepped every time; sgd_live_rows(d, g, stamp, rank1, snap, live, gen, lr):
+        `param -= lr * grad` over the listed rows; write_rows(g, stamp, rank1, snap, gen, all):
+        writes out the rank-one rows and, with all, zeroes the stale ones, stamping them current."""
         tracked = [False] * n_params
-        sgd, write = [], []
+        write, starts, lengths, snapshots = [], [], [], []
         first = snapshot = 0
         for start, n, shape, other in self.tracked_rows:
             loops = "".join(f"for (long i{d} = 0; i{d} < {e}; i{d}++) " for d, e in enumerate(shape))
             stamp = self._stamp_index(first, shape)
             row = _index(start)
-            for index in itertools.product(*map(range, shape)):
+            for index in itertools.product(*map(range, shape)):  # in loop order, as the stamps
                 at = start.base + sum(s * i for s, i in zip(start.strides, index))
                 tracked[at:at + n] = [True] * n
+                starts.append(at)
             first += math.prod(shape)
+            lengths += [n] * math.prod(shape)
+            snapshots += [snapshot] * math.prod(shape)
             if other is None:
-                sgd.append(f"    {loops}if (stamp[{stamp}] == gen) d[{row}] = d[{row}] + -lr * g[{row}];")
                 write.append(f"    {loops}if (all && stamp[{stamp}] != gen) {{ g[{row}] = 0; stamp[{stamp}] = gen; }}")
                 continue
-            sgd.append(f"    {loops}{{\n        if (stamp[{stamp}] == gen) sgd_row(d + {row}, lr, g + {row}, {n});\n"
-                       f"        else if (stamp[{stamp}] == gen + 1) sgd_rank1_row(d + {row}, lr, rank1[{stamp}], snap + {snapshot}, {n});\n    }}")
             write.append(f"    {loops}{{\n        real *restrict q = g + {row};\n"
                          f"        if (stamp[{stamp}] == gen + 1) {{ const real a = rank1[{stamp}];"
                          f" for (long k = 0; k < {n}; k++) q[k] = (real)0 + a * snap[{snapshot} + k]; }}\n"
@@ -373,16 +375,26 @@ class _Emitter:
         runs = runs or [[0, 0]]
         # without tracked rows the step's backward is the ordinary one
         untracked = [] if self.tracked_rows else [
-            "#define backward_tracked_body(d, g, stamp, rank1, snap, gen) "
-            "((void)(stamp), (void)(rank1), (void)(snap), (void)(gen), backward_body(d, g))"]
+            "#define backward_tracked_body(d, g, stamp, rank1, snap, live, gen) "
+            "((void)(stamp), (void)(rank1), (void)(snap), (void)(live), (void)(gen), backward_body(d, g))"]
         arrays = "const uint64_t *restrict stamp, const real *restrict rank1, const real *restrict snap, uint64_t gen"
+        table = lambda name, values: f"static const long {name}[] = {{{', '.join(map(str, values or [0]))}}};"
         return "\n".join([*untracked,
             f"#define N_TRACKED_ROWS {first}",
             f"#define N_SNAPSHOT {snapshot}",
             f"#define N_SWEPT_RUNS {len(runs)}",
             "static const long SWEPT_RUNS[][2] = {" + ", ".join(f"{{{a}, {b}}}" for a, b in runs) + "};",
-            f"static void sgd_tracked_rows(real *restrict d, const real *restrict g, {arrays}, real lr)\n{{\n"
-            + "\n".join(sgd) + "\n    (void)d; (void)g; (void)stamp; (void)rank1; (void)snap; (void)gen; (void)lr;\n}",
+            table("ROW_START", starts), table("ROW_LENGTH", lengths), table("ROW_SNAPSHOT", snapshots),
+            "static void sgd_live_rows(real *restrict d, const real *restrict g, const uint64_t *restrict stamp,\n"
+            "                          const real *restrict rank1, const real *restrict snap, const uint32_t *restrict live,\n"
+            "                          uint64_t gen, real lr)\n{\n"
+            "    for (uint32_t j = 1; j <= live[0]; j++) {\n"
+            "        const uint32_t r = live[j];\n"
+            "        if (stamp[r] == gen + 1)\n"
+            "            sgd_rank1_row(d + ROW_START[r], lr, rank1[r], snap + ROW_SNAPSHOT[r], ROW_LENGTH[r]);\n"
+            "        else\n"
+            "            sgd_row(d + ROW_START[r], lr, g + ROW_START[r], ROW_LENGTH[r]);\n"
+            "    }\n}",
             f"static void write_rows(real *restrict g, {arrays.replace('const uint64_t', 'uint64_t')}, int all)\n{{\n"
             + "\n".join(write) + "\n    (void)g; (void)stamp; (void)rank1; (void)snap; (void)gen; (void)all;\n}",
         ])
@@ -518,7 +530,8 @@ def _render(program, chunk, unit, dtype="float64", sparse_inputs=None):
     backward_tracked = [s for g in program.backward for s in e.backward(g, tracked=True)] \
         if sparse_inputs is not None and program.sgd_in_backward else []
     d, dg = ["real *restrict d"], ["real *restrict d", "real *restrict g"]
-    tracking = ["uint64_t *restrict stamp", "real *restrict rank1", "real *restrict snap", "uint64_t gen"]
+    tracking = ["uint64_t *restrict stamp", "real *restrict rank1", "real *restrict snap", "uint32_t *restrict live",
+                "uint64_t gen"]
     pieces, drivers = [], []
     for name, params, statements in [("forward_outputs", d, forward_outputs),
                                      ("forward_rest", d, forward_rest),

@@ -23,9 +23,10 @@ typedef struct {
     unsigned long owner;           /* the thread holding `lock` (0: none), to refuse re-entry */
     /* the step-by-step API's gradient rows (templates/step.c): their stamps, the current
      * generation and that of the last backward(), rank-one factors and the dots' snapshots,
-     * and how many buffers of the `grad` view are alive */
+     * the rows stamped in this generation, and how many buffers of the `grad` view are alive */
     uint64_t *stamp, gen, backward_gen;
     real *rank1, *snap;
+    uint32_t *live;
     Py_ssize_t grad_exports;
 } State;
 

@@ -7,9 +7,9 @@
  * far, 0 + rank1[row] * (a snapshot of the dot's other operand), not written out; anything
  * else, stale values that stand for zeros (nothing since zero_grad(): a ReLU that stayed off).
  * zero_grad() moves to a new generation (gen += 2) and zeroes only the other parameters (the
- * swept runs); backward() writes a rank-one row out before a second contribution; update()
- * steps the rows of the current generation only, from their gradient or their rank-one form,
- * with the rounding of stepping a written-out gradient.
+ * swept runs); backward() writes a rank-one row out before a second contribution and lists the
+ * rows it stamps (live); update() steps the listed rows only, from their gradient or their
+ * rank-one form, with the rounding of stepping a written-out gradient.
  *
  * Whoever looks at the gradients sees them exact: `grad` is a new memoryview at every look
  * (module __getattr__), whose buffer writes out every row of the generation and zeroes the
@@ -19,22 +19,34 @@
  * gradients are always written out (the stamps stay current). */
 #define LAZY_ROWS (PLAIN_SGD && N_TRACKED_ROWS > 0)
 
+/* Every tracked row of this generation is listed for update() */
+static void list_all_rows(State *s)
+{
+    for (long i = 0; i < N_TRACKED_ROWS; i++)
+        s->live[i + 1] = (uint32_t)i;
+    s->live[0] = N_TRACKED_ROWS;
+}
+
 /* Every tracked row holds its gradient (after zeroing them all): stamped current. */
 static void stamp_all_rows(State *s)
 {
     for (long i = 0; i < N_TRACKED_ROWS; i++)
         s->stamp[i] = s->gen;
+    list_all_rows(s);
 }
 
 static void write_out_rows(State *s, int zero_stale)
 {
     write_rows(s->g, s->stamp, s->rank1, s->snap, s->gen, zero_stale);
+    if (zero_stale) /* every row is now of this generation */
+        list_all_rows(s);
 }
 
 static void zero_gradients(State *s)
 {
     if (LAZY_ROWS && s->grad_exports == 0) {
         s->gen += 2;
+        s->live[0] = 0;
         for (long r = 0; r < N_SWEPT_RUNS; r++)
             for (long i = SWEPT_RUNS[r][0]; i < SWEPT_RUNS[r][0] + SWEPT_RUNS[r][1]; i++)
                 s->g[i] = 0;
@@ -51,7 +63,7 @@ static void backward_step(State *s)
         write_out_rows(s, 0);
     s->backward_gen = s->gen;
     seed_gradients(s->g);
-    backward_tracked_body(s->d, s->g, s->stamp, s->rank1, s->snap, s->gen);
+    backward_tracked_body(s->d, s->g, s->stamp, s->rank1, s->snap, s->live, s->gen);
 }
 
 static void update_step(State *s, double lr)
@@ -63,22 +75,26 @@ static void update_step(State *s, double lr)
     /* optimizer_step's plain SGD (p + -rate * grad), over the rows of this generation */
     const real rate = (real)lr;
     real *restrict d = s->d, *restrict g = s->g;
-    sgd_tracked_rows(d, g, s->stamp, s->rank1, s->snap, s->gen, rate);
+    sgd_live_rows(d, g, s->stamp, s->rank1, s->snap, s->live, s->gen, rate);
     for (long r = 0; r < N_SWEPT_RUNS; r++)
         for (long i = SWEPT_RUNS[r][0]; i < SWEPT_RUNS[r][0] + SWEPT_RUNS[r][1]; i++)
             d[i] = d[i] + -rate * g[i];
 }
 
-/* The stamps, the rank-one factors and the snapshots, zeroed: every row holds its gradient, 0. */
+/* The stamps, the rank-one factors and the snapshots, zeroed: every row holds its gradient, 0,
+ * and is listed. */
 static int alloc_tracked_rows(State *s)
 {
     s->stamp = PyMem_Calloc(N_TRACKED_ROWS + 1, sizeof(uint64_t));
+    s->live = PyMem_Calloc(N_TRACKED_ROWS + 1, sizeof(uint32_t));
     s->rank1 = PyMem_Calloc(N_TRACKED_ROWS + N_SNAPSHOT + 1, sizeof(real));
     s->snap = s->rank1 ? s->rank1 + N_TRACKED_ROWS : NULL;
     s->gen = 0;
     s->backward_gen = (uint64_t)-1;
-    if (s->stamp && s->rank1)
+    if (s->stamp && s->rank1 && s->live) {
+        list_all_rows(s);
         return 0;
+    }
     PyErr_NoMemory();
     return -1;
 }
@@ -87,7 +103,9 @@ static void free_tracked_rows(State *s)
 {
     PyMem_Free(s->stamp);
     PyMem_Free(s->rank1);
+    PyMem_Free(s->live);
     s->stamp = NULL;
+    s->live = NULL;
     s->rank1 = s->snap = NULL;
 }
 
