@@ -147,19 +147,27 @@ def _loop(shape, body, dots=True, independent=False):
     inner = [f"{names[id(s)]} += {s.term};" if id(s) in names else s.render() if isinstance(s, _Accumulate)
              else s for s in body if s not in dotted]
     *outer, last = [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape)]
+    if all(s.startswith(_GO) for s in inner):  # everything moved after it: no innermost loop
+        block = "{\n    " + "\n    ".join(_after_innermost(summed, dotted, names, shape)) + "\n    }"
+        return ["\n    ".join(outer + [block])]
     if independent or _independent_writes([s for s in body if s not in held], shape[-1]):
         last = "INDEPENDENT " + last
     innermost = f"{last} {{\n        " + "\n        ".join(inner) + "\n    }"
     if not held:
         return ["\n    ".join(outer + [innermost])]
     before = ["real " + ", ".join(f"{names[id(s)]} = 0" for s in summed) + ";"] if summed else []
+    block = "{\n    " + "\n    ".join([*before, innermost, *_after_innermost(summed, dotted, names, shape)]) + "\n    }"
+    return ["\n    ".join(outer + [block])]
+
+
+def _after_innermost(summed, dotted, names, shape):
+    """The held accumulations, after the innermost loop: register sums, dot products."""
     after = [s.render(names[id(s)]) for s in summed]
     after += [s.render(f"sum_range(g + {_index(_at_start(s.product[0]), grad=True)}, {shape[-1]})"
                        if s.product[1] is None else
                        f"dot(g + {_index(_at_start(s.product[0]), grad=True)}, "
                        f"d + {_index(_at_start(s.product[1]), s.product[2])}, {shape[-1]})") for s in dotted]
-    block = "{\n    " + "\n    ".join([*before, innermost, *after]) + "\n    }"
-    return ["\n    ".join(outer + [block])]
+    return after
 
 
 _GO = "const real go = "  # backward's first statement: the group's gradient

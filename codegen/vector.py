@@ -123,6 +123,8 @@ def vectorize(groups, n_slots):
     constants = []
     result = []
     for g in groups:
+        if g.first.kind == "dot":
+            n_slots = _slot_factor_constants(g, constants, n_slots)
         if len(g.members) > 1:
             literals, n_slots = _slot_varying_constants(g, constants, n_slots)
             if _describe_loop(g, literals):
@@ -152,6 +154,30 @@ def _slot_varying_constants(g, constants, n_slots):
                 constants.append((n_slots, float(c.value)))
                 n_slots += 1
     return literals, n_slots
+
+
+def _slot_factor_constants(g, constants, n_slots):
+    """Constants in a dot's factor lists (data times weights) are read from slots, as lists
+    are. Per list position: one slot for all members if they hold the same value there (a
+    shared scale), else a slot per distinct constant, position by position, so that one
+    position's values (a data column) sit side by side. Returns the slot count."""
+    for which in ("a", "b"):
+        for position, x in enumerate(getattr(g.first, which)):
+            if x.kind != "const":
+                continue
+            column = [getattr(m, which)[position] for m in g.members]
+            if all(c.slot is None for c in column) and len({repr(float(c.value)) for c in column}) == 1:
+                for c in column:
+                    c.slot = n_slots
+                constants.append((n_slots, float(x.value)))
+                n_slots += 1
+                continue
+            for c in column:
+                if c.slot is None:
+                    c.slot = n_slots
+                    constants.append((n_slots, float(c.value)))
+                    n_slots += 1
+    return n_slots
 
 
 def _lists(node, literals):
