@@ -145,6 +145,30 @@ def test_scattered_operands_stay_correct(compiler):
     assert_equivalent(build, [0.1 * i - 0.6 for i in range(15)], rows, "fused", compiler=compiler, opt=2)
 
 
+def test_constant_factors_in_sums(compiler):
+    """Products with one constant factor are factor-list elements: data columns that differ by
+    member (short lists written out, 20-long ones through the kernels, in a loop and alone), a
+    shared scale (a - b is a + b * -1), 2-term sums that absorb a product, and a product of two
+    constants that stays a term."""
+    rng = np.random.default_rng(7)
+    data = rng.normal(size=(6, 20))
+
+    def build(params, inputs):
+        short = [(params[0] + params[1] * float(x[0]) + float(x[1]) * params[2]).tanh() for x in data]
+        long = [sum((params[3 + k] * float(x[k]) for k in range(20)), params[23]).relu() for x in data]
+        alone = sum((params[k] * float(data[0][k]) for k in range(20)), Value(0.25) * Value(-2.0))
+        diffs = [s_ - l_ for s_, l_ in zip(short, long)]  # 2 terms: s + l * -1
+        hinge = [(1 + float(-x[2]) * d).relu() for x, d in zip(data, diffs)]
+        return sum(hinge) * (1.0 / len(hinge)) + alone * inputs[0] + 1e-3 * sum(p * p for p in params)
+    init = list(np.random.default_rng(8).uniform(-0.5, 0.5, 24))
+    assert_equivalent(build, init, [[0.7], [-1.3]], "fused", compiler=compiler, opt=2)
+    program = lowered(build, len(init), 1)
+    dots = [g for g in program.forward if g.first.kind == "dot" and g.shape]
+    assert any(g.shape == (6,) and len(g.first.a) == 20 for g in dots)  # the 20-long rows, one loop
+    assert any(g.shape == (6,) and len(g.first.a) == 2 for g in dots)   # the short ones
+    assert not any(g.first.kind == "op" and g.first.op.name == "mul" and g.shape for g in program.forward)
+
+
 # ---- structure -------------------------------------------------------------------------------
 
 def test_mnist_mlp_structure():
