@@ -162,12 +162,36 @@ def _loop(shape, body, dots=True, independent=False):
 
 def _after_innermost(summed, dotted, names, shape):
     """The held accumulations, after the innermost loop: register sums, dot products."""
+    n = shape[-1]
     after = [s.render(names[id(s)]) for s in summed]
-    after += [s.render(f"sum_range(g + {_index(_at_start(s.product[0]), grad=True)}, {shape[-1]})"
-                       if s.product[1] is None else
-                       f"dot(g + {_index(_at_start(s.product[0]), grad=True)}, "
-                       f"d + {_index(_at_start(s.product[1]), s.product[2])}, {shape[-1]})") for s in dotted]
+    after += [s.render(f"sum_range(g + {_index(_at_start(s.product[0]), grad=True)}, {n})")
+              for s in dotted if s.product[1] is None]
+    for run in _dot_runs([s for s in dotted if s.product[1] is not None]):
+        s = run[0]
+        a, b = f"g + {_index(_at_start(s.product[0]), grad=True)}", f"d + {_index(_at_start(s.product[1]), s.product[2])}"
+        if len(run) == 1:
+            after.append(s.render(f"dot({a}, {b}, {n})"))
+        else:
+            b_step, out_step = run[1].product[2] - s.product[2], run[1].offset - s.offset
+            after.append(f"dot_rows({a}, {b}, {b_step}, {n}, {len(run)}, "
+                         f"g + {_index(s.target, s.offset, grad=True)}, {out_step});")
     return after
+
+
+def _dot_runs(dotted):
+    """Consecutive dot products after a loop of one gradient against rows at a constant step,
+    into targets at a constant step (a neuron's weights over a batch): runs for dot_rows."""
+    runs = []
+    for s in dotted:
+        if runs:
+            run, first = runs[-1], runs[-1][0]
+            steps = (s.product[2] - run[-1].product[2], s.offset - run[-1].offset)
+            if (s.product[:2] == first.product[:2] and s.target == first.target
+                    and (len(run) == 1 or steps == (run[1].product[2] - first.product[2], run[1].offset - first.offset))):
+                run.append(s)
+                continue
+        runs.append([s])
+    return runs
 
 
 _GO = "const real go = "  # backward's first statement: the group's gradient

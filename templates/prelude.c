@@ -149,6 +149,86 @@ KERNEL real sum_range(const real *restrict x, long n)
 }
 #endif
 
+/* out[k * out_step] += dot(a, b + k * b_step, n) for k < m: one vector against m rows, e.g. a
+ * neuron's gradient over a batch against each of its inputs over the batch (its weights'
+ * gradients). Four rows at a time share the loads of a; each row is summed in the lanes and
+ * order of dot(), so the results are dot()'s, bit for bit. */
+#if REAL_IS_FLOAT
+#define ROW_LANES 16
+#define ROW_STEP STEP16
+#define ROW_SUM LANES16
+#else
+#define ROW_LANES 8
+#define ROW_STEP STEP8
+#define ROW_SUM(s) (((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])))
+#endif
+/* Four rows against a, each summed in dot()'s lanes and order, into out[0..3]. GCC and Clang
+ * get the lanes as one vector per row (their vector extension): left to vectorise scalar lanes,
+ * GCC groups lane l of the four rows into one vector instead and gathers every element. TCC
+ * sums the same lanes in scalars. */
+#if defined(__GNUC__) && !defined(__TINYC__)
+typedef real row_lanes __attribute__((vector_size(ROW_LANES * sizeof(real)), aligned(sizeof(real)), may_alias));
+#define ROW_LOAD(p) (*(const row_lanes *)(p))
+KERNEL void dot4(const real *restrict a, const real *restrict b0, const real *restrict b1,
+                 const real *restrict b2, const real *restrict b3, long n, real *restrict out)
+{
+    row_lanes p = {0}, q = {0}, r = {0}, t = {0};
+    const real *end = a + (n & ~(long)(ROW_LANES - 1));
+    for (; a < end; a += ROW_LANES, b0 += ROW_LANES, b1 += ROW_LANES, b2 += ROW_LANES, b3 += ROW_LANES) {
+        row_lanes x = ROW_LOAD(a);
+        p += x * ROW_LOAD(b0);
+        q += x * ROW_LOAD(b1);
+        r += x * ROW_LOAD(b2);
+        t += x * ROW_LOAD(b3);
+    }
+    real sp[ROW_LANES], sq[ROW_LANES], sr[ROW_LANES], st[ROW_LANES];
+    memcpy(sp, &p, sizeof sp);
+    memcpy(sq, &q, sizeof sq);
+    memcpy(sr, &r, sizeof sr);
+    memcpy(st, &t, sizeof st);
+#else
+KERNEL void dot4(const real *restrict a, const real *restrict b0, const real *restrict b1,
+                 const real *restrict b2, const real *restrict b3, long n, real *restrict out)
+{
+    real sp[ROW_LANES] = {0}, sq[ROW_LANES] = {0}, sr[ROW_LANES] = {0}, st[ROW_LANES] = {0};
+    const real *end = a + (n & ~(long)(ROW_LANES - 1));
+    for (; a < end; a += ROW_LANES, b0 += ROW_LANES, b1 += ROW_LANES, b2 += ROW_LANES, b3 += ROW_LANES)
+        for (long l = 0; l < ROW_LANES; l++) {
+            sp[l] += a[l] * b0[l];
+            sq[l] += a[l] * b1[l];
+            sr[l] += a[l] * b2[l];
+            st[l] += a[l] * b3[l];
+        }
+#endif
+    for (long l = 0; l < (n & (ROW_LANES - 1)); l++) { /* the tail, lane by lane as in dot() */
+        sp[l] += a[l] * b0[l];
+        sq[l] += a[l] * b1[l];
+        sr[l] += a[l] * b2[l];
+        st[l] += a[l] * b3[l];
+    }
+    out[0] = ROW_SUM(sp);
+    out[1] = ROW_SUM(sq);
+    out[2] = ROW_SUM(sr);
+    out[3] = ROW_SUM(st);
+}
+
+KERNEL void dot_rows(const real *restrict a, const real *restrict b, long b_step, long n, long m,
+                     real *restrict out, long out_step)
+{
+    long k = 0;
+    for (; k + 4 <= m; k += 4) {
+        const real *row = b + k * b_step;
+        real s[4];
+        dot4(a, row, row + b_step, row + 2 * b_step, row + 3 * b_step, n, s);
+        out[k * out_step] += s[0];
+        out[(k + 1) * out_step] += s[1];
+        out[(k + 2) * out_step] += s[2];
+        out[(k + 3) * out_step] += s[3];
+    }
+    for (; k < m; k++)
+        out[k * out_step] += dot(a, b + k * b_step, n);
+}
+
 /* Lists that are not contiguous: element i at base + offsets[i], the same offsets for every
  * iteration of a loop (a convolution's window), so one small table serves the whole loop. */
 KERNEL real dot_offsets(const real *a, const int32_t *oa, const real *b, const int32_t *ob, long n)

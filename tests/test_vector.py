@@ -169,6 +169,24 @@ def test_constant_factors_in_sums(compiler):
     assert not any(g.first.kind == "op" and g.first.op.name == "mul" and g.shape for g in program.forward)
 
 
+@pytest.mark.parametrize("mode", ["fused", "float32"])
+def test_weight_gradients_over_a_batch_as_dot_rows(compiler, mode):
+    """A layer over a batch of 21 constant samples: each neuron's weight gradients are dots of
+    its gradient over the batch against its 6 inputs' rows, one dot_rows call (four rows at a
+    time, then the rest; 21 leaves a tail after the lanes), equal to the interpreter."""
+    X = np.random.default_rng(3).normal(size=(21, 3))
+    random.seed(9)
+    init = [p.data for p in MLP(3, [6, 5, 1]).parameters()]
+
+    def build(params, inputs):
+        model = assign(MLP(3, [6, 5, 1]), params)
+        return sum(((model(list(map(Value, x))) - inputs[0]) ** 2 for x in X), Value(0.0)) * (1.0 / len(X))
+    assert_equivalent(build, init, [[0.3], [-0.8]], mode, compiler=compiler, opt=2)
+    params, inputs = [Value(v) for v in init], [Value(0.0)]
+    source = codegen.generate(build(params, inputs), inputs, params)[0]
+    assert "dot_rows(g + " in source and ", 21, 6, g + " in source  # the second layer: 6 rows of 21
+
+
 # ---- structure -------------------------------------------------------------------------------
 
 def test_mnist_mlp_structure():
