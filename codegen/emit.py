@@ -131,6 +131,50 @@ def _at_start(affine):
     return type(affine)(affine.base, affine.strides[:-1] + (0,), affine.grad_base)
 
 
+def _zero_last(affine, n):
+    """The Affine with its last n loop indices at 0."""
+    return type(affine)(affine.base, affine.strides[:-n] + (0,) * n, affine.grad_base)
+
+
+def _progression(offsets):
+    """The common step of offsets, or None if they are not an arithmetic progression."""
+    step = offsets[1] - offsets[0] if len(offsets) > 1 else 0
+    return step if all(b - a == step for a, b in zip(offsets, offsets[1:])) else None
+
+
+@dataclass(frozen=True)
+class _Matmul:
+    """A layer's inputs' gradients over a batch, `g[wrt + i] += go * d[weights + j]` for the pairs
+    (i, j) of the two lists, where the inputs' gradients move with the innermost loop (the batch)
+    and stay put over the one outside it (the neurons), and the weights do not move with the
+    batch: one matmul_acc call per pass of the outer loops, instead of the neurons' loop reading
+    and writing every input's gradients once per neuron."""
+    wrt: object      # Vector: the inputs' gradients
+    weights: object  # Vector
+    out: object      # Affine: the group's gradients (go)
+
+    def render(self, shape):
+        batched = len(shape) >= 2
+        neurons, samples = (shape[-2] if batched else 1), shape[-1]
+        last = 2 if batched else 1
+        wrt, weights = self.wrt, self.weights
+        call = (f"matmul_acc(g + {_index(_zero_last(wrt.start, last), wrt.offsets[0], grad=True)}, "
+                f"{_progression(wrt.offsets)}, d + {_index(_zero_last(weights.start, last), weights.offsets[0])}, "
+                f"{weights.start.strides[-2] if batched else 0}, {_progression(weights.offsets)}, "
+                f"g + {_index(_zero_last(self.out, last), grad=True)}, {self.out.strides[-2] if batched else 0}, "
+                f"{neurons}, {samples}, {len(wrt.offsets)});")
+        outer = [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape[:-last])]
+        return "\n    ".join(outer + [call])
+
+    @staticmethod
+    def fits(shape, wrt, other, out):
+        """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
+        return (len(shape) >= 1 and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2 and out.strides[-1] == 1
+                and wrt.start.strides[-1] == 1 and (len(shape) < 2 or wrt.start.strides[-2] == 0)
+                and other.start.strides[-1] == 0
+                and _progression(wrt.offsets) is not None and _progression(other.offsets) is not None)
+
+
 def _loop(shape, body, dots=True, independent=False):
     """The statements `body` inside one loop nest over `shape` (none for a single node). With
     `dots`, accumulations of products may become dot products after the innermost loop (only
@@ -139,6 +183,11 @@ def _loop(shape, body, dots=True, independent=False):
     C compiler is told, so that it vectorises without checking at run time."""
     if not shape:
         return [s.render() if isinstance(s, _Accumulate) else s for s in body]
+    matmuls = [s.render(shape) for s in body if isinstance(s, _Matmul)]
+    if matmuls:
+        body = [s for s in body if not isinstance(s, _Matmul)]
+        rest = _loop(shape, body, dots) if any(not (isinstance(s, str) and s.startswith(_GO)) for s in body) else []
+        return rest + matmuls
     held = [s for s in body if isinstance(s, _Accumulate) and s.target.strides[-1] == 0]
     dotted = [s for s in held if dots and s.product and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
               and all(a.strides[-1] == 1 for a in s.product[:2] if a is not None)]
@@ -314,7 +363,7 @@ class _Emitter:
             self._add_terms(ops.terms, [node.args[i] for i in ops.term_positions], go, contribute, ops.out)
         if ops.a:
             for wrt, other, factors in ((ops.b, ops.a, node.b), (ops.a, ops.b, node.a)):
-                self._add_products(wrt, other, factors, go, contribute, ops.out)
+                self._add_products(wrt, other, factors, go, contribute, ops.out, g.shape)
         if not grads and not updates:
             return []
         # Every contribution is go times something: none when go is 0 (a ReLU that is off), which
@@ -345,12 +394,15 @@ class _Emitter:
             contribute(to_param, f"add_offsets(g + {_index(v.start, grad=True)}, {table}, {go}, {n});",
                        f"add_offsets(d + {_index(v.start)}, {table}, -(lr * {go}), {n});")
 
-    def _add_products(self, wrt, other, factors, go, contribute, out):
+    def _add_products(self, wrt, other, factors, go, contribute, out, shape=()):
         """Factor list `wrt` of a dot gets go times the other list's values."""
         needs = [f.needs_grad for f in factors]
         if not any(needs):
             return
         n = len(factors)
+        if all(needs) and not any(f.sgd_fused for f in factors) and _Matmul.fits(shape, wrt, other, out):
+            contribute(False, _Matmul(wrt, other, out), None)
+            return
         if _unrolled(wrt, other) or not all(needs):
             for f, i, j, need in zip(factors, wrt.offsets, other.offsets, needs):
                 if need:

@@ -130,6 +130,11 @@ def vectorize(groups, n_slots):
             if _describe_loop(g, literals):
                 result.append(g)
                 continue
+            if g.first.kind == "dot":  # a shared constant in a list whose other elements move
+                n_slots, retry = _slot_factor_constants(g, constants, n_slots, columns=True)
+                if retry and _describe_loop(g, literals):
+                    result.append(g)
+                    continue
         for m in g.members:  # straight-line, one statement per node
             part = type(g)([m])
             _describe_single(part)
@@ -156,17 +161,30 @@ def _slot_varying_constants(g, constants, n_slots):
     return literals, n_slots
 
 
-def _slot_factor_constants(g, constants, n_slots):
+def _slot_factor_constants(g, constants, n_slots, columns=False):
     """Constants in a dot's factor lists (data times weights) are read from slots, as lists
     are. Per list position: one slot for all members if they hold the same value there (a
     shared scale), else a slot per distinct constant, position by position, so that one
-    position's values (a data column) sit side by side. Returns the slot count."""
+    position's values (a data column) sit side by side. With `columns` (when the loop did not
+    fit: a shared scale in a list whose other elements move from member to member), the shared
+    values get a slot per member too, so that they move alike; returns (slot count, whether
+    any did), else the slot count."""
+    moved = False
     for which in ("a", "b"):
         for position, x in enumerate(getattr(g.first, which)):
             if x.kind != "const":
                 continue
             column = [getattr(m, which)[position] for m in g.members]
-            if all(c.slot is None for c in column) and len({repr(float(c.value)) for c in column}) == 1:
+            same = len({repr(float(c.value)) for c in column}) == 1
+            if columns:
+                if same and len({id(c) for c in column}) == len(column):
+                    for c in column:
+                        c.slot = n_slots
+                        constants.append((n_slots, float(c.value)))
+                        n_slots += 1
+                    moved = True
+                continue
+            if all(c.slot is None for c in column) and same:
                 for c in column:
                     c.slot = n_slots
                 constants.append((n_slots, float(x.value)))
@@ -177,7 +195,7 @@ def _slot_factor_constants(g, constants, n_slots):
                     c.slot = n_slots
                     constants.append((n_slots, float(c.value)))
                     n_slots += 1
-    return n_slots
+    return (n_slots, moved) if columns else n_slots
 
 
 def _lists(node, literals):

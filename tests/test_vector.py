@@ -170,21 +170,50 @@ def test_constant_factors_in_sums(compiler):
 
 
 @pytest.mark.parametrize("mode", ["fused", "float32"])
-def test_weight_gradients_over_a_batch_as_dot_rows(compiler, mode):
-    """A layer over a batch of 21 constant samples: each neuron's weight gradients are dots of
-    its gradient over the batch against its 6 inputs' rows, one dot_rows call (four rows at a
-    time, then the rest; 21 leaves a tail after the lanes), equal to the interpreter."""
-    X = np.random.default_rng(3).normal(size=(21, 3))
+@pytest.mark.parametrize("loss", ["squares", "hinge"])
+def test_layer_over_a_batch_backward_kernels(compiler, mode, loss):
+    """A layer over a batch of 37 constant samples: its weights' gradients are dot_rows calls
+    (each neuron's gradient row against its 6 inputs' rows, four rows at a time, then the rest),
+    its inputs' gradients one matmul_acc call (4 + 1 neurons per chunk of samples, 4 + 2 inputs,
+    and the samples after the last whole chunk), the last layer's one too (one neuron). With the
+    hinge, samples 8-23 are flat whatever the weights: whole chunks of zero gradients that the
+    kernels skip. All equal to the interpreter."""
+    X = np.random.default_rng(3).normal(size=(37, 3))
     random.seed(9)
     init = [p.data for p in MLP(3, [6, 5, 1]).parameters()]
 
     def build(params, inputs):
         model = assign(MLP(3, [6, 5, 1]), params)
-        return sum(((model(list(map(Value, x))) - inputs[0]) ** 2 for x in X), Value(0.0)) * (1.0 / len(X))
-    assert_equivalent(build, init, [[0.3], [-0.8]], mode, compiler=compiler, opt=2)
+        scores = [model(list(map(Value, x))) for x in X]
+        if loss == "squares":
+            terms = [(s + inputs[0]) ** 2 for s in scores]
+        else:
+            terms = [(float(-100.0 if 8 <= k < 24 else 1.0) + float((-1) ** k) * s * inputs[0]).relu()
+                     for k, s in enumerate(scores)]
+        return sum(terms, Value(0.0)) * (1.0 / len(X))
+    assert_equivalent(build, init, [[0.5], [0.2]], mode, compiler=compiler, opt=2)
     params, inputs = [Value(v) for v in init], [Value(0.0)]
     source = codegen.generate(build(params, inputs), inputs, params)[0]
-    assert "dot_rows(g + " in source and ", 21, 6, g + " in source  # the second layer: 6 rows of 21
+    assert "dot_rows(g + " in source and ", 37, 6, g + " in source  # the second layer: 6 rows of 37
+    assert "matmul_acc(g + " in source and ", 5, 37, 6);" in source and ", 1, 37, 5);" in source
+
+
+def test_shared_constant_in_a_moving_list(compiler):
+    """score - target, where the score is a neuron over a batch: the subtraction joins the
+    neuron's sum as `target * -1`, a shared -1 in the factor list of the hidden values that move
+    from sample to sample. The -1 gets a slot per sample (moving alike), and the neuron stays
+    one loop over the batch."""
+    X = np.random.default_rng(4).normal(size=(20, 3))
+    random.seed(10)
+    init = [p.data for p in MLP(3, [6, 1]).parameters()]
+
+    def build(params, inputs):
+        model = assign(MLP(3, [6, 1]), params)
+        return sum(((model(list(map(Value, x))) - inputs[0]) ** 2 for x in X), Value(0.0)) * (1.0 / len(X))
+    assert_equivalent(build, init, [[0.5], [-0.2]], "fused", compiler=compiler, opt=2)
+    program = lowered(build, len(init), 1)
+    scores = [g for g in program.forward if g.first.kind == "dot" and len(g.first.a) == 7]
+    assert len(scores) == 1 and scores[0].shape == (20,)
 
 
 # ---- structure -------------------------------------------------------------------------------
