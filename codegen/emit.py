@@ -175,6 +175,38 @@ class _Matmul:
                 and _progression(wrt.offsets) is not None and _progression(other.offsets) is not None)
 
 
+def _layer_over_batch(g):
+    """A dot group that is a layer over a batch, as one matmul_set call per pass of the loops
+    outside the neurons' and samples': the results move with the batch (innermost) and with the
+    neurons; one factor list (the weights) stays put over the batch, the other (the inputs'
+    rows) moves with it and stays put over the neurons, each at a constant step along the list;
+    at most one loose term (the bias), which stays put over the batch. Else None."""
+    ops, shape = g.operands, g.shape
+    if (g.first.kind != "dot" or not shape or shape[-1] < UNROLL_MAX_CONTIGUOUS // 2 or not ops.a
+            or ops.constants or ops.out.strides[-1] != 1
+            or (ops.terms and (len(ops.terms.offsets) != 1 or ops.terms.start.strides[-1] != 0))):
+        return None
+    batched = len(shape) >= 2
+    for weights, rows in ((ops.a, ops.b), (ops.b, ops.a)):
+        if (weights.start.strides[-1] == 0 and rows.start.strides[-1] == 1
+                and (not batched or rows.start.strides[-2] == 0)
+                and _progression(weights.offsets) is not None and _progression(rows.offsets) is not None):
+            break
+    else:
+        return None
+    last = 2 if batched else 1
+
+    def along_neurons(affine):
+        return affine.strides[-2] if batched else 0
+    bias = (f"d + {_index(_zero_last(ops.terms.start, last), ops.terms.offsets[0])}, {along_neurons(ops.terms.start)}"
+            if ops.terms else "NULL, 0")
+    call = (f"matmul_set(d + {_index(_zero_last(ops.out, last))}, {along_neurons(ops.out)}, {bias}, "
+            f"d + {_index(_zero_last(weights.start, last), weights.offsets[0])}, {along_neurons(weights.start)}, "
+            f"{_progression(weights.offsets)}, d + {_index(_zero_last(rows.start, last), rows.offsets[0])}, "
+            f"{_progression(rows.offsets)}, {shape[-2] if batched else 1}, {shape[-1]}, {len(weights.offsets)});")
+    return "\n    ".join([f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape[:-last])] + [call])
+
+
 def _loop(shape, body, dots=True, independent=False):
     """The statements `body` inside one loop nest over `shape` (none for a single node). With
     `dots`, accumulations of products may become dot products after the innermost loop (only
@@ -320,6 +352,9 @@ class _Emitter:
     def forward(self, g):
         ops = g.operands
         node = g.first
+        layer = _layer_over_batch(g)
+        if layer:
+            return [layer]
         if node.kind == "op":
             names = {n: _operand(a, self.dtype) for n, a in zip("ab", ops.args)}
             if node.k is not None:

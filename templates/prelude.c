@@ -166,12 +166,21 @@ KERNEL real sum_range(const real *restrict x, long n)
 /* Longer gradient rows are not screened for zero chunks (one mask word per 64 chunks) */
 #define ROW_MASK_WORDS 64
 
+/* Whether x[0..ROW_LANES) has a value other than 0 or -0 (NaN counts): an OR of the bits
+ * without the sign, which compilers vectorise, where comparing doubles takes a branch-free
+ * but serial unordered compare per lane. */
 static int lanes_nonzero(const real *x)
 {
-    int nonzero = 0;
-    for (int l = 0; l < ROW_LANES; l++)
-        nonzero |= x[l] != 0;
-    return nonzero;
+#if REAL_IS_FLOAT
+    uint32_t bits = 0, v;
+#else
+    uint64_t bits = 0, v;
+#endif
+    for (int l = 0; l < ROW_LANES; l++) {
+        memcpy(&v, x + l, sizeof v);
+        bits |= v << 1;
+    }
+    return bits != 0;
 }
 
 /* Bit c of mask: chunk c of x[0..n) (ROW_LANES values) has a nonzero; the tail counts as one. */
@@ -266,8 +275,13 @@ KERNEL void dot_rows(const real *restrict a, const real *restrict b, long b_step
         out[(k + 2) * out_step] += s[2];
         out[(k + 3) * out_step] += s[3];
     }
-    for (; k < m; k++)
-        out[k * out_step] += dot(a, b + k * b_step, n);
+    if (k < m) { /* one to three rows left: the last one stands in for the missing ones */
+        const real *row = b + k * b_step, *last = b + (m - 1) * b_step;
+        real s[4];
+        dot4(a, row, k + 1 < m ? row + b_step : last, k + 2 < m ? row + 2 * b_step : last, last, n, mask, s);
+        for (long r = 0; k + r < m; r++)
+            out[(k + r) * out_step] += s[r];
+    }
 }
 
 /* Rows of go screened per chunk of samples: the nonzero ones are listed, this many at a time */
@@ -337,6 +351,60 @@ KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, l
                 if (go[j * go_j + s] != 0)
                     acc += go[j * go_j + s] * w[j * w_j + k * w_k];
             out[k * out_k + s] += acc;
+        }
+}
+
+/* out[j * out_j + s] = bias[j * bias_j] + sum over k < K of w[j * w_j + k * w_k] * x[k * x_k + s],
+ * for j < J and s < S (bias NULL: no bias): a layer's J neurons over a batch of S (x: its K
+ * inputs' rows). Per chunk of samples four neurons at a time, the sum in k order in a register
+ * from the bias on: each load of an input row serves four neurons, where a neuron at a time
+ * loads every weight and every input row once per chunk. */
+KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
+                       const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
+                       long J, long S, long K)
+{
+    long s = 0;
+#if defined(__GNUC__) && !defined(__TINYC__)
+    for (; s + ROW_LANES <= S; s += ROW_LANES) {
+        long j = 0;
+        for (; j + 4 <= J; j += 4) {
+            const real *w0 = w + j * w_j;
+            row_lanes acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
+            if (bias) {
+                acc0 += bias[j * bias_j];
+                acc1 += bias[(j + 1) * bias_j];
+                acc2 += bias[(j + 2) * bias_j];
+                acc3 += bias[(j + 3) * bias_j];
+            }
+            for (long k = 0; k < K; k++) {
+                row_lanes v = ROW_LOAD(x + k * x_k + s);
+                const real *wk = w0 + k * w_k;
+                acc0 += v * wk[0];
+                acc1 += v * wk[w_j];
+                acc2 += v * wk[2 * w_j];
+                acc3 += v * wk[3 * w_j];
+            }
+            *(row_lanes *)(out + j * out_j + s) = acc0;
+            *(row_lanes *)(out + (j + 1) * out_j + s) = acc1;
+            *(row_lanes *)(out + (j + 2) * out_j + s) = acc2;
+            *(row_lanes *)(out + (j + 3) * out_j + s) = acc3;
+        }
+        for (; j < J; j++) {
+            row_lanes acc = {0};
+            if (bias)
+                acc += bias[j * bias_j];
+            for (long k = 0; k < K; k++)
+                acc += ROW_LOAD(x + k * x_k + s) * w[j * w_j + k * w_k];
+            *(row_lanes *)(out + j * out_j + s) = acc;
+        }
+    }
+#endif
+    for (; s < S; s++) /* TCC, and the samples after the last whole chunk: the same sums */
+        for (long j = 0; j < J; j++) {
+            real acc = bias ? bias[j * bias_j] : 0;
+            for (long k = 0; k < K; k++)
+                acc += x[k * x_k + s] * w[j * w_j + k * w_k];
+            out[j * out_j + s] = acc;
         }
 }
 

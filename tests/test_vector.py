@@ -171,8 +171,9 @@ def test_constant_factors_in_sums(compiler):
 
 @pytest.mark.parametrize("mode", ["fused", "float32"])
 @pytest.mark.parametrize("loss", ["squares", "hinge"])
-def test_layer_over_a_batch_backward_kernels(compiler, mode, loss):
-    """A layer over a batch of 37 constant samples: its weights' gradients are dot_rows calls
+def test_layer_over_a_batch_kernels(compiler, mode, loss):
+    """A layer over a batch of 37 constant samples: forward, one matmul_set call (four neurons at
+    a time, then the rest; the samples after the last whole chunk); its weights' gradients are dot_rows calls
     (each neuron's gradient row against its 6 inputs' rows, four rows at a time, then the rest),
     its inputs' gradients one matmul_acc call (4 + 1 neurons per chunk of samples, 4 + 2 inputs,
     and the samples after the last whole chunk), the last layer's one too (one neuron). With the
@@ -196,6 +197,8 @@ def test_layer_over_a_batch_backward_kernels(compiler, mode, loss):
     source = codegen.generate(build(params, inputs), inputs, params)[0]
     assert "dot_rows(g + " in source and ", 37, 6, g + " in source  # the second layer: 6 rows of 37
     assert "matmul_acc(g + " in source and ", 5, 37, 6);" in source and ", 1, 37, 5);" in source
+    # forward: each layer one matmul_set (6 neurons of 3 inputs, 5 of 6, one of 5) over 37 samples
+    assert all(f", {shape});" in source for shape in ("6, 37, 3", "5, 37, 6", "1, 37, 5"))
 
 
 def test_shared_constant_in_a_moving_list(compiler):
