@@ -345,12 +345,11 @@ KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, l
         }
     }
     for (; s < S; s++) /* the samples after the last whole chunk */
-        for (long k = 0; k < K; k++) {
-            real acc = 0;
-            for (long j = 0; j < J; j++)
-                if (go[j * go_j + s] != 0)
-                    acc += go[j * go_j + s] * w[j * w_j + k * w_k];
-            out[k * out_k + s] += acc;
+        for (long j = 0; j < J; j++) {
+            real x = go[j * go_j + s];
+            if (x != 0)
+                for (long k = 0; k < K; k++)
+                    out[k * out_k + s] += x * w[j * w_j + k * w_k];
         }
 }
 
@@ -365,7 +364,10 @@ KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias
 {
     long s = 0;
 #if defined(__GNUC__) && !defined(__TINYC__)
-    for (; s + ROW_LANES <= S; s += ROW_LANES) {
+    /* the last chunk ends at S, overlapping the one before it, whose values it sets again */
+    long chunks = S >= ROW_LANES ? (S + ROW_LANES - 1) / ROW_LANES : 0;
+    for (long c = 0; c < chunks; c++) {
+        s = c * ROW_LANES < S - ROW_LANES ? c * ROW_LANES : S - ROW_LANES;
         long j = 0;
         for (; j + 4 <= J; j += 4) {
             const real *w0 = w + j * w_j;
@@ -398,8 +400,10 @@ KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias
             *(row_lanes *)(out + j * out_j + s) = acc;
         }
     }
+    if (chunks)
+        s = S;
 #endif
-    for (; s < S; s++) /* TCC, and the samples after the last whole chunk: the same sums */
+    for (; s < S; s++) /* TCC, and a batch shorter than a chunk: the same sums */
         for (long j = 0; j < J; j++) {
             real acc = bias ? bias[j * bias_j] : 0;
             for (long k = 0; k < K; k++)
