@@ -183,17 +183,24 @@ static int lanes_nonzero(const real *x)
     return bits != 0;
 }
 
-/* Bit c of mask: chunk c of x[0..n) (ROW_LANES values) has a nonzero; the tail counts as one. */
-static void chunk_mask(const real *x, long n, uint64_t *mask)
+/* Bit c of mask: chunk c of x[0..n) (ROW_LANES values) has a nonzero. Returns whether x has
+ * any nonzero (the values after the last whole chunk included). */
+static int chunk_mask(const real *x, long n, uint64_t *mask)
 {
     long chunks = n / ROW_LANES;
     if (chunks > 64 * ROW_MASK_WORDS) {
         memset(mask, 0xff, ROW_MASK_WORDS * sizeof *mask);
-        return;
+        return 1;
     }
-    memset(mask, 0, ROW_MASK_WORDS * sizeof *mask);
+    uint64_t any = 0;
+    memset(mask, 0, (size_t)(chunks + 63) / 64 * sizeof *mask);
     for (long c = 0; c < chunks; c++)
         mask[c / 64] |= (uint64_t)lanes_nonzero(x + c * ROW_LANES) << (c % 64);
+    for (long w = 0; w < (chunks + 63) / 64; w++)
+        any |= mask[w];
+    for (long i = chunks * ROW_LANES; i < n; i++)
+        any |= x[i] != 0;
+    return any != 0;
 }
 #define CHUNK_SET(mask, c) ((c) >= 64 * ROW_MASK_WORDS || ((mask)[(c) / 64] >> ((c) % 64) & 1))
 
@@ -264,7 +271,8 @@ KERNEL void dot_rows(const real *restrict a, const real *restrict b, long b_step
                      real *restrict out, long out_step)
 {
     uint64_t mask[ROW_MASK_WORDS];
-    chunk_mask(a, n, mask);
+    if (!chunk_mask(a, n, mask))
+        return; /* a is all 0: nothing to add */
     long k = 0;
     for (; k + 4 <= m; k += 4) {
         const real *row = b + k * b_step;
