@@ -56,6 +56,10 @@ def _formula(dtype, formula):
 # (a convolution's window); longer ones call the loop kernels of templates/prelude.c, which for
 # contiguous lists pay off sooner.
 UNROLL_MAX, UNROLL_MAX_CONTIGUOUS = 32, 16
+# dot_rows serves runs of four rows and more (sharing loads); shorter runs only over rows this
+# long, where screening the gradient row for zero chunks pays for its pass (a convolution's
+# 3-wide windows over rows of 26 run faster as single dots, measured).
+DOT_ROWS_SCREEN = 64
 
 
 def _tree_sum(parts):
@@ -250,8 +254,9 @@ def _after_innermost(summed, dotted, names, shape):
     for run in _dot_runs([s for s in dotted if s.product[1] is not None]):
         s = run[0]
         a, b = f"g + {_index(_at_start(s.product[0]), grad=True)}", f"d + {_index(_at_start(s.product[1]), s.product[2])}"
-        if len(run) == 1:
-            after.append(s.render(f"dot({a}, {b}, {n})"))
+        if len(run) < 4 and n < DOT_ROWS_SCREEN:
+            after += [t.render(f"dot(g + {_index(_at_start(t.product[0]), grad=True)}, "
+                               f"d + {_index(_at_start(t.product[1]), t.product[2])}, {n})") for t in run]
         else:
             b_step, out_step = run[1].product[2] - s.product[2], run[1].offset - s.offset
             after.append(f"dot_rows({a}, {b}, {b_step}, {n}, {len(run)}, "
