@@ -411,13 +411,18 @@ KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias
     if (chunks)
         s = S;
 #endif
-    for (; s < S; s++) /* TCC, and a batch shorter than a chunk: the same sums */
-        for (long j = 0; j < J; j++) {
-            real acc = bias ? bias[j * bias_j] : 0;
-            for (long k = 0; k < K; k++)
-                acc += x[k * x_k + s] * w[j * w_j + k * w_k];
-            out[j * out_j + s] = acc;
+    /* TCC, and a batch shorter than a chunk: the same sums, each from the bias in k order, along
+     * the rows (one neuron's results at a time) */
+    for (long j = 0; j < J && s < S; j++) {
+        real *o = out + j * out_j;
+        for (long t = s; t < S; t++)
+            o[t] = bias ? bias[j * bias_j] : 0;
+        for (long k = 0; k < K; k++) {
+            const real weight = w[j * w_j + k * w_k], *row = x + k * x_k;
+            for (long t = s; t < S; t++)
+                o[t] += row[t] * weight;
         }
+    }
 }
 
 /* Lists that are not contiguous: element i at base + offsets[i], the same offsets for every
