@@ -58,6 +58,10 @@ def _formula(dtype, formula):
 # (a convolution's window); longer ones call the loop kernels of templates/prelude.c, which for
 # contiguous lists pay off sooner.
 UNROLL_MAX, UNROLL_MAX_CONTIGUOUS = 32, 16
+# dot_rows serves runs of four rows and more (sharing loads); shorter runs only over rows this
+# long, where screening the gradient row for zero chunks pays for its pass (a convolution's
+# 3-wide windows over rows of 26 run faster as single dots, measured).
+DOT_ROWS_SCREEN = 64
 
 
 def _tree_sum(parts):
@@ -133,6 +137,82 @@ def _at_start(affine):
     return type(affine)(affine.base, affine.strides[:-1] + (0,), affine.grad_base)
 
 
+def _zero_last(affine, n):
+    """The Affine with its last n loop indices at 0."""
+    return type(affine)(affine.base, affine.strides[:-n] + (0,) * n, affine.grad_base)
+
+
+def _progression(offsets):
+    """The common step of offsets, or None if they are not an arithmetic progression."""
+    step = offsets[1] - offsets[0] if len(offsets) > 1 else 0
+    return step if all(b - a == step for a, b in zip(offsets, offsets[1:])) else None
+
+
+@dataclass(frozen=True)
+class _Matmul:
+    """A layer's inputs' gradients over a batch, `g[wrt + i] += go * d[weights + j]` for the pairs
+    (i, j) of the two lists, where the inputs' gradients move with the innermost loop (the batch)
+    and stay put over the one outside it (the neurons), and the weights do not move with the
+    batch: one matmul_acc call per pass of the outer loops, instead of the neurons' loop reading
+    and writing every input's gradients once per neuron."""
+    wrt: object      # Vector: the inputs' gradients
+    weights: object  # Vector
+    out: object      # Affine: the group's gradients (go)
+
+    def render(self, shape):
+        batched = len(shape) >= 2
+        neurons, samples = (shape[-2] if batched else 1), shape[-1]
+        last = 2 if batched else 1
+        wrt, weights = self.wrt, self.weights
+        call = (f"matmul_acc(g + {_index(_zero_last(wrt.start, last), wrt.offsets[0], grad=True)}, "
+                f"{_progression(wrt.offsets)}, d + {_index(_zero_last(weights.start, last), weights.offsets[0])}, "
+                f"{weights.start.strides[-2] if batched else 0}, {_progression(weights.offsets)}, "
+                f"g + {_index(_zero_last(self.out, last), grad=True)}, {self.out.strides[-2] if batched else 0}, "
+                f"{neurons}, {samples}, {len(wrt.offsets)});")
+        outer = [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape[:-last])]
+        return "\n    ".join(outer + [call])
+
+    @staticmethod
+    def fits(shape, wrt, other, out):
+        """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
+        return (len(shape) >= 1 and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2 and out.strides[-1] == 1
+                and wrt.start.strides[-1] == 1 and (len(shape) < 2 or wrt.start.strides[-2] == 0)
+                and other.start.strides[-1] == 0
+                and _progression(wrt.offsets) is not None and _progression(other.offsets) is not None)
+
+
+def _layer_over_batch(g):
+    """A dot group that is a layer over a batch, as one matmul_set call per pass of the loops
+    outside the neurons' and samples': the results move with the batch (innermost) and with the
+    neurons; one factor list (the weights) stays put over the batch, the other (the inputs'
+    rows) moves with it and stays put over the neurons, each at a constant step along the list;
+    at most one loose term (the bias), which stays put over the batch. Else None."""
+    ops, shape = g.operands, g.shape
+    if (g.first.kind != "dot" or not shape or shape[-1] < UNROLL_MAX_CONTIGUOUS // 2 or not ops.a
+            or ops.constants or ops.out.strides[-1] != 1
+            or (ops.terms and (len(ops.terms.offsets) != 1 or ops.terms.start.strides[-1] != 0))):
+        return None
+    batched = len(shape) >= 2
+    for weights, rows in ((ops.a, ops.b), (ops.b, ops.a)):
+        if (weights.start.strides[-1] == 0 and rows.start.strides[-1] == 1
+                and (not batched or rows.start.strides[-2] == 0)
+                and _progression(weights.offsets) is not None and _progression(rows.offsets) is not None):
+            break
+    else:
+        return None
+    last = 2 if batched else 1
+
+    def along_neurons(affine):
+        return affine.strides[-2] if batched else 0
+    bias = (f"d + {_index(_zero_last(ops.terms.start, last), ops.terms.offsets[0])}, {along_neurons(ops.terms.start)}"
+            if ops.terms else "NULL, 0")
+    call = (f"matmul_set(d + {_index(_zero_last(ops.out, last))}, {along_neurons(ops.out)}, {bias}, "
+            f"d + {_index(_zero_last(weights.start, last), weights.offsets[0])}, {along_neurons(weights.start)}, "
+            f"{_progression(weights.offsets)}, d + {_index(_zero_last(rows.start, last), rows.offsets[0])}, "
+            f"{_progression(rows.offsets)}, {shape[-2] if batched else 1}, {shape[-1]}, {len(weights.offsets)});")
+    return "\n    ".join([f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape[:-last])] + [call])
+
+
 def _loop(shape, body, dots=True, independent=False):
     """The statements `body` inside one loop nest over `shape` (none for a single node). With
     `dots`, accumulations of products may become dot products after the innermost loop (only
@@ -141,6 +221,11 @@ def _loop(shape, body, dots=True, independent=False):
     C compiler is told, so that it vectorises without checking at run time."""
     if not shape:
         return [s.render() if isinstance(s, _Accumulate) else s for s in body]
+    matmuls = [s.render(shape) for s in body if isinstance(s, _Matmul)]
+    if matmuls:
+        body = [s for s in body if not isinstance(s, _Matmul)]
+        rest = _loop(shape, body, dots) if any(not (isinstance(s, str) and s.startswith(_GO)) for s in body) else []
+        return rest + matmuls
     held = [s for s in body if isinstance(s, _Accumulate) and s.target.strides[-1] == 0]
     dotted = [s for s in held if dots and s.product and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
               and all(a.strides[-1] == 1 for a in s.product[:2] if a is not None)]
@@ -149,19 +234,52 @@ def _loop(shape, body, dots=True, independent=False):
     inner = [f"{names[id(s)]} += {s.term};" if id(s) in names else s.render() if isinstance(s, _Accumulate)
              else s for s in body if s not in dotted]
     *outer, last = [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape)]
+    if all(s.startswith(_GO) for s in inner):  # everything moved after it: no innermost loop
+        block = "{\n    " + "\n    ".join(_after_innermost(summed, dotted, names, shape)) + "\n    }"
+        return ["\n    ".join(outer + [block])]
     if independent or _independent_writes([s for s in body if s not in held], shape[-1]):
         last = "INDEPENDENT " + last
     innermost = f"{last} {{\n        " + "\n        ".join(inner) + "\n    }"
     if not held:
         return ["\n    ".join(outer + [innermost])]
     before = ["real " + ", ".join(f"{names[id(s)]} = 0" for s in summed) + ";"] if summed else []
-    after = [s.render(names[id(s)]) for s in summed]
-    after += [s.render(f"sum_range(g + {_index(_at_start(s.product[0]), grad=True)}, {shape[-1]})"
-                       if s.product[1] is None else
-                       f"dot(g + {_index(_at_start(s.product[0]), grad=True)}, "
-                       f"d + {_index(_at_start(s.product[1]), s.product[2])}, {shape[-1]})") for s in dotted]
-    block = "{\n    " + "\n    ".join([*before, innermost, *after]) + "\n    }"
+    block = "{\n    " + "\n    ".join([*before, innermost, *_after_innermost(summed, dotted, names, shape)]) + "\n    }"
     return ["\n    ".join(outer + [block])]
+
+
+def _after_innermost(summed, dotted, names, shape):
+    """The held accumulations, after the innermost loop: register sums, dot products."""
+    n = shape[-1]
+    after = [s.render(names[id(s)]) for s in summed]
+    after += [s.render(f"sum_range(g + {_index(_at_start(s.product[0]), grad=True)}, {n})")
+              for s in dotted if s.product[1] is None]
+    for run in _dot_runs([s for s in dotted if s.product[1] is not None]):
+        s = run[0]
+        a, b = f"g + {_index(_at_start(s.product[0]), grad=True)}", f"d + {_index(_at_start(s.product[1]), s.product[2])}"
+        if len(run) < 4 and n < DOT_ROWS_SCREEN:
+            after += [t.render(f"dot(g + {_index(_at_start(t.product[0]), grad=True)}, "
+                               f"d + {_index(_at_start(t.product[1]), t.product[2])}, {n})") for t in run]
+        else:
+            b_step, out_step = run[1].product[2] - s.product[2], run[1].offset - s.offset
+            after.append(f"dot_rows({a}, {b}, {b_step}, {n}, {len(run)}, "
+                         f"g + {_index(s.target, s.offset, grad=True)}, {out_step});")
+    return after
+
+
+def _dot_runs(dotted):
+    """Consecutive dot products after a loop of one gradient against rows at a constant step,
+    into targets at a constant step (a neuron's weights over a batch): runs for dot_rows."""
+    runs = []
+    for s in dotted:
+        if runs:
+            run, first = runs[-1], runs[-1][0]
+            steps = (s.product[2] - run[-1].product[2], s.offset - run[-1].offset)
+            if (s.product[:2] == first.product[:2] and s.target == first.target
+                    and (len(run) == 1 or steps == (run[1].product[2] - first.product[2], run[1].offset - first.offset))):
+                run.append(s)
+                continue
+        runs.append([s])
+    return runs
 
 
 _GO = "const real go = "  # backward's first statement: the group's gradient
@@ -242,6 +360,9 @@ class _Emitter:
     def forward(self, g):
         ops = g.operands
         node = g.first
+        layer = _layer_over_batch(g)
+        if layer:
+            return [layer]
         if node.kind == "op":
             names = {n: _operand(a, self.dtype) for n, a in zip("ab", ops.args)}
             if node.k is not None:
@@ -292,7 +413,7 @@ class _Emitter:
             self._add_terms(ops.terms, [node.args[i] for i in ops.term_positions], go, contribute, ops.out)
         if ops.a:
             for wrt, other, factors in ((ops.b, ops.a, node.b), (ops.a, ops.b, node.a)):
-                self._add_products(wrt, other, factors, go, contribute, ops.out)
+                self._add_products(wrt, other, factors, go, contribute, ops.out, g.shape)
         if not grads and not updates:
             return []
         # Every contribution is go times something: none when go is 0 (a ReLU that is off), which
@@ -421,12 +542,15 @@ class _Emitter:
             contribute(to_param, f"add_offsets(g + {_index(v.start, grad=True)}, {table}, {go}, {n});",
                        f"add_offsets(d + {_index(v.start)}, {table}, -(lr * {go}), {n});")
 
-    def _add_products(self, wrt, other, factors, go, contribute, out):
+    def _add_products(self, wrt, other, factors, go, contribute, out, shape=()):
         """Factor list `wrt` of a dot gets go times the other list's values."""
         needs = [f.needs_grad for f in factors]
         if not any(needs):
             return
         n = len(factors)
+        if all(needs) and not any(f.sgd_fused for f in factors) and _Matmul.fits(shape, wrt, other, out):
+            contribute(False, _Matmul(wrt, other, out), None)
+            return
         if _unrolled(wrt, other) or not all(needs):
             for f, i, j, need in zip(factors, wrt.offsets, other.offsets, needs):
                 if need:

@@ -219,6 +219,9 @@ def find_sums(order, kept, leaves):
     kept = set(map(id, kept))  # values someone reads after forward must stay
     add, mul = ops.OPS["add"], ops.OPS["mul"]
     sums, absorbed = {}, set()
+
+    def is_constant(x):
+        return x._kind is None and id(x) not in leaves
     for v in reversed(order):  # users before their args: take the largest sums first
         if v._kind is not add or id(v) in absorbed:
             continue
@@ -233,18 +236,23 @@ def find_sums(order, kept, leaves):
                 push(left)
             else:
                 terms.append(x)
-        if len(terms) < MIN_SUM_TERMS:
+        if len(terms) < 2:
             continue
-        loose, a, b = [], [], []
+        loose, a, b, products = [], [], [], []
         for t in terms:
             if t._kind is mul and uses[id(t)] == 1 and id(t) not in kept:
                 x, y = t._prev
-                if (x._kind is not None or id(x) in leaves) and (y._kind is not None or id(y) in leaves):
+                if not (is_constant(x) and is_constant(y)):
                     a.append(x)
                     b.append(y)
-                    absorbed.add(id(t))
+                    products.append(id(t))
                     continue
             loose.append(t)
+        # A short sum pays only where it absorbs a product (b + w0*x0 + w1*x1, 1 - y*score):
+        # one pass instead of a product's and a sum's, and no slots for the product.
+        if len(terms) < MIN_SUM_TERMS and not a:
+            continue
+        absorbed.update(products)
         sums[id(v)] = (loose, a, b)
         absorbed.update(map(id, inner[1:]))
     return sums, absorbed

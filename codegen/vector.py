@@ -123,11 +123,18 @@ def vectorize(groups, n_slots):
     constants = []
     result = []
     for g in groups:
+        if g.first.kind == "dot":
+            n_slots = _slot_factor_constants(g, constants, n_slots)
         if len(g.members) > 1:
             literals, n_slots = _slot_varying_constants(g, constants, n_slots)
             if _describe_loop(g, literals):
                 result.append(g)
                 continue
+            if g.first.kind == "dot":  # a shared constant in a list whose other elements move
+                n_slots, retry = _slot_factor_constants(g, constants, n_slots, columns=True)
+                if retry and _describe_loop(g, literals):
+                    result.append(g)
+                    continue
         for m in g.members:  # straight-line, one statement per node
             part = type(g)([m])
             _describe_single(part)
@@ -152,6 +159,43 @@ def _slot_varying_constants(g, constants, n_slots):
                 constants.append((n_slots, float(c.value)))
                 n_slots += 1
     return literals, n_slots
+
+
+def _slot_factor_constants(g, constants, n_slots, columns=False):
+    """Constants in a dot's factor lists (data times weights) are read from slots, as lists
+    are. Per list position: one slot for all members if they hold the same value there (a
+    shared scale), else a slot per distinct constant, position by position, so that one
+    position's values (a data column) sit side by side. With `columns` (when the loop did not
+    fit: a shared scale in a list whose other elements move from member to member), the shared
+    values get a slot per member too, so that they move alike; returns (slot count, whether
+    any did), else the slot count."""
+    moved = False
+    for which in ("a", "b"):
+        for position, x in enumerate(getattr(g.first, which)):
+            if x.kind != "const":
+                continue
+            column = [getattr(m, which)[position] for m in g.members]
+            same = len({repr(float(c.value)) for c in column}) == 1
+            if columns:
+                if same and len({id(c) for c in column}) == len(column):
+                    for c in column:
+                        c.slot = n_slots
+                        constants.append((n_slots, float(c.value)))
+                        n_slots += 1
+                    moved = True
+                continue
+            if all(c.slot is None for c in column) and same:
+                for c in column:
+                    c.slot = n_slots
+                constants.append((n_slots, float(x.value)))
+                n_slots += 1
+                continue
+            for c in column:
+                if c.slot is None:
+                    c.slot = n_slots
+                    constants.append((n_slots, float(c.value)))
+                    n_slots += 1
+    return (n_slots, moved) if columns else n_slots
 
 
 def _lists(node, literals):

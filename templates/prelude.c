@@ -114,6 +114,282 @@ KERNEL real sum_range(const real *restrict x, long n)
     return LANES16(s);
 }
 
+/* ---- a layer over a batch: the batch's gradients against rows -------------------------------
+ * A layer applied to a batch (the batch innermost in memory) gets, in backward, its weights'
+ * gradients as dots of each neuron's gradient row against its inputs' rows (dot_rows) and its
+ * inputs' gradients as a product of the weights with the neurons' gradient rows (matmul_acc).
+ * Both skip the chunks of ROW_LANES samples whose gradients are all 0 (a hinge that is flat, a
+ * ReLU that is off): their terms are exact zeros (unless a value they multiply is inf or NaN),
+ * so the sums are those of the dense loops, but for the sign of a zero. */
+#if REAL_IS_FLOAT
+#define ROW_LANES 16
+#define ROW_SUM LANES16
+#else
+#define ROW_LANES 8
+#define ROW_SUM(s) (((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])))
+#endif
+/* Longer gradient rows are not screened for zero chunks (one mask word per 64 chunks) */
+#define ROW_MASK_WORDS 64
+
+/* Whether x[0..ROW_LANES) has a value other than 0 or -0 (NaN counts): an OR of the bits
+ * without the sign, which compilers vectorise, where comparing doubles takes a branch-free
+ * but serial unordered compare per lane. */
+static int lanes_nonzero(const real *x)
+{
+#if REAL_IS_FLOAT
+    uint32_t bits = 0, v;
+#else
+    uint64_t bits = 0, v;
+#endif
+    for (int l = 0; l < ROW_LANES; l++) {
+        memcpy(&v, x + l, sizeof v);
+        bits |= v << 1;
+    }
+    return bits != 0;
+}
+
+/* Bit c of mask: chunk c of x[0..n) (ROW_LANES values) has a nonzero. Returns whether x has
+ * any nonzero (the values after the last whole chunk included). */
+static int chunk_mask(const real *x, long n, uint64_t *mask)
+{
+    long chunks = n / ROW_LANES;
+    if (chunks > 64 * ROW_MASK_WORDS) {
+        memset(mask, 0xff, ROW_MASK_WORDS * sizeof *mask);
+        return 1;
+    }
+    uint64_t any = 0;
+    memset(mask, 0, (size_t)(chunks + 63) / 64 * sizeof *mask);
+    for (long c = 0; c < chunks; c++)
+        mask[c / 64] |= (uint64_t)lanes_nonzero(x + c * ROW_LANES) << (c % 64);
+    for (long w = 0; w < (chunks + 63) / 64; w++)
+        any |= mask[w];
+    for (long i = chunks * ROW_LANES; i < n; i++)
+        any |= x[i] != 0;
+    return any != 0;
+}
+#define CHUNK_SET(mask, c) ((c) >= 64 * ROW_MASK_WORDS || ((mask)[(c) / 64] >> ((c) % 64) & 1))
+
+/* Four rows against a, each in dot()'s lanes and order, into out[0..3]; chunks whose mask bit
+ * is clear are skipped. GCC and Clang get the lanes as one vector per row (their vector
+ * extension): left to vectorise scalar lanes, GCC groups lane l of the four rows into one
+ * vector instead and gathers every element. TCC sums the same lanes in scalars. */
+#if defined(__GNUC__) && !defined(__TINYC__)
+typedef real row_lanes __attribute__((vector_size(ROW_LANES * sizeof(real)), aligned(sizeof(real)), may_alias));
+#define ROW_LOAD(p) (*(const row_lanes *)(p))
+#define ROW_ADD(p, v) (*(row_lanes *)(p) += (v))
+KERNEL void dot4(const real *restrict a, const real *restrict b0, const real *restrict b1,
+                 const real *restrict b2, const real *restrict b3, long n, const uint64_t *mask,
+                 real *restrict out)
+{
+    row_lanes p = {0}, q = {0}, r = {0}, t = {0};
+    long chunks = n / ROW_LANES;
+    for (long c = 0; c < chunks; c++, a += ROW_LANES, b0 += ROW_LANES, b1 += ROW_LANES, b2 += ROW_LANES,
+                                      b3 += ROW_LANES) {
+        if (!CHUNK_SET(mask, c))
+            continue;
+        row_lanes x = ROW_LOAD(a);
+        p += x * ROW_LOAD(b0);
+        q += x * ROW_LOAD(b1);
+        r += x * ROW_LOAD(b2);
+        t += x * ROW_LOAD(b3);
+    }
+    real sp[ROW_LANES], sq[ROW_LANES], sr[ROW_LANES], st[ROW_LANES];
+    memcpy(sp, &p, sizeof sp);
+    memcpy(sq, &q, sizeof sq);
+    memcpy(sr, &r, sizeof sr);
+    memcpy(st, &t, sizeof st);
+#else
+KERNEL void dot4(const real *restrict a, const real *restrict b0, const real *restrict b1,
+                 const real *restrict b2, const real *restrict b3, long n, const uint64_t *mask,
+                 real *restrict out)
+{
+    real sp[ROW_LANES] = {0}, sq[ROW_LANES] = {0}, sr[ROW_LANES] = {0}, st[ROW_LANES] = {0};
+    long chunks = n / ROW_LANES;
+    for (long c = 0; c < chunks; c++, a += ROW_LANES, b0 += ROW_LANES, b1 += ROW_LANES, b2 += ROW_LANES,
+                                      b3 += ROW_LANES) {
+        if (!CHUNK_SET(mask, c))
+            continue;
+        for (long l = 0; l < ROW_LANES; l++) {
+            sp[l] += a[l] * b0[l];
+            sq[l] += a[l] * b1[l];
+            sr[l] += a[l] * b2[l];
+            st[l] += a[l] * b3[l];
+        }
+    }
+#endif
+    for (long l = 0; l < n % ROW_LANES; l++) { /* the tail, lane by lane as in dot() */
+        sp[l] += a[l] * b0[l];
+        sq[l] += a[l] * b1[l];
+        sr[l] += a[l] * b2[l];
+        st[l] += a[l] * b3[l];
+    }
+    out[0] = ROW_SUM(sp);
+    out[1] = ROW_SUM(sq);
+    out[2] = ROW_SUM(sr);
+    out[3] = ROW_SUM(st);
+}
+
+/* out[k * out_step] += dot(a, b + k * b_step, n) for k < m: a neuron's gradient row a over a
+ * batch against each of its inputs' rows (its weights' gradients), four rows at a time sharing
+ * the loads of a. */
+KERNEL void dot_rows(const real *restrict a, const real *restrict b, long b_step, long n, long m,
+                     real *restrict out, long out_step)
+{
+    uint64_t mask[ROW_MASK_WORDS];
+    if (!chunk_mask(a, n, mask))
+        return; /* a is all 0: nothing to add */
+    long k = 0;
+    for (; k + 4 <= m; k += 4) {
+        const real *row = b + k * b_step;
+        real s[4];
+        dot4(a, row, row + b_step, row + 2 * b_step, row + 3 * b_step, n, mask, s);
+        out[k * out_step] += s[0];
+        out[(k + 1) * out_step] += s[1];
+        out[(k + 2) * out_step] += s[2];
+        out[(k + 3) * out_step] += s[3];
+    }
+    if (k < m) { /* one to three rows left: the last one stands in for the missing ones */
+        const real *row = b + k * b_step, *last = b + (m - 1) * b_step;
+        real s[4];
+        dot4(a, row, k + 1 < m ? row + b_step : last, k + 2 < m ? row + 2 * b_step : last, last, n, mask, s);
+        for (long r = 0; k + r < m; r++)
+            out[(k + r) * out_step] += s[r];
+    }
+}
+
+/* Rows of go screened per chunk of samples: the nonzero ones are listed, this many at a time */
+#define ACTIVE_ROWS 256
+
+/* out[k * out_k + s] += sum over j < J of w[j * w_j + k * w_k] * go[j * go_j + s], for k < K and
+ * s < S: a layer's inputs' gradients over a batch of S (go: its J neurons' gradient rows, w: its
+ * weights, K inputs each). Per chunk of samples, each input's sum runs over the neurons in
+ * order, in a register, and is added to out once (where one neuron at a time would read and
+ * write out J times); neurons whose chunk of go is all 0 are left out. */
+KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
+                       const real *restrict go, long go_j, long J, long S, long K)
+{
+    int32_t active[ACTIVE_ROWS];
+    long s = 0;
+    for (; s + ROW_LANES <= S; s += ROW_LANES) {
+        for (long j0 = 0; j0 < J; j0 += ACTIVE_ROWS) {
+            long n_active = 0, j1 = J < j0 + ACTIVE_ROWS ? J : j0 + ACTIVE_ROWS;
+            for (long j = j0; j < j1; j++)
+                if (lanes_nonzero(go + j * go_j + s))
+                    active[n_active++] = (int32_t)j;
+            if (!n_active)
+                continue;
+            long k = 0;
+#if defined(__GNUC__) && !defined(__TINYC__)
+            for (; k + 4 <= K; k += 4) { /* four inputs share each load of go */
+                const real *wk = w + k * w_k;
+                row_lanes acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
+                for (long t = 0; t < n_active; t++) {
+                    row_lanes x = ROW_LOAD(go + active[t] * go_j + s);
+                    const real *weights = wk + active[t] * w_j;
+                    acc0 += x * weights[0];
+                    acc1 += x * weights[w_k];
+                    acc2 += x * weights[2 * w_k];
+                    acc3 += x * weights[3 * w_k];
+                }
+                ROW_ADD(out + k * out_k + s, acc0);
+                ROW_ADD(out + (k + 1) * out_k + s, acc1);
+                ROW_ADD(out + (k + 2) * out_k + s, acc2);
+                ROW_ADD(out + (k + 3) * out_k + s, acc3);
+            }
+#endif
+            for (; k < K; k++) {
+                const real *wk = w + k * w_k;
+#if defined(__GNUC__) && !defined(__TINYC__)
+                row_lanes acc = {0};
+                for (long t = 0; t < n_active; t++)
+                    acc += ROW_LOAD(go + active[t] * go_j + s) * wk[active[t] * w_j];
+                ROW_ADD(out + k * out_k + s, acc);
+#else
+                real acc[ROW_LANES] = {0};
+                for (long t = 0; t < n_active; t++) {
+                    const real *x = go + active[t] * go_j + s, weight = wk[active[t] * w_j];
+                    for (long l = 0; l < ROW_LANES; l++)
+                        acc[l] += x[l] * weight;
+                }
+                for (long l = 0; l < ROW_LANES; l++)
+                    out[k * out_k + s + l] += acc[l];
+#endif
+            }
+        }
+    }
+    for (; s < S; s++) /* the samples after the last whole chunk */
+        for (long j = 0; j < J; j++) {
+            real x = go[j * go_j + s];
+            if (x != 0)
+                for (long k = 0; k < K; k++)
+                    out[k * out_k + s] += x * w[j * w_j + k * w_k];
+        }
+}
+
+/* out[j * out_j + s] = bias[j * bias_j] + sum over k < K of w[j * w_j + k * w_k] * x[k * x_k + s],
+ * for j < J and s < S (bias NULL: no bias): a layer's J neurons over a batch of S (x: its K
+ * inputs' rows). Per chunk of samples four neurons at a time, the sum in k order in a register
+ * from the bias on: each load of an input row serves four neurons, where a neuron at a time
+ * loads every weight and every input row once per chunk. */
+KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
+                       const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
+                       long J, long S, long K)
+{
+    long s = 0;
+#if defined(__GNUC__) && !defined(__TINYC__)
+    /* the last chunk ends at S, overlapping the one before it, whose values it sets again */
+    long chunks = S >= ROW_LANES ? (S + ROW_LANES - 1) / ROW_LANES : 0;
+    for (long c = 0; c < chunks; c++) {
+        s = c * ROW_LANES < S - ROW_LANES ? c * ROW_LANES : S - ROW_LANES;
+        long j = 0;
+        for (; j + 4 <= J; j += 4) {
+            const real *w0 = w + j * w_j;
+            row_lanes acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
+            if (bias) {
+                acc0 += bias[j * bias_j];
+                acc1 += bias[(j + 1) * bias_j];
+                acc2 += bias[(j + 2) * bias_j];
+                acc3 += bias[(j + 3) * bias_j];
+            }
+            for (long k = 0; k < K; k++) {
+                row_lanes v = ROW_LOAD(x + k * x_k + s);
+                const real *wk = w0 + k * w_k;
+                acc0 += v * wk[0];
+                acc1 += v * wk[w_j];
+                acc2 += v * wk[2 * w_j];
+                acc3 += v * wk[3 * w_j];
+            }
+            *(row_lanes *)(out + j * out_j + s) = acc0;
+            *(row_lanes *)(out + (j + 1) * out_j + s) = acc1;
+            *(row_lanes *)(out + (j + 2) * out_j + s) = acc2;
+            *(row_lanes *)(out + (j + 3) * out_j + s) = acc3;
+        }
+        for (; j < J; j++) {
+            row_lanes acc = {0};
+            if (bias)
+                acc += bias[j * bias_j];
+            for (long k = 0; k < K; k++)
+                acc += ROW_LOAD(x + k * x_k + s) * w[j * w_j + k * w_k];
+            *(row_lanes *)(out + j * out_j + s) = acc;
+        }
+    }
+    if (chunks)
+        s = S;
+#endif
+    /* TCC, and a batch shorter than a chunk: the same sums, each from the bias in k order, along
+     * the rows (one neuron's results at a time) */
+    for (long j = 0; j < J && s < S; j++) {
+        real *o = out + j * out_j;
+        for (long t = s; t < S; t++)
+            o[t] = bias ? bias[j * bias_j] : 0;
+        for (long k = 0; k < K; k++) {
+            const real weight = w[j * w_j + k * w_k], *row = x + k * x_k;
+            for (long t = s; t < S; t++)
+                o[t] += row[t] * weight;
+        }
+    }
+}
+
 /* Lists that are not contiguous: element i at base + offsets[i], the same offsets for every
  * iteration of a loop (a convolution's window), so one small table serves the whole loop. */
 KERNEL real dot_offsets(const real *a, const int32_t *oa, const real *b, const int32_t *ob, long n)
