@@ -78,6 +78,40 @@ typedef double real;
 #define STEP16(op) STEP8(op) op(8) op(9) op(10) op(11) op(12) op(13) op(14) op(15)
 #define LANES16(s) ((((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))) + \
                     (((s[8] + s[9]) + (s[10] + s[11])) + ((s[12] + s[13]) + (s[14] + s[15]))))
+/* the same sum of the sixteen accumulators s0..s15 of dot() and sum_range() */
+#define ACCUMULATORS16 ((((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))) + \
+                        (((s8 + s9) + (s10 + s11)) + ((s12 + s13) + (s14 + s15))))
+/* The last n & 15 elements into lanes 0..14, as if the loop went on, then the lanes' sum. Clang keeps an array of the
+ * lanes indexed in a loop on the stack (it doubled the time of a convolution's many short dots),
+ * so it gets a switch; GCC makes slower code of the switch (1.2x on the same convolution) than
+ * of the loop. Both add the same products into the same lanes. */
+#if defined(__clang__)
+#define TAIL16(op)                                                                              \
+    switch (n & 15) {                                                                           \
+    case 15: op(14) /* fall through */                                                          \
+    case 14: op(13) /* fall through */                                                          \
+    case 13: op(12) /* fall through */                                                          \
+    case 12: op(11) /* fall through */                                                          \
+    case 11: op(10) /* fall through */                                                          \
+    case 10: op(9) /* fall through */                                                           \
+    case 9: op(8) /* fall through */                                                            \
+    case 8: op(7) /* fall through */                                                            \
+    case 7: op(6) /* fall through */                                                            \
+    case 6: op(5) /* fall through */                                                            \
+    case 5: op(4) /* fall through */                                                            \
+    case 4: op(3) /* fall through */                                                            \
+    case 3: op(2) /* fall through */                                                            \
+    case 2: op(1) /* fall through */                                                            \
+    case 1: op(0)                                                                               \
+    }                                                                                           \
+    return ACCUMULATORS16;
+#else
+#define TAIL16(op)                                                                              \
+    real s[16] = {s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15};      \
+    for (long i = 0; i < (n & 15); i++)                                                         \
+        op##_LANE(i)                                                                            \
+    return LANES16(s);
+#endif
 
 KERNEL real dot(const real *restrict a, const real *restrict b, long n)
 {
@@ -85,15 +119,14 @@ KERNEL real dot(const real *restrict a, const real *restrict b, long n)
     real s8 = 0, s9 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0, s14 = 0, s15 = 0;
     const real *end = a + (n & ~15L);
 #define DOT(l) s##l += a[l] * b[l];
+#define DOT_LANE(i) s[i] += a[i] * b[i];
     UNROLLED
     for (; a < end; a += 16, b += 16) {
         STEP16(DOT)
     }
+    TAIL16(DOT)
 #undef DOT
-    real s[16] = {s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15};
-    for (long i = 0; i < (n & 15); i++) /* the tail, lane by lane as if the loop went on */
-        s[i] += a[i] * b[i];
-    return LANES16(s);
+#undef DOT_LANE
 }
 
 /* The sum of x[0..n), in sixteen lanes like dot() */
@@ -103,15 +136,14 @@ KERNEL real sum_range(const real *restrict x, long n)
     real s8 = 0, s9 = 0, s10 = 0, s11 = 0, s12 = 0, s13 = 0, s14 = 0, s15 = 0;
     const real *end = x + (n & ~15L);
 #define SUM(l) s##l += x[l];
+#define SUM_LANE(i) s[i] += x[i];
     UNROLLED
     for (; x < end; x += 16) {
         STEP16(SUM)
     }
+    TAIL16(SUM)
 #undef SUM
-    real s[16] = {s0, s1, s2, s3, s4, s5, s6, s7, s8, s9, s10, s11, s12, s13, s14, s15};
-    for (long i = 0; i < (n & 15); i++)
-        s[i] += x[i];
-    return LANES16(s);
+#undef SUM_LANE
 }
 
 /* ---- a layer over a batch: the batch's gradients against rows -------------------------------
@@ -169,8 +201,8 @@ static int chunk_mask(const real *x, long n, uint64_t *mask)
 }
 #define CHUNK_SET(mask, c) ((c) >= 64 * ROW_MASK_WORDS || ((mask)[(c) / 64] >> ((c) % 64) & 1))
 
-/* Four rows against a, each in dot()'s lanes and order, into out[0..3]; chunks whose mask bit
- * is clear are skipped. GCC and Clang get the lanes as one vector per row (their vector
+/* Four rows against a, each in ROW_LANES lanes (eight in float64, sixteen in float32) summed
+ * pairwise, into out[0..3]; chunks whose mask bit is clear are skipped. GCC and Clang get the lanes as one vector per row (their vector
  * extension): left to vectorise scalar lanes, GCC groups lane l of the four rows into one
  * vector instead and gathers every element. TCC sums the same lanes in scalars. */
 #if defined(__GNUC__) && !defined(__TINYC__)
