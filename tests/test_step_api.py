@@ -170,7 +170,7 @@ def test_rows_are_tracked():
     file would test the old path only)."""
     model = classifier()
     xs, ys = [Value(0.0) for _ in range(N_IN)], [Value(0.0) for _ in range(N_CLASSES)]
-    source = codegen.generate(cross_entropy(model(xs), ys), xs + ys, model.parameters())[0]
+    source = "\n".join(codegen.generate(cross_entropy(model(xs), ys), xs + ys, model.parameters()))
     assert f"#define N_TRACKED_ROWS {2 * (HIDDEN + N_CLASSES)}" in source
     assert "static const long SWEPT_RUNS[][2] = {{0, 0}};" in source  # every parameter is in a row
     assert source.count("rank1[") >= 2 and "sgd_rank1_row(" in source

@@ -195,7 +195,7 @@ def test_layer_over_a_batch_kernels(compiler, mode, loss):
         return sum(terms, Value(0.0)) * (1.0 / len(X))
     assert_equivalent(build, init, [[0.5], [0.2]], mode, compiler=compiler, opt=2)
     params, inputs = [Value(v) for v in init], [Value(0.0)]
-    source = codegen.generate(build(params, inputs), inputs, params)[0]
+    source = "\n".join(codegen.generate(build(params, inputs), inputs, params))
     assert "dot_rows(g + " in source and ", 37, 6, g + " in source  # the second layer: 6 rows of 37
     assert "matmul_acc(g + " in source and ", 5, 37, 6);" in source and ", 1, 37, 5);" in source
     # forward: each layer one matmul_set (6 neurons of 3 inputs, 5 of 6, one of 5) over 37 samples
@@ -235,7 +235,7 @@ def test_mnist_mlp_structure():
     assert [(g.first.kind, g.shape) for g in outputs] == [("dot", (50,)), ("op", (50,)), ("dot", (10,))]
     assert all(g.operands.a.contiguous and g.operands.b.contiguous for g in outputs if g.first.kind == "dot")
     assert program.sgd_in_backward
-    source = codegen.generate(loss, inputs, params, logits)[0]
+    source = "\n".join(codegen.generate(loss, inputs, params, logits))
     assert "const int32_t offsets_" not in source  # no offset tables: every list is contiguous
 
 
