@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 import templates
 
-from . import optim
+from . import ir, optim
 
 # Statements per generated function: gcc/clang -O1 take superlinear time in a function's size.
 CHUNK_STATEMENTS = 200
@@ -148,6 +148,11 @@ def _zero_last(affine, n):
     return type(affine)(affine.base, affine.strides[:-n] + (0,) * n, affine.grad_base)
 
 
+def _loop_headers(shape):
+    """`for` headers of a loop nest over shape, index i0 outermost."""
+    return [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape)]
+
+
 def _progression(offsets):
     """The common step of offsets, or None if they are not an arithmetic progression."""
     step = offsets[1] - offsets[0] if len(offsets) > 1 else 0
@@ -175,7 +180,7 @@ class _Matmul:
                 f"{weights.start.strides[-2] if batched else 0}, {_progression(weights.offsets)}, "
                 f"g + {_index(_zero_last(self.out, last), grad=True)}, {self.out.strides[-2] if batched else 0}, "
                 f"{neurons}, {samples}, {len(wrt.offsets)});")
-        outer = [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape[:-last])]
+        outer = _loop_headers(shape[:-last])
         return "\n    ".join(outer + [call])
 
     @staticmethod
@@ -216,7 +221,7 @@ def _layer_over_batch(g):
             f"d + {_index(_zero_last(weights.start, last), weights.offsets[0])}, {along_neurons(weights.start)}, "
             f"{_progression(weights.offsets)}, d + {_index(_zero_last(rows.start, last), rows.offsets[0])}, "
             f"{_progression(rows.offsets)}, {shape[-2] if batched else 1}, {shape[-1]}, {len(weights.offsets)});")
-    return "\n    ".join([f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape[:-last])] + [call])
+    return "\n    ".join(_loop_headers(shape[:-last]) + [call])
 
 
 def _loop(shape, body, dots=True, independent=False):
@@ -239,7 +244,7 @@ def _loop(shape, body, dots=True, independent=False):
     names = {id(s): f"sum{k}" for k, s in enumerate(summed)}
     inner = [f"{names[id(s)]} += {s.term};" if id(s) in names else s.render() if isinstance(s, _Accumulate)
              else s for s in body if s not in dotted]
-    *outer, last = [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape)]
+    *outer, last = _loop_headers(shape)
     if all(s.startswith(_GO) for s in inner):  # everything moved after it: no innermost loop
         block = "{\n    " + "\n    ".join(_after_innermost(summed, dotted, names, shape)) + "\n    }"
         return ["\n    ".join(outer + [block])]
@@ -472,7 +477,7 @@ class _Emitter:
         write, starts, lengths, snapshots = [], [], [], []
         first = snapshot = 0
         for start, n, shape, other in self.tracked_rows:
-            loops = "".join(f"for (long i{d} = 0; i{d} < {e}; i{d}++) " for d, e in enumerate(shape))
+            loops = "".join(header + " " for header in _loop_headers(shape))
             stamp = self._stamp_index(first, shape)
             row = _index(start)
             for index in itertools.product(*map(range, shape)):  # in loop order, as the stamps
@@ -491,15 +496,7 @@ class _Emitter:
                          f"        else if (all && stamp[{stamp}] != gen) memset(q, 0, {n} * sizeof(real));\n"
                          f"        else continue;\n        stamp[{stamp}] = gen;\n    }}")
             snapshot += n
-        runs = []
-        for slot, done in enumerate(tracked):
-            if done:
-                continue
-            if runs and runs[-1][0] + runs[-1][1] == slot:
-                runs[-1][1] += 1
-            else:
-                runs.append([slot, 1])
-        runs = runs or [[0, 0]]
+        runs = ir.slot_runs(slot for slot, done in enumerate(tracked) if not done) or [(0, 0)]
         # without tracked rows the step's backward is the ordinary one
         untracked = [] if self.tracked_rows else [
             "#define backward_tracked_body(d, g, stamp, rank1, snap, live, gen) "

@@ -344,13 +344,17 @@ def sgd_in_backward(program):
 
 def unfused_params(program, params):
     """Runs (first slot, count) of the parameters that SGD updates after backward."""
+    return slot_runs(p.slot for p in params if not p.sgd_fused)
+
+
+def slot_runs(slots):
+    """Ascending slots as runs of consecutive ones, (first slot, count)."""
     runs = []
-    for p in params:
-        if not p.sgd_fused:
-            if runs and runs[-1][0] + runs[-1][1] == p.slot:
-                runs[-1][1] += 1
-            else:
-                runs.append([p.slot, 1])
+    for slot in slots:
+        if runs and runs[-1][0] + runs[-1][1] == slot:
+            runs[-1][1] += 1
+        else:
+            runs.append([slot, 1])
     return [tuple(r) for r in runs]
 
 

@@ -31,14 +31,14 @@ static void batch_step(State *s, double lr, long long n)
 }
 
 /* One pass of train() over the rows in `order` (the samples s, loaded one at a time), without the
- * GIL (`save`: the caller's Py_BEGIN_ALLOW_THREADS state). Adds each row's loss to *loss_sum;
+ * GIL (`save`: the caller's Py_BEGIN_ALLOW_THREADS state), from zero parameter gradients (the
+ * caller zeroes them: templates/step.c's zero_all_gradients). Adds each row's loss to *loss_sum;
  * returns 1 when a signal handler raised (the rows done keep their steps), else 0. */
 static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, double lr, long long batch,
                       double *loss_sum, PyThreadState **save)
 {
     real *d = st->d, *g = st->g;
     double next_check = now_ms() + SIGNAL_CHECK_MS;
-    memset(g, 0, N_PARAMS * sizeof(real));
     Py_ssize_t in_batch = 0;
     for (Py_ssize_t i = 0; i < s->n; i++) {
         load_sample(s, order[i], d + INPUT_BASE);

@@ -49,16 +49,6 @@ static State *state_of(PyObject *module) { return (State *)PyModule_GetState(mod
 /*@INCLUDE step.c@*/
 
 /* ---- exported functions ------------------------------------------------------------------- */
-/* Whether n values of the module's own type hold a NaN, in one pass that vectorises (set_input
- * runs at every step of a training loop) */
-static int has_nan(const real *x, Py_ssize_t n)
-{
-    int nan = 0;
-    for (Py_ssize_t i = 0; i < n; i++)
-        nan |= x[i] != x[i];
-    return nan;
-}
-
 /* set_input and set_params: check one float64 or float32 buffer of `count` values, copy it to
  * d + offset, converted to the module's dtype (rounded to nearest in float32) */
 static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *what, PyObject *const *args,
@@ -66,11 +56,9 @@ static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *w
 {
     Py_buffer view;
     if (check_nargs(fn, nargs, 1, 1) < 0 || get_buffer(fn, what, args[0], &view, 1, "df", 0) < 0 ||
-        check_length(fn, what, &view, count) < 0)
+        check_length(fn, what, &view, count) < 0 || check_no_nan(fn, what, count, &view) < 0)
         return NULL;
     int same_type = view.itemsize == (Py_ssize_t)sizeof(real); /* copied as it is */
-    if ((!same_type || has_nan((const real *)view.buf, count)) && check_no_nan(fn, what, count, &view) < 0)
-        return NULL;
     State *s = lock_state(module, fn);
     if (!s) {
         PyBuffer_Release(&view);
@@ -207,7 +195,7 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     }
     double loss_sum = 0.0;
     int interrupted;
-    stamp_all_rows(st); /* train_rows zeroes every gradient first: all rows hold theirs */
+    zero_all_gradients(st); /* train() starts from zero gradients, every row holding its own */
     Py_BEGIN_ALLOW_THREADS /* the buffers stay held (release_samples below), the state locked */
     interrupted = train_rows(st, &s, order, lr, batch, &loss_sum, &_save);
     Py_END_ALLOW_THREADS

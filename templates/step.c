@@ -35,6 +35,13 @@ static void stamp_all_rows(State *s)
     list_all_rows(s);
 }
 
+/* Every parameter's gradient 0, written out: the eager zero_grad(), and train()'s start */
+static void zero_all_gradients(State *s)
+{
+    memset(s->g, 0, N_PARAMS * sizeof(real));
+    stamp_all_rows(s);
+}
+
 static void write_out_rows(State *s, int zero_stale)
 {
     write_rows(s->g, s->stamp, s->rank1, s->snap, s->gen, zero_stale);
@@ -51,8 +58,7 @@ static void zero_gradients(State *s)
             for (long i = SWEPT_RUNS[r][0]; i < SWEPT_RUNS[r][0] + SWEPT_RUNS[r][1]; i++)
                 s->g[i] = 0;
     } else {
-        memset(s->g, 0, N_PARAMS * sizeof(real));
-        stamp_all_rows(s);
+        zero_all_gradients(s);
     }
 }
 

@@ -165,6 +165,17 @@ def run_sequence(net, init, rng, steps, momentum=0.0, train_rows=None):
     assert_close(module_grads(net), ref.grads(), "grads at the end")
 
 
+def step(targets, row, update=False):
+    """set_input(row), zero_grad(), forward(), backward() and, with update, update(LR), on each target."""
+    for target in targets:
+        target.set_input(row)
+        target.zero_grad()
+        target.forward()
+        target.backward()
+        if update:
+            target.update(LR)
+
+
 def test_rows_are_tracked():
     """The classifier's weight rows and biases go through the stamps; nothing is swept (else this
     file would test the old path only)."""
@@ -249,11 +260,7 @@ def test_a_held_view_sees_zero_grad_and_backward(compiler):
     net.set_params(init)
     held = np.asarray(net.grad)
     for row in rows:
-        for target in (net, ref):
-            target.set_input(row)
-            target.zero_grad()
-            target.forward()
-            target.backward()
+        step((net, ref), row)
         assert_close(held[:net.n_params], ref.grads(), "the held array after backward")
         for target in (net, ref):
             target.update(LR)
@@ -262,12 +269,7 @@ def test_a_held_view_sees_zero_grad_and_backward(compiler):
     assert not np.any(held[:net.n_params])
     del held  # back to skipping rows: the next steps still agree
     for row in rows:
-        for target in (net, ref):
-            target.set_input(row)
-            target.zero_grad()
-            target.forward()
-            target.backward()
-            target.update(LR)
+        step((net, ref), row, update=True)
     assert_close(np.asarray(net.params), ref.values(), "params after steps without the view")
 
 
