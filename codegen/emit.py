@@ -45,8 +45,9 @@ def c_literal(x, dtype="float64"):
     x = float(x)
     if math.isnan(x):
         return "NAN"
-    if math.isinf(x):
-        return "INFINITY" if x > 0 else "(-INFINITY)"
+    if math.isinf(x):  # TCC 0.9.27 cannot negate INFINITY in a static initializer (the constants'
+        # table, embedded parameters), but folds this division
+        return "INFINITY" if x > 0 else "(-1.0f / 0.0f)" if dtype == "float32" else "(-1.0 / 0.0)"
     text = repr(x) + ("f" if dtype == "float32" else "")
     return f"({text})" if x < 0 or text.startswith("-") else text
 

@@ -1,6 +1,7 @@
 """The compiled module as a user meets it: its functions' semantics, bad input, state access,
 the build cache."""
 
+import math
 import random
 from array import array
 
@@ -164,6 +165,16 @@ def test_constants_are_printed_exactly(compiler):
     out = (x + tiny) * third + (x * 1e-300 + big) * 0.5 - 0.1
     net = codegen.compile(out, [x], [], compiler=compiler, opt=2)
     assert net.forward() == out.data
+
+
+def test_infinite_and_nan_constants_in_the_constants_table(compiler):
+    """Constants a loop reads sit in a static table; -inf there once stopped TCC ("initializer
+    element is not constant"; found by tests/test_fuzz.py)."""
+    x = Value(0.5)
+    for c in (float("-inf"), float("inf"), float("nan")):
+        out = x * c + x * 2.0 + x * 3.0 + x * 4.0
+        net = codegen.compile(out, [x], [], compiler=compiler, opt=2)
+        assert net.forward() == out.data or (math.isnan(out.data) and math.isnan(net.forward()))
 
 
 def test_a_leaf_output_and_a_constant_output(compiler):
