@@ -312,6 +312,11 @@ def _independent_writes(body, n):
     return all(b - a >= step * n or (b - a) % step for a, b in zip(bases, bases[1:]))
 
 
+def _nonzero_words(n):
+    """int32 words of the nonzero list of n input values (templates/prelude.c's NZ_WORDS)"""
+    return 2 + n // 8
+
+
 class _Emitter:
     def __init__(self, program, dtype="float64", sparse_inputs=False):
         self.program = program
@@ -331,7 +336,7 @@ class _Emitter:
             return None
         key = (v.start.base, n)
         if key not in self.nonzero_lists:
-            self.nonzero_lists[key] = sum(m + 1 for _, m in self.nonzero_lists)
+            self.nonzero_lists[key] = sum(_nonzero_words(m) for _, m in self.nonzero_lists)
         return f"(const int32_t *)(d + {p.n_slots}) + {self.nonzero_lists[key]}"
 
     def scan_nonzeros(self):
@@ -339,7 +344,7 @@ class _Emitter:
         NONZERO_WORDS, the words they take after d's N_SLOTS values."""
         lines = [f"    scan_range(d + {base}, {n}, (int32_t *)(d + N_SLOTS) + {offset});"
                  for (base, n), offset in self.nonzero_lists.items()]
-        words = sum(n + 1 for _, n in self.nonzero_lists)
+        words = sum(_nonzero_words(n) for _, n in self.nonzero_lists)
         return (f"#define NONZERO_WORDS {words}\nstatic void scan_nonzeros(real *restrict d)\n{{\n"
                 + "\n".join(lines) + "\n    (void)d;\n}")
 
@@ -372,7 +377,7 @@ class _Emitter:
     def forward(self, g):
         ops = g.operands
         node = g.first
-        layer = _layer_over_batch(g)
+        layer = _layer_over_batch(g) or self._layer_on_one_sample(g)
         if layer:
             return [layer]
         if node.kind == "op":
@@ -388,6 +393,29 @@ class _Emitter:
                 parts += self._dot(ops.a, ops.b)
             value = _tree_sum(parts)
         return _loop(g.shape, [f"{_d(ops.out)} = {value};"], independent=True)
+
+    def _layer_on_one_sample(self, g):
+        """A dot group whose innermost loop moves the results and one contiguous factor list (the
+        weights' rows) and not the other (the inputs): one matvec call per pass of the loops
+        outside it, four rows at a time (templates/prelude.c); at most one loose term (the bias),
+        no constants. Else None."""
+        ops, shape = g.operands, g.shape
+        if (g.first.kind != "dot" or not shape or shape[-1] < 4 or not ops.a or ops.constants
+                or (ops.terms and len(ops.terms.offsets) != 1) or not (ops.a.contiguous and ops.b.contiguous)
+                or _unrolled(ops.a, ops.b)):
+            return None
+        for weights, inputs in ((ops.a, ops.b), (ops.b, ops.a)):
+            if weights.start.strides[-1] and not inputs.start.strides[-1]:
+                break
+        else:
+            return None
+        bias = (f"d + {_index(_zero_last(ops.terms.start, 1), ops.terms.offsets[0])}, {ops.terms.start.strides[-1]}"
+                if ops.terms else "NULL, 0")
+        call = (f"matvec(d + {_index(_zero_last(ops.out, 1))}, {ops.out.strides[-1]}, {bias}, "
+                f"d + {_index(_zero_last(weights.start, 1))}, {weights.start.strides[-1]}, "
+                f"d + {_index(_zero_last(inputs.start, 1))}, {len(inputs.offsets)}, {shape[-1]}, "
+                f"{self._nonzeros(inputs) or 'NULL'});")
+        return "\n    ".join(_loop_headers(shape[:-1]) + [call])
 
     def backward(self, g, sgd=False, tracked=False):
         """Statements adding the group's gradients into its operands' gradients. With sgd (see

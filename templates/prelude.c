@@ -163,22 +163,23 @@ KERNEL real sum_range(const real *restrict x, long n)
 /* Longer gradient rows are not screened for zero chunks (one mask word per 64 chunks) */
 #define ROW_MASK_WORDS 64
 
-/* Whether x[0..ROW_LANES) has a value other than 0 or -0 (NaN counts): an OR of the bits
- * without the sign, which compilers vectorise, where comparing doubles takes a branch-free
- * but serial unordered compare per lane. */
-static int lanes_nonzero(const real *x)
+/* Whether x[0..count) has a value other than 0 or -0 (NaN counts): an OR of the bits without
+ * the sign, which compilers vectorise, where comparing doubles takes a branch-free but serial
+ * unordered compare per lane. */
+static int any_nonzero(const real *x, int count)
 {
 #if REAL_IS_FLOAT
     uint32_t bits = 0, v;
 #else
     uint64_t bits = 0, v;
 #endif
-    for (int l = 0; l < ROW_LANES; l++) {
+    for (int l = 0; l < count; l++) {
         memcpy(&v, x + l, sizeof v);
         bits |= v << 1;
     }
     return bits != 0;
 }
+#define lanes_nonzero(x) any_nonzero(x, ROW_LANES)
 
 /* Bit c of mask: chunk c of x[0..n) (ROW_LANES values) has a nonzero. Returns whether x has
  * any nonzero (the values after the last whole chunk included). */
@@ -564,40 +565,165 @@ KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, co
 }
 
 /* ---- sparse inputs ------------------------------------------------------------------------ */
-/* An input range that dots read (a layer's pixels) has a list of its nonzero positions, built
- * by scan_nonzeros() before each forward and backward: nz[0] is their count, nz[1..] their
- * offsets in the range. When under half of the n values are nonzero, the dot and the update
- * of the weights it read visit only those: the terms left out are exact zeros (w * 0; only a
- * weight that is inf or NaN would have made them otherwise). Otherwise the dense kernel runs. */
-#define NZ_SHORT(nz, n) (2 * (long)(nz)[0] < (n))
-/* Scalar loops: GCC would vectorise them with gathers and scatters, which on this project's AMD
- * machine made them slower than the dense kernels (measured: 1.6x the dense float32 step). */
-#if defined(__GNUC__) && !defined(__TINYC__) && !defined(__clang__)
-#define SCALAR_LOOPS __attribute__((optimize("no-tree-vectorize")))
-#else
-#define SCALAR_LOOPS
-#endif
+/* An input range that dots read (a layer's pixels) has a list of its chunks of eight values
+ * that hold a nonzero, built by scan_nonzeros() before each forward and backward: nz[0] and
+ * nz[1] count the even and the odd chunks, listed from nz + 2 and from nz + 2 + NZ_EVEN(n).
+ * dot() adds chunk c's products into its lanes 8 (c & 1) .. 8 (c & 1) + 7, in the order of c;
+ * dot_nz() adds the listed chunks into the same lanes in the same order and sums the lanes the
+ * same way, so its result is dot()'s exactly: the chunks it leaves out add exact zeros (w * 0;
+ * only a weight that is inf or NaN would have made them otherwise). The updates of the weights
+ * a dot read step the listed chunks with dense code's expression. The values after the last
+ * whole chunk are always visited. Whole chunks keep the loads in vector registers, where a list
+ * of single nonzeros needs a gather and a scatter per value (slower than the dense kernels on
+ * this project's AVX-512 machine); a digit's strokes fill 40% of MNIST's chunks. */
+#define NZ_CHUNKS(n) ((n) / 8)
+#define NZ_EVEN(n) ((NZ_CHUNKS(n) + 1) / 2)
+/* when three quarters of the chunks hold a nonzero, the dense kernels are as fast */
+#define NZ_SHORT(nz, n) (4 * ((long)(nz)[0] + (nz)[1]) < 3 * NZ_CHUNKS(n))
+#define NZ_EVEN_LIST(nz) ((nz) + 2)
+#define NZ_ODD_LIST(nz, n) ((nz) + 2 + NZ_EVEN(n))
 
-SCALAR_LOOPS KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const int32_t *restrict nz)
+#if defined(__GNUC__) && !defined(__TINYC__)
+typedef real chunk8 __attribute__((vector_size(8 * sizeof(real)), aligned(sizeof(real)), may_alias));
+#define CHUNK8(p) (*(const chunk8 *)(p))
+KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const int32_t *restrict nz)
 {
     if (!NZ_SHORT(nz, n))
         return dot(a, x, n);
-    long m = nz[0], j = 0;
-    nz++;
-    real s0 = 0, s1 = 0, s2 = 0, s3 = 0; /* four chains: the loads are gathers, the adds short */
-    for (; j + 4 <= m; j += 4) {
-        s0 += a[nz[j]] * x[nz[j]];
-        s1 += a[nz[j + 1]] * x[nz[j + 1]];
-        s2 += a[nz[j + 2]] * x[nz[j + 2]];
-        s3 += a[nz[j + 3]] * x[nz[j + 3]];
+    const int32_t *even = NZ_EVEN_LIST(nz), *odd = NZ_ODD_LIST(nz, n);
+    long ne = nz[0], no = nz[1], k = 0;
+    chunk8 lo = {0}, hi = {0}; /* lanes 0-7 and 8-15 */
+    for (; k < ne && k < no; k++) {
+        lo += CHUNK8(a + 8 * even[k]) * CHUNK8(x + 8 * even[k]);
+        hi += CHUNK8(a + 8 * odd[k]) * CHUNK8(x + 8 * odd[k]);
     }
-    for (; j < m; j++)
-        s0 += a[nz[j]] * x[nz[j]];
-    return (s0 + s1) + (s2 + s3);
+    for (; k < ne; k++)
+        lo += CHUNK8(a + 8 * even[k]) * CHUNK8(x + 8 * even[k]);
+    for (; k < no; k++)
+        hi += CHUNK8(a + 8 * odd[k]) * CHUNK8(x + 8 * odd[k]);
+    real s[16];
+    memcpy(s, &lo, sizeof lo);
+    memcpy(s + 8, &hi, sizeof hi);
+#else
+KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const int32_t *restrict nz)
+{
+    if (!NZ_SHORT(nz, n))
+        return dot(a, x, n);
+    const int32_t *even = NZ_EVEN_LIST(nz), *odd = NZ_ODD_LIST(nz, n);
+    real s[16] = {0};
+    for (long k = 0; k < nz[0]; k++)
+        for (long l = 0; l < 8; l++)
+            s[l] += a[8 * even[k] + l] * x[8 * even[k] + l];
+    for (long k = 0; k < nz[1]; k++)
+        for (long l = 0; l < 8; l++)
+            s[8 + l] += a[8 * odd[k] + l] * x[8 * odd[k] + l];
+#endif
+    for (long i = NZ_CHUNKS(n) * 8; i < n; i++)
+        s[i & 15] += a[i] * x[i];
+    return LANES16(s);
 }
 
-/* y[i] += alpha * x[i] over the nonzero x[i] */
-SCALAR_LOOPS KERNEL void axpy_nz(real *restrict y, real alpha, const real *restrict x, long n, const int32_t *restrict nz)
+/* ---- a layer on one sample ------------------------------------------------------------------
+ * out[j * out_j] = bias[j * bias_j] + dot(w + j * w_j, x, n) for j < J (bias NULL: no bias), nz
+ * x's chunk lists (sparse inputs) or NULL. Four rows at a time share the loads of x and run
+ * eight chains of multiply-adds, where one dot() at a time waits on its own two (the dense step
+ * is bound by that latency: README, the roofline); each row is summed in dot()'s lanes, in its
+ * order, and its lanes summed as dot() sums them, so every result is dot()'s exactly. */
+#if defined(__GNUC__) && !defined(__TINYC__)
+#define ROWS4_DECLARE(half) chunk8 half##0 = {0}, half##1 = {0}, half##2 = {0}, half##3 = {0};
+#define ROWS4_CHUNK(c, half)                                                                    \
+    {                                                                                           \
+        long o_ = 8 * (long)(c);                                                                \
+        chunk8 v_ = CHUNK8(x + o_);                                                             \
+        half##0 += CHUNK8(w0 + o_) * v_;                                                        \
+        half##1 += CHUNK8(w1 + o_) * v_;                                                        \
+        half##2 += CHUNK8(w2 + o_) * v_;                                                        \
+        half##3 += CHUNK8(w3 + o_) * v_;                                                        \
+    }
+#define ROWS4_LANES(half, r, s) memcpy(s, &half##r, sizeof half##r);
+#else
+#define ROWS4_DECLARE(half) real half[4][8] = {{0}};
+#define ROWS4_CHUNK(c, half)                                                                    \
+    for (long o_ = 8 * (long)(c), l_ = 0; l_ < 8; l_++) {                                       \
+        half[0][l_] += w0[o_ + l_] * x[o_ + l_];                                                \
+        half[1][l_] += w1[o_ + l_] * x[o_ + l_];                                                \
+        half[2][l_] += w2[o_ + l_] * x[o_ + l_];                                                \
+        half[3][l_] += w3[o_ + l_] * x[o_ + l_];                                                \
+    }
+#define ROWS4_LANES(half, r, s) memcpy(s, half[r], sizeof half[r]);
+#endif
+static void dot4_chunks(const real *restrict x, const real *restrict w0, const real *restrict w1,
+                        const real *restrict w2, const real *restrict w3, long n,
+                        const int32_t *restrict nz, real *restrict out)
+{
+    ROWS4_DECLARE(lo) /* lanes 0-7: the even chunks */
+    ROWS4_DECLARE(hi) /* lanes 8-15: the odd ones */
+    if (nz && NZ_SHORT(nz, n)) {
+        const int32_t *even = NZ_EVEN_LIST(nz), *odd = NZ_ODD_LIST(nz, n);
+        long ne = nz[0], no = nz[1], k = 0;
+        for (; k < ne && k < no; k++) {
+            ROWS4_CHUNK(even[k], lo)
+            ROWS4_CHUNK(odd[k], hi)
+        }
+        for (; k < ne; k++)
+            ROWS4_CHUNK(even[k], lo)
+        for (; k < no; k++)
+            ROWS4_CHUNK(odd[k], hi)
+    } else {
+        long c = 0;
+        for (; c + 2 <= NZ_CHUNKS(n); c += 2) {
+            ROWS4_CHUNK(c, lo)
+            ROWS4_CHUNK(c + 1, hi)
+        }
+        if (c < NZ_CHUNKS(n))
+            ROWS4_CHUNK(c, lo)
+    }
+    const real *rows[4] = {w0, w1, w2, w3};
+    real s[16];
+#define ROWS4_SUM(r)                                                                            \
+    ROWS4_LANES(lo, r, s)                                                                       \
+    ROWS4_LANES(hi, r, s + 8)                                                                   \
+    for (long i = NZ_CHUNKS(n) * 8; i < n; i++)                                                 \
+        s[i & 15] += rows[r][i] * x[i];                                                         \
+    out[r] = LANES16(s);
+    ROWS4_SUM(0)
+    ROWS4_SUM(1)
+    ROWS4_SUM(2)
+    ROWS4_SUM(3)
+#undef ROWS4_SUM
+}
+
+KERNEL void matvec(real *restrict out, long out_j, const real *restrict bias, long bias_j,
+                   const real *restrict w, long w_j, const real *restrict x, long n, long J,
+                   const int32_t *restrict nz)
+{
+    const real *last = w + (J - 1) * w_j; /* stands in for the rows missing from the last four */
+    for (long j = 0; j < J; j += 4) {
+        const real *w0 = w + j * w_j;
+        real s[4];
+        dot4_chunks(x, w0, j + 1 < J ? w0 + w_j : last, j + 2 < J ? w0 + 2 * w_j : last,
+                    j + 3 < J ? w0 + 3 * w_j : last, n, nz, s);
+        for (long r = 0; r < 4 && j + r < J; r++)
+            out[(j + r) * out_j] = bias ? bias[(j + r) * bias_j] + s[r] : s[r];
+    }
+}
+
+/* stmt for each chunk c listed in nz, then for each value i after the last whole chunk */
+#define EACH_NONZERO(nz, n, c, chunk_stmt, i, value_stmt)                              \
+    for (long k_ = 0; k_ < (nz)[0]; k_++) {                                            \
+        long c = NZ_EVEN_LIST(nz)[k_];                                                 \
+        chunk_stmt                                                                     \
+    }                                                                                  \
+    for (long k_ = 0; k_ < (nz)[1]; k_++) {                                            \
+        long c = NZ_ODD_LIST(nz, n)[k_];                                               \
+        chunk_stmt                                                                     \
+    }                                                                                  \
+    for (long i = NZ_CHUNKS(n) * 8; i < (n); i++) {                                    \
+        value_stmt                                                                     \
+    }
+
+/* y[i] += alpha * x[i] over the listed chunks */
+KERNEL void axpy_nz(real *restrict y, real alpha, const real *restrict x, long n, const int32_t *restrict nz)
 {
     if (!NZ_SHORT(nz, n)) {
         axpy(y, alpha, x, n);
@@ -605,12 +731,12 @@ SCALAR_LOOPS KERNEL void axpy_nz(real *restrict y, real alpha, const real *restr
     }
     if (alpha == 0)
         return;
-    for (long j = 1; j <= nz[0]; j++)
-        y[nz[j]] += alpha * x[nz[j]];
+    EACH_NONZERO(nz, n, c, for (long l = 8 * c; l < 8 * c + 8; l++) y[l] += alpha * x[l];,
+                 i, y[i] += alpha * x[i];)
 }
 
-/* sgd_axpy over the nonzero x[i]: w[i] -= lr * (alpha * x[i]) */
-SCALAR_LOOPS KERNEL void sgd_axpy_nz(real *restrict w, real lr, real alpha, const real *restrict x, long n,
+/* sgd_axpy over the listed chunks: w[i] -= lr * (alpha * x[i]) */
+KERNEL void sgd_axpy_nz(real *restrict w, real lr, real alpha, const real *restrict x, long n,
                         const int32_t *restrict nz)
 {
     if (!NZ_SHORT(nz, n)) {
@@ -619,17 +745,20 @@ SCALAR_LOOPS KERNEL void sgd_axpy_nz(real *restrict w, real lr, real alpha, cons
     }
     if (alpha == 0)
         return;
-    for (long j = 1; j <= nz[0]; j++)
-        w[nz[j]] -= lr * (alpha * x[nz[j]]);
+    EACH_NONZERO(nz, n, c, for (long l = 8 * c; l < 8 * c + 8; l++) w[l] -= lr * (alpha * x[l]);,
+                 i, w[i] -= lr * (alpha * x[i]);)
 }
 
-/* The nonzero list of the n values x[0..n) into nz (branch-free: the scan runs every sample) */
+/* The chunk lists of the n values x[0..n) into nz, 2 + NZ_CHUNKS(n) words (codegen/emit.py's
+ * _nonzero_words; branch-free: the scan runs every sample) */
 static void scan_range(const real *restrict x, long n, int32_t *restrict nz)
 {
-    int32_t count = 0;
-    for (long i = 0; i < n; i++) {
-        nz[1 + count] = (int32_t)i;
-        count += x[i] != 0;
+    int32_t *even = NZ_EVEN_LIST(nz), *odd = NZ_ODD_LIST(nz, n), counts[2] = {0, 0};
+    for (long c = 0; c < NZ_CHUNKS(n); c++) {
+        int32_t *list = c & 1 ? odd : even;
+        list[counts[c & 1]] = (int32_t)c;
+        counts[c & 1] += any_nonzero(x + 8 * c, 8);
     }
-    nz[0] = count;
+    nz[0] = counts[0];
+    nz[1] = counts[1];
 }
