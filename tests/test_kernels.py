@@ -1,0 +1,129 @@
+"""The one-sample kernels of templates/prelude.c called directly, against dot() as the reference
+(llm.c's way: every kernel checked, its max difference printed): matvec, four rows at a time,
+dense and over nonzero chunk lists, and dot_nz, axpy_nz and sgd_axpy_nz over those lists. Each
+promises dot()'s (or the dense update's) numbers exactly, for every compiler and dtype."""
+
+import cffi
+import numpy as np
+import pytest
+
+import templates
+from codegen import toolchain
+
+HARNESS = """
+void call_dot_rows(real *out, const real *w, long w_j, const real *x, long n, long J)
+{ for (long j = 0; j < J; j++) out[j] = dot(w + j * w_j, x, n); }
+void call_matvec(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j,
+                 const real *x, long n, long J, const int32_t *nz)
+{ matvec(out, out_j, bias, bias_j, w, w_j, x, n, J, nz); }
+void call_scan(const real *x, long n, int32_t *nz) { scan_range(x, n, nz); }
+real call_dot_nz(const real *a, const real *x, long n, const int32_t *nz) { return dot_nz(a, x, n, nz); }
+void call_axpy(real *y, real alpha, const real *x, long n, const int32_t *nz)
+{ if (nz) axpy_nz(y, alpha, x, n, nz); else axpy(y, alpha, x, n); }
+void call_sgd_axpy(real *w, real lr, real alpha, const real *x, long n, const int32_t *nz)
+{ if (nz) sgd_axpy_nz(w, lr, alpha, x, n, nz); else sgd_axpy(w, lr, alpha, x, n); }
+"""
+DECLARATIONS = """
+void call_dot_rows(real *out, const real *w, long w_j, const real *x, long n, long J);
+void call_matvec(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j,
+                 const real *x, long n, long J, const int32_t *nz);
+void call_scan(const real *x, long n, int32_t *nz);
+real call_dot_nz(const real *a, const real *x, long n, const int32_t *nz);
+void call_axpy(real *y, real alpha, const real *x, long n, const int32_t *nz);
+void call_sgd_axpy(real *w, real lr, real alpha, const real *x, long n, const int32_t *nz);
+"""
+DTYPES = {"float64": ("double", np.float64), "float32": ("float", np.float32)}
+
+
+@pytest.fixture(scope="module", params=["float64", "float32"])
+def dtype(request):
+    return request.param
+
+
+def kernels(compiler, dtype):
+    ctype, _ = DTYPES[dtype]
+    source = (f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n" + templates.read("prelude.c")
+              + HARNESS.replace("static ", ""))
+    native = toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native  # AVX-512 where the machine has it
+    build = toolchain.build_library(source, "kernels", compiler, opt=2, native=bool(native))
+    ffi = cffi.FFI()
+    ffi.cdef(f"typedef {ctype} real;\n" + DECLARATIONS.replace("int32_t", "int"))
+    return ffi, ffi.dlopen(str(build.path))
+
+
+def pointer(ffi, array):
+    return ffi.cast("real *" if array.dtype != np.int32 else "int *", array.ctypes.data)
+
+
+def inputs(n, rng, kind):
+    """n input values: dense, 20% nonzero, only the values after the last whole chunk, one odd
+    chunk, or all zero."""
+    x = rng.uniform(-1, 1, n)
+    if kind == "sparse":
+        x *= rng.random(n) < 0.2
+    elif kind == "tail":
+        x[:n // 8 * 8] = 0
+    elif kind == "odd chunk":
+        x[:] = 0
+        x[8:16] = rng.uniform(-1, 1, 8)[:len(x[8:16])]
+    elif kind == "zero":
+        x[:] = 0
+    return x
+
+
+KINDS = ["dense", "sparse", "tail", "odd chunk", "zero"]
+
+
+@pytest.mark.parametrize("n, J", [(7, 4), (19, 5), (45, 7), (64, 8), (100, 13), (784, 50)])
+def test_matvec_is_dot_exactly(compiler, dtype, n, J):
+    ffi, lib = kernels(compiler, dtype)
+    real = DTYPES[dtype][1]
+    rng = np.random.default_rng(n * J)
+    w_j = n + 3  # rows apart, as a neuron's weights and bias are
+    w = rng.uniform(-1, 1, J * w_j).astype(real)
+    bias = rng.uniform(-1, 1, 2 * J).astype(real)
+    worst = 0.0
+    for kind in KINDS:
+        x = inputs(n, rng, kind).astype(real)
+        nz = np.zeros(2 + n // 8, np.int32)
+        lib.call_scan(pointer(ffi, x), n, pointer(ffi, nz))
+        assert nz[0] + nz[1] == sum(np.any(x[c * 8:c * 8 + 8] != 0) for c in range(n // 8))
+        dots = np.zeros(J, real)
+        lib.call_dot_rows(pointer(ffi, dots), pointer(ffi, w), w_j, pointer(ffi, x), n, J)
+        for lists in (None, nz):
+            out = np.full(3 * J, 7.0, real)  # out_j 3: the slots between are left alone
+            lib.call_matvec(pointer(ffi, out), 3, pointer(ffi, bias), 2, pointer(ffi, w), w_j, pointer(ffi, x), n, J,
+                            ffi.NULL if lists is None else pointer(ffi, lists))
+            expected = np.full(3 * J, 7.0, real)
+            expected[::3] = bias[::2] + dots
+            worst = max(worst, float(np.max(np.abs(out - expected))))
+            np.testing.assert_array_equal(out, expected)
+            without_bias = np.zeros(J, real)
+            lib.call_matvec(pointer(ffi, without_bias), 1, ffi.NULL, 0, pointer(ffi, w), w_j, pointer(ffi, x), n, J,
+                            ffi.NULL if lists is None else pointer(ffi, lists))
+            np.testing.assert_array_equal(without_bias, dots)
+        for j in range(J):
+            row = w[j * w_j:]
+            assert lib.call_dot_nz(pointer(ffi, row), pointer(ffi, x), n, pointer(ffi, nz)) == dots[j]
+    print(f"matvec vs dot, {compiler} {dtype} n={n} J={J}: max difference {worst:g}")
+
+
+@pytest.mark.parametrize("n", [7, 19, 45, 784])
+def test_sparse_updates_are_the_dense_ones_exactly(compiler, dtype, n):
+    ffi, lib = kernels(compiler, dtype)
+    real = DTYPES[dtype][1]
+    rng = np.random.default_rng(n)
+    worst = 0.0
+    for kind in KINDS:
+        x = inputs(n, rng, kind).astype(real)
+        nz = np.zeros(2 + n // 8, np.int32)
+        lib.call_scan(pointer(ffi, x), n, pointer(ffi, nz))
+        start = rng.uniform(-1, 1, n).astype(real)
+        for call, args in ((lib.call_axpy, (real(0.3),)), (lib.call_sgd_axpy, (real(0.01), real(-0.7)))):
+            dense, sparse = start.copy(), start.copy()
+            call(pointer(ffi, dense), *args, pointer(ffi, x), n, ffi.NULL)
+            call(pointer(ffi, sparse), *args, pointer(ffi, x), n, pointer(ffi, nz))
+            worst = max(worst, float(np.max(np.abs(dense - sparse))))
+            np.testing.assert_array_equal(sparse, dense)
+            assert np.array_equal(sparse, start) == (not np.any(x))  # an update happened where due
+    print(f"sparse vs dense updates, {compiler} {dtype} n={n}: max difference {worst:g}")
