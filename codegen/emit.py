@@ -313,7 +313,8 @@ def _independent_writes(body, n):
 
 
 def _nonzero_words(n):
-    """int32 words of the nonzero list of n input values (templates/prelude.c's NZ_WORDS)"""
+    """int32 words of the nonzero lists of n input values: two counts and a word per chunk of
+    eight values (templates/prelude.c, sparse inputs)"""
     return 2 + n // 8
 
 

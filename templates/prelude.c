@@ -565,125 +565,90 @@ KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, co
 }
 
 /* ---- sparse inputs ------------------------------------------------------------------------ */
-/* An input range that dots read (a layer's pixels) has a list of its chunks of eight values
- * that hold a nonzero, built by scan_nonzeros() before each forward and backward: nz[0] and
- * nz[1] count the even and the odd chunks, listed from nz + 2 and from nz + 2 + NZ_EVEN(n).
- * dot() adds chunk c's products into its lanes 8 (c & 1) .. 8 (c & 1) + 7, in the order of c;
- * dot_nz() adds the listed chunks into the same lanes in the same order and sums the lanes the
- * same way, so its result is dot()'s exactly: the chunks it leaves out add exact zeros (w * 0;
- * only a weight that is inf or NaN would have made them otherwise). The updates of the weights
- * a dot read step the listed chunks with dense code's expression. The values after the last
- * whole chunk are always visited. Whole chunks keep the loads in vector registers, where a list
- * of single nonzeros needs a gather and a scatter per value (slower than the dense kernels on
- * this project's AVX-512 machine); a digit's strokes fill 40% of MNIST's chunks. */
-#define NZ_CHUNKS(n) ((n) / 8)
-#define NZ_EVEN(n) ((NZ_CHUNKS(n) + 1) / 2)
-/* when three quarters of the chunks hold a nonzero, the dense kernels are as fast */
+/* An input range that dots read (a layer's pixels) has lists of its chunks of eight values that
+ * hold a nonzero, built by scan_nonzeros() before each forward and backward. dot() sums in
+ * sixteen lanes, chunk c in lanes 8 (c % 2) .. 8 (c % 2) + 7; chunks are listed by that lane
+ * group: nz[0] and nz[1] count the even and the odd chunks listed from nz + 2 and from
+ * nz + 2 + NZ_GROUP_SIZE(n), 2 + NZ_CHUNKS(n) words in all (codegen/emit.py's _nonzero_words). The kernels add the listed chunks into the lanes dot()
+ * adds them to, in the same order, and sum the lanes as dot() does, so their dots are dot()'s
+ * exactly: the chunks left out add exact zeros (w * 0; only a weight that is inf or NaN would
+ * have made them otherwise). Updates of the weights a dot read step the listed chunks with the
+ * dense kernels' expression. The values after the last whole chunk are always visited. Whole
+ * chunks keep the loads in vector registers, where a list of single nonzeros needs a gather and
+ * a scatter per value (slower than the dense kernels on this project's AVX-512 machine); and in
+ * float32 a chunk of sixteen (a cache line) made the first layer 1.2x slower than eight, dense or
+ * sparse (four accumulator chains instead of eight). */
+#define NZ_LANES 8
+#define NZ_CHUNKS(n) ((n) / NZ_LANES)
+#define NZ_GROUPS 2
+#define NZ_GROUP_SIZE(n) ((NZ_CHUNKS(n) + 1) / 2)
+#define NZ_LIST(nz, n, group) ((nz) + 2 + (group) * NZ_GROUP_SIZE(n))
+/* when three quarters of the chunks hold a nonzero, the dense loops are as fast */
 #define NZ_SHORT(nz, n) (4 * ((long)(nz)[0] + (nz)[1]) < 3 * NZ_CHUNKS(n))
-#define NZ_EVEN_LIST(nz) ((nz) + 2)
-#define NZ_ODD_LIST(nz, n) ((nz) + 2 + NZ_EVEN(n))
-
-#if defined(__GNUC__) && !defined(__TINYC__)
-typedef real chunk8 __attribute__((vector_size(8 * sizeof(real)), aligned(sizeof(real)), may_alias));
-#define CHUNK8(p) (*(const chunk8 *)(p))
-KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const int32_t *restrict nz)
-{
-    if (!NZ_SHORT(nz, n))
-        return dot(a, x, n);
-    const int32_t *even = NZ_EVEN_LIST(nz), *odd = NZ_ODD_LIST(nz, n);
-    long ne = nz[0], no = nz[1], k = 0;
-    chunk8 lo = {0}, hi = {0}; /* lanes 0-7 and 8-15 */
-    for (; k < ne && k < no; k++) {
-        lo += CHUNK8(a + 8 * even[k]) * CHUNK8(x + 8 * even[k]);
-        hi += CHUNK8(a + 8 * odd[k]) * CHUNK8(x + 8 * odd[k]);
-    }
-    for (; k < ne; k++)
-        lo += CHUNK8(a + 8 * even[k]) * CHUNK8(x + 8 * even[k]);
-    for (; k < no; k++)
-        hi += CHUNK8(a + 8 * odd[k]) * CHUNK8(x + 8 * odd[k]);
-    real s[16];
-    memcpy(s, &lo, sizeof lo);
-    memcpy(s + 8, &hi, sizeof hi);
-#else
-KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const int32_t *restrict nz)
-{
-    if (!NZ_SHORT(nz, n))
-        return dot(a, x, n);
-    const int32_t *even = NZ_EVEN_LIST(nz), *odd = NZ_ODD_LIST(nz, n);
-    real s[16] = {0};
-    for (long k = 0; k < nz[0]; k++)
-        for (long l = 0; l < 8; l++)
-            s[l] += a[8 * even[k] + l] * x[8 * even[k] + l];
-    for (long k = 0; k < nz[1]; k++)
-        for (long l = 0; l < 8; l++)
-            s[8 + l] += a[8 * odd[k] + l] * x[8 * odd[k] + l];
-#endif
-    for (long i = NZ_CHUNKS(n) * 8; i < n; i++)
-        s[i & 15] += a[i] * x[i];
-    return LANES16(s);
-}
 
 /* ---- a layer on one sample ------------------------------------------------------------------
  * out[j * out_j] = bias[j * bias_j] + dot(w + j * w_j, x, n) for j < J (bias NULL: no bias), nz
  * x's chunk lists (sparse inputs) or NULL. Four rows at a time share the loads of x and run
- * eight chains of multiply-adds, where one dot() at a time waits on its own two (the dense step
- * is bound by that latency: README, the roofline); each row is summed in dot()'s lanes, in its
- * order, and its lanes summed as dot() sums them, so every result is dot()'s exactly. */
+ * eight chains of multiply-adds, where one dot() at a time waits on its own two;
+ * each row is summed in dot()'s lanes, in its order, and its lanes summed as dot() sums them,
+ * so every result is dot()'s exactly. */
 #if defined(__GNUC__) && !defined(__TINYC__)
-#define ROWS4_DECLARE(half) chunk8 half##0 = {0}, half##1 = {0}, half##2 = {0}, half##3 = {0};
-#define ROWS4_CHUNK(c, half)                                                                    \
+typedef real chunk_lanes __attribute__((vector_size(NZ_LANES * sizeof(real)), aligned(sizeof(real)), may_alias));
+#define CHUNK_LOAD(p) (*(const chunk_lanes *)(p))
+#define ROWS4_DECLARE(group) chunk_lanes group##0 = {0}, group##1 = {0}, group##2 = {0}, group##3 = {0};
+#define ROWS4_CHUNK(c, group)                                                                   \
     {                                                                                           \
-        long o_ = 8 * (long)(c);                                                                \
-        chunk8 v_ = CHUNK8(x + o_);                                                             \
-        half##0 += CHUNK8(w0 + o_) * v_;                                                        \
-        half##1 += CHUNK8(w1 + o_) * v_;                                                        \
-        half##2 += CHUNK8(w2 + o_) * v_;                                                        \
-        half##3 += CHUNK8(w3 + o_) * v_;                                                        \
+        long o_ = NZ_LANES * (long)(c);                                                         \
+        chunk_lanes v_ = CHUNK_LOAD(x + o_);                                                    \
+        group##0 += CHUNK_LOAD(w0 + o_) * v_;                                                   \
+        group##1 += CHUNK_LOAD(w1 + o_) * v_;                                                   \
+        group##2 += CHUNK_LOAD(w2 + o_) * v_;                                                   \
+        group##3 += CHUNK_LOAD(w3 + o_) * v_;                                                   \
     }
-#define ROWS4_LANES(half, r, s) memcpy(s, &half##r, sizeof half##r);
+#define ROWS4_LANES(group, r, s) memcpy(s, &group##r, sizeof group##r);
 #else
-#define ROWS4_DECLARE(half) real half[4][8] = {{0}};
-#define ROWS4_CHUNK(c, half)                                                                    \
-    for (long o_ = 8 * (long)(c), l_ = 0; l_ < 8; l_++) {                                       \
-        half[0][l_] += w0[o_ + l_] * x[o_ + l_];                                                \
-        half[1][l_] += w1[o_ + l_] * x[o_ + l_];                                                \
-        half[2][l_] += w2[o_ + l_] * x[o_ + l_];                                                \
-        half[3][l_] += w3[o_ + l_] * x[o_ + l_];                                                \
+#define ROWS4_DECLARE(group) real group[4][NZ_LANES] = {{0}};
+#define ROWS4_CHUNK(c, group)                                                                   \
+    for (long o_ = NZ_LANES * (long)(c), l_ = 0; l_ < NZ_LANES; l_++) {                         \
+        group[0][l_] += w0[o_ + l_] * x[o_ + l_];                                               \
+        group[1][l_] += w1[o_ + l_] * x[o_ + l_];                                               \
+        group[2][l_] += w2[o_ + l_] * x[o_ + l_];                                               \
+        group[3][l_] += w3[o_ + l_] * x[o_ + l_];                                               \
     }
-#define ROWS4_LANES(half, r, s) memcpy(s, half[r], sizeof half[r]);
+#define ROWS4_LANES(group, r, s) memcpy(s, group[r], sizeof group[r]);
 #endif
 static void dot4_chunks(const real *restrict x, const real *restrict w0, const real *restrict w1,
                         const real *restrict w2, const real *restrict w3, long n,
                         const int32_t *restrict nz, real *restrict out)
 {
-    ROWS4_DECLARE(lo) /* lanes 0-7: the even chunks */
-    ROWS4_DECLARE(hi) /* lanes 8-15: the odd ones */
+    ROWS4_DECLARE(g0) /* lanes 0-7: the even chunks */
+    ROWS4_DECLARE(g1) /* lanes 8-15: the odd ones */
     if (nz && NZ_SHORT(nz, n)) {
-        const int32_t *even = NZ_EVEN_LIST(nz), *odd = NZ_ODD_LIST(nz, n);
-        long ne = nz[0], no = nz[1], k = 0;
-        for (; k < ne && k < no; k++) {
-            ROWS4_CHUNK(even[k], lo)
-            ROWS4_CHUNK(odd[k], hi)
+        const int32_t *list0 = NZ_LIST(nz, n, 0), *list1 = NZ_LIST(nz, n, 1);
+        long n0 = nz[0], n1 = nz[1], k = 0;
+        for (; k < n0 && k < n1; k++) {
+            ROWS4_CHUNK(list0[k], g0)
+            ROWS4_CHUNK(list1[k], g1)
         }
-        for (; k < ne; k++)
-            ROWS4_CHUNK(even[k], lo)
-        for (; k < no; k++)
-            ROWS4_CHUNK(odd[k], hi)
+        for (; k < n0; k++)
+            ROWS4_CHUNK(list0[k], g0)
+        for (; k < n1; k++)
+            ROWS4_CHUNK(list1[k], g1)
     } else {
         long c = 0;
         for (; c + 2 <= NZ_CHUNKS(n); c += 2) {
-            ROWS4_CHUNK(c, lo)
-            ROWS4_CHUNK(c + 1, hi)
+            ROWS4_CHUNK(c, g0)
+            ROWS4_CHUNK(c + 1, g1)
         }
         if (c < NZ_CHUNKS(n))
-            ROWS4_CHUNK(c, lo)
+            ROWS4_CHUNK(c, g0)
     }
     const real *rows[4] = {w0, w1, w2, w3};
     real s[16];
 #define ROWS4_SUM(r)                                                                            \
-    ROWS4_LANES(lo, r, s)                                                                       \
-    ROWS4_LANES(hi, r, s + 8)                                                                   \
-    for (long i = NZ_CHUNKS(n) * 8; i < n; i++)                                                 \
+    ROWS4_LANES(g0, r, s)                                                                       \
+    ROWS4_LANES(g1, r, s + NZ_LANES)                                                            \
+    for (long i = NZ_CHUNKS(n) * NZ_LANES; i < n; i++)                                          \
         s[i & 15] += rows[r][i] * x[i];                                                         \
     out[r] = LANES16(s);
     ROWS4_SUM(0)
@@ -708,19 +673,27 @@ KERNEL void matvec(real *restrict out, long out_j, const real *restrict bias, lo
     }
 }
 
-/* stmt for each chunk c listed in nz, then for each value i after the last whole chunk */
-#define EACH_NONZERO(nz, n, c, chunk_stmt, i, value_stmt)                              \
-    for (long k_ = 0; k_ < (nz)[0]; k_++) {                                            \
-        long c = NZ_EVEN_LIST(nz)[k_];                                                 \
-        chunk_stmt                                                                     \
-    }                                                                                  \
-    for (long k_ = 0; k_ < (nz)[1]; k_++) {                                            \
-        long c = NZ_ODD_LIST(nz, n)[k_];                                               \
-        chunk_stmt                                                                     \
-    }                                                                                  \
-    for (long i = NZ_CHUNKS(n) * 8; i < (n); i++) {                                    \
-        value_stmt                                                                     \
+/* dot(a, x, n) over x's chunk lists: a single dot still waits on its chains, so three copies
+ * beside it cost little */
+KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const int32_t *restrict nz)
+{
+    real s[4];
+    dot4_chunks(x, a, a, a, a, n, nz, s);
+    return s[0];
+}
+
+/* chunk_stmt for each chunk c listed in nz, then value_stmt for each value i after the last
+ * whole chunk */
+#define EACH_NONZERO(nz, n, c, chunk_stmt, i, value_stmt)                                       \
+    for (int group_ = 0; group_ < NZ_GROUPS; group_++)                                          \
+        for (long k_ = 0; k_ < (nz)[group_]; k_++) {                                            \
+            long c = NZ_LIST(nz, n, group_)[k_];                                                \
+            chunk_stmt                                                                          \
+        }                                                                                       \
+    for (long i = NZ_CHUNKS(n) * NZ_LANES; i < (n); i++) {                                      \
+        value_stmt                                                                              \
     }
+#define EACH_LANE(c, l) for (long l = NZ_LANES * (c); l < NZ_LANES * ((c) + 1); l++)
 
 /* y[i] += alpha * x[i] over the listed chunks */
 KERNEL void axpy_nz(real *restrict y, real alpha, const real *restrict x, long n, const int32_t *restrict nz)
@@ -731,8 +704,7 @@ KERNEL void axpy_nz(real *restrict y, real alpha, const real *restrict x, long n
     }
     if (alpha == 0)
         return;
-    EACH_NONZERO(nz, n, c, for (long l = 8 * c; l < 8 * c + 8; l++) y[l] += alpha * x[l];,
-                 i, y[i] += alpha * x[i];)
+    EACH_NONZERO(nz, n, c, EACH_LANE(c, l) y[l] += alpha * x[l];, i, y[i] += alpha * x[i];)
 }
 
 /* sgd_axpy over the listed chunks: w[i] -= lr * (alpha * x[i]) */
@@ -745,19 +717,17 @@ KERNEL void sgd_axpy_nz(real *restrict w, real lr, real alpha, const real *restr
     }
     if (alpha == 0)
         return;
-    EACH_NONZERO(nz, n, c, for (long l = 8 * c; l < 8 * c + 8; l++) w[l] -= lr * (alpha * x[l]);,
-                 i, w[i] -= lr * (alpha * x[i]);)
+    EACH_NONZERO(nz, n, c, EACH_LANE(c, l) w[l] -= lr * (alpha * x[l]);, i, w[i] -= lr * (alpha * x[i]);)
 }
 
-/* The chunk lists of the n values x[0..n) into nz, 2 + NZ_CHUNKS(n) words (codegen/emit.py's
- * _nonzero_words; branch-free: the scan runs every sample) */
+/* The chunk lists of the n values x[0..n) into nz (branch-free: the scan runs every sample) */
 static void scan_range(const real *restrict x, long n, int32_t *restrict nz)
 {
-    int32_t *even = NZ_EVEN_LIST(nz), *odd = NZ_ODD_LIST(nz, n), counts[2] = {0, 0};
+    int32_t counts[2] = {0, 0};
     for (long c = 0; c < NZ_CHUNKS(n); c++) {
-        int32_t *list = c & 1 ? odd : even;
-        list[counts[c & 1]] = (int32_t)c;
-        counts[c & 1] += any_nonzero(x + 8 * c, 8);
+        int group = (int)(c % 2);
+        NZ_LIST(nz, n, group)[counts[group]] = (int32_t)c;
+        counts[group] += any_nonzero(x + NZ_LANES * c, NZ_LANES);
     }
     nz[0] = counts[0];
     nz[1] = counts[1];

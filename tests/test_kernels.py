@@ -33,6 +33,7 @@ void call_axpy(real *y, real alpha, const real *x, long n, const int32_t *nz);
 void call_sgd_axpy(real *w, real lr, real alpha, const real *x, long n, const int32_t *nz);
 """
 DTYPES = {"float64": ("double", np.float64), "float32": ("float", np.float32)}
+CHUNK = 8  # values per chunk of the nonzero lists
 
 
 @pytest.fixture(scope="module", params=["float64", "float32"])
@@ -56,16 +57,16 @@ def pointer(ffi, array):
 
 
 def inputs(n, rng, kind):
-    """n input values: dense, 20% nonzero, only the values after the last whole chunk, one odd
-    chunk, or all zero."""
+    """n input values: dense, 20% nonzero, only the values after the last whole chunk, only the
+    second chunk's, or all zero."""
     x = rng.uniform(-1, 1, n)
     if kind == "sparse":
         x *= rng.random(n) < 0.2
     elif kind == "tail":
-        x[:n // 8 * 8] = 0
+        x[:n // CHUNK * CHUNK] = 0
     elif kind == "odd chunk":
         x[:] = 0
-        x[8:16] = rng.uniform(-1, 1, 8)[:len(x[8:16])]
+        x[CHUNK:2 * CHUNK] = rng.uniform(-1, 1, CHUNK)[:len(x[CHUNK:2 * CHUNK])]
     elif kind == "zero":
         x[:] = 0
     return x
@@ -85,9 +86,9 @@ def test_matvec_is_dot_exactly(compiler, dtype, n, J):
     worst = 0.0
     for kind in KINDS:
         x = inputs(n, rng, kind).astype(real)
-        nz = np.zeros(2 + n // 8, np.int32)
+        nz = np.zeros(2 + n // CHUNK, np.int32)
         lib.call_scan(pointer(ffi, x), n, pointer(ffi, nz))
-        assert nz[0] + nz[1] == sum(np.any(x[c * 8:c * 8 + 8] != 0) for c in range(n // 8))
+        assert nz[0] + nz[1] == sum(np.any(x[c * CHUNK:(c + 1) * CHUNK] != 0) for c in range(n // CHUNK))
         dots = np.zeros(J, real)
         lib.call_dot_rows(pointer(ffi, dots), pointer(ffi, w), w_j, pointer(ffi, x), n, J)
         for lists in (None, nz):
@@ -116,7 +117,7 @@ def test_sparse_updates_are_the_dense_ones_exactly(compiler, dtype, n):
     worst = 0.0
     for kind in KINDS:
         x = inputs(n, rng, kind).astype(real)
-        nz = np.zeros(2 + n // 8, np.int32)
+        nz = np.zeros(2 + n // CHUNK, np.int32)
         lib.call_scan(pointer(ffi, x), n, pointer(ffi, nz))
         start = rng.uniform(-1, 1, n).astype(real)
         for call, args in ((lib.call_axpy, (real(0.3),)), (lib.call_sgd_axpy, (real(0.01), real(-0.7)))):

@@ -71,7 +71,8 @@ def chunk_patterns(n_in, n=48, seed=1):
 
 @pytest.mark.parametrize("n_in", [19, 45, 64])
 @pytest.mark.parametrize("batch_size", [1, 4])
-def test_train_equals_the_dense_kernels(compiler, n_in, batch_size):
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_train_equals_the_dense_kernels(compiler, n_in, batch_size, dtype):
     """train() and predict() on mixed sparse and dense rows give the dense kernels' numbers
     exactly: the chunks left out add exact zeros and the rest are summed in dot()'s lanes."""
     random.seed(n_in)
@@ -79,7 +80,7 @@ def test_train_equals_the_dense_kernels(compiler, n_in, batch_size):
     xs, ys = [Value(0.0) for _ in range(n_in)], [Value(0.0) for _ in range(N_CLASSES)]
     logits = model(xs)
     nets = [codegen.compile(cross_entropy(logits, ys), xs + ys, model.parameters(), outputs=logits,
-                            compiler=compiler, sparse_inputs=sparse) for sparse in (True, False)]
+                            compiler=compiler, sparse_inputs=sparse, dtype=dtype) for sparse in (True, False)]
     sources = ["".join(f.read_text() for f in net.build.c_files) for net in nets]
     assert "sgd_axpy_nz(d" in sources[0] and "_nz(d" not in sources[1]
     X = chunk_patterns(n_in)
