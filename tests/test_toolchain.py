@@ -237,7 +237,7 @@ def test_compile_flags():
     gcc_like = toolchain.Compiler('gcc', ('gcc',), 'gcc 12')
     tcc = toolchain.Compiler('tcc', ('tcc',), 'tcc 0.9.27')
     assert compile_flags(gcc_like, opt=3, native=True) == [
-        '-O3', '-shared', '-fPIC', '-fno-semantic-interposition', '-ffp-contract=off', '-march=native']
+        '-O3', '-shared', '-fPIC', '-fno-semantic-interposition', '-march=native']
     assert compile_flags(tcc, opt=0) == ['-O0', '-shared', '-fPIC']
     with pytest.raises(ValueError, match='tcc'):
         compile_flags(tcc, native=True)
