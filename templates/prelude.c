@@ -568,16 +568,17 @@ KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, co
 /* An input range that dots read (a layer's pixels) has lists of its chunks of eight values that
  * hold a nonzero, built by scan_nonzeros() before each forward and backward. dot() sums in
  * sixteen lanes, chunk c in lanes 8 (c % 2) .. 8 (c % 2) + 7; chunks are listed by that lane
- * group: nz[0] and nz[1] count the even and the odd chunks listed from nz + 2 and from
- * nz + 2 + NZ_GROUP_SIZE(n), 2 + NZ_CHUNKS(n) words in all (codegen/emit.py's _nonzero_words). The kernels add the listed chunks into the lanes dot()
- * adds them to, in the same order, and sum the lanes as dot() does, so their dots are dot()'s
- * exactly: the chunks left out add exact zeros (w * 0; only a weight that is inf or NaN would
- * have made them otherwise). Updates of the weights a dot read step the listed chunks with the
- * dense kernels' expression. The values after the last whole chunk are always visited. Whole
- * chunks keep the loads in vector registers, where a list of single nonzeros needs a gather and
- * a scatter per value (slower than the dense kernels on this project's AVX-512 machine); and in
- * float32 a chunk of sixteen (a cache line) made the first layer 1.2x slower than eight, dense or
- * sparse (four accumulator chains instead of eight). */
+ * group: nz[0] and nz[1] count the even and the odd chunks, listed from nz + 2 and from
+ * nz + 2 + NZ_GROUP_SIZE(n); 2 + NZ_CHUNKS(n) words in all (codegen/emit.py's _nonzero_words).
+ * The kernels add the listed chunks into the lanes dot() adds them to, in the same order, and
+ * sum the lanes as dot() does, so their dots are dot()'s exactly: the chunks left out add exact
+ * zeros (w * 0; only a weight that is inf or NaN would have made them otherwise). Updates of
+ * the weights a dot read step the listed chunks with the dense kernels' expression. The values
+ * after the last whole chunk are always visited. Whole chunks keep the loads in vector
+ * registers, where a list of single nonzeros needs a gather and a scatter per value (slower
+ * than the dense kernels on this project's AVX-512 machine); in float32 a chunk of sixteen (a
+ * cache line) made the first layer 1.2x slower than eight, dense or sparse (four accumulator
+ * chains instead of eight), and one list of all chunks in order made the updates no faster. */
 #define NZ_LANES 8
 #define NZ_CHUNKS(n) ((n) / NZ_LANES)
 #define NZ_GROUPS 2
