@@ -1,4 +1,5 @@
-/* The machine's roofline, measured: L1 and L2 read and write bandwidth, and multiply-add
+/* The machine's roofline, measured: L1 and L2 read and write bandwidth, L2 reads of scattered
+ * chunks (the sparse first layer's), and multiply-add
  * throughput (float64 and float32, independent chains: the peak; one chain: the latency bound
  * of a dot product summed in one vector register). `make roofline` builds it with
  * $(CC) -O3 -march=native and runs it; README's "The roofline of one training step" uses it.
@@ -63,6 +64,51 @@ static double write_bandwidth(v8d *x, size_t bytes, long passes)
         t = now() - t;
         if ((double)bytes * passes / t > best)
             best = (double)bytes * passes / t;
+    }
+    return best;
+}
+
+/* Bytes a second reading, as the sparse first layer does (templates/prelude.c's matvec), 64-byte
+ * chunks of ROWS rows of ROW_LEN doubles (MNIST's W1: 50 rows of 784 weights and a bias, so the
+ * rows are not aligned to cache lines), four rows at a time, at the chunk offsets of a list that
+ * holds CHUNK_SHARE of the 98 chunks (MNIST: 40%), a pseudo-random draw; 314 KB in all, in L2. */
+#define ROWS 48
+#define ROW_LEN 785
+#define CHUNK_SHARE 0.4
+typedef double v8d_unaligned __attribute__((vector_size(64), aligned(8)));
+static double chunk_read_bandwidth(long passes, double *sink)
+{
+    static double w[ROWS * ROW_LEN];
+    int list[98], n = 0;
+    unsigned seed = 12345;
+    for (int c = 0; c < 98; c++) {
+        seed = seed * 1103515245u + 12345u;
+        if ((seed >> 16) % 1000 < CHUNK_SHARE * 1000)
+            list[n++] = c;
+    }
+    for (int i = 0; i < ROWS * ROW_LEN; i++)
+        w[i] = 1e-3 * (i % 97);
+    double best = 0;
+    for (int r = 0; r < REPEATS; r++) {
+        v8d s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+        double t = now();
+        for (long p = 0; p < passes; p++) {
+            for (int j = 0; j < ROWS; j += 4) {
+                const double *w0 = w + j * ROW_LEN;
+                for (int k = 0; k < n; k++) {
+                    long o = 8L * list[k];
+                    s0 += *(const v8d_unaligned *)(w0 + o);
+                    s1 += *(const v8d_unaligned *)(w0 + ROW_LEN + o);
+                    s2 += *(const v8d_unaligned *)(w0 + 2 * ROW_LEN + o);
+                    s3 += *(const v8d_unaligned *)(w0 + 3 * ROW_LEN + o);
+                }
+            }
+            KEEP(w);
+        }
+        t = now() - t;
+        *sink += s0[0] + s1[0] + s2[0] + s3[0];
+        if (64.0 * ROWS * n * passes / t > best)
+            best = 64.0 * ROWS * n * passes / t;
     }
     return best;
 }
@@ -139,6 +185,8 @@ int main(void)
         printf("%-14s %14.1f %14.1f\n", levels[i].name,
                read_bandwidth(buf, levels[i].bytes, levels[i].passes, &sink) / 1e9,
                write_bandwidth(buf, levels[i].bytes, levels[i].passes) / 1e9);
+    printf("%-14s %14.1f %14s   (64-byte chunks, 40%% of each row of 785 doubles, 4 rows at a time)\n",
+           "L2 chunks", chunk_read_bandwidth(20000, &sink) / 1e9, "-");
     long steps = 20000000;
     long passes = 200000;
     printf("multiply-adds  float64: %.1f G/s (12 chains), %.2f G/s (a dot in 1 chain of 8 lanes)\n",
