@@ -589,14 +589,14 @@ KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, co
 
 /* ---- a layer on one sample ------------------------------------------------------------------
  * out[j * out_j] = bias[j * bias_j] + dot(w + j * w_j, x, n) for j < J (bias NULL: no bias), nz
- * x's chunk lists (sparse inputs) or NULL. Four rows at a time share the loads of x and run
- * eight chains of multiply-adds, where one dot() at a time waits on its own two;
- * each row is summed in dot()'s lanes, in its order, and its lanes summed as dot() sums them,
- * so every result is dot()'s exactly (tests/test_kernels.py), provided the compiler fuses the
- * multiply-adds here as it does in dot(): GCC's tuning for AMD leaves some chains of 256-bit
- * ones unfused (a float32 dot_nz of its own, with one chain per lane group, rounded otherwise),
- * hence one routine for every sparse dot. -ffp-contract=off would rule that out, but it made the
- * CNN 1.3x slower with Clang. */
+ * x's chunk lists. Over a short list, four rows at a time share the walk through it and the
+ * loads of x, and run eight chains of multiply-adds; each row is summed in dot()'s lanes, in its
+ * order, and its lanes summed as dot() sums them, so every result is dot()'s exactly
+ * (tests/test_kernels.py), provided the compiler fuses the multiply-adds here as it does in
+ * dot(): GCC's tuning for AMD leaves some chains of 256-bit ones unfused (a float32 dot_nz of its
+ * own, with one chain per lane group, rounded otherwise), hence one routine for every sparse dot;
+ * -ffp-contract=off would rule that out, but it made the CNN 1.3x slower with Clang. Otherwise
+ * dot() a row at a time: dense rows stream faster so (0.85x the time of four at a time). */
 #if defined(__GNUC__) && !defined(__TINYC__)
 typedef real chunk_lanes __attribute__((vector_size(NZ_LANES * sizeof(real)), aligned(sizeof(real)), may_alias));
 #define CHUNK_LOAD(p) (*(const chunk_lanes *)(p))
@@ -622,32 +622,23 @@ typedef real chunk_lanes __attribute__((vector_size(NZ_LANES * sizeof(real)), al
     }
 #define ROWS4_LANES(group, r, s) memcpy(s, group[r], sizeof group[r]);
 #endif
-static void dot4_chunks(const real *restrict x, const real *restrict w0, const real *restrict w1,
+/* four rows' dots over x's chunk lists nz */
+static void dot4_listed(const real *restrict x, const real *restrict w0, const real *restrict w1,
                         const real *restrict w2, const real *restrict w3, long n,
                         const int32_t *restrict nz, real *restrict out)
 {
     ROWS4_DECLARE(g0) /* lanes 0-7: the even chunks */
     ROWS4_DECLARE(g1) /* lanes 8-15: the odd ones */
-    if (nz && NZ_SHORT(nz, n)) {
-        const int32_t *list0 = NZ_LIST(nz, n, 0), *list1 = NZ_LIST(nz, n, 1);
-        long n0 = nz[0], n1 = nz[1], k = 0;
-        for (; k < n0 && k < n1; k++) {
-            ROWS4_CHUNK(list0[k], g0)
-            ROWS4_CHUNK(list1[k], g1)
-        }
-        for (; k < n0; k++)
-            ROWS4_CHUNK(list0[k], g0)
-        for (; k < n1; k++)
-            ROWS4_CHUNK(list1[k], g1)
-    } else {
-        long c = 0;
-        for (; c + 2 <= NZ_CHUNKS(n); c += 2) {
-            ROWS4_CHUNK(c, g0)
-            ROWS4_CHUNK(c + 1, g1)
-        }
-        if (c < NZ_CHUNKS(n))
-            ROWS4_CHUNK(c, g0)
+    const int32_t *list0 = NZ_LIST(nz, n, 0), *list1 = NZ_LIST(nz, n, 1);
+    long n0 = nz[0], n1 = nz[1], k = 0;
+    for (; k < n0 && k < n1; k++) {
+        ROWS4_CHUNK(list0[k], g0)
+        ROWS4_CHUNK(list1[k], g1)
     }
+    for (; k < n0; k++)
+        ROWS4_CHUNK(list0[k], g0)
+    for (; k < n1; k++)
+        ROWS4_CHUNK(list1[k], g1)
     const real *rows[4] = {w0, w1, w2, w3};
     real s[16];
 #define ROWS4_SUM(r)                                                                            \
@@ -667,23 +658,30 @@ KERNEL void matvec(real *restrict out, long out_j, const real *restrict bias, lo
                    const real *restrict w, long w_j, const real *restrict x, long n, long J,
                    const int32_t *restrict nz)
 {
+    if (!NZ_SHORT(nz, n)) {
+        for (long j = 0; j < J; j++)
+            out[j * out_j] = bias ? bias[j * bias_j] + dot(w + j * w_j, x, n) : dot(w + j * w_j, x, n);
+        return;
+    }
     const real *last = w + (J - 1) * w_j; /* stands in for the rows missing from the last four */
     for (long j = 0; j < J; j += 4) {
         const real *w0 = w + j * w_j;
         real s[4];
-        dot4_chunks(x, w0, j + 1 < J ? w0 + w_j : last, j + 2 < J ? w0 + 2 * w_j : last,
+        dot4_listed(x, w0, j + 1 < J ? w0 + w_j : last, j + 2 < J ? w0 + 2 * w_j : last,
                     j + 3 < J ? w0 + 3 * w_j : last, n, nz, s);
         for (long r = 0; r < 4 && j + r < J; r++)
             out[(j + r) * out_j] = bias ? bias[(j + r) * bias_j] + s[r] : s[r];
     }
 }
 
-/* dot(a, x, n) over x's chunk lists: a single dot still waits on its chains, so three copies
+/* dot(a, x, n) over x's chunk lists: a single dot waits on its chains anyway, so three copies
  * beside it cost little */
 KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const int32_t *restrict nz)
 {
+    if (!NZ_SHORT(nz, n))
+        return dot(a, x, n);
     real s[4];
-    dot4_chunks(x, a, a, a, a, n, nz, s);
+    dot4_listed(x, a, a, a, a, n, nz, s);
     return s[0];
 }
 

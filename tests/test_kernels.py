@@ -1,7 +1,8 @@
-"""The one-sample kernels of templates/prelude.c called directly, against dot() as the reference
-(llm.c's way: every kernel checked, its max difference printed): matvec, four rows at a time,
-dense and over nonzero chunk lists, and dot_nz, axpy_nz and sgd_axpy_nz over those lists. Each
-promises dot()'s (or the dense update's) numbers exactly, for every compiler and dtype."""
+"""The sparse-input kernels of templates/prelude.c called directly, against dot() and the dense
+updates as the reference (llm.c's way: every kernel checked, its max difference printed):
+matvec, four rows at a time over short nonzero chunk lists and a row at a time otherwise, and
+dot_nz, axpy_nz and sgd_axpy_nz. Each promises the reference's numbers exactly, for every
+compiler and dtype."""
 
 import cffi
 import numpy as np
@@ -92,18 +93,17 @@ def test_matvec_is_dot_exactly(compiler, dtype, n, J):
         assert nz[0] + nz[1] == sum(np.any(x[c * CHUNK:(c + 1) * CHUNK] != 0) for c in range(n // CHUNK))
         dots = np.zeros(J, real)
         lib.call_dot_rows(pointer(ffi, dots), pointer(ffi, w), w_j, pointer(ffi, x), n, J)
-        for lists in (None, nz):
-            out = np.full(3 * J, 7.0, real)  # out_j 3: the slots between are left alone
-            lib.call_matvec(pointer(ffi, out), 3, pointer(ffi, bias), 2, pointer(ffi, w), w_j, pointer(ffi, x), n, J,
-                            ffi.NULL if lists is None else pointer(ffi, lists))
-            expected = np.full(3 * J, 7.0, real)
-            expected[::3] = bias[::2] + dots
-            worst = max(worst, float(np.max(np.abs(out - expected))))
-            np.testing.assert_array_equal(out, expected)
-            without_bias = np.zeros(J, real)
-            lib.call_matvec(pointer(ffi, without_bias), 1, ffi.NULL, 0, pointer(ffi, w), w_j, pointer(ffi, x), n, J,
-                            ffi.NULL if lists is None else pointer(ffi, lists))
-            np.testing.assert_array_equal(without_bias, dots)
+        out = np.full(3 * J, 7.0, real)  # out_j 3: the slots between are left alone
+        lib.call_matvec(pointer(ffi, out), 3, pointer(ffi, bias), 2, pointer(ffi, w), w_j, pointer(ffi, x), n, J,
+                        pointer(ffi, nz))
+        expected = np.full(3 * J, 7.0, real)
+        expected[::3] = bias[::2] + dots
+        worst = max(worst, float(np.max(np.abs(out - expected))))
+        np.testing.assert_array_equal(out, expected)
+        without_bias = np.zeros(J, real)
+        lib.call_matvec(pointer(ffi, without_bias), 1, ffi.NULL, 0, pointer(ffi, w), w_j, pointer(ffi, x), n, J,
+                        pointer(ffi, nz))
+        np.testing.assert_array_equal(without_bias, dots)
         for j in range(J):
             row = w[j * w_j:]
             assert lib.call_dot_nz(pointer(ffi, row), pointer(ffi, x), n, pointer(ffi, nz)) == dots[j]
