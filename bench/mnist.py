@@ -36,10 +36,10 @@ CONFIGS = [*FUSED, STEP, *LEAN, *SCALAR, *REFERENCES.values(), SPARSE_REFERENCE,
            NUMPY, TORCH]
 # The targets for them (ratios of times, measured in back-to-back pairs): against the dense
 # C reference, the generated sparse code against the hand-written sparse C, and the step-by-step
-# API against train() (the same module, compiler and flags).
+# API against train() (the same module, compiler and flags); limit None: printed for scale.
 LEAN_TARGETS = [(SPARSE, REFERENCES['gcc'], 0.5), (FLOAT32, REFERENCES['gcc'], 0.35),
                 (SPARSE, SPARSE_REFERENCE, 1.15), (STEP, FUSED[2], 1.3),
-                (INPUT_MAJOR_REFERENCE, REFERENCES['gcc'], None)]
+                (LEAN[2], REFERENCES['gcc'], None), (INPUT_MAJOR_REFERENCE, REFERENCES['gcc'], None)]
 PAIRS = 7
 QUICK = {'configs': ['tcc', 'gcc-O2', 'numpy'], 'n_train': 300, 'repeats': 1}
 
