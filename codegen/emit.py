@@ -646,8 +646,8 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
     optimizer: a codegen.optim description (None: SGD); initial_params: values every load of
     the module starts its parameters from (None: zeros); dtype: "float64" or "float32", the
     element type of the whole state, the kernels and the module's views; sparse_inputs: dots
-    that read an input range skip its zeros when most of it is zero (dense inputs keep the
-    dense kernels)."""
+    that read an input range skip its chunks of zeros when most of them are (dense inputs keep
+    the dense kernels)."""
     if not isinstance(module_name, str):
         raise TypeError(f"module name must be a str, got {type(module_name).__name__}")
     if not module_name.isidentifier() or not module_name.isascii():
