@@ -85,11 +85,12 @@ def test_train_equals_the_dense_kernels(compiler, n_in, batch_size, dtype):
     assert "sgd_axpy_nz(d" in sources[0] and "_nz(d" not in sources[1]
     X = chunk_patterns(n_in)
     labels = np.random.default_rng(2).integers(0, N_CLASSES, len(X))
-    for _ in range(3):
-        losses = [net.train(X, labels, 0.05, scale=1 / 255, batch_size=batch_size) for net in nets]
+    for rows, scale in ((X, 1 / 255), (X / 255.0, 1.0), (X, 1 / 255)):  # uint8 and float64 rows
+        losses = [net.train(rows, labels, 0.05, scale=scale, batch_size=batch_size) for net in nets]
         assert losses[0] == losses[1]
     np.testing.assert_array_equal(np.asarray(nets[0].params), np.asarray(nets[1].params))
-    np.testing.assert_array_equal(*(np.asarray(net.predict(X, scale=1 / 255)) for net in nets))
+    for rows, scale in ((X, 1 / 255), (X.astype(np.float32), 1 / 255)):
+        np.testing.assert_array_equal(*(np.asarray(net.predict(rows, scale=scale)) for net in nets))
 
 
 def test_writes_through_the_views_are_seen(compiler):
