@@ -149,6 +149,18 @@ def _zero_last(affine, n):
     return type(affine)(affine.base, affine.strides[:-n] + (0,) * n, affine.grad_base)
 
 
+def _loop_start(affine, last, offset=0, grad=False):
+    """C for the address of an Affine slot (plus offset) in d (or g) with its last `last` loop
+    indices at 0: where a kernel that runs those loops itself starts."""
+    return f"{'g' if grad else 'd'} + {_index(_zero_last(affine, last), offset, grad=grad)}"
+
+
+def _bias_argument(terms, last, step_of):
+    """A layer kernel's bias arguments: the loose term's start and its step along the neurons
+    (step_of its Affine), or NULL, 0 without one."""
+    return f"{_loop_start(terms.start, last, terms.offsets[0])}, {step_of(terms.start)}" if terms else "NULL, 0"
+
+
 def _loop_headers(shape):
     """`for` headers of a loop nest over shape, index i0 outermost."""
     return [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape)]
@@ -176,10 +188,10 @@ class _Matmul:
         neurons, samples = (shape[-2] if batched else 1), shape[-1]
         last = 2 if batched else 1
         wrt, weights = self.wrt, self.weights
-        call = (f"matmul_acc(g + {_index(_zero_last(wrt.start, last), wrt.offsets[0], grad=True)}, "
-                f"{_progression(wrt.offsets)}, d + {_index(_zero_last(weights.start, last), weights.offsets[0])}, "
+        call = (f"matmul_acc({_loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
+                f"{_progression(wrt.offsets)}, {_loop_start(weights.start, last, weights.offsets[0])}, "
                 f"{weights.start.strides[-2] if batched else 0}, {_progression(weights.offsets)}, "
-                f"g + {_index(_zero_last(self.out, last), grad=True)}, {self.out.strides[-2] if batched else 0}, "
+                f"{_loop_start(self.out, last, grad=True)}, {self.out.strides[-2] if batched else 0}, "
                 f"{neurons}, {samples}, {len(wrt.offsets)});")
         outer = _loop_headers(shape[:-last])
         return "\n    ".join(outer + [call])
@@ -216,11 +228,10 @@ def _layer_over_batch(g):
 
     def along_neurons(affine):
         return affine.strides[-2] if batched else 0
-    bias = (f"d + {_index(_zero_last(ops.terms.start, last), ops.terms.offsets[0])}, {along_neurons(ops.terms.start)}"
-            if ops.terms else "NULL, 0")
-    call = (f"matmul_set(d + {_index(_zero_last(ops.out, last))}, {along_neurons(ops.out)}, {bias}, "
-            f"d + {_index(_zero_last(weights.start, last), weights.offsets[0])}, {along_neurons(weights.start)}, "
-            f"{_progression(weights.offsets)}, d + {_index(_zero_last(rows.start, last), rows.offsets[0])}, "
+    bias = _bias_argument(ops.terms, last, along_neurons)
+    call = (f"matmul_set({_loop_start(ops.out, last)}, {along_neurons(ops.out)}, {bias}, "
+            f"{_loop_start(weights.start, last, weights.offsets[0])}, {along_neurons(weights.start)}, "
+            f"{_progression(weights.offsets)}, {_loop_start(rows.start, last, rows.offsets[0])}, "
             f"{_progression(rows.offsets)}, {shape[-2] if batched else 1}, {shape[-1]}, {len(weights.offsets)});")
     return "\n    ".join(_loop_headers(shape[:-last]) + [call])
 
@@ -413,11 +424,10 @@ class _Emitter:
                 break
         else:
             return None
-        bias = (f"d + {_index(_zero_last(ops.terms.start, 1), ops.terms.offsets[0])}, {ops.terms.start.strides[-1]}"
-                if ops.terms else "NULL, 0")
-        call = (f"matvec(d + {_index(_zero_last(ops.out, 1))}, {ops.out.strides[-1]}, {bias}, "
-                f"d + {_index(_zero_last(weights.start, 1))}, {weights.start.strides[-1]}, "
-                f"d + {_index(_zero_last(inputs.start, 1))}, {len(inputs.offsets)}, {shape[-1]}, {nonzeros});")
+        bias = _bias_argument(ops.terms, 1, lambda affine: affine.strides[-1])
+        call = (f"matvec({_loop_start(ops.out, 1)}, {ops.out.strides[-1]}, {bias}, "
+                f"{_loop_start(weights.start, 1)}, {weights.start.strides[-1]}, "
+                f"{_loop_start(inputs.start, 1)}, {len(inputs.offsets)}, {shape[-1]}, {nonzeros});")
         return "\n    ".join(_loop_headers(shape[:-1]) + [call])
 
     def backward(self, g, sgd=False, tracked=False):

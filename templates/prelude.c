@@ -581,7 +581,6 @@ KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, co
  * chains instead of eight), and one list of all chunks in order made the updates no faster. */
 #define NZ_LANES 8
 #define NZ_CHUNKS(n) ((n) / NZ_LANES)
-#define NZ_GROUPS 2
 #define NZ_GROUP_SIZE(n) ((NZ_CHUNKS(n) + 1) / 2)
 #define NZ_LIST(nz, n, group) ((nz) + 2 + (group) * NZ_GROUP_SIZE(n))
 /* Lists of three quarters of the chunks or more go to the dense loops, which stream (a chosen
@@ -689,7 +688,7 @@ KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const
 /* chunk_stmt for each chunk c listed in nz, then value_stmt for each value i after the last
  * whole chunk */
 #define EACH_NONZERO(nz, n, c, chunk_stmt, i, value_stmt)                                       \
-    for (int group_ = 0; group_ < NZ_GROUPS; group_++)                                          \
+    for (int group_ = 0; group_ < 2; group_++)                                                  \
         for (long k_ = 0; k_ < (nz)[group_]; k_++) {                                            \
             long c = NZ_LIST(nz, n, group_)[k_];                                                \
             chunk_stmt                                                                          \
