@@ -291,9 +291,6 @@ static PyMethodDef methods[] = {
      "predict(X, scale=1.0) -> memoryview of shape (rows, n_outputs) with the outputs' values\n"
      "(format 'd' float64 or 'f' float32: the module's dtype);\n"
      "X's rows (times scale) fill the first inputs, the other inputs keep their values."},
-    {"__getattr__", fn_getattr, METH_O,
-     "the `grad` view: a new writable memoryview of every slot's gradient at each look"},
-    {"__dir__", fn_dir, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
@@ -370,7 +367,7 @@ static int module_exec(PyObject *module)
     if (!(s->d = aligned_slots(&s->data_buf, &d0, N_SLOTS + nonzero_reals)) || !(s->g = aligned_slots(&s->grad_buf, &g0, N_SLOTS)) ||
         add_optimizer_state(module, s) < 0)
         return -1;
-    if (alloc_tracked_rows(s) < 0 || PyType_Ready(&GradBufferType) < 0)
+    if (alloc_tracked_rows(s) < 0 || add_grad(module) < 0)
         return -1;
     init_constants(s->d);
 #ifdef HAVE_INITIAL_PARAMS /* the parameters' values when compiled (codegen.compile(embed_params=True)) */

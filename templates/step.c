@@ -11,9 +11,9 @@
  * rows it stamps (live); update() steps the listed rows only, from their gradient or their
  * rank-one form, with the rounding of stepping a written-out gradient.
  *
- * Whoever looks at the gradients sees them exact: `grad` is a new memoryview at every look
- * (module __getattr__), whose buffer writes out every row of the generation and zeroes the
- * stale ones when it is taken; while any such buffer is alive (a view, a numpy array over it),
+ * Whoever looks at the gradients sees them exact: `grad` is an object whose buffer writes out
+ * every row of the generation and zeroes the stale ones whenever it is taken (numpy.asarray,
+ * memoryview, an index: below); while any such buffer is alive (a view, a numpy array over it),
  * zero_grad() zeroes every row, so that the buffer never shows stale values and what is written
  * through it is what update() reads. Other optimizers step every parameter every time: their
  * gradients are always written out (the stamps stay current). */
@@ -116,15 +116,25 @@ static void free_tracked_rows(State *s)
 }
 
 /* ---- `grad`: the gradients' buffer, exact whenever it is taken -------------------------------- */
+/* module.grad is one such object, in the module's dict: a plain attribute, so that CPython
+ * specialises the loads of the module's functions (a module __getattr__ turns that off: 25 ns
+ * per `net.forward` lookup, ~5% of the step-by-step loop). Taking its buffer (numpy.asarray,
+ * memoryview) writes every row out; indexing, len(), iteration and memoryview's methods go
+ * through such a buffer, taken for that use and let go after it. */
 typedef struct {
     PyObject_HEAD
-    PyObject *module;
+    PyObject *module; /* NULL once the garbage collector has broken the module <-> grad cycle */
 } GradBuffer;
 
 static int grad_getbuffer(PyObject *self, Py_buffer *view, int flags)
 {
     static Py_ssize_t shape[1] = {N_SLOTS}, strides[1] = {sizeof(real)};
-    State *s = lock_state(((GradBuffer *)self)->module, "grad");
+    PyObject *module = ((GradBuffer *)self)->module;
+    if (!module) {
+        PyErr_SetString(PyExc_ValueError, "grad: the module is gone");
+        return -1;
+    }
+    State *s = lock_state(module, "grad");
     if (!s)
         return -1;
     write_out_rows(s, 1);
@@ -148,53 +158,129 @@ static int grad_getbuffer(PyObject *self, Py_buffer *view, int flags)
 static void grad_releasebuffer(PyObject *self, Py_buffer *view)
 {
     (void)view;
-    state_of(((GradBuffer *)self)->module)->grad_exports--;
+    if (((GradBuffer *)self)->module)
+        state_of(((GradBuffer *)self)->module)->grad_exports--;
+}
+
+static int grad_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(((GradBuffer *)self)->module);
+    return 0;
+}
+
+static int grad_clear(PyObject *self)
+{
+    Py_CLEAR(((GradBuffer *)self)->module);
+    return 0;
 }
 
 static void grad_dealloc(PyObject *self)
 {
-    Py_DECREF(((GradBuffer *)self)->module);
-    PyObject_Free(self);
+    PyObject_GC_UnTrack(self);
+    grad_clear(self);
+    PyObject_GC_Del(self);
+}
+
+/* The uses of `grad` as a sequence: each on a memoryview of its buffer, taken for the use (a
+ * slice or a method of it keeps the buffer until it goes, as a memoryview's would). */
+static PyObject *grad_subscript(PyObject *self, PyObject *key)
+{
+    PyObject *view = PyMemoryView_FromObject(self);
+    PyObject *item = view ? PyObject_GetItem(view, key) : NULL;
+    Py_XDECREF(view);
+    return item;
+}
+
+static int grad_ass_subscript(PyObject *self, PyObject *key, PyObject *value)
+{
+    PyObject *view = PyMemoryView_FromObject(self);
+    int status = !view ? -1 : value ? PyObject_SetItem(view, key, value) : PyObject_DelItem(view, key);
+    Py_XDECREF(view);
+    return status;
+}
+
+static Py_ssize_t grad_length(PyObject *self)
+{
+    (void)self;
+    return N_SLOTS;
+}
+
+static PyObject *grad_iter(PyObject *self)
+{
+    PyObject *view = PyMemoryView_FromObject(self);
+    PyObject *it = view ? PyObject_GetIter(view) : NULL;
+    Py_XDECREF(view);
+    return it;
+}
+
+static PyObject *grad_richcompare(PyObject *self, PyObject *other, int op)
+{
+    PyObject *view = PyMemoryView_FromObject(self);
+    PyObject *result = view ? PyObject_RichCompare(view, other, op) : NULL;
+    Py_XDECREF(view);
+    return result;
+}
+
+/* memoryview's public attributes (tolist, cast, format, shape, ...), of a memoryview of the buffer */
+static PyObject *grad_getattro(PyObject *self, PyObject *name)
+{
+    PyObject *found = PyObject_GenericGetAttr(self, name);
+    if (found || !PyErr_ExceptionMatches(PyExc_AttributeError) || !PyUnicode_Check(name) ||
+        PyUnicode_GetLength(name) == 0 || PyUnicode_READ_CHAR(name, 0) == '_')
+        return found;
+    PyErr_Clear();
+    PyObject *view = PyMemoryView_FromObject(self);
+    found = view ? PyObject_GetAttr(view, name) : NULL;
+    Py_XDECREF(view);
+    if (!found && view && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_AttributeError, "'%s' object has no attribute '%U'", Py_TYPE(self)->tp_name, name);
+    }
+    return found;
+}
+
+static PyObject *grad_repr(PyObject *self)
+{
+    (void)self;
+    return PyUnicode_FromFormat("<grad of %s: %d %s gradients, one per slot; numpy.asarray(grad) "
+                                "to see them>", MODULE_NAME_STR, (int)N_SLOTS, REAL_FORMAT[0] == 'f' ? "float32" : "float64");
 }
 
 static PyBufferProcs grad_buffer_procs = {grad_getbuffer, grad_releasebuffer};
+static PyMappingMethods grad_mapping = {grad_length, grad_subscript, grad_ass_subscript};
+static PySequenceMethods grad_sequence = {.sq_length = grad_length};
 static PyTypeObject GradBufferType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = MODULE_NAME_STR ".GradBuffer",
     .tp_basicsize = sizeof(GradBuffer),
     .tp_dealloc = grad_dealloc,
+    .tp_repr = grad_repr,
+    .tp_as_sequence = &grad_sequence,
+    .tp_as_mapping = &grad_mapping,
+    .tp_getattro = grad_getattro,
     .tp_as_buffer = &grad_buffer_procs,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "the gradients' buffer: taking it writes out every gradient row (templates/step.c)",
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "the gradients: a buffer (numpy.asarray, memoryview) that writes out every gradient row "
+              "when taken, and a sequence (templates/step.c)",
+    .tp_traverse = grad_traverse,
+    .tp_clear = grad_clear,
+    .tp_richcompare = grad_richcompare,
+    .tp_iter = grad_iter,
 };
 
-/* module.grad (PEP 562's module __getattr__): a new memoryview over a new GradBuffer */
-static PyObject *fn_getattr(PyObject *module, PyObject *name)
+/* module.grad */
+static int add_grad(PyObject *module)
 {
-    if (PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, "grad") == 0) {
-        GradBuffer *buffer = PyObject_New(GradBuffer, &GradBufferType);
-        if (!buffer)
-            return NULL;
-        Py_INCREF(module);
-        buffer->module = module;
-        PyObject *view = PyMemoryView_FromObject((PyObject *)buffer);
-        Py_DECREF(buffer);
-        return view;
-    }
-    PyErr_Format(PyExc_AttributeError, "module '%s' has no attribute '%U'", MODULE_NAME_STR, name);
-    return NULL;
-}
-
-/* dir(module) lists `grad` with the module's own names */
-static PyObject *fn_dir(PyObject *module, PyObject *unused)
-{
-    PyObject *names = PyDict_Keys(PyModule_GetDict(module));
-    PyObject *grad = names ? PyUnicode_FromString("grad") : NULL;
-    if (!grad || PyList_Append(names, grad) < 0 || PyList_Sort(names) < 0) {
-        Py_XDECREF(grad);
-        Py_XDECREF(names);
-        return NULL;
-    }
+    if (PyType_Ready(&GradBufferType) < 0)
+        return -1;
+    GradBuffer *grad = PyObject_GC_New(GradBuffer, &GradBufferType);
+    if (!grad)
+        return -1;
+    Py_INCREF(module);
+    grad->module = module;
+    PyObject_GC_Track(grad);
+    if (PyModule_AddObject(module, "grad", (PyObject *)grad) == 0) /* steals grad on success */
+        return 0;
     Py_DECREF(grad);
-    return names;
+    return -1;
 }

@@ -8,7 +8,9 @@ calls between zero_grad()s, reads and writes through the view (and through a num
 held across calls), train() in between, other optimizers; fused mode, so tolerance 1e-9
 (tests/test_compile.py)."""
 
+import gc
 import random
+import weakref
 
 import numpy as np
 import pytest
@@ -118,8 +120,9 @@ def run_sequence(net, init, rng, steps, momentum=0.0, train_rows=None):
     net.set_input(ref.row)  # zeros, as the interpreter's
     rows, x, labels = sample_rows(8, int(rng.integers(1 << 30)))
     held = None  # a numpy array over `grad`, kept across calls
+    grad = net.grad  # the `grad` object itself, kept across every call: each use looks afresh
     calls = ["set_input", "zero_grad", "forward", "backward", "backward", "update", "read", "write",
-             "hold", "write_held", "release"] + (["train"] if train_rows is not None else [])
+             "hold", "write_held", "release", "read_items", "write_items"] + (["train"] if train_rows is not None else [])
     for step in range(steps):
         call = calls[rng.integers(len(calls))]
         if call == "set_input":
@@ -157,6 +160,16 @@ def run_sequence(net, init, rng, steps, momentum=0.0, train_rows=None):
             ref.set_grads(index, values)
         elif call == "release":
             held = None
+        elif call == "read_items":  # by index and by slice, through the object held since the start
+            k = int(rng.integers(net.n_params))
+            assert_close([grad[k]], [ref.grads()[k]], f"grad[{k}] at call {step}")
+            assert_close(grad[:net.n_params].tolist(), ref.grads(), f"grad[:n_params] at call {step}")
+        elif call == "write_items":
+            index = rng.choice(net.n_params, 3, replace=False)
+            values = rng.normal(size=3)
+            for i, v in zip(index, values):
+                grad[int(i)] = float(v)
+            ref.set_grads(index, values)
         elif call == "train":
             X, labels_ = train_rows
             net.train(X, labels_, LR)
@@ -291,10 +304,31 @@ def test_the_step_loop_trains_as_train_does(compiler):
     np.testing.assert_array_equal(np.asarray(net.params), trained)
 
 
-def test_the_grad_view():
+def test_the_grad_object():
+    """`grad` is one object in the module's dict (a module __getattr__ would stop CPython from
+    specialising `net.forward` and the like); it acts as a memoryview of the gradients, each use
+    looking afresh, and keeps its module alive."""
     net, _ = compile_classifier("gcc", opt=0)
-    view = net.grad
-    assert view.format == "d" and view.shape == (net.n_slots,) and not view.readonly
-    assert "grad" in dir(net) and "train" in dir(net)
+    grad = net.grad
+    assert grad is net.grad and "__getattr__" not in vars(net)
+    assert grad.format == "d" and grad.shape == (net.n_slots,) and not grad.readonly and grad.nbytes == 8 * net.n_slots
+    assert len(grad) == net.n_slots and "grad" in dir(net) and "gradients" in repr(grad)
+    grad[2] = 1.5
+    grad[3:5] = memoryview(np.array([2.0, 3.0]))
+    assert grad[2] == 1.5 and grad[3:5].tolist() == [2.0, 3.0] and grad.tolist()[2:5] == [1.5, 2.0, 3.0]
+    assert list(grad)[:5] == [0.0, 0.0, 1.5, 2.0, 3.0] and np.asarray(grad)[4] == 3.0
+    assert grad == memoryview(np.asarray(grad).copy()) and grad.cast("B").nbytes == grad.nbytes
+    with pytest.raises(TypeError, match="cannot delete"):
+        del grad[0]
+    for name in ("no_such_thing", "_private"):
+        with pytest.raises(AttributeError, match=f"GradBuffer' object has no attribute '{name}'"):
+            getattr(grad, name)
     with pytest.raises(AttributeError, match="has no attribute 'no_such_thing'"):
         net.no_such_thing
+    module = weakref.ref(net)
+    del net
+    gc.collect()
+    assert module() is not None and grad[2] == 1.5  # grad keeps its module
+    del grad
+    gc.collect()
+    assert module() is None  # and the two are collected together
