@@ -24,7 +24,7 @@ import numpy as np
 
 from codegen import CompilerNotFound, CompileTimeout
 from codegen.toolchain import COMPILER_NAMES, FAMILIES, find_compiler
-from mnist.model import PIXEL_SCALE, build_graph, image_loss, sgd_step
+from mnist.model import DEFAULT_LR, PIXEL_SCALE, build_graph, image_loss, make_optimizer, sgd_step
 from mnist.options import add_data_dir_argument
 from mnist.resources import process_peak_rss
 
@@ -54,6 +54,7 @@ class Config:
     dtype: str = 'float64'  # compiled only: codegen.compile's dtype
     sparse: bool = False    # compiled: codegen's sparse_inputs; c-reference: its SPARSE_INPUTS variant
     step_api: bool = False  # compiled: trained by set_input, zero_grad, forward, backward, update per image
+    optimizer: str = 'sgd'  # compiled: mnist.model's optimizer name; other than sgd, at its DEFAULT_LR
     input_major: bool = False  # c-reference: its INPUT_MAJOR variant (W1 stored pixel by pixel)
     max_images: int | None = None  # time at most this many images (slow configurations)
 
@@ -75,7 +76,7 @@ class Config:
 
 
 def compiled(compiler: str, opt: int = 2, native: bool = False, fuse: bool = True, dtype: str = 'float64',
-             sparse: bool = False, step_api: bool = False) -> Config:
+             sparse: bool = False, step_api: bool = False, optimizer: str = 'sgd') -> Config:
     """Our module; a compiler that does not optimise (tcc) is named without an -O level and built at
     -O0. The rows are dense (sparse_inputs=False) unless `sparse`, so that they compare kernels with
     kernels."""
@@ -83,16 +84,16 @@ def compiled(compiler: str, opt: int = 2, native: bool = False, fuse: bool = Tru
     optimises = family is None or family.optimises
     name = f'{compiler}-O{opt}' + ('-native' if native else '') if optimises else compiler
     name += ('' if fuse else '-scalar') + ('-f32' if dtype == 'float32' else '') + ('-sparse' if sparse else '')
-    name += '-step' if step_api else ''
+    name += ('-step' if step_api else '') + ('' if optimizer == 'sgd' else f'-{optimizer}')
     return Config(name, 'compiled', compiler, opt if optimises else 0, native, fuse, dtype=dtype, sparse=sparse,
-                  step_api=step_api)
+                  step_api=step_api, optimizer=optimizer)
 
 
 def with_dtype(configs: list[Config], dtype: str) -> list[Config]:
     """--dtype: our float64 rows in another element type (labels gain -f32), the rest unchanged."""
     if dtype == 'float64':
         return list(configs)
-    return [compiled(c.compiler, c.opt, c.native, c.fuse, dtype, c.sparse, c.step_api)
+    return [compiled(c.compiler, c.opt, c.native, c.fuse, dtype, c.sparse, c.step_api, c.optimizer)
             if c.kind == 'compiled' and c.dtype == 'float64' else c for c in configs]
 
 
@@ -232,7 +233,9 @@ class _CompiledTrainer:
         graph = build_graph(SEED)
         self.net = graph.compile(compiler=config.compiler, opt=config.opt, native=config.native, fuse=config.fuse,
                                  timeout=timeout, dtype=config.dtype, sparse_inputs=config.sparse,
+                                 optimizer=None if config.optimizer == 'sgd' else make_optimizer(config.optimizer),
                                  measure_memory=True)
+        self.lr = None if config.optimizer == 'sgd' else DEFAULT_LR[config.optimizer]  # SGD: the bench's --lr
         row.codegen_s = self.net.timings['codegen']
         _record_build(row, self.net.build)
         self.init = np.array([p.data for p in graph.model.parameters()], dtype=np.float64)
@@ -241,7 +244,7 @@ class _CompiledTrainer:
         self.net.set_params(self.init)
 
     def train(self, X, Y, lr):
-        self.net.train(X, Y, lr, scale=PIXEL_SCALE)
+        self.net.train(X, Y, self.lr or lr, scale=PIXEL_SCALE)
 
     def accuracy(self, X, Y):
         logits = np.asarray(self.net.predict(X, scale=PIXEL_SCALE))

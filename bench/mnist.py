@@ -25,6 +25,8 @@ FLOAT32 = compiled('gcc', 3, native=True, dtype='float32')
 LEAN = [SPARSE, FLOAT32, compiled('gcc', 3, native=True, dtype='float32', sparse=True)]
 # The step-by-step API, one Python call per function per image, against train() on the same images
 STEP = compiled('gcc', 3, native=True, step_api=True)
+# Adam (lr 0.001), whose step moves every parameter every image, against SGD's
+ADAM = compiled('gcc', 3, native=True, optimizer='adam')
 # The plain-C reference built like our best rows, so that the ratio compares code, not flags; and
 # its variant with the same sparsity trick, written by hand.
 REFERENCES = {'gcc': c_reference('gcc'), 'clang': c_reference('clang')}
@@ -32,13 +34,13 @@ SPARSE_REFERENCE = c_reference('gcc', sparse=True)
 # For scale, no target: the hand-written step with W1 stored pixel by pixel (input-major), what a
 # layout other than the model's parameter order would buy (README, the roofline).
 INPUT_MAJOR_REFERENCE = c_reference('gcc', input_major=True)
-CONFIGS = [*FUSED, STEP, *LEAN, *SCALAR, *REFERENCES.values(), SPARSE_REFERENCE, INPUT_MAJOR_REFERENCE, INTERPRETED,
+CONFIGS = [*FUSED, STEP, ADAM, *LEAN, *SCALAR, *REFERENCES.values(), SPARSE_REFERENCE, INPUT_MAJOR_REFERENCE, INTERPRETED,
            NUMPY, TORCH]
 # The targets for them (ratios of times, measured in back-to-back pairs): against the dense
-# C reference, the generated sparse code against the hand-written sparse C, and the step-by-step
-# API against train() (the same module, compiler and flags); limit None: printed for scale.
+# C reference, the generated sparse code against the hand-written sparse C, the step-by-step API
+# and Adam against train() with SGD (the same model, compiler and flags); limit None: for scale.
 LEAN_TARGETS = [(SPARSE, REFERENCES['gcc'], 0.5), (FLOAT32, REFERENCES['gcc'], 0.35),
-                (SPARSE, SPARSE_REFERENCE, 1.15), (STEP, FUSED[2], 1.3),
+                (SPARSE, SPARSE_REFERENCE, 1.15), (STEP, FUSED[2], 1.3), (ADAM, FUSED[2], 1.5),
                 (LEAN[2], REFERENCES['gcc'], None), (INPUT_MAJOR_REFERENCE, REFERENCES['gcc'], None)]
 PAIRS = 7
 QUICK = {'configs': ['tcc', 'gcc-O2', 'numpy'], 'n_train': 300, 'repeats': 1}
