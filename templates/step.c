@@ -164,6 +164,7 @@ static void grad_releasebuffer(PyObject *self, Py_buffer *view)
 
 static int grad_traverse(PyObject *self, visitproc visit, void *arg)
 {
+    Py_VISIT(Py_TYPE(self)); /* a heap type's instances hold it */
     Py_VISIT(((GradBuffer *)self)->module);
     return 0;
 }
@@ -176,9 +177,11 @@ static int grad_clear(PyObject *self)
 
 static void grad_dealloc(PyObject *self)
 {
+    PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     grad_clear(self);
-    PyObject_GC_Del(self);
+    type->tp_free(self);
+    Py_DECREF(type);
 }
 
 /* The uses of `grad` as a sequence: each on a memoryview of its buffer, taken for the use (a
@@ -246,34 +249,40 @@ static PyObject *grad_repr(PyObject *self)
                                 "to see them>", MODULE_NAME_STR, (int)N_SLOTS, REAL_FORMAT[0] == 'f' ? "float32" : "float64");
 }
 
-static PyBufferProcs grad_buffer_procs = {grad_getbuffer, grad_releasebuffer};
-static PyMappingMethods grad_mapping = {grad_length, grad_subscript, grad_ass_subscript};
-static PySequenceMethods grad_sequence = {.sq_length = grad_length};
-static PyTypeObject GradBufferType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = MODULE_NAME_STR ".GradBuffer",
-    .tp_basicsize = sizeof(GradBuffer),
-    .tp_dealloc = grad_dealloc,
-    .tp_repr = grad_repr,
-    .tp_as_sequence = &grad_sequence,
-    .tp_as_mapping = &grad_mapping,
-    .tp_getattro = grad_getattro,
-    .tp_as_buffer = &grad_buffer_procs,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "the gradients: a buffer (numpy.asarray, memoryview) that writes out every gradient row "
-              "when taken, and a sequence (templates/step.c)",
-    .tp_traverse = grad_traverse,
-    .tp_clear = grad_clear,
-    .tp_richcompare = grad_richcompare,
-    .tp_iter = grad_iter,
+/* A heap type, made per module (and holding it), not a static one: a static type readied from
+ * code that libtcc compiled in memory stays registered with `object` after that memory is freed
+ * (codegen/libtcc.py deletes a gone module's code), which crashed the garbage collector. */
+static PyType_Slot grad_slots[] = {
+    {Py_tp_dealloc, grad_dealloc},
+    {Py_tp_repr, grad_repr},
+    {Py_tp_getattro, grad_getattro},
+    {Py_tp_traverse, grad_traverse},
+    {Py_tp_clear, grad_clear},
+    {Py_tp_richcompare, grad_richcompare},
+    {Py_tp_iter, grad_iter},
+    {Py_mp_length, grad_length},
+    {Py_mp_subscript, grad_subscript},
+    {Py_mp_ass_subscript, grad_ass_subscript},
+    {Py_sq_length, grad_length},
+    {Py_bf_getbuffer, grad_getbuffer},
+    {Py_bf_releasebuffer, grad_releasebuffer},
+    {Py_tp_doc, "the gradients: a buffer (numpy.asarray, memoryview) that writes out every gradient "
+                "row when taken, and a sequence (templates/step.c)"},
+    {0, NULL},
 };
+#ifndef Py_TPFLAGS_DISALLOW_INSTANTIATION /* Python < 3.10 */
+#define Py_TPFLAGS_DISALLOW_INSTANTIATION 0
+#endif
+static PyType_Spec grad_spec = {MODULE_NAME_STR ".GradBuffer", sizeof(GradBuffer), 0,
+                                Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+                                grad_slots};
 
 /* module.grad */
 static int add_grad(PyObject *module)
 {
-    if (PyType_Ready(&GradBufferType) < 0)
-        return -1;
-    GradBuffer *grad = PyObject_GC_New(GradBuffer, &GradBufferType);
+    PyTypeObject *type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &grad_spec, NULL);
+    GradBuffer *grad = type ? PyObject_GC_New(GradBuffer, type) : NULL; /* holds its type */
+    Py_XDECREF(type);
     if (!grad)
         return -1;
     Py_INCREF(module);

@@ -107,6 +107,31 @@ def test_two_loads_have_their_own_state_and_states_are_freed(compiler):
     assert forward() == 0.0  # b's code still runs (zero target: zero loss)
 
 
+def grad_types():
+    return sum(t.__name__ == "GradBuffer" for t in object.__subclasses__())
+
+
+def test_a_gone_modules_types_go_with_it(compiler):
+    """The module's `grad` type is its own heap type: once the module is collected nothing of it
+    stays registered with `object`. A static type, readied from libtcc's memory, stayed after the
+    memory was freed, and crashed the garbage collector a few hundred compiles later."""
+    gc.collect()
+    before = grad_types()
+    net, _ = compile_classifier(compiler="libtcc")
+    grad = net.grad
+    assert grad_types() == before + 1
+    del net
+    gc.collect()
+    assert grad[0] == 0.0  # grad keeps its module, and so its code
+    del grad
+    gc.collect()
+    assert grad_types() == before
+    for _ in range(200):  # the crash's recipe: modules compiled and dropped, their memory reused
+        compile_classifier(compiler="libtcc")[0].grad[0] = 1.0
+    gc.collect()
+    assert grad_types() == before and libtcc.live_states() <= 2
+
+
 def test_programs_split_into_several_units(compiler):
     """Huge straight-line programs come as several C files: one TCCState compiles them all."""
     x, p = Value(0.5), Value(1.0)
