@@ -8,6 +8,7 @@ the bit, so that the tests hold the optimizer alone (to 1e-12).
 """
 
 import math
+import platform
 import random
 
 import numpy as np
@@ -95,10 +96,10 @@ def learning_rate(step):
     return 0.05 * (1 - step / (2 * STEPS))
 
 
-def compiled(build, init, optimizer, compiler):
+def compiled(build, init, optimizer, compiler, dtype="float64"):
     params, inputs = [Value(float(x)) for x in init], [Value(0.0) for _ in range(4)]
     return codegen.compile(build(params, inputs), inputs, params, optimizer=optimizer, compiler=compiler,
-                           fuse=False)
+                           fuse=False, dtype=dtype)
 
 
 def assert_close(got, expected, what):
@@ -192,6 +193,39 @@ def test_update_follows_torch_optim(name):
     state = theirs.state[tensor]
     for key, view in net.optimizer_state.items():
         assert_close(np.atleast_1d(np.asarray(view)), np.atleast_1d(np.asarray(state[key], dtype=float)), key)
+
+
+SUBNORMAL_STEPS = 40  # 45 times the smallest normal number, decaying by 0.8-0.9 a step, is then below it
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", ["momentum", "nesterov", "adam", "adamw"])
+def test_moments_decaying_into_subnormals(name, dtype, compiler):
+    """A gradient seen once, then zeros: the momentum buffer and Adam's first moment decay
+    geometrically into subnormal numbers, which the steps flush to zero (templates/optim.c: x86
+    CPUs take microcode assists on them). The parameters still follow the reference, which keeps
+    the subnormals, and the caller's floating-point mode is back after every step."""
+    optimizer = OPTIMIZERS[name]
+    tiny = np.finfo(dtype).tiny
+    build, p, _ = model_case()
+    net = compiled(build, p, optimizer, compiler, dtype)
+    p = np.asarray(net.params, dtype=float).copy()  # rounded to dtype
+    ref = Reference(optimizer, len(p))
+    first = tiny * 45 * np.random.default_rng(0).uniform(0.5, 1.5, len(p))
+    for step in range(SUBNORMAL_STEPS):
+        grad = first if step == 0 else np.zeros(len(p))
+        np.asarray(net.grad)[:net.n_params] = grad
+        net.update(0.01)
+        assert np.float64(1e-307) / np.float64(1e3) != 0 and np.float32(1e-37) / np.float32(1e3) != 0  # mode restored
+        p = ref.step(p, grad, 0.01)
+    moment = ref.m if isinstance(optimizer, codegen.Adam) else ref.buf
+    moment = moment.astype(dtype)
+    assert np.any((moment != 0) & (np.abs(moment) < tiny))  # the reference got there
+    state = np.asarray(net.optimizer_state["exp_avg" if isinstance(optimizer, codegen.Adam) else "momentum_buffer"])
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        assert not np.any((state != 0) & (np.abs(state) < tiny))  # flushed
+    rtol = RTOL if dtype == "float64" else 1e-6
+    np.testing.assert_allclose(np.asarray(net.params), p, rtol=rtol, atol=rtol, err_msg="parameters")
 
 
 def test_state_views_are_writable_and_per_module():
