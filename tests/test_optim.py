@@ -138,6 +138,15 @@ def test_update_follows_the_reference_for_100_steps(name, compiler):
     assert net.optimizer == repr(optimizer)
 
 
+@pytest.mark.parametrize("width", [16, 32, 64])
+@pytest.mark.parametrize("family", ["gcc", "clang"])
+def test_each_adam_vector_pass(family, width):
+    """Adam's pass runs on the widest vectors the CPU has (templates/optim.c); each width, forced,
+    follows the reference (the model's 21 parameters: whole vectors, then a tail)."""
+    for name in ("adam", "adamw"):
+        test_update_follows_the_reference_for_100_steps(name, f"{family} -DADAM_VECTOR_BYTES={width}")
+
+
 @pytest.mark.parametrize("batch_size", [1, 5])
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_train_follows_the_reference(name, batch_size, compiler):
