@@ -48,27 +48,38 @@ def column(request):
     return request.param
 
 
+def loss_and_parts(graph):
+    """A build's result: the loss, or a list of parts whose sum is the loss (each part also an
+    output of the compiled module, so that it is compared on its own)."""
+    if isinstance(graph, list):
+        return sum(graph[1:], graph[0]), graph
+    return graph, []
+
+
 def interpret(build, param_values, rows, steps=STEPS, lr=LR):
     """micrograd's training loop: rebuild the graph each step, backward, SGD. Returns the first
-    step's loss and gradients (params, inputs) and the parameters after all steps."""
+    step's loss and gradients (params, inputs), the parameters after all steps, and the first
+    step's parts (see loss_and_parts)."""
     params = [Value(v) for v in param_values]
     first = None
     for step in range(steps):
         inputs = [Value(x) for x in rows[step % len(rows)]]
-        loss = build(params, inputs)
+        loss, parts = loss_and_parts(build(params, inputs))
         loss.backward()
         if first is None:
             first = (loss.data, [p.grad for p in params], [x.grad for x in inputs])
+            first_parts = [part.data for part in parts]
         for p in params:
             p.data -= lr * p.grad
             p.grad = 0
-    return first + ([p.data for p in params],)
+    return first + ([p.data for p in params], first_parts)
 
 
 def run_compiled(build, param_values, rows, steps=STEPS, lr=LR, **options):
     params = [Value(v) for v in param_values]
     inputs = [Value(x) for x in rows[0]]
-    net = codegen.compile(build(params, inputs), inputs, params, input_grads=True, **options)
+    loss, parts = loss_and_parts(build(params, inputs))
+    net = codegen.compile(loss, inputs, params, input_grads=True, outputs=parts or None, **options)
     first = None
     for step in range(steps):
         net.set_input(array("d", rows[step % len(rows)]))
@@ -78,8 +89,9 @@ def run_compiled(build, param_values, rows, steps=STEPS, lr=LR, **options):
         if first is None:
             grad = np.asarray(net.grad)
             first = (loss, list(grad[:net.n_params]), list(grad[net.n_params:net.n_params + net.n_inputs]))
+            first_parts = list(net.outputs()) if parts else []
         net.update(lr)
-    return first + (list(net.params),)
+    return first + (list(net.params), first_parts)
 
 
 def assert_equivalent(build, param_values, rows, mode, **options):
@@ -112,10 +124,26 @@ OP_CASES = {
 OP_ROWS = [[0.5, -1.5], [-0.7, 0.3], [1.2, 0.9]]
 
 
-@pytest.mark.parametrize("case", OP_CASES)
-def test_each_op(case, compiler, column):
+def all_op_cases(params, inputs):
+    """Every op case side by side, the loss their sum, so that a column compiles once, not once
+    per op: case k reads only params[2k:2k+2] and inputs[2k:2k+2], so its value, its gradients
+    and its SGD steps are its own, and test_each_op compares them case by case."""
+    return [case(params[2 * k:2 * k + 2], inputs[2 * k:2 * k + 2]) for k, case in enumerate(OP_CASES.values())]
+
+
+def test_each_op(compiler, column):
     mode, opt = column
-    assert_equivalent(OP_CASES[case], [0.8, -0.4], OP_ROWS, mode, compiler=compiler, opt=opt)
+    n = len(OP_CASES)
+    param_values, rows = [0.8, -0.4] * n, [row * n for row in OP_ROWS]
+    expected = interpret(all_op_cases, param_values, rows)
+    got = run_compiled(all_op_cases, param_values, rows, **MODES[mode], compiler=compiler, opt=opt)
+    for k, case in enumerate(OP_CASES):
+        for name, e, g in zip(["value", "param grads", "input grads", "params after SGD"],
+                              [expected[4][k:k + 1], *(x[2 * k:2 * k + 2] for x in expected[1:4])],
+                              [got[4][k:k + 1], *(x[2 * k:2 * k + 2] for x in got[1:4])]):
+            e, g = np.asarray(e, dtype=float), np.asarray(g, dtype=float)
+            scale = max(1.0, float(np.max(np.abs(e))))
+            np.testing.assert_allclose(g, e, rtol=RTOL[mode], atol=RTOL[mode] * scale, err_msg=f"{case}: {name}")
 
 
 def mlp_case(nin, nouts, seed=1, activation="relu"):
