@@ -79,7 +79,7 @@ def run_compiled(build, param_values, rows, steps=STEPS, lr=LR, **options):
     params = [Value(v) for v in param_values]
     inputs = [Value(x) for x in rows[0]]
     loss, parts = loss_and_parts(build(params, inputs))
-    net = codegen.compile(loss, inputs, params, input_grads=True, outputs=parts or None, **options)
+    net = codegen.compile(loss, inputs, params, input_grads=True, outputs=parts, **options)
     first = None
     for step in range(steps):
         net.set_input(array("d", rows[step % len(rows)]))
