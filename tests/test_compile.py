@@ -94,8 +94,10 @@ def run_compiled(build, param_values, rows, steps=STEPS, lr=LR, **options):
     return first + (list(net.params), first_parts)
 
 
-def assert_equivalent(build, param_values, rows, mode, **options):
-    expected = interpret(build, param_values, rows)
+def assert_equivalent(build, param_values, rows, mode, expected=None, **options):
+    """The compiled module equals the interpreter. `expected`: interpret()'s result, when the
+    caller keeps it for several compilers and modes (the interpreter is the slow side)."""
+    expected = expected or interpret(build, param_values, rows)
     got = run_compiled(build, param_values, rows, **MODES[mode], **options)
     for name, e, g in zip(["loss", "param grads", "input grads", "params after SGD"], expected, got):
         e, g = np.atleast_1d(np.asarray(e, dtype=float)), np.atleast_1d(np.asarray(g, dtype=float))

@@ -3,6 +3,7 @@ models the benchmark relies on, and equivalence with the interpreter for models 
 micrograd users write them (a batch in one graph with constant data, a convolution, deep MLPs).
 Fused-mode tolerance as in test_compile: loops sum dots and reductions in other orders."""
 
+import functools
 import math
 import random
 
@@ -13,7 +14,7 @@ import codegen
 import templates
 from codegen import ir, vector
 from micrograd_c import MLP, Value, cross_entropy, dot
-from test_compile import assert_equivalent, opt  # noqa: F401 (the -O0/-O2 fixture)
+from test_compile import assert_equivalent, interpret, opt  # noqa: F401 (the -O0/-O2 fixture)
 
 
 def lowered(build, n_params, n_inputs):
@@ -170,16 +171,10 @@ def test_constant_factors_in_sums(compiler):
     assert not any(g.first.kind == "op" and g.first.op.name == "mul" and g.shape for g in program.forward)
 
 
-@pytest.mark.parametrize("mode", ["fused", "float32"])
-@pytest.mark.parametrize("loss", ["squares", "hinge"])
-def test_layer_over_a_batch_kernels(compiler, mode, loss):
-    """A layer over a batch of 37 constant samples: forward, one matmul_set call (four neurons at
-    a time, then the rest; the samples after the last whole chunk); its weights' gradients are dot_rows calls
-    (each neuron's gradient row against its 6 inputs' rows, four rows at a time, then the rest),
-    its inputs' gradients one matmul_acc call (4 + 1 neurons per chunk of samples, 4 + 2 inputs,
-    and the samples after the last whole chunk), the last layer's one too (one neuron). With the
-    hinge, samples 8-23 are flat whatever the weights: whole chunks of zero gradients that the
-    kernels skip. All equal to the interpreter."""
+@functools.cache
+def batch_layer_case(loss):
+    """test_layer_over_a_batch_kernels's model, and the interpreter's result on it: computed once
+    per loss, not once per compiler and mode."""
     X = np.random.default_rng(3).normal(size=(37, 3))
     random.seed(9)
     init = [p.data for p in MLP(3, [6, 5, 1]).parameters()]
@@ -193,7 +188,22 @@ def test_layer_over_a_batch_kernels(compiler, mode, loss):
             terms = [(float(-100.0 if 8 <= k < 24 else 1.0) + float((-1) ** k) * s * inputs[0]).relu()
                      for k, s in enumerate(scores)]
         return sum(terms, Value(0.0)) * (1.0 / len(X))
-    assert_equivalent(build, init, [[0.5], [0.2]], mode, compiler=compiler, opt=2)
+    rows = [[0.5], [0.2]]
+    return build, init, rows, interpret(build, init, rows)
+
+
+@pytest.mark.parametrize("mode", ["fused", "float32"])
+@pytest.mark.parametrize("loss", ["squares", "hinge"])
+def test_layer_over_a_batch_kernels(compiler, mode, loss):
+    """A layer over a batch of 37 constant samples: forward, one matmul_set call (four neurons at
+    a time, then the rest; the samples after the last whole chunk); its weights' gradients are dot_rows calls
+    (each neuron's gradient row against its 6 inputs' rows, four rows at a time, then the rest),
+    its inputs' gradients one matmul_acc call (4 + 1 neurons per chunk of samples, 4 + 2 inputs,
+    and the samples after the last whole chunk), the last layer's one too (one neuron). With the
+    hinge, samples 8-23 are flat whatever the weights: whole chunks of zero gradients that the
+    kernels skip. All equal to the interpreter."""
+    build, init, rows, expected = batch_layer_case(loss)
+    assert_equivalent(build, init, rows, mode, expected=expected, compiler=compiler, opt=2)
     params, inputs = [Value(v) for v in init], [Value(0.0)]
     source = "\n".join(codegen.generate(build(params, inputs), inputs, params))
     assert "dot_rows(g + " in source and ", 37, 6, g + " in source  # the second layer: 6 rows of 37
