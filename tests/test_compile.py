@@ -16,6 +16,7 @@ saturation, 1 / a, cancelling sums), while a float64 module, or a float32 one co
 anything wrong, is told apart (its errors are ~1e-7 or ~1).
 """
 
+import functools
 import math
 import random
 from array import array
@@ -94,10 +95,21 @@ def run_compiled(build, param_values, rows, steps=STEPS, lr=LR, **options):
     return first + (list(net.params), first_parts)
 
 
-def assert_equivalent(build, param_values, rows, mode, expected=None, **options):
-    """The compiled module equals the interpreter. `expected`: interpret()'s result, when the
-    caller keeps it for several compilers and modes (the interpreter is the slow side)."""
-    expected = expected or interpret(build, param_values, rows)
+_interpreted = {}
+
+
+def interpret_once(build, param_values, rows):
+    """interpret()'s result, kept per build function (a build is a pure function of its parameters
+    and inputs): a case made by a cached factory is interpreted once for every compiler and mode
+    that compiles it, the interpreter being the slow side of most equivalence tests."""
+    key = (build, tuple(param_values), tuple(map(tuple, rows)))
+    if key not in _interpreted:
+        _interpreted[key] = interpret(build, param_values, rows)
+    return _interpreted[key]
+
+
+def assert_equivalent(build, param_values, rows, mode, **options):
+    expected = interpret_once(build, param_values, rows)
     got = run_compiled(build, param_values, rows, **MODES[mode], **options)
     for name, e, g in zip(["loss", "param grads", "input grads", "params after SGD"], expected, got):
         e, g = np.atleast_1d(np.asarray(e, dtype=float)), np.atleast_1d(np.asarray(g, dtype=float))
@@ -148,13 +160,14 @@ def test_each_op(compiler, column):
             np.testing.assert_allclose(g, e, rtol=RTOL[mode], atol=RTOL[mode] * scale, err_msg=f"{case}: {name}")
 
 
+@functools.cache
 def mlp_case(nin, nouts, seed=1, activation="relu"):
-    """(build, initial parameter values) for an MLP regressing its last input."""
+    """(build, initial parameter values) for an MLP regressing its last input; `nouts` a tuple."""
     random.seed(seed)
-    init = [p.data for p in MLP(nin, nouts, activation=activation).parameters()]
+    init = [p.data for p in MLP(nin, list(nouts), activation=activation).parameters()]
 
     def build(params, inputs):
-        model = MLP(nin, nouts, activation=activation)
+        model = MLP(nin, list(nouts), activation=activation)
         values = iter(params)  # the model computes with the given parameter Values
         for neuron in (n for layer in model.layers for n in layer.neurons):
             neuron.w = [next(values) for _ in neuron.w]
@@ -170,7 +183,7 @@ XOR_ROWS = [[0.0, 0.0, -1.0], [0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0, -1.0]
 @pytest.mark.parametrize("activation", ["relu", "tanh"])
 def test_xor_mlp(activation, compiler, column):
     mode, opt = column
-    build, init = mlp_case(2, [8, 8, 1], activation=activation)  # 8-input neurons: fused dots
+    build, init = mlp_case(2, (8, 8, 1), activation=activation)  # 8-input neurons: fused dots
     assert_equivalent(build, init, XOR_ROWS, mode, compiler=compiler, opt=opt)
 
 
@@ -269,7 +282,7 @@ def test_random_graphs(recipe, column, compiler):
     constants, steps, param_values, rows = recipe
     build = recipe_graph(constants, steps)
     try:
-        expected = interpret(build, param_values, rows)
+        expected = interpret_once(build, param_values, rows)
     except (OverflowError, ZeroDivisionError, ValueError):
         assume(False)
     flat = [expected[0], *expected[1], *expected[2], *expected[3]]

@@ -37,12 +37,12 @@ def rows(n=6, seed=0):
 
 @pytest.mark.parametrize("mode", ["fused", "float32"])
 def test_sparse_rows_equal_the_interpreter(compiler, mode):
-    build, init = mlp_case(N_PIXELS, [8, 1])
+    build, init = mlp_case(N_PIXELS, (8, 1))
     assert_equivalent(build, init, rows(), mode, compiler=compiler, opt=2, sparse_inputs=True)
 
 
 def test_the_first_layer_uses_the_nonzero_lists():
-    build, init = mlp_case(N_PIXELS, [8, 1])
+    build, init = mlp_case(N_PIXELS, (8, 1))
     from micrograd_c import Value
     params, inputs = [Value(v) for v in init], [Value(0.0) for _ in range(N_PIXELS + 1)]
     sources = codegen.generate(build(params, inputs), inputs, params, sparse_inputs=True)
