@@ -33,12 +33,15 @@ mnist: nn
 xor: $(VENV)/.installed
 	$(PY) -m mnist.xor --compiler $(CC) $(ARGS)
 
+# the tests in parallel, a worker per core (at most 8): ARGS="-n 0" runs them in this process
+PARALLEL = -n auto --maxprocesses 8
+
 test: $(VENV)/.installed
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q $(PARALLEL) $(ARGS)
 
 # the slow tests too (big graphs in scalar mode, longer MNIST runs)
 test-all: $(VENV)/.installed
-	$(PY) -m pytest -q -m '' $(ARGS)
+	$(PY) -m pytest -q $(PARALLEL) -m '' $(ARGS)
 
 # hypothesis fuzzing at volume: FUZZ_CALLS calls of the exported functions per compiler (tcc, gcc,
 # clang), FUZZ_COMPILES random codegen.compile calls; prints the counts
