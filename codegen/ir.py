@@ -94,7 +94,8 @@ class Program:
 
 def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False):
     """Lowers the graph of `loss` (and `outputs`, extra values to read after forward) to a Program."""
-    inputs, params, outputs = list(inputs), list(params), list(outputs)
+    outputs = [outputs] if isinstance(outputs, Value) else [] if outputs is None else list(outputs)
+    inputs, params = list(inputs), list(params)
     _check_leaves(inputs, params, [loss] + outputs)
     collecting = gc.isenabled()
     gc.disable()  # millions of new nodes, none garbage: the collector would only rescan them
