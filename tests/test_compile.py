@@ -108,13 +108,22 @@ def interpret_once(build, param_values, rows):
     return _interpreted[key]
 
 
+RESULT_NAMES = ["loss", "param grads", "input grads", "params after SGD"]
+
+
+def assert_results_close(expected, got, mode, names=RESULT_NAMES, what=""):
+    """interpret()'s and run_compiled()'s results (or a case's slices of them) equal to the mode's
+    tolerance, relative to the largest expected value of each."""
+    for name, e, g in zip(names, expected, got):
+        e, g = np.atleast_1d(np.asarray(e, dtype=float)), np.atleast_1d(np.asarray(g, dtype=float))
+        scale = max(1.0, float(np.max(np.abs(e)))) if e.size else 1.0
+        np.testing.assert_allclose(g, e, rtol=RTOL[mode], atol=RTOL[mode] * scale, err_msg=what + name)
+
+
 def assert_equivalent(build, param_values, rows, mode, **options):
     expected = interpret_once(build, param_values, rows)
     got = run_compiled(build, param_values, rows, **MODES[mode], **options)
-    for name, e, g in zip(["loss", "param grads", "input grads", "params after SGD"], expected, got):
-        e, g = np.atleast_1d(np.asarray(e, dtype=float)), np.atleast_1d(np.asarray(g, dtype=float))
-        scale = max(1.0, float(np.max(np.abs(e)))) if e.size else 1.0
-        np.testing.assert_allclose(g, e, rtol=RTOL[mode], atol=RTOL[mode] * scale, err_msg=name)
+    assert_results_close(expected, got, mode)
 
 
 # Each op alone, fed by parameters and inputs so that every gradient path is exercised.
@@ -145,19 +154,22 @@ def all_op_cases(params, inputs):
     return [case(params[2 * k:2 * k + 2], inputs[2 * k:2 * k + 2]) for k, case in enumerate(OP_CASES.values())]
 
 
+def op_case_results(results, k):
+    """Case k's share of all_op_cases' results: its value (its part), then its gradients and
+    parameters (its two slots of each)."""
+    loss, param_grads, input_grads, params, parts = results
+    return [parts[k:k + 1]] + [values[2 * k:2 * k + 2] for values in (param_grads, input_grads, params)]
+
+
 def test_each_op(compiler, column):
     mode, opt = column
     n = len(OP_CASES)
     param_values, rows = [0.8, -0.4] * n, [row * n for row in OP_ROWS]
-    expected = interpret(all_op_cases, param_values, rows)
+    expected = interpret_once(all_op_cases, param_values, rows)
     got = run_compiled(all_op_cases, param_values, rows, **MODES[mode], compiler=compiler, opt=opt)
     for k, case in enumerate(OP_CASES):
-        for name, e, g in zip(["value", "param grads", "input grads", "params after SGD"],
-                              [expected[4][k:k + 1], *(x[2 * k:2 * k + 2] for x in expected[1:4])],
-                              [got[4][k:k + 1], *(x[2 * k:2 * k + 2] for x in got[1:4])]):
-            e, g = np.asarray(e, dtype=float), np.asarray(g, dtype=float)
-            scale = max(1.0, float(np.max(np.abs(e))))
-            np.testing.assert_allclose(g, e, rtol=RTOL[mode], atol=RTOL[mode] * scale, err_msg=f"{case}: {name}")
+        assert_results_close(op_case_results(expected, k), op_case_results(got, k), mode,
+                             names=["value"] + RESULT_NAMES[1:], what=f"{case}: ")
 
 
 @functools.cache
