@@ -9,6 +9,7 @@ Lowering (ir), C emission (emit), building (toolchain) and loading (loader) are 
 import time
 from array import array
 
+from . import batch as batching
 from . import emit, ir, loader, toolchain
 from .explain import explain
 from .export import export
@@ -20,19 +21,27 @@ __all__ = ["compile", "generate", "explain", "export", "copy_to_values", "copy_f
 
 
 def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn", optimizer=None,
-             embed_params=False, dtype="float64", sparse_inputs=False):
+             embed_params=False, dtype="float64", sparse_inputs=False, batch=batching.DEFAULT_CAPACITY):
     """The C sources compile() builds: the module, then any extra units of generated functions
     (big straight-line programs are split so that the files compile in parallel)."""
     emit.check_dtype(dtype)
+    batch = _check_batch(batch)
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
     initial = [float(p.data) for p in params] if embed_params else None
     return emit.emit(program, name, optimizer=optimizer, initial_params=initial, dtype=dtype,
-                     sparse_inputs=sparse_inputs)
+                     sparse_inputs=sparse_inputs, batched=batching.batched_form(program, batch)[0])
+
+
+def _check_batch(batch):
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 4096:
+        raise ValueError(f"batch must be an int from 1 to 4096 (samples per batched pass), not {batch!r}")
+    return batch
 
 
 def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native=False, fuse=True,
             input_grads=False, name="nn", cache=None, timeout=None, optimizer=None, embed_params=False,
-            dtype="float64", sparse_inputs=False, measure_memory=False, sources=None):
+            dtype="float64", sparse_inputs=False, measure_memory=False, sources=None,
+            batch=batching.DEFAULT_CAPACITY, threads=None):
     """Builds (or takes from the cache) and loads the module computing `loss`.
 
     inputs:  leaf Values set per sample with set_input() (their current values are loaded too).
@@ -56,6 +65,11 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     takes 0.7-0.9x the dense one; on dense inputs the scan costs about 8%: off by default.
     measure_memory=True records the compiler's peak memory in `build.peak_rss` (through a small
     intermediary process, which costs a few ms: benchmarks ask for it, users need not).
+    batch: the most samples one pass of the batched program runs (codegen/batch.py): train()
+    with batch_size > 1 and predict() run whole batches at once, a layer over a batch being a
+    matrix product; a bigger batch_size runs in pieces of `batch`. batch=1: sample by sample
+    only (a smaller module). A graph with no batched form (see codegen.explain) runs sample by
+    sample whatever `batch` says.
     sources: what generate() returned for these same arguments, when the caller has them already
     (e.g. to compute a build_key): the C is not generated a second time (timings["codegen"] is 0).
     The module gets attributes `build` (toolchain.BuildResult) and `timings` (seconds per step).
@@ -65,7 +79,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     if sources is None:
         sources = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name,
                            optimizer=optimizer, embed_params=embed_params, dtype=dtype,
-                           sparse_inputs=sparse_inputs)
+                           sparse_inputs=sparse_inputs, batch=batch)
     generated = time.perf_counter()
     if compiler == "libtcc":  # in memory: no file, no process (codegen/libtcc.py)
         module, build = _load_in_memory(sources, name, native)
@@ -74,6 +88,8 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
             lambda: toolchain.build_extension(sources, name, compiler=compiler, opt=opt, native=native,
                                               cache=cache, timeout=timeout, measure_memory=measure_memory), name)
     copy_from_values(module, params)
+    if threads is not None:
+        module.set_threads(threads)
     module.inputs[:] = array(module.inputs.format, (float(v.data) for v in inputs))
     module.build = build
     module.timings = {"codegen": generated - started, "compile": build.seconds}

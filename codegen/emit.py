@@ -205,6 +205,35 @@ class _Matmul:
                 and _progression(wrt.offsets) is not None and _progression(other.offsets) is not None)
 
 
+@dataclass(frozen=True)
+class _WeightGradient:
+    """A layer's weights' gradients over a batch, `g[weights + i] += go * d[inputs + j]` for the
+    pairs (i, j) of the two lists, where the weights' gradients (one row, contiguous) stay put
+    over the innermost loop (the batch) and the inputs move with it and stay put over the one
+    outside it (the neurons): one matmul_nt call (dY X^T) per pass of the outer loops, instead
+    of an axpy per neuron and sample."""
+    wrt: object     # Vector: the weights' gradients
+    inputs: object  # Vector
+    out: object     # Affine: the group's gradients (go)
+
+    def render(self, shape):
+        batched = len(shape) >= 2
+        last = 2 if batched else 1
+        wrt, x = self.wrt, self.inputs
+        call = (f"matmul_nt({_loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
+                f"{wrt.start.strides[-2] if batched else 0}, {_loop_start(self.out, last, grad=True)}, "
+                f"{self.out.strides[-2] if batched else 0}, {_loop_start(x.start, last, x.offsets[0])}, "
+                f"{_progression(x.offsets)}, {shape[-2] if batched else 1}, {len(wrt.offsets)}, {shape[-1]});")
+        return "\n    ".join(_loop_headers(shape[:-last]) + [call])
+
+    @staticmethod
+    def fits(shape, wrt, other, out):
+        """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
+        return (len(shape) >= 1 and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2 and out.strides[-1] == 1
+                and wrt.contiguous and wrt.start.strides[-1] == 0 and other.start.strides[-1] == 1
+                and (len(shape) < 2 or other.start.strides[-2] == 0) and _progression(other.offsets) is not None)
+
+
 def _layer_over_batch(g):
     """A dot group that is a layer over a batch, as one matmul_set call per pass of the loops
     outside the neurons' and samples': the results move with the batch (innermost) and with the
@@ -244,9 +273,9 @@ def _loop(shape, body, dots=True, independent=False):
     C compiler is told, so that it vectorises without checking at run time."""
     if not shape:
         return [s.render() if isinstance(s, _Accumulate) else s for s in body]
-    matmuls = [s.render(shape) for s in body if isinstance(s, _Matmul)]
+    matmuls = [s.render(shape) for s in body if isinstance(s, (_Matmul, _WeightGradient))]
     if matmuls:
-        body = [s for s in body if not isinstance(s, _Matmul)]
+        body = [s for s in body if not isinstance(s, (_Matmul, _WeightGradient))]
         rest = _loop(shape, body, dots) if any(not (isinstance(s, str) and s.startswith(_GO)) for s in body) else []
         return rest + matmuls
     held = [s for s in body if isinstance(s, _Accumulate) and s.target.strides[-1] == 0]
@@ -283,7 +312,8 @@ def _after_innermost(summed, dotted, names, shape):
             after += [t.render(f"dot(g + {_index(_at_start(t.product[0]), grad=True)}, "
                                f"d + {_index(_at_start(t.product[1]), t.product[2])}, {n})") for t in run]
         else:
-            b_step, out_step = run[1].product[2] - s.product[2], run[1].offset - s.offset
+            b_step, out_step = ((run[1].product[2] - s.product[2], run[1].offset - s.offset) if len(run) > 1
+                                else (0, 0))
             after.append(f"dot_rows({a}, {b}, {b_step}, {n}, {len(run)}, "
                          f"g + {_index(s.target, s.offset, grad=True)}, {out_step});")
     return after
@@ -330,10 +360,10 @@ def _nonzero_words(n):
 
 
 class _Emitter:
-    def __init__(self, program, dtype="float64", sparse_inputs=False):
+    def __init__(self, program, dtype="float64", sparse_inputs=False, offsets=None):
         self.program = program
         self.dtype = dtype
-        self.offsets = _OffsetTables()
+        self.offsets = offsets or _OffsetTables()  # shared by the batched program's emitter
         self.sparse_inputs = sparse_inputs
         self.nonzero_lists = {}  # (first slot, length) of an input range: its list's offset in words
         self.tracked_rows = []  # backward(tracked=True)'s parameter rows: (start, length, loop shape, other's start)
@@ -596,6 +626,11 @@ class _Emitter:
         if all(needs) and not any(f.sgd_fused for f in factors) and _Matmul.fits(shape, wrt, other, out):
             contribute(False, _Matmul(wrt, other, out), None)
             return
+        # (a loop whose weights stay put over its innermost loop gives them several contributions:
+        # batch-1 SGD never updates them in backward, and the batched program never does)
+        if all(needs) and not _unrolled(wrt, other) and _WeightGradient.fits(shape, wrt, other, out):
+            contribute(False, _WeightGradient(wrt, other, out), None)
+            return
         if _unrolled(wrt, other) or not all(needs):
             for f, i, j, need in zip(factors, wrt.offsets, other.offsets, needs):
                 if need:
@@ -650,19 +685,20 @@ def _units(pieces, unit):
 
 
 def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, optimizer=None,
-         initial_params=None, dtype="float64", sparse_inputs=False):
+         initial_params=None, dtype="float64", sparse_inputs=False, batched=None):
     """The C sources of the extension module `module_name` computing `program`: the module
     itself, then (for big programs) extra units of generated functions compiled alongside.
     optimizer: a codegen.optim description (None: SGD); initial_params: values every load of
     the module starts its parameters from (None: zeros); dtype: "float64" or "float32", the
     element type of the whole state, the kernels and the module's views; sparse_inputs: dots
     that read an input range skip its chunks of zeros when most of them are (dense inputs keep
-    the dense kernels)."""
+    the dense kernels); batched: the program's codegen.batch.BatchedProgram (train() and
+    predict() run whole batches through it), or None."""
     if not isinstance(module_name, str):
         raise TypeError(f"module name must be a str, got {type(module_name).__name__}")
     if not module_name.isidentifier() or not module_name.isascii():
         raise ValueError(f"module name must be a C identifier, got {module_name!r}")
-    graph, extra = _render(program, chunk, unit, dtype, sparse_inputs)
+    graph, extra = _render(program, chunk, unit, dtype, sparse_inputs, batched)
     constants = "\n".join([
         f'#define MODULE_NAME_STR "{module_name}"',
         f"#define MODULE_INIT PyInit_{module_name}",
@@ -686,7 +722,7 @@ def standalone(program, chunk=CHUNK_STATEMENTS):
     return graph
 
 
-def _render(program, chunk, unit, dtype="float64", sparse_inputs=None):
+def _render(program, chunk, unit, dtype="float64", sparse_inputs=None, batched=None):
     """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units).
     sparse_inputs (modules: True or False; None for standalone code, which has no lists): dots
     over an input range use its nonzero list (scan_nonzeros and the words after d's slots)."""
@@ -707,12 +743,15 @@ def _render(program, chunk, unit, dtype="float64", sparse_inputs=None):
                                      ("backward_body", dg, backward),
                                      ("backward_sgd_body", dg + ["real lr"], backward_sgd),
                                      *([("backward_tracked_body", dg + tracking, backward_tracked)]
-                                       if e.tracked_rows else [])]:
+                                       if e.tracked_rows else []),
+                                     *_batched_functions(batched, e)]:
         functions, driver = _functions(name, params, statements, chunk)
         pieces += functions
         drivers.append(driver)
     units = _units(pieces, unit) if unit else [pieces]
-    prelude = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n" + templates.read("prelude.c")
+    # modules (sparse_inputs not None) run products on their threads (templates/pool.c)
+    prelude = (f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n"
+               f"#define HAVE_THREAD_POOL {int(sparse_inputs is not None)}\n" + templates.read("prelude.c"))
     output_slots = [n.slot for n in program.outputs] or [0]
     layout = "\n".join([
         f"#define N_SLOTS {program.n_slots}",
@@ -727,6 +766,7 @@ def _render(program, chunk, unit, dtype="float64", sparse_inputs=None):
         _constants(program.constants, dtype),
         _sgd_after_backward(program.sgd_after_backward),
         *([e.scan_nonzeros(), e.step_rows(program.n_params)] if sparse_inputs is not None else []),
+        *([_batch_layout(batched, dtype)] if sparse_inputs is not None else []),
     ])
     if not unit or (len(units) == 1 and sum(p[2] for p in pieces) < PARALLEL_MIN_STATEMENTS):
         graph = [prelude, layout, e.offsets.render(), *(p[0] for p in pieces), *drivers]
@@ -737,14 +777,43 @@ def _render(program, chunk, unit, dtype="float64", sparse_inputs=None):
     return "\n".join(graph), extra
 
 
-def _constants(constants, dtype):
+def _constants(constants, dtype, name="init_constants", table="CONSTANT_VALUES"):
     """init_constants(d): writes the constants that loops read into their slots (consecutive)."""
     if not constants:
-        return "static void init_constants(real *d) { (void)d; }"
+        return f"static void {name}(real *d) {{ (void)d; }}"
     values = ", ".join(c_literal(v, dtype) for _, v in constants)
-    return (f"static const real CONSTANT_VALUES[{len(constants)}] = {{{values}}};\n"
-            f"static void init_constants(real *d) {{ memcpy(d + {constants[0][0]}, CONSTANT_VALUES, "
-            f"sizeof CONSTANT_VALUES); }}")
+    return (f"static const real {table}[{len(constants)}] = {{{values}}};\n"
+            f"static void {name}(real *d) {{ memcpy(d + {constants[0][0]}, {table}, "
+            f"sizeof {table}); }}")
+
+
+def _batched_functions(batched, e):
+    """(name, parameters, statements) of the batched program's functions (codegen/batch.py):
+    forward_outputs_batch(d, nb), forward_rest_batch(d, nb), backward_batch(d, g, nb)."""
+    if batched is None:
+        return []
+    eb = _Emitter(batched, e.dtype, offsets=e.offsets)
+    outputs, rest = batched.forward[:batched.n_output_groups], batched.forward[batched.n_output_groups:]
+    d, dg = ["real *restrict d", "long nb"], ["real *restrict d", "real *restrict g", "long nb"]
+    return [("forward_outputs_batch", d, [s for g in outputs for s in eb.forward(g)]),
+            ("forward_rest_batch", d, [s for g in rest for s in eb.forward(g)]),
+            ("backward_batch", dg, [s for g in batched.backward for s in eb.backward(g)])]
+
+
+def _batch_layout(batched, dtype):
+    """The batched program's layout (templates/batch.c), HAVE_BATCH 0 without one."""
+    if batched is None:
+        return "#define HAVE_BATCH 0"
+    output_slots = batched.output_slots or [0]
+    return "\n".join([
+        "#define HAVE_BATCH 1",
+        f"#define BATCH_CAPACITY {batched.capacity}",
+        f"#define N_BATCH_SLOTS {batched.n_slots}",
+        f"#define BATCH_INPUT_BASE {batched.input_base}",
+        f"#define BATCH_LOSS_SLOT {batched.loss_slot}",
+        f"static const long BATCH_OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
+        _constants(batched.constants, dtype, "init_batch_constants", "BATCH_CONSTANT_VALUES"),
+    ])
 
 
 def _sgd_after_backward(runs):

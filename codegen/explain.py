@@ -12,7 +12,7 @@ from micrograd_c.engine import topological_order
 
 import templates
 
-from . import emit, ir
+from . import batch, emit, ir
 
 
 @dataclass
@@ -36,6 +36,7 @@ class Explanation:
     steps: list
     c_lines: int       # generated C (the kernels' fixed prelude excluded)
     program: object    # the ir.Program
+    batched: str = ""  # whether train() and predict() run whole batches, or why not
 
     @property
     def loops(self):
@@ -46,7 +47,7 @@ class Explanation:
         covered = sum(s.nodes for s in self.loops)
         return (f"{self.values:,} Values -> {sum(s.nodes for s in self.steps):,} nodes after fusing sums -> "
                 f"{len(self.steps):,} steps: {len(self.loops):,} loop nests ({covered:,} nodes) and "
-                f"{single:,} single statements; {self.c_lines:,} lines of generated C")
+                f"{single:,} single statements; {self.c_lines:,} lines of generated C; {self.batched}")
 
     def __str__(self):
         rows = [f"{'#':>4}  {'computes':<40} {'loop nest':<16} {'nodes':>9}  reads"]
@@ -84,7 +85,10 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
                           "outputs" if g.first.for_outputs else "loss"))
     c_lines = len(emit.standalone(program).splitlines()) - len(templates.read("prelude.c").splitlines())
     values = len(topological_order(*outputs, loss))
-    return Explanation(values, steps, c_lines, program)
+    batched, why_not = batch.batched_form(program)
+    how = (f"batched over up to {batched.capacity} samples (train() with batch_size > 1, predict())" if batched
+           else f"no batched form ({why_not}): train() and predict() run sample by sample")
+    return Explanation(values, steps, c_lines, program, how)
 
 
 def _what(node):

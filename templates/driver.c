@@ -16,18 +16,20 @@ static void backward_all(real *restrict d, real *restrict g)
     backward_body(d, g);
 }
 
-/* train()'s step after a batch of n samples: plain SGD (sgd_step, templates/prelude.c); any other optimizer takes
- * one step on the batch's mean gradient. Parameter gradients are zeroed for the next batch. */
-static void batch_step(State *s, double lr, long long n)
+/* train()'s step after a batch of n samples, on the parameters and gradients d, g (the module's,
+ * or the batch buffers' of templates/batch.c): plain SGD (sgd_step, templates/prelude.c); any
+ * other optimizer takes one step on the batch's mean gradient. Parameter gradients are zeroed
+ * for the next batch. */
+static void batch_step(State *s, real *restrict d, real *restrict g, double lr, long long n)
 {
     if (PLAIN_SGD) {
-        sgd_step(s->d, s->g, lr / (double)n, N_PARAMS);
+        sgd_step(d, g, lr / (double)n, N_PARAMS);
         return;
     }
     if (n > 1)
         for (long i = 0; i < N_PARAMS; i++)
-            s->g[i] /= (double)n;
-    optimizer_step(s->d, s->g, s->opt_m, s->opt_v, s->opt_step, lr, 1);
+            g[i] /= (double)n;
+    optimizer_step(d, g, s->opt_m, s->opt_v, s->opt_step, lr, 1);
 }
 
 /* One pass of train() over the rows in `order` (the samples s, loaded one at a time), without the
@@ -53,7 +55,7 @@ static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, doub
         } else {
             backward_all(d, g);
             if (++in_batch == batch) { /* the mean gradient of the minibatch */
-                batch_step(st, lr, batch);
+                batch_step(st, d, g, lr, batch);
                 in_batch = 0;
             }
         }
@@ -61,7 +63,7 @@ static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, doub
             return 1;
     }
     if (in_batch)
-        batch_step(st, lr, in_batch);
+        batch_step(st, d, g, lr, in_batch);
     return 0;
 }
 

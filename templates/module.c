@@ -6,12 +6,15 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <pthread.h>
+#include <sched.h>
 #include <time.h>
 
 /*@CONSTANTS@*/
 
 /* ---- the graph: prelude, kernels, layout, generated functions ------------------------- */
 /*@GRAPH@*/
+
+/*@INCLUDE pool.c@*/
 
 /* ---- module state --------------------------------------------------------------------- */
 typedef struct {
@@ -28,6 +31,8 @@ typedef struct {
     real *rank1, *snap;
     uint32_t *live;
     Py_ssize_t grad_exports;
+    real *bd, *bg;                 /* the batch buffers (templates/batch.c), made on first use */
+    int threads;                   /* threads a batch's products run on (templates/pool.c) */
 } State;
 
 static State *state_of(PyObject *module) { return (State *)PyModule_GetState(module); }
@@ -44,6 +49,7 @@ static State *state_of(PyObject *module) { return (State *)PyModule_GetState(mod
 
 /* ---- the training driver ------------------------------------------------------------------ */
 /*@INCLUDE driver.c@*/
+/*@INCLUDE batch.c@*/
 
 /* ---- the step-by-step API: zero_grad(), backward(), update(), `grad` -------------------------- */
 /*@INCLUDE step.c@*/
@@ -169,15 +175,16 @@ static PyObject *fn_outputs(PyObject *module, PyObject *unused)
 
 static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"X", "Y", "lr", "scale", "batch_size", "seed"};
-    PyObject *a[6];
+    static const char *const names[] = {"X", "Y", "lr", "scale", "batch_size", "seed", "threads"};
+    PyObject *a[7];
     double lr, scale = 1.0;
-    long long batch = 1, seed = -1;
-    if (parse_args("train", args, nargs, kwnames, names, 6, 3, a) < 0 ||
+    long long batch = 1, seed = -1, threads = 0;
+    if (parse_args("train", args, nargs, kwnames, names, 7, 3, a) < 0 ||
         get_finite("train", "lr", a[2], &lr) < 0 ||
         (a[3] && get_finite("train", "scale", a[3], &scale) < 0) ||
         (a[4] && get_int("train", "batch_size", a[4], 1, &batch) < 0) ||
-        (a[5] && get_int("train", "seed", a[5], -1, &seed) < 0))
+        (a[5] && get_int("train", "seed", a[5], -1, &seed) < 0) ||
+        (a[6] && a[6] != Py_None && get_int("train", "threads", a[6], 1, &threads) < 0))
         return NULL;
     Samples s;
     if (get_samples("train", a[0], a[1], scale, &s) < 0)
@@ -195,11 +202,23 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     }
     double loss_sum = 0.0;
     int interrupted;
+    /* a batch of several samples runs as one (templates/batch.c), when the program has a batched form */
+    const int batched = HAVE_BATCH && batch > 1 && s.n > 1;
+    real *row = batched ? batch_row(st) : NULL;
+    if (batched && !row) {
+        unlock_state(st);
+        PyMem_Free(order);
+        release_samples(&s);
+        return NULL;
+    }
     zero_all_gradients(st); /* train() starts from zero gradients, every row holding its own */
+    pool_threads = threads ? (int)(threads < POOL_MAX ? threads : POOL_MAX) : st->threads;
     Py_BEGIN_ALLOW_THREADS /* the buffers stay held (release_samples below), the state locked */
-    interrupted = train_rows(st, &s, order, lr, batch, &loss_sum, &_save);
+    interrupted = batched ? train_batches(st, &s, order, lr, batch, &loss_sum, row, &_save)
+                          : train_rows(st, &s, order, lr, batch, &loss_sum, &_save);
     Py_END_ALLOW_THREADS
     unlock_state(st);
+    PyMem_Free(row);
     PyMem_Free(order);
     release_samples(&s);
     if (interrupted)
@@ -209,11 +228,13 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
 
 static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"X", "scale"};
-    PyObject *a[2];
+    static const char *const names[] = {"X", "scale", "threads"};
+    PyObject *a[3];
     double scale = 1.0;
-    if (parse_args("predict", args, nargs, kwnames, names, 2, 1, a) < 0 ||
-        (a[1] && get_finite("predict", "scale", a[1], &scale) < 0))
+    long long threads = 0;
+    if (parse_args("predict", args, nargs, kwnames, names, 3, 1, a) < 0 ||
+        (a[1] && get_finite("predict", "scale", a[1], &scale) < 0) ||
+        (a[2] && a[2] != Py_None && get_int("predict", "threads", a[2], 1, &threads) < 0))
         return NULL;
     if (N_OUTPUTS == 0) {
         PyErr_SetString(PyExc_ValueError, "predict(): the model has no outputs to predict; compile it "
@@ -239,10 +260,20 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     real *out = (real *)PyByteArray_AS_STRING(bytes);
     int interrupted;
+    const int batched = HAVE_BATCH && s.n > 1;
+    real *row = batched ? batch_row(st) : NULL;
+    if (batched && !row) {
+        unlock_state(st);
+        Py_DECREF(bytes);
+        release_samples(&s);
+        return NULL;
+    }
+    pool_threads = threads ? (int)(threads < POOL_MAX ? threads : POOL_MAX) : st->threads;
     Py_BEGIN_ALLOW_THREADS
-    interrupted = predict_rows(st, &s, out, &_save);
+    interrupted = batched ? predict_batches(st, &s, out, row, &_save) : predict_rows(st, &s, out, &_save);
     Py_END_ALLOW_THREADS
     unlock_state(st);
+    PyMem_Free(row);
     Py_ssize_t n = s.n;
     release_samples(&s);
     if (interrupted) {
@@ -265,6 +296,24 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     return shaped;
 }
 
+/* set_threads(n): the threads a batch's matrix products run on from now on (None: the cores
+ * this process may use); returns the number set. */
+static PyObject *fn_set_threads(PyObject *module, PyObject *arg)
+{
+    long long threads = 0;
+    if (arg != Py_None && get_int("set_threads", "threads", arg, 1, &threads) < 0)
+        return NULL;
+    State *s = state_of(module);
+    s->threads = arg == Py_None ? available_cores() : (int)(threads < POOL_MAX ? threads : POOL_MAX);
+    return PyLong_FromLong(s->threads);
+}
+
+static PyObject *fn_threads(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromLong(state_of(module)->threads);
+}
+
 static PyMethodDef methods[] = {
     {"set_input", (PyCFunction)(void (*)(void))fn_set_input, METH_FASTCALL,
      "set_input(buffer): copy n_inputs float64 or float32 values into the input slots (converted\n"
@@ -282,13 +331,19 @@ static PyMethodDef methods[] = {
      "accumulated gradients, which it leaves as they are"},
     {"outputs", fn_outputs, METH_NOARGS, "outputs() -> tuple of the extra outputs' values"},
     {"train", (PyCFunction)(void (*)(void))fn_train, METH_FASTCALL | METH_KEYWORDS,
-     "train(X, Y, lr, scale=1.0, batch_size=1, seed=-1) -> mean loss.\n"
+     "train(X, Y, lr, scale=1.0, batch_size=1, seed=-1, threads=None) -> mean loss.\n"
      "One pass of minibatch training (an optimizer step per batch, on its mean gradient) over the\n"
      "rows of X (uint8, float64 or float32, times scale, into the first inputs) and Y (integer labels one-hot into the\n"
      "remaining inputs, or float64 or float32 rows). Values are scaled in double, then converted to the module's dtype.\n"
-     "seed >= 0 shuffles the order. Parameter gradients are zeroed first."},
+     "seed >= 0 shuffles the order. Parameter gradients are zeroed first. A batch_size > 1 runs each\n"
+     "batch at once (a layer's products over the batch on `threads` threads, default set_threads())\n"
+     "where the model has a batched form; its numbers equal sample-by-sample passes to rounding."},
+    {"set_threads", fn_set_threads, METH_O,
+     "set_threads(n) -> n: the threads train() and predict() run a batch's matrix products on\n"
+     "(None: every core this process may use, the default). The results are the same bits with any number."},
+    {"threads", fn_threads, METH_NOARGS, "threads() -> the threads a batch's products run on"},
     {"predict", (PyCFunction)(void (*)(void))fn_predict, METH_FASTCALL | METH_KEYWORDS,
-     "predict(X, scale=1.0) -> memoryview of shape (rows, n_outputs) with the outputs' values\n"
+     "predict(X, scale=1.0, threads=None) -> memoryview of shape (rows, n_outputs) with the outputs' values\n"
      "(format 'd' float64 or 'f' float32: the module's dtype);\n"
      "X's rows (times scale) fill the first inputs, the other inputs keep their values."},
     {NULL, NULL, 0, NULL},
@@ -370,6 +425,7 @@ static int module_exec(PyObject *module)
     if (alloc_tracked_rows(s) < 0 || add_grad(module) < 0)
         return -1;
     init_constants(s->d);
+    s->threads = available_cores();
 #ifdef HAVE_INITIAL_PARAMS /* the parameters' values when compiled (codegen.compile(embed_params=True)) */
     for (long i = 0; i < N_PARAMS; i++)
         s->d[i] = (real)INITIAL_PARAMS[i];
@@ -412,8 +468,11 @@ static void module_free(void *module)
 {
     module_clear((PyObject *)module);
     State *s = state_of((PyObject *)module);
-    if (s)
+    if (s) {
         free_tracked_rows(s);
+        free_batch_buffers(s);
+    }
+    pool_stop(); /* the workers run this module's code, which may go next (libtcc frees it) */
     if (s && s->lock) {
         pthread_mutex_destroy(s->lock);
         PyMem_Free(s->lock);

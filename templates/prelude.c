@@ -290,138 +290,21 @@ KERNEL void dot_rows(const real *restrict a, const real *restrict b, long b_step
     }
 }
 
-/* Rows of go screened per chunk of samples: the nonzero ones are listed, this many at a time */
-#define ACTIVE_ROWS 256
-
-/* out[k * out_k + s] += sum over j < J of w[j * w_j + k * w_k] * go[j * go_j + s], for k < K and
- * s < S: a layer's inputs' gradients over a batch of S (go: its J neurons' gradient rows, w: its
- * weights, K inputs each). Per chunk of samples, each input's sum runs over the neurons in
- * order, in a register, and is added to out once (where one neuron at a time would read and
- * write out J times); neurons whose chunk of go is all 0 are left out. */
-KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
-                       const real *restrict go, long go_j, long J, long S, long K)
-{
-    int32_t active[ACTIVE_ROWS];
-    long s = 0;
-    for (; s + ROW_LANES <= S; s += ROW_LANES) {
-        for (long j0 = 0; j0 < J; j0 += ACTIVE_ROWS) {
-            long n_active = 0, j1 = J < j0 + ACTIVE_ROWS ? J : j0 + ACTIVE_ROWS;
-            for (long j = j0; j < j1; j++)
-                if (lanes_nonzero(go + j * go_j + s))
-                    active[n_active++] = (int32_t)j;
-            if (!n_active)
-                continue;
-            long k = 0;
-#if defined(__GNUC__) && !defined(__TINYC__)
-            for (; k + 4 <= K; k += 4) { /* four inputs share each load of go */
-                const real *wk = w + k * w_k;
-                row_lanes acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
-                for (long t = 0; t < n_active; t++) {
-                    row_lanes x = ROW_LOAD(go + active[t] * go_j + s);
-                    const real *weights = wk + active[t] * w_j;
-                    acc0 += x * weights[0];
-                    acc1 += x * weights[w_k];
-                    acc2 += x * weights[2 * w_k];
-                    acc3 += x * weights[3 * w_k];
-                }
-                ROW_ADD(out + k * out_k + s, acc0);
-                ROW_ADD(out + (k + 1) * out_k + s, acc1);
-                ROW_ADD(out + (k + 2) * out_k + s, acc2);
-                ROW_ADD(out + (k + 3) * out_k + s, acc3);
-            }
-#endif
-            for (; k < K; k++) {
-                const real *wk = w + k * w_k;
-#if defined(__GNUC__) && !defined(__TINYC__)
-                row_lanes acc = {0};
-                for (long t = 0; t < n_active; t++)
-                    acc += ROW_LOAD(go + active[t] * go_j + s) * wk[active[t] * w_j];
-                ROW_ADD(out + k * out_k + s, acc);
+/* A product's rows run on the module's threads (templates/pool.c, defined in the module's own
+ * unit); exported C (codegen.export: no Python, perhaps no libc) runs them in the caller. */
+typedef void (*RowTask)(void *args, long first, long last);
+#if HAVE_THREAD_POOL
+#include <stdlib.h>
+SHARED void parallel_rows(RowTask task, void *args, long rows, long align);
 #else
-                real acc[ROW_LANES] = {0};
-                for (long t = 0; t < n_active; t++) {
-                    const real *x = go + active[t] * go_j + s, weight = wk[active[t] * w_j];
-                    for (long l = 0; l < ROW_LANES; l++)
-                        acc[l] += x[l] * weight;
-                }
-                for (long l = 0; l < ROW_LANES; l++)
-                    out[k * out_k + s + l] += acc[l];
-#endif
-            }
-        }
-    }
-    for (; s < S; s++) /* the samples after the last whole chunk */
-        for (long j = 0; j < J; j++) {
-            real x = go[j * go_j + s];
-            if (x != 0)
-                for (long k = 0; k < K; k++)
-                    out[k * out_k + s] += x * w[j * w_j + k * w_k];
-        }
-}
-
-/* out[j * out_j + s] = bias[j * bias_j] + sum over k < K of w[j * w_j + k * w_k] * x[k * x_k + s],
- * for j < J and s < S (bias NULL: no bias): a layer's J neurons over a batch of S (x: its K
- * inputs' rows). Per chunk of samples four neurons at a time, the sum in k order in a register
- * from the bias on: each load of an input row serves four neurons, where a neuron at a time
- * loads every weight and every input row once per chunk. */
-KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
-                       const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
-                       long J, long S, long K)
+static void parallel_rows(RowTask task, void *args, long rows, long align)
 {
-    long s = 0;
-#if defined(__GNUC__) && !defined(__TINYC__)
-    /* the last chunk ends at S, overlapping the one before it, whose values it sets again */
-    long chunks = S >= ROW_LANES ? (S + ROW_LANES - 1) / ROW_LANES : 0;
-    for (long c = 0; c < chunks; c++) {
-        s = c * ROW_LANES < S - ROW_LANES ? c * ROW_LANES : S - ROW_LANES;
-        long j = 0;
-        for (; j + 4 <= J; j += 4) {
-            const real *w0 = w + j * w_j;
-            row_lanes acc0 = {0}, acc1 = {0}, acc2 = {0}, acc3 = {0};
-            if (bias) {
-                acc0 += bias[j * bias_j];
-                acc1 += bias[(j + 1) * bias_j];
-                acc2 += bias[(j + 2) * bias_j];
-                acc3 += bias[(j + 3) * bias_j];
-            }
-            for (long k = 0; k < K; k++) {
-                row_lanes v = ROW_LOAD(x + k * x_k + s);
-                const real *wk = w0 + k * w_k;
-                acc0 += v * wk[0];
-                acc1 += v * wk[w_j];
-                acc2 += v * wk[2 * w_j];
-                acc3 += v * wk[3 * w_j];
-            }
-            *(row_lanes *)(out + j * out_j + s) = acc0;
-            *(row_lanes *)(out + (j + 1) * out_j + s) = acc1;
-            *(row_lanes *)(out + (j + 2) * out_j + s) = acc2;
-            *(row_lanes *)(out + (j + 3) * out_j + s) = acc3;
-        }
-        for (; j < J; j++) {
-            row_lanes acc = {0};
-            if (bias)
-                acc += bias[j * bias_j];
-            for (long k = 0; k < K; k++)
-                acc += ROW_LOAD(x + k * x_k + s) * w[j * w_j + k * w_k];
-            *(row_lanes *)(out + j * out_j + s) = acc;
-        }
-    }
-    if (chunks)
-        s = S;
-#endif
-    /* TCC, and a batch shorter than a chunk: the same sums, each from the bias in k order, along
-     * the rows (one neuron's results at a time) */
-    for (long j = 0; j < J && s < S; j++) {
-        real *o = out + j * out_j;
-        for (long t = s; t < S; t++)
-            o[t] = bias ? bias[j * bias_j] : 0;
-        for (long k = 0; k < K; k++) {
-            const real weight = w[j * w_j + k * w_k], *row = x + k * x_k;
-            for (long t = s; t < S; t++)
-                o[t] += row[t] * weight;
-        }
-    }
+    (void)align;
+    task(args, 0, rows);
 }
+#endif
+
+/*@INCLUDE gemm.c@*/
 
 /* Lists that are not contiguous: element i at base + offsets[i], the same offsets for every
  * iteration of a loop (a convolution's window), so one small table serves the whole loop. */

@@ -51,16 +51,22 @@ static double now_ms(void)
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-/* Row i of a loop running without the GIL (`save`: its Py_BEGIN_ALLOW_THREADS state): every 64
- * rows, once *next_check has passed, takes the GIL back for a moment to run signal handlers.
- * Returns 1 when one raised (Ctrl-C): the caller stops, keeping the rows done. */
-static int interrupted_at(Py_ssize_t i, double *next_check, PyThreadState **save)
+/* In a loop running without the GIL (`save`: its Py_BEGIN_ALLOW_THREADS state), once *next_check
+ * has passed, takes the GIL back for a moment to run signal handlers. Returns 1 when one raised
+ * (Ctrl-C): the caller stops, keeping the work done. */
+static int interrupted_now(double *next_check, PyThreadState **save)
 {
-    if ((i & 63) != 63 || now_ms() < *next_check)
+    if (now_ms() < *next_check)
         return 0;
     PyEval_RestoreThread(*save);
     int raised = PyErr_CheckSignals() < 0;
     *save = PyEval_SaveThread();
     *next_check = now_ms() + SIGNAL_CHECK_MS;
     return raised;
+}
+
+/* interrupted_now at row i of a loop over rows, every 64 rows (reading the clock costs). */
+static int interrupted_at(Py_ssize_t i, double *next_check, PyThreadState **save)
+{
+    return (i & 63) == 63 && interrupted_now(next_check, save);
 }

@@ -83,15 +83,20 @@ def test_train_with_float_targets_and_shuffle(net):
 
 
 def test_predict_equals_forward_outputs(net):
+    """predict() runs the rows as one batch (codegen/batch.py: a layer is a matrix product, its
+    sums in another order), so it equals forward() to the fused bound; a module without the
+    batched program (batch=1) runs row by row, exactly as forward()."""
     X, labels = data(5)
-    got = np.asarray(net.predict(X, scale=0.5))
-    assert got.shape == (5, N_CLASSES)
-    for i in range(5):
-        row = np.zeros(N_IN + N_CLASSES)
-        row[:N_IN] = X[i] * 0.5
-        net.set_input(row)
-        net.forward()
-        assert net.outputs() == tuple(got[i])
+    row_by_row, _ = compile_classifier(batch=1)
+    for module, rtol in ((net, 1e-12), (row_by_row, 0)):
+        got = np.asarray(module.predict(X, scale=0.5))
+        assert got.shape == (5, N_CLASSES)
+        for i in range(5):
+            row = np.zeros(N_IN + N_CLASSES)
+            row[:N_IN] = X[i] * 0.5
+            module.set_input(row)
+            module.forward()
+            np.testing.assert_allclose(got[i], module.outputs(), rtol=rtol, atol=0)
 
 
 def test_values_round_trip_and_state_views(compiler):
@@ -219,7 +224,7 @@ def test_bad_arguments_raise_clear_errors(net):
         (lambda: net.train(X, labels), TypeError, r"train\(\) missing required argument 'lr'"),
         (lambda: net.train(X, labels, 0.1, rate=2), TypeError, r"unexpected keyword argument 'rate'"),
         (lambda: net.train(X, labels, 0.1, lr=2), TypeError, r"multiple values for argument 'lr'"),
-        (lambda: net.train(X, labels, 0.1, 1, 1, 1, 1), TypeError, r"train\(\) takes 3 to 6 arguments \(7 given\)"),
+        (lambda: net.train(X, labels, 0.1, 1, 1, 1, 1, 1), TypeError, r"train\(\) takes 3 to 7 arguments \(8 given\)"),
         (lambda: net.train(X, labels, 0.1, batch_size=0), ValueError, r"batch_size must be >= 1, got 0"),
         (lambda: net.train(X, labels, 0.1, batch_size=1.5), TypeError, r"batch_size must be an int"),
         (lambda: net.train(X, labels, float("inf")), ValueError, r"lr must be finite"),

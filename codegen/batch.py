@@ -1,0 +1,166 @@
+"""The batch axis: the one-sample program the user's graph lowered to, run over a batch of
+samples at once (what JAX calls vmap), without B copies of the graph in Python.
+
+Every slot that differs from sample to sample (inputs and everything computed from them) gets
+CAPACITY values, side by side (batch innermost): slot s of the one-sample program holds sample b
+at `n_params + (s - n_params) * capacity + b`. Parameters keep their slots (one value for the
+whole batch) and so do the constants that loops read, after the batched slots. Every group of
+the one-sample program becomes the same loop nest with one more loop, over the batch, innermost:
+operands that move with the sample get stride 1 along it, parameters and constants stride 0.
+A layer over a batch is then a matrix product (the emitter's matmul kernels: forward `Y = W X`,
+the inputs' gradients `W^T dY`, the weights' gradients `dY X^T`), and every other op a loop
+over the batch that the C compiler vectorises. Parameter gradients add up over the batch.
+
+The batch loop runs to `nb`, the number of samples in the batch (at most the capacity), which
+the generated functions take as an argument: a last short batch runs as it is.
+
+A program whose operands cannot be described this way (a list of operands that mixes
+parameters with per-sample slots, or gradient slots shared by straight-line scalar code) has
+no batched form: `batch_program` says why, and train()/predict() run sample by sample.
+"""
+
+from dataclasses import dataclass
+
+from .ir import Group
+from .vector import Affine, Operands, Vector
+
+# Samples side by side in the batch buffers (the batch loop's largest extent): train()'s larger
+# batches run in pieces of this many, their gradients summed before the step.
+DEFAULT_CAPACITY = 128
+
+
+class BatchExtent(int):
+    """The batch loop's extent: the capacity as a number (for the emitter's choices of kernel,
+    which hold for any shorter batch), written `nb` in C, the number of samples this time."""
+
+    def __new__(cls, capacity):
+        return super().__new__(cls, capacity)
+
+    def __str__(self):
+        return "nb"
+
+    __repr__ = __str__
+
+    def __format__(self, spec):
+        return "nb" if not spec else int.__format__(self, spec)
+
+
+@dataclass
+class BatchedProgram:
+    """The batched form of an ir.Program: its groups with the batch loop innermost, in the
+    batched slots. Slot numbers are the batch buffers'; `loss_slot` and `output_slots` are
+    where sample 0's values are (sample b's at + b)."""
+    capacity: int
+    n_params: int
+    n_slots: int
+    input_base: int
+    loss_slot: int
+    output_slots: list
+    forward: list
+    n_output_groups: int
+    backward: list
+    constants: list        # (slot, value)
+
+
+class _Layout:
+    """Where a one-sample slot goes in the batch buffers."""
+
+    def __init__(self, program, capacity):
+        self.capacity = capacity
+        self.params = program.n_params
+        const_slots = [slot for slot, _ in program.constants]
+        self.first_constant = min(const_slots) if const_slots else program.n_slots
+        self.per_sample = self.first_constant - self.params      # slots that get `capacity` values
+        self.constants_base = self.params + self.per_sample * capacity
+        self.n_slots = self.constants_base + program.n_slots - self.first_constant
+
+    def region(self, lo, hi):
+        """(scale of the slot numbers, stride along the batch) for slots lo..hi, or None when
+        they are not all of one kind."""
+        for start, stop, scale, stride in ((0, self.params, 1, 0),
+                                           (self.params, self.first_constant, self.capacity, 1),
+                                           (self.first_constant, 1 << 62, 1, 0)):
+            if start <= lo and hi < stop:
+                return scale, stride
+        return None
+
+    def slot(self, s):
+        if s < self.params:
+            return s
+        if s < self.first_constant:
+            return self.params + (s - self.params) * self.capacity
+        return self.constants_base + s - self.first_constant
+
+
+class NotBatchable(Exception):
+    """The program has no batched form; the message says why."""
+
+
+def _span(affine, shape, offsets=(0,)):
+    """The lowest and highest slot an Affine (plus offsets) reaches over the loop nest."""
+    lo = hi = affine.base
+    for stride, n in zip(affine.strides, shape):
+        reach = stride * (n - 1)
+        lo, hi = lo + min(0, reach), hi + max(0, reach)
+    return lo + min(offsets), hi + max(offsets)
+
+
+def _affine(layout, affine, shape, offsets=(0,)):
+    """The Affine in the batched layout (one more loop index, the sample), and the scale its
+    offsets take."""
+    if affine.grad_base is not None and affine.grad_base != affine.base:
+        raise NotBatchable("a gradient slot is shared (straight-line scalar code)")
+    region = layout.region(*_span(affine, shape, offsets))
+    if region is None:
+        raise NotBatchable("an operand list mixes per-sample values with parameters or constants")
+    scale, stride = region
+    return Affine(layout.slot(affine.base), tuple(s * scale for s in affine.strides) + (stride,)), scale
+
+
+def _vector(layout, vector, shape):
+    if vector is None:
+        return None
+    start, scale = _affine(layout, vector.start, shape, vector.offsets)
+    return Vector(start, tuple(o * scale for o in vector.offsets))
+
+
+def _group(layout, g, extent):
+    ops, shape = g.operands, g.shape
+    args = tuple(a if isinstance(a, float) else _affine(layout, a, shape)[0] for a in ops.args)
+    batched = Group(g.members, tuple(shape) + (extent,))
+    batched.operands = Operands(_affine(layout, ops.out, shape)[0], args, ops.constants, ops.term_positions,
+                                _vector(layout, ops.terms, shape), _vector(layout, ops.a, shape),
+                                _vector(layout, ops.b, shape))
+    return batched
+
+
+def batch_program(program, capacity=DEFAULT_CAPACITY):
+    """The BatchedProgram of an ir.Program over batches of up to `capacity` samples; raises
+    NotBatchable (saying why) when it has none."""
+    if not program.fused:
+        raise NotBatchable("scalar mode (fuse=False) keeps the reference post's straight-line code")
+    if program.n_inputs == 0:
+        raise NotBatchable("the graph has no inputs: every sample is the same")
+    layout = _Layout(program, capacity)
+    extent = BatchExtent(capacity)
+    by_id = {}
+    forward = []
+    for g in program.forward:
+        by_id[id(g)] = _group(layout, g, extent)
+        forward.append(by_id[id(g)])
+    return BatchedProgram(
+        capacity=capacity, n_params=program.n_params, n_slots=layout.n_slots,
+        input_base=layout.slot(program.input_base), loss_slot=layout.slot(program.loss.slot),
+        output_slots=[layout.slot(n.slot) for n in program.outputs], forward=forward,
+        n_output_groups=program.n_output_groups, backward=[by_id[id(g)] for g in program.backward],
+        constants=[(layout.slot(slot), value) for slot, value in program.constants])
+
+
+def batched_form(program, capacity=DEFAULT_CAPACITY):
+    """(the BatchedProgram over `capacity` samples, or None; why there is none, or None)."""
+    if capacity == 1:
+        return None, "batch=1"
+    try:
+        return batch_program(program, capacity), None
+    except NotBatchable as why:
+        return None, str(why)

@@ -1,0 +1,130 @@
+/* train() and predict() over whole batches: the batched program's functions (codegen/batch.py:
+ * forward_outputs_batch, forward_rest_batch, backward_batch) on the batch buffers, where slot s
+ * of a sample b sits at s's batched slot + b (batch innermost) and the parameters at 0..N_PARAMS
+ * as in d. The parameters are copied in before a pass and, after training, out again; every
+ * other state (the optimizer's, the step-by-step API's) stays the module's. */
+#if HAVE_BATCH
+
+/* The batch buffers, made on first use (their size is BATCH_CAPACITY times the one-sample
+ * program's), zeroed, 64-byte aligned, the constants written. 0, or -1 with MemoryError set. */
+static int batch_buffers(State *st)
+{
+    if (st->bd)
+        return 0;
+    const size_t bytes = (size_t)N_BATCH_SLOTS * sizeof(real);
+    void *d = NULL, *g = NULL;
+    if (posix_memalign(&d, 64, bytes ? bytes : 64) != 0 || posix_memalign(&g, 64, bytes ? bytes : 64) != 0) {
+        free(d);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memset(d, 0, bytes);
+    memset(g, 0, bytes);
+    init_batch_constants((real *)d);
+    st->bd = (real *)d;
+    st->bg = (real *)g;
+    return 0;
+}
+
+static void free_batch_buffers(State *st)
+{
+    free(st->bd);
+    free(st->bg);
+    st->bd = st->bg = NULL;
+}
+
+/* A row of N_INPUTS reals for load_batch (PyMem_Free it), the batch buffers made first; NULL
+ * with an exception set. */
+static real *batch_row(State *st)
+{
+    if (batch_buffers(st) < 0)
+        return NULL;
+    real *row = PyMem_Malloc((N_INPUTS ? N_INPUTS : 1) * sizeof(real));
+    return row ? row : (real *)PyErr_NoMemory();
+}
+
+/* The nb samples rows[0..nb) into the batch's input slots: X's (and Y's) columns from the rows,
+ * the other inputs (predict() without them) from the module's input slots, as load_sample. */
+static void load_batch(const Samples *s, const Py_ssize_t *rows, long nb, const real *restrict inputs,
+                       real *restrict row, real *restrict bd)
+{
+    for (long b = 0; b < nb; b++) {
+        memcpy(row, inputs, N_INPUTS * sizeof(real));
+        load_sample(s, rows[b], row);
+        real *to = bd + BATCH_INPUT_BASE + b;
+        for (long k = 0; k < N_INPUTS; k++)
+            to[k * BATCH_CAPACITY] = row[k];
+    }
+}
+
+/* train_rows (templates/driver.c) over batches of `batch` rows, each run in pieces of at most
+ * BATCH_CAPACITY samples whose parameter gradients add up before the batch's step. */
+static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, double lr, long long batch,
+                         double *loss_sum, real *row, PyThreadState **save)
+{
+    real *d = st->bd, *g = st->bg;
+    double next_check = now_ms() + SIGNAL_CHECK_MS;
+    int interrupted = 0;
+    memcpy(d, st->d, N_PARAMS * sizeof(real));
+    memcpy(g, st->g, N_PARAMS * sizeof(real));
+    for (Py_ssize_t i = 0; i < s->n && !interrupted;) {
+        const Py_ssize_t end = s->n - i < batch ? s->n : i + (Py_ssize_t)batch;
+        for (Py_ssize_t first = i; first < end; first += BATCH_CAPACITY) {
+            const long nb = end - first < BATCH_CAPACITY ? (long)(end - first) : BATCH_CAPACITY;
+            load_batch(s, order + first, nb, st->d + INPUT_BASE, row, d);
+            forward_outputs_batch(d, nb);
+            forward_rest_batch(d, nb);
+            for (long b = 0; b < nb; b++)
+                *loss_sum += d[BATCH_LOSS_SLOT + b];
+            /* every sample's loss has gradient 1; the other per-sample gradients restart from 0 */
+            memset(g + N_PARAMS, 0, (size_t)(N_BATCH_SLOTS - N_PARAMS) * sizeof(real));
+            for (long b = 0; b < nb; b++)
+                g[BATCH_LOSS_SLOT + b] = 1;
+            backward_batch(d, g, nb);
+        }
+        batch_step(st, d, g, lr, end - i);
+        interrupted = interrupted_now(&next_check, save);
+        i = end;
+    }
+    memcpy(st->d, d, N_PARAMS * sizeof(real));
+    memcpy(st->g, g, N_PARAMS * sizeof(real));
+    return interrupted;
+}
+
+/* predict_rows over pieces of BATCH_CAPACITY rows. */
+static int predict_batches(State *st, const Samples *s, real *restrict out, real *row, PyThreadState **save)
+{
+    real *d = st->bd;
+    double next_check = now_ms() + SIGNAL_CHECK_MS;
+    Py_ssize_t rows[BATCH_CAPACITY];
+    memcpy(d, st->d, N_PARAMS * sizeof(real));
+    for (Py_ssize_t first = 0; first < s->n; first += BATCH_CAPACITY) {
+        const long nb = s->n - first < BATCH_CAPACITY ? (long)(s->n - first) : BATCH_CAPACITY;
+        for (long b = 0; b < nb; b++)
+            rows[b] = first + b;
+        load_batch(s, rows, nb, st->d + INPUT_BASE, row, d);
+        forward_outputs_batch(d, nb);
+        for (long b = 0; b < nb; b++)
+            for (int j = 0; j < N_OUTPUTS; j++)
+                out[(first + b) * N_OUTPUTS + j] = d[BATCH_OUTPUT_SLOTS[j] + b];
+        if (interrupted_now(&next_check, save))
+            return 1;
+    }
+    return 0;
+}
+
+#else /* no batched form: train() and predict() run sample by sample, and never call these */
+static void free_batch_buffers(State *st) { (void)st; }
+static real *batch_row(State *st) { (void)st; return NULL; }
+static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, double lr, long long batch,
+                         double *loss_sum, real *row, PyThreadState **save)
+{
+    (void)st, (void)s, (void)order, (void)lr, (void)batch, (void)loss_sum, (void)row, (void)save;
+    return 0;
+}
+static int predict_batches(State *st, const Samples *s, real *restrict out, real *row, PyThreadState **save)
+{
+    (void)st, (void)s, (void)out, (void)row, (void)save;
+    return 0;
+}
+#endif

@@ -1,0 +1,241 @@
+/* ---- matrix products: a layer over a batch --------------------------------------------------
+ * One register-blocked micro-kernel (BLIS's design, llm.c's matmul_forward): GEMM_MR rows of
+ * C by two vectors of columns held in registers while the sum runs over p, each load of B
+ * serving GEMM_MR rows and each A value (broadcast) two vectors. The three products of a layer
+ * over a batch are this one kernel with other strides (codegen/emit.py emits them):
+ *   forward             Y = W X:    matmul_set (C = Y from the bias, A = W, B = X)
+ *   inputs' gradients   dX += W^T dY: matmul_acc (A = W read down its columns, B = dY)
+ *   weights' gradients  dW += dY X^T: matmul_nt (A = dY, B = X^T, packed once per call)
+ * C[i * c_i + n] = init + sum over p < P of A[i * a_i + p * a_p] * B[p * b_p + n], for i < M and
+ * n < N, where init is C's own value (accumulate), the bias (bias[i * bias_i]) or 0. Every
+ * element is summed the same way, in p order from its init, wherever its rows fall: the rows
+ * are split between threads (templates/pool.c) in whole blocks of GEMM_MR, so the result is
+ * the same bits for any number of threads. GCC and Clang build the kernel for each vector
+ * width (SSE2, AVX2 with FMA, AVX-512) and take the widest the CPU has when it runs; TCC runs
+ * a plain loop. */
+#define GEMM_MR 6
+
+typedef struct {
+    real *C;
+    const real *A, *B, *bias;
+    long c_i, a_i, a_p, b_p, bias_i, N, P;
+    int accumulate;
+} GemmArgs;
+
+/* the initial value of row i's sums */
+#define GEMM_INIT(g, i) ((g)->accumulate ? 0 : (g)->bias ? (g)->bias[(i) * (g)->bias_i] : (real)0)
+
+/* rows [first, last) of a product, one element at a time in plain C (TCC) */
+static void gemm_rows_plain(const GemmArgs *g, long first, long last)
+{
+    for (long i = first; i < last; i++) {
+        real *c = g->C + i * g->c_i;
+        if (!g->accumulate)
+            for (long n = 0; n < g->N; n++)
+                c[n] = GEMM_INIT(g, i);
+        for (long p = 0; p < g->P; p++) {
+            const real a = g->A[i * g->a_i + p * g->a_p], *b = g->B + p * g->b_p;
+            for (long n = 0; n < g->N; n++)
+                c[n] += a * b[n];
+        }
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__) /* GCC, Clang */
+#define GEMM_VECTOR_KERNELS 1
+#define GEMM_ROW6(op) op(0) op(1) op(2) op(3) op(4) op(5)
+/* rows [first, last) with vectors of vec_t: GEMM_MR rows at a time by two vectors of columns,
+ * then one vector, then single columns; the rows after the last whole block one at a time */
+#define GEMM_KERNEL(name, attributes, vec_t)                                                        \
+    static attributes void name(const GemmArgs *g, long first, long last)                          \
+    {                                                                                              \
+        typedef vec_t vec;                                                                         \
+        enum { V = sizeof(vec) / sizeof(real) };                                                   \
+        const real *restrict A = g->A, *restrict B = g->B;                                         \
+        const long a_i = g->a_i, a_p = g->a_p, b_p = g->b_p, c_i = g->c_i, N = g->N, P = g->P;    \
+        long i = first;                                                                            \
+        for (; i + GEMM_MR <= last; i += GEMM_MR) {                                                \
+            real *restrict c = g->C + i * c_i;                                                     \
+            const real *restrict a = A + i * a_i;                                                  \
+            long n = 0;                                                                            \
+            for (; n + 2 * V <= N; n += 2 * V) {                                                   \
+                GEMM_ROW6(GEMM_DECLARE2)                                                    \
+                GEMM_ROW6(GEMM_INIT2)                                                              \
+                for (long p = 0; p < P; p++) {                                                     \
+                    vec b0, b1;                                                                  \
+                    memcpy(&b0, B + p * b_p + n, sizeof b0);                                       \
+                    memcpy(&b1, B + p * b_p + n + V, sizeof b1);                                   \
+                    GEMM_ROW6(GEMM_FMA2)                                                           \
+                }                                                                                  \
+                GEMM_ROW6(GEMM_STORE2)                                                             \
+            }                                                                                      \
+            for (; n + V <= N; n += V) {                                                           \
+                GEMM_ROW6(GEMM_DECLARE1)                                                    \
+                GEMM_ROW6(GEMM_INIT1)                                                              \
+                for (long p = 0; p < P; p++) {                                                     \
+                    vec b0;                                                                      \
+                    memcpy(&b0, B + p * b_p + n, sizeof b0);                                       \
+                    GEMM_ROW6(GEMM_FMA1)                                                           \
+                }                                                                                  \
+                GEMM_ROW6(GEMM_STORE1)                                                             \
+            }                                                                                      \
+            for (; n < N; n++) {                                                                   \
+                GEMM_ROW6(GEMM_DECLARE_SCALAR)                                               \
+                GEMM_ROW6(GEMM_INIT_SCALAR)                                                        \
+                for (long p = 0; p < P; p++) {                                                     \
+                    const real b0 = B[p * b_p + n];                                                \
+                    GEMM_ROW6(GEMM_FMA_SCALAR)                                                     \
+                }                                                                                  \
+                GEMM_ROW6(GEMM_STORE_SCALAR)                                                       \
+            }                                                                                      \
+        }                                                                                          \
+        for (; i < last; i++) { /* single rows: the same sums, one row of accumulators */           \
+            real *restrict c = g->C + i * c_i;                                                     \
+            const real *restrict a = A + i * a_i;                                                  \
+            long n = 0;                                                                            \
+            for (; n + V <= N; n += V) {                                                           \
+                vec s0;                                                                          \
+                GEMM_INIT1(0)                                                                      \
+                for (long p = 0; p < P; p++) {                                                     \
+                    vec b0;                                                                      \
+                    memcpy(&b0, B + p * b_p + n, sizeof b0);                                       \
+                    GEMM_FMA1(0)                                                                   \
+                }                                                                                  \
+                GEMM_STORE1(0)                                                                     \
+            }                                                                                      \
+            for (; n < N; n++) {                                                                   \
+                real t0;                                                                           \
+                GEMM_INIT_SCALAR(0)                                                                \
+                for (long p = 0; p < P; p++) {                                                     \
+                    const real b0 = B[p * b_p + n];                                                \
+                    GEMM_FMA_SCALAR(0)                                                             \
+                }                                                                                  \
+                GEMM_STORE_SCALAR(0)                                                               \
+            }                                                                                      \
+        }                                                                                          \
+    }
+/* the pieces, for row r of the block: two vector accumulators s<r>, u<r>; one, s<r>; a scalar t<r> */
+#define GEMM_DECLARE2(r) vec s##r, u##r;
+#define GEMM_DECLARE1(r) vec s##r;
+#define GEMM_DECLARE_SCALAR(r) real t##r;
+#define GEMM_INIT2(r)                                                                              \
+    if (g->accumulate) {                                                                           \
+        memcpy(&s##r, c + r * c_i + n, sizeof s##r);                                               \
+        memcpy(&u##r, c + r * c_i + n + V, sizeof u##r);                                           \
+    } else {                                                                                       \
+        s##r = u##r = (vec){0} + GEMM_INIT(g, i + r);                                            \
+    }
+#define GEMM_INIT1(r)                                                                              \
+    if (g->accumulate)                                                                             \
+        memcpy(&s##r, c + r * c_i + n, sizeof s##r);                                               \
+    else                                                                                           \
+        s##r = (vec){0} + GEMM_INIT(g, i + r);
+#define GEMM_INIT_SCALAR(r) t##r = g->accumulate ? c[r * c_i + n] : GEMM_INIT(g, i + r);
+#define GEMM_FMA2(r)                                                                               \
+    {                                                                                              \
+        const real x = a[r * a_i + p * a_p];                                                       \
+        s##r += x * b0;                                                                            \
+        u##r += x * b1;                                                                            \
+    }
+#define GEMM_FMA1(r) s##r += a[r * a_i + p * a_p] * b0;
+#define GEMM_FMA_SCALAR(r) t##r += a[r * a_i + p * a_p] * b0;
+#define GEMM_STORE2(r)                                                                             \
+    memcpy(c + r * c_i + n, &s##r, sizeof s##r);                                                   \
+    memcpy(c + r * c_i + n + V, &u##r, sizeof u##r);
+#define GEMM_STORE1(r) memcpy(c + r * c_i + n, &s##r, sizeof s##r);
+#define GEMM_STORE_SCALAR(r) c[r * c_i + n] = t##r;
+
+typedef real gemm_vec16 __attribute__((vector_size(16)));
+typedef real gemm_vec32 __attribute__((vector_size(32)));
+typedef real gemm_vec64 __attribute__((vector_size(64)));
+GEMM_KERNEL(gemm_rows_sse2, , gemm_vec16)
+GEMM_KERNEL(gemm_rows_avx2, __attribute__((target("avx2,fma"))), gemm_vec32)
+GEMM_KERNEL(gemm_rows_avx512, __attribute__((target("avx512f"))), gemm_vec64)
+#endif
+
+typedef void (*GemmRows)(const GemmArgs *, long, long);
+
+/* The widest kernel the CPU runs (GEMM_VECTOR_BYTES forces one: tests/test_gemm.py builds each). */
+static GemmRows gemm_kernel(void)
+{
+#ifdef GEMM_VECTOR_KERNELS
+#ifndef GEMM_VECTOR_BYTES
+#define GEMM_VECTOR_BYTES (__builtin_cpu_supports("avx512f") ? 64 : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 32 : 16)
+#endif
+    switch (GEMM_VECTOR_BYTES) {
+    case 64: return gemm_rows_avx512;
+    case 32: return gemm_rows_avx2;
+    default: return gemm_rows_sse2;
+    }
+#else
+    return gemm_rows_plain;
+#endif
+}
+
+static void gemm_task(void *args, long first, long last)
+{
+    gemm_kernel()((const GemmArgs *)args, first, last);
+}
+
+/* The product on the module's threads when it is big enough to pay for waking them. */
+#define GEMM_PARALLEL_MIN 32768 /* multiply-adds */
+static void gemm(const GemmArgs *g, long M)
+{
+    if (M <= 0 || g->N <= 0)
+        return;
+    if ((double)M * (double)g->N * (double)g->P < GEMM_PARALLEL_MIN)
+        gemm_task((void *)g, 0, M);
+    else
+        parallel_rows(gemm_task, (void *)g, M, GEMM_MR);
+}
+
+/* out[j * out_j + s] = bias[j * bias_j] + sum over k < K of w[j * w_j + k * w_k] * x[k * x_k + s],
+ * for j < J and s < S (bias NULL: no bias): a layer's J neurons over a batch of S (x: its K
+ * inputs' rows). */
+KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
+                       const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
+                       long J, long S, long K)
+{
+    const GemmArgs g = {out, w, x, bias, out_j, w_j, w_k, x_k, bias_j, S, K, 0};
+    gemm(&g, J);
+}
+
+/* out[k * out_k + s] += sum over j < J of w[j * w_j + k * w_k] * go[j * go_j + s], for k < K and
+ * s < S: a layer's inputs' gradients over a batch of S (go: its J neurons' gradient rows, w: its
+ * weights, K inputs each). */
+KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
+                       const real *restrict go, long go_j, long J, long S, long K)
+{
+    const GemmArgs g = {out, w, go, NULL, out_k, w_k, w_j, go_j, 0, S, J, 1};
+    gemm(&g, K);
+}
+
+/* out[j * out_j + k] += sum over s < S of go[j * go_j + s] * x[k * x_k + s], for j < J and
+ * k < K: a layer's weights' gradients over a batch of S. x's rows are copied transposed (S rows
+ * of K) first, so that the product runs along the weights' rows; in exported C (no malloc), or
+ * without the memory for that, a weight at a time. */
+KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, long go_j,
+                      const real *restrict x, long x_k, long J, long K, long S)
+{
+    if (J <= 0 || K <= 0 || S <= 0)
+        return;
+#if HAVE_THREAD_POOL
+    real *xt = (real *)malloc((size_t)K * (size_t)S * sizeof(real));
+    if (xt) {
+        for (long k = 0; k < K; k++)
+            for (long s = 0; s < S; s++)
+                xt[s * K + k] = x[k * x_k + s];
+        const GemmArgs g = {out, go, xt, NULL, out_j, go_j, 1, K, 0, K, S, 1};
+        gemm(&g, J);
+        free(xt);
+        return;
+    }
+#endif
+    for (long j = 0; j < J; j++) /* the same sums, a weight at a time */
+        for (long k = 0; k < K; k++) {
+            real sum = out[j * out_j + k];
+            for (long s = 0; s < S; s++)
+                sum += go[j * go_j + s] * x[k * x_k + s];
+            out[j * out_j + k] = sum;
+        }
+}

@@ -1,0 +1,145 @@
+"""The batch axis (codegen/batch.py, templates/batch.c): train() with batch_size > 1 and predict()
+run whole batches through the batched program, which must give what sample-by-sample passes
+give (the same module compiled with batch=1) to the fused bound: every compiler, float64 and
+float32, each kind of optimizer, a last short batch, batches bigger than the buffers; the same
+bits with any number of threads; a graph without a batched form falls back and says so."""
+
+import random
+
+import numpy as np
+import pytest
+
+import codegen
+from bench.models import cnn
+from codegen.batch import NotBatchable, batch_program
+from micrograd_c import MLP, Value, cross_entropy
+
+RTOL = {"float64": 1e-9, "float32": 2e-4}
+OPTIMIZERS = {"sgd": None, "momentum": codegen.SGD(momentum=0.9, weight_decay=0.01), "adam": codegen.Adam()}
+
+
+def classifier(n_in=12, hidden=(20, 9), n_classes=4, seed=0):
+    random.seed(seed)
+    model = MLP(n_in, [*hidden, n_classes])
+    xs, ys = [Value(0.0) for _ in range(n_in)], [Value(0.0) for _ in range(n_classes)]
+    logits = model(xs)
+    return model, xs, ys, logits, cross_entropy(logits, ys)
+
+
+def twins(compiler="gcc", batch=128, case=None, **options):
+    """The same model compiled with a batched program and without one (batch=1), from the same values."""
+    model, xs, ys, logits, loss = case or classifier()
+    init = [p.data for p in model.parameters()]
+    nets = []
+    for capacity in (batch, 1):
+        for p, v in zip(model.parameters(), init):
+            p.data = v
+        nets.append(codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler=compiler,
+                                    batch=capacity, **options))
+    return nets
+
+
+def data(n=45, n_in=12, n_classes=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, n_in)), rng.integers(0, n_classes, n)
+
+
+def assert_close(got, expected, dtype):
+    got, expected = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(got, expected, rtol=RTOL[dtype], atol=RTOL[dtype] * scale)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_batched_train_equals_sample_by_sample(compiler, dtype, optimizer):
+    """Three epochs of batch 8 over 45 rows (a last batch of 5), shuffled: the same losses and
+    parameters as one sample at a time with the gradients summed."""
+    batched, single = twins(compiler, dtype=dtype, optimizer=OPTIMIZERS[optimizer])
+    X, y = data()
+    for epoch in range(3):
+        losses = [net.train(X, y, 0.05, batch_size=8, seed=epoch) for net in (batched, single)]
+        assert_close(losses[0], losses[1], dtype)
+    assert_close(batched.params, single.params, dtype)
+    assert not np.array_equal(np.asarray(batched.params), np.asarray(twins(compiler, dtype=dtype)[0].params))
+
+
+def test_batches_bigger_than_the_buffers_and_predict(compiler):
+    """batch=8 buffers: a batch of 20 runs as pieces of 8, 8 and 4 whose gradients add up before
+    one step; predict() runs 45 rows as pieces of 8 and equals forward() row by row."""
+    batched, single = twins(compiler, batch=8)
+    X, y = data()
+    assert_close(batched.train(X, y, 0.1, batch_size=20), single.train(X, y, 0.1, batch_size=20), "float64")
+    assert_close(batched.params, single.params, "float64")
+    assert_close(batched.predict(X), single.predict(X), "float64")
+    for i in (0, 44):
+        single.set_input(np.concatenate([X[i], np.zeros(4)]))
+        single.forward()
+        assert_close(np.asarray(batched.predict(X))[i], single.outputs(), "float64")
+
+
+def test_the_same_bits_with_any_number_of_threads():
+    """The products split their rows between threads, never a sum: 1, 2 and 3 threads give the
+    same parameters and predictions bit for bit (a model big enough for the products to be split)."""
+    case = classifier(n_in=64, hidden=(96, 40), n_classes=10)
+    X, y = data(300, 64, 10)
+    results = []
+    for threads in (1, 2, 3):
+        net = twins(case=case, native=True, threads=threads)[0]
+        assert net.threads() == threads
+        net.train(X, y, 0.05, batch_size=64, seed=1)
+        results.append((np.asarray(net.params).copy(), np.asarray(net.predict(X, threads=threads)).copy()))
+    for params, predictions in results[1:]:
+        np.testing.assert_array_equal(params, results[0][0])
+        np.testing.assert_array_equal(predictions, results[0][1])
+
+
+def test_threads_option_checks_its_value():
+    net = twins()[0]
+    X, y = data()
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises((ValueError, TypeError), match="threads"):
+            net.train(X, y, 0.1, batch_size=4, threads=bad)
+        with pytest.raises((ValueError, TypeError), match="threads"):
+            net.set_threads(bad)
+    assert net.set_threads(None) >= 1
+    with pytest.raises(ValueError, match="batch must be"):
+        twins(batch=0)
+
+
+def test_a_convolution_over_a_batch():
+    """The zoo's CNN (a 3x3 convolution's windows, then a dense layer) batched: the same as one
+    image at a time, training and predicting."""
+    model = cnn()
+    model.reset()
+    nets = []
+    for capacity in (32, 1):
+        model.reset()
+        nets.append(codegen.compile(model.loss, model.inputs, model.params, outputs=model.outputs,
+                                    compiler="gcc", batch=capacity))
+    X, y = model.X[:40], model.Y[:40]
+    losses = [net.train(X, y, 0.02, scale=model.scale, batch_size=16) for net in nets]
+    assert_close(losses[0], losses[1], "float64")
+    assert_close(nets[0].params, nets[1].params, "float64")
+    assert_close(nets[0].predict(X, scale=model.scale), nets[1].predict(X, scale=model.scale), "float64")
+
+
+def test_no_batched_form_falls_back_and_explain_says_so():
+    """Scalar mode (fuse=False) has no batched form: train() with batches runs sample by sample,
+    correctly, and codegen.explain says why."""
+    model, xs, ys, logits, loss = classifier(hidden=(5,))
+    program = codegen.ir.lower(loss, xs + ys, model.parameters(), logits, fuse=False)
+    with pytest.raises(NotBatchable, match="scalar mode"):
+        batch_program(program)
+    explanation = codegen.explain(loss, xs + ys, model.parameters(), logits, fuse=False)
+    assert "no batched form" in explanation.summary() and "scalar mode" in explanation.summary()
+    assert "batched over up to 128 samples" in codegen.explain(loss, xs + ys, model.parameters(), logits).summary()
+    init = [p.data for p in model.parameters()]
+    nets = []
+    for fuse in (False, True):
+        for p, v in zip(model.parameters(), init):
+            p.data = v
+        nets.append(codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler="gcc", fuse=fuse))
+    X, y = data()
+    assert_close(nets[0].train(X, y, 0.1, batch_size=6), nets[1].train(X, y, 0.1, batch_size=6), "float64")
+    assert_close(nets[0].params, nets[1].params, "float64")

@@ -1,0 +1,107 @@
+"""The matrix products of templates/gemm.c called directly, against NumPy (llm.c's way: every
+kernel checked against a reference, its max difference printed): matmul_set (a layer over a
+batch, from its bias), matmul_acc (its inputs' gradients) and matmul_nt (its weights'
+gradients), at sizes that leave tails in every direction (rows after the last block of six,
+columns after the last pair of vectors and the last vector), with strides as the generated code
+passes them; each vector width built (GEMM_VECTOR_BYTES), the widths this CPU has run."""
+
+import cffi
+import numpy as np
+import pytest
+
+import templates
+from codegen import toolchain
+from tests.test_optim import cpu_vector_bytes
+
+HARNESS = """
+void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
+              const real *x, long x_k, long J, long S, long K)
+{ matmul_set(out, out_j, bias, bias_j, w, w_j, w_k, x, x_k, J, S, K); }
+void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
+              long J, long S, long K)
+{ matmul_acc(out, out_k, w, w_j, w_k, go, go_j, J, S, K); }
+void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S)
+{ matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S); }
+"""
+DECLARATIONS = """
+void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
+              const real *x, long x_k, long J, long S, long K);
+void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
+              long J, long S, long K);
+void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S);
+"""
+DTYPES = {"float64": ("double", np.float64, 1e-12), "float32": ("float", np.float32, 2e-5)}
+# (neurons J, samples S, inputs K): tails of rows, vectors and columns; one of each size 1
+SIZES = [(13, 37, 29), (6, 64, 8), (1, 1, 1), (7, 5, 3), (25, 128, 70)]
+
+
+def kernels(compiler, dtype, width=None, threads=False):
+    ctype = DTYPES[dtype][0]
+    defines = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n#define HAVE_THREAD_POOL 0\n"
+    if width:
+        defines += f"#define GEMM_VECTOR_BYTES {width}\n"
+    source = defines + templates.read("prelude.c") + HARNESS
+    build = toolchain.build_library(source, "gemm", compiler, opt=2)
+    ffi = cffi.FFI()
+    ffi.cdef(f"typedef {ctype} real;\n" + DECLARATIONS)
+    return ffi, ffi.dlopen(str(build.path))
+
+
+def check(compiler, dtype, width=None):
+    ffi, lib = kernels(compiler, dtype, width)
+    _, np_type, rtol = DTYPES[dtype]
+    rng = np.random.default_rng(0)
+
+    def ptr(a):
+        return ffi.cast("real *", a.ctypes.data)
+    worst = 0.0
+    for J, S, K in SIZES:
+        # the generated code's layout: weights rows of K + 1 (a bias after them), rows of 128 samples
+        w = rng.standard_normal((J, K + 1)).astype(np_type)
+        x = np.zeros((K, 128), np_type)
+        x[:, :S] = rng.standard_normal((K, S))
+        go = np.zeros((J, 128), np_type)
+        go[:, :S] = rng.standard_normal((J, S))
+        W, X, G, bias = w[:, :K].astype(np.float64), x[:, :S].astype(np.float64), go[:, :S].astype(np.float64), w[:, K]
+        out = np.zeros((J, 128), np_type)
+        lib.call_set(ptr(out), 128, ptr(w[:, K:].copy()), 1, ptr(w), K + 1, 1, ptr(x), 128, J, S, K)
+        expected = W @ X + bias[:, None]
+        worst = max(worst, compare(out[:, :S], expected, rtol, "matmul_set", J, S, K))
+        assert not out[:, S:].any()  # nothing past the batch
+        start = rng.standard_normal((K, 128)).astype(np_type)
+        dx = start.copy()
+        lib.call_acc(ptr(dx), 128, ptr(w), K + 1, 1, ptr(go), 128, J, S, K)
+        worst = max(worst, compare(dx[:, :S], start[:, :S] + W.T @ G, rtol, "matmul_acc", J, S, K))
+        np.testing.assert_array_equal(dx[:, S:], start[:, S:])
+        dw = rng.standard_normal((J, K + 1)).astype(np_type)
+        before = dw.copy()
+        lib.call_nt(ptr(dw), K + 1, ptr(go), 128, ptr(x), 128, J, K, S)
+        worst = max(worst, compare(dw[:, :K], before[:, :K] + G @ X.T, rtol, "matmul_nt", J, S, K))
+        np.testing.assert_array_equal(dw[:, K], before[:, K])  # the bias column untouched
+    print(f"{compiler} {dtype} width {width}: max relative difference {worst:.2e}")
+
+
+def compare(got, expected, rtol, what, *size):
+    scale = np.abs(expected).max() + 1
+    diff = float(np.abs(got.astype(np.float64) - expected).max() / scale)
+    assert diff <= rtol, f"{what} at J, S, K = {size}: {diff:.3e} > {rtol}"
+    return diff
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_products_follow_numpy(compiler, dtype):
+    """The widest vectors the CPU has (TCC: the plain loops)."""
+    check(compiler, dtype)
+
+
+@pytest.mark.parametrize("width", [16, 32, 64])
+def test_each_vector_width(compiler, width):
+    """Each width's kernel (GCC, Clang), forced: run where the CPU has it, built (not run) where
+    it does not (an illegal instruction would kill the run)."""
+    if not toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native:
+        pytest.skip(f"{compiler} builds the plain loops only (no vector kernels)")
+    if width in cpu_vector_bytes():
+        for dtype in DTYPES:
+            check(compiler, dtype, width)
+    else:
+        kernels(compiler, "float32", width)
