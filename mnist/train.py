@@ -68,6 +68,8 @@ def parse_args(argv):
                              "chunk of %d images; constant: --lr throughout" % CHUNK)
     parser.add_argument("--batch-size", type=at_least(1), default=1,
                         help="images per optimizer step, which follows their mean gradient (default 1)")
+    parser.add_argument("--threads", type=at_least(1), default=None,
+                        help="threads a batch's matrix products run on (default: every core this process may use)")
     parser.add_argument("--seed", type=at_least(0), default=0,
                         help="random.seed for the initial weights, and the shuffle of every epoch (default 0)")
     add_compiler_arguments(parser)
@@ -104,6 +106,7 @@ def run(args):
     if saved:
         check_saved_size(saved, graph.model)
     net, origin = compiled_module(graph, args, optimizer)
+    net.set_threads(args.threads)
     epochs_before = restore(saved, net) if saved else 0
     codegen.copy_to_values(net, graph.model.parameters())  # --interpreted starts where the module does
     print(f"module: {origin.how}; codegen {origin.codegen_seconds:.2f} s, compile {origin.compile} ({origin.compiler})")
@@ -127,7 +130,8 @@ def run(args):
         epochs_trained, per_epoch = len(epoch_seconds), statistics.median(epoch_seconds)
         summary += [
             ("training", f"{args.epochs} epoch(s) x {n_train:,} images, lr {args.lr:g} ({args.schedule}), "
-                         f"batch {args.batch_size}"),
+                         f"batch {args.batch_size}"
+                         + (f", {net.threads()} thread(s)" if args.batch_size > 1 else "")),
             ("s/epoch", f"{per_epoch:.2f} (median of {args.epochs})"),
             ("images/s", f"{n_train / per_epoch:,.0f}"),
         ]

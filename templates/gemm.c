@@ -211,31 +211,46 @@ KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, l
 }
 
 /* out[j * out_j + k] += sum over s < S of go[j * go_j + s] * x[k * x_k + s], for j < J and
- * k < K: a layer's weights' gradients over a batch of S. x's rows are copied transposed (S rows
- * of K) first, so that the product runs along the weights' rows; in exported C (no malloc), or
- * without the memory for that, a weight at a time. */
+ * k < K: a layer's weights' gradients over a batch of S. The product runs along the weights'
+ * rows, on blocks of GEMM_NT_COLUMNS of them: each block's inputs copied transposed (S rows
+ * of the block's columns) into a buffer on the stack, GEMM_NT_SAMPLES samples at a time (a
+ * sum continued from the value it stored, so the same bits as in one go). The blocks are what
+ * the threads share: each weight's sum runs in one block, the same way for any thread count. */
+#define GEMM_NT_COLUMNS 64
+#define GEMM_NT_SAMPLES 128
+typedef struct {
+    real *out;
+    const real *go, *x;
+    long out_j, go_j, x_k, J, K, S;
+} WeightGradientArgs;
+
+static void matmul_nt_blocks(void *args, long first, long last)
+{
+    const WeightGradientArgs *a = (const WeightGradientArgs *)args;
+    const GemmRows kernel = gemm_kernel();
+    real xt[GEMM_NT_SAMPLES * GEMM_NT_COLUMNS];
+    for (long block = first; block < last; block++) {
+        const long k0 = block * GEMM_NT_COLUMNS, n = a->K - k0 < GEMM_NT_COLUMNS ? a->K - k0 : GEMM_NT_COLUMNS;
+        for (long s0 = 0; s0 < a->S; s0 += GEMM_NT_SAMPLES) {
+            const long p = a->S - s0 < GEMM_NT_SAMPLES ? a->S - s0 : GEMM_NT_SAMPLES;
+            for (long k = 0; k < n; k++)
+                for (long s = 0; s < p; s++)
+                    xt[s * n + k] = a->x[(k0 + k) * a->x_k + s0 + s];
+            const GemmArgs g = {a->out + k0, a->go + s0, xt, NULL, a->out_j, a->go_j, 1, n, 0, n, p, 1};
+            kernel(&g, 0, a->J);
+        }
+    }
+}
+
 KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, long go_j,
                       const real *restrict x, long x_k, long J, long K, long S)
 {
     if (J <= 0 || K <= 0 || S <= 0)
         return;
-#if HAVE_THREAD_POOL
-    real *xt = (real *)malloc((size_t)K * (size_t)S * sizeof(real));
-    if (xt) {
-        for (long k = 0; k < K; k++)
-            for (long s = 0; s < S; s++)
-                xt[s * K + k] = x[k * x_k + s];
-        const GemmArgs g = {out, go, xt, NULL, out_j, go_j, 1, K, 0, K, S, 1};
-        gemm(&g, J);
-        free(xt);
-        return;
-    }
-#endif
-    for (long j = 0; j < J; j++) /* the same sums, a weight at a time */
-        for (long k = 0; k < K; k++) {
-            real sum = out[j * out_j + k];
-            for (long s = 0; s < S; s++)
-                sum += go[j * go_j + s] * x[k * x_k + s];
-            out[j * out_j + k] = sum;
-        }
+    WeightGradientArgs args = {out, go, x, out_j, go_j, x_k, J, K, S};
+    const long blocks = (K + GEMM_NT_COLUMNS - 1) / GEMM_NT_COLUMNS;
+    if ((double)J * (double)K * (double)S < GEMM_PARALLEL_MIN)
+        matmul_nt_blocks(&args, 0, blocks);
+    else
+        parallel_rows(matmul_nt_blocks, &args, blocks, 1);
 }

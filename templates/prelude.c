@@ -294,7 +294,6 @@ KERNEL void dot_rows(const real *restrict a, const real *restrict b, long b_step
  * unit); exported C (codegen.export: no Python, perhaps no libc) runs them in the caller. */
 typedef void (*RowTask)(void *args, long first, long last);
 #if HAVE_THREAD_POOL
-#include <stdlib.h>
 SHARED void parallel_rows(RowTask task, void *args, long rows, long align);
 #else
 static void parallel_rows(RowTask task, void *args, long rows, long align)
