@@ -56,6 +56,7 @@ class BatchedProgram:
     input_base: int
     loss_slot: int
     output_slots: list
+    constants_base: int    # the first slot after the per-sample ones
     forward: list
     n_output_groups: int
     backward: list
@@ -151,7 +152,8 @@ def batch_program(program, capacity=DEFAULT_CAPACITY):
     return BatchedProgram(
         capacity=capacity, n_params=program.n_params, n_slots=layout.n_slots,
         input_base=layout.slot(program.input_base), loss_slot=layout.slot(program.loss.slot),
-        output_slots=[layout.slot(n.slot) for n in program.outputs], forward=forward,
+        output_slots=[layout.slot(n.slot) for n in program.outputs], constants_base=layout.constants_base,
+        forward=forward,
         n_output_groups=program.n_output_groups, backward=[by_id[id(g)] for g in program.backward],
         constants=[(layout.slot(slot), value) for slot, value in program.constants])
 

@@ -811,6 +811,7 @@ def _batch_layout(batched, dtype):
         f"#define N_BATCH_SLOTS {batched.n_slots}",
         f"#define BATCH_INPUT_BASE {batched.input_base}",
         f"#define BATCH_LOSS_SLOT {batched.loss_slot}",
+        f"#define BATCH_CONSTANTS_BASE {batched.constants_base}",
         f"static const long BATCH_OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
         _constants(batched.constants, dtype, "init_batch_constants", "BATCH_CONSTANT_VALUES"),
     ])

@@ -33,34 +33,53 @@ static void free_batch_buffers(State *st)
     st->bd = st->bg = NULL;
 }
 
-/* A row of N_INPUTS reals for load_batch (PyMem_Free it), the batch buffers made first; NULL
- * with an exception set. */
-static real *batch_row(State *st)
+/* The nb samples rows[0..nb) into the batch's input slots, converted as load_sample does: X's
+ * (and Y's) columns from the rows, column by column (each input's slots written in order, the
+ * rows' cache lines read across consecutive columns), the other inputs (predict() without them)
+ * from the module's input slots. */
+#define LOAD_COLUMNS(type)                                                                         \
+    for (Py_ssize_t k = 0; k < s->n_x; k++) {                                                      \
+        const type *x = (const type *)s->x.buf + k;                                                \
+        real *restrict to = in + k * BATCH_CAPACITY;                                               \
+        for (long b = 0; b < nb; b++)                                                              \
+            to[b] = (real)(x[rows[b] * s->n_x] * s->scale);                                        \
+    }
+static void load_batch(const Samples *s, const Py_ssize_t *rows, long nb, const real *restrict inputs,
+                       real *restrict bd)
 {
-    if (batch_buffers(st) < 0)
-        return NULL;
-    real *row = PyMem_Malloc((N_INPUTS ? N_INPUTS : 1) * sizeof(real));
-    return row ? row : (real *)PyErr_NoMemory();
+    real *in = bd + BATCH_INPUT_BASE;
+    if (element_type(&s->x) == 'B')
+        LOAD_COLUMNS(unsigned char)
+    else if (s->x.itemsize == 4)
+        LOAD_COLUMNS(float)
+    else
+        LOAD_COLUMNS(double)
+    for (Py_ssize_t k = s->n_x; k < N_INPUTS; k++) {
+        real *restrict to = in + k * BATCH_CAPACITY;
+        for (long b = 0; b < nb; b++)
+            to[b] = s->have_y && !s->y_is_labels ? (real)read_float(&s->y, rows[b] * s->n_y + (k - s->n_x))
+                  : s->have_y ? 0 : inputs[k];
+    }
+    if (s->have_y && s->y_is_labels)
+        for (long b = 0; b < nb; b++)
+            in[(s->n_x + read_int(&s->y, rows[b])) * BATCH_CAPACITY + b] = 1;
 }
 
-/* The nb samples rows[0..nb) into the batch's input slots: X's (and Y's) columns from the rows,
- * the other inputs (predict() without them) from the module's input slots, as load_sample. */
-static void load_batch(const Samples *s, const Py_ssize_t *rows, long nb, const real *restrict inputs,
-                       real *restrict row, real *restrict bd)
+/* The per-sample gradients (all but the parameters') of the first nb samples back to 0. */
+static void clear_batch_gradients(real *g, long nb)
 {
-    for (long b = 0; b < nb; b++) {
-        memcpy(row, inputs, N_INPUTS * sizeof(real));
-        load_sample(s, rows[b], row);
-        real *to = bd + BATCH_INPUT_BASE + b;
-        for (long k = 0; k < N_INPUTS; k++)
-            to[k * BATCH_CAPACITY] = row[k];
+    if (nb == BATCH_CAPACITY) {
+        memset(g + N_PARAMS, 0, (size_t)(N_BATCH_SLOTS - N_PARAMS) * sizeof(real));
+        return;
     }
+    for (long slot = N_PARAMS; slot < BATCH_CONSTANTS_BASE; slot += BATCH_CAPACITY)
+        memset(g + slot, 0, (size_t)nb * sizeof(real));
 }
 
 /* train_rows (templates/driver.c) over batches of `batch` rows, each run in pieces of at most
  * BATCH_CAPACITY samples whose parameter gradients add up before the batch's step. */
 static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, double lr, long long batch,
-                         double *loss_sum, real *row, PyThreadState **save)
+                         double *loss_sum, PyThreadState **save)
 {
     real *d = st->bd, *g = st->bg;
     double next_check = now_ms() + SIGNAL_CHECK_MS;
@@ -71,13 +90,13 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, d
         const Py_ssize_t end = s->n - i < batch ? s->n : i + (Py_ssize_t)batch;
         for (Py_ssize_t first = i; first < end; first += BATCH_CAPACITY) {
             const long nb = end - first < BATCH_CAPACITY ? (long)(end - first) : BATCH_CAPACITY;
-            load_batch(s, order + first, nb, st->d + INPUT_BASE, row, d);
+            load_batch(s, order + first, nb, st->d + INPUT_BASE, d);
             forward_outputs_batch(d, nb);
             forward_rest_batch(d, nb);
             for (long b = 0; b < nb; b++)
                 *loss_sum += d[BATCH_LOSS_SLOT + b];
             /* every sample's loss has gradient 1; the other per-sample gradients restart from 0 */
-            memset(g + N_PARAMS, 0, (size_t)(N_BATCH_SLOTS - N_PARAMS) * sizeof(real));
+            clear_batch_gradients(g, nb);
             for (long b = 0; b < nb; b++)
                 g[BATCH_LOSS_SLOT + b] = 1;
             backward_batch(d, g, nb);
@@ -92,7 +111,7 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, d
 }
 
 /* predict_rows over pieces of BATCH_CAPACITY rows. */
-static int predict_batches(State *st, const Samples *s, real *restrict out, real *row, PyThreadState **save)
+static int predict_batches(State *st, const Samples *s, real *restrict out, PyThreadState **save)
 {
     real *d = st->bd;
     double next_check = now_ms() + SIGNAL_CHECK_MS;
@@ -102,7 +121,7 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, real
         const long nb = s->n - first < BATCH_CAPACITY ? (long)(s->n - first) : BATCH_CAPACITY;
         for (long b = 0; b < nb; b++)
             rows[b] = first + b;
-        load_batch(s, rows, nb, st->d + INPUT_BASE, row, d);
+        load_batch(s, rows, nb, st->d + INPUT_BASE, d);
         forward_outputs_batch(d, nb);
         for (long b = 0; b < nb; b++)
             for (int j = 0; j < N_OUTPUTS; j++)
@@ -115,16 +134,16 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, real
 
 #else /* no batched form: train() and predict() run sample by sample, and never call these */
 static void free_batch_buffers(State *st) { (void)st; }
-static real *batch_row(State *st) { (void)st; return NULL; }
+static int batch_buffers(State *st) { (void)st; return 0; }
 static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, double lr, long long batch,
-                         double *loss_sum, real *row, PyThreadState **save)
+                         double *loss_sum, PyThreadState **save)
 {
-    (void)st, (void)s, (void)order, (void)lr, (void)batch, (void)loss_sum, (void)row, (void)save;
+    (void)st, (void)s, (void)order, (void)lr, (void)batch, (void)loss_sum, (void)save;
     return 0;
 }
-static int predict_batches(State *st, const Samples *s, real *restrict out, real *row, PyThreadState **save)
+static int predict_batches(State *st, const Samples *s, real *restrict out, PyThreadState **save)
 {
-    (void)st, (void)s, (void)out, (void)row, (void)save;
+    (void)st, (void)s, (void)out, (void)save;
     return 0;
 }
 #endif

@@ -204,8 +204,7 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     int interrupted;
     /* a batch of several samples runs as one (templates/batch.c), when the program has a batched form */
     const int batched = HAVE_BATCH && batch > 1 && s.n > 1;
-    real *row = batched ? batch_row(st) : NULL;
-    if (batched && !row) {
+    if (batched && batch_buffers(st) < 0) {
         unlock_state(st);
         PyMem_Free(order);
         release_samples(&s);
@@ -214,11 +213,10 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     zero_all_gradients(st); /* train() starts from zero gradients, every row holding its own */
     pool_threads = threads ? (int)(threads < POOL_MAX ? threads : POOL_MAX) : st->threads;
     Py_BEGIN_ALLOW_THREADS /* the buffers stay held (release_samples below), the state locked */
-    interrupted = batched ? train_batches(st, &s, order, lr, batch, &loss_sum, row, &_save)
+    interrupted = batched ? train_batches(st, &s, order, lr, batch, &loss_sum, &_save)
                           : train_rows(st, &s, order, lr, batch, &loss_sum, &_save);
     Py_END_ALLOW_THREADS
     unlock_state(st);
-    PyMem_Free(row);
     PyMem_Free(order);
     release_samples(&s);
     if (interrupted)
@@ -261,8 +259,7 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     real *out = (real *)PyByteArray_AS_STRING(bytes);
     int interrupted;
     const int batched = HAVE_BATCH && s.n > 1;
-    real *row = batched ? batch_row(st) : NULL;
-    if (batched && !row) {
+    if (batched && batch_buffers(st) < 0) {
         unlock_state(st);
         Py_DECREF(bytes);
         release_samples(&s);
@@ -270,10 +267,9 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     pool_threads = threads ? (int)(threads < POOL_MAX ? threads : POOL_MAX) : st->threads;
     Py_BEGIN_ALLOW_THREADS
-    interrupted = batched ? predict_batches(st, &s, out, row, &_save) : predict_rows(st, &s, out, &_save);
+    interrupted = batched ? predict_batches(st, &s, out, &_save) : predict_rows(st, &s, out, &_save);
     Py_END_ALLOW_THREADS
     unlock_state(st);
-    PyMem_Free(row);
     Py_ssize_t n = s.n;
     release_samples(&s);
     if (interrupted) {

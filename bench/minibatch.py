@@ -1,0 +1,221 @@
+"""`make bench`'s minibatch table: train() at batch 1, 32 and 128 and predict() of the test set,
+µs per image, micrograd-c (every core, and one thread) beside PyTorch (every core, eager) and
+JAX (`jit`, the epoch as one `lax.scan`), on real MNIST, float32 and float64. Every system and
+model runs in its own process (PyTorch loaded into a process slows later runs in it), each
+figure the median of `--repeats` runs. The roofline row: the B = 128 step of the biggest MLP as
+a share of the machine's multiply-add peak (bench/c/bandwidth.c, both cores).
+
+    python -m bench.minibatch [--models mlp-50 ...] [--dtypes float32] [--images N] [--repeats R]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from mnist.data import load_mnist
+from mnist.model import PIXEL_SCALE
+
+MODELS = {'mlp-50': (50,), 'mlp-128-64': (128, 64), 'mlp-512-256': (512, 256)}
+BATCHES = (1, 32, 128)
+SYSTEMS = ('micrograd-c', 'micrograd-c 1 thread', 'pytorch', 'jax')
+LR = 0.01
+PREDICT_CHUNK = 1000  # predict(): the peers take the test set in chunks of this many rows
+
+
+def multiply_adds(hidden):
+    """Per image: forward, and training (forward, weights' gradients, the inputs' gradients of
+    every layer but the first)."""
+    sizes = [784, *hidden, 10]
+    layers = [a * b for a, b in zip(sizes, sizes[1:])]
+    return sum(layers), 2 * sum(layers) + sum(layers[1:])
+
+
+# ---- the systems, each run in a worker process ------------------------------------------------
+
+def run_ours(hidden, dtype, data, batches, repeats, threads):
+    from mnist.model import build_graph
+    X, y, Xt = data
+    net = build_graph(hidden=hidden, init='he').compile(compiler='gcc', opt=3, native=True, dtype=dtype)
+    if threads:
+        net.set_threads(threads)
+    train = {b: _median(lambda b=b: net.train(X, y, LR, scale=PIXEL_SCALE, batch_size=b), repeats) for b in batches}
+    predict = _median(lambda: net.predict(Xt, scale=PIXEL_SCALE), repeats)
+    return train, predict, net.threads()
+
+
+def run_torch(hidden, dtype, data, batches, repeats):
+    import torch
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    kind = getattr(torch, dtype)
+    X, y, Xt = data
+    X, y = torch.tensor(X, dtype=kind) * PIXEL_SCALE, torch.tensor(y, dtype=torch.int64)
+    Xt = torch.tensor(Xt, dtype=kind) * PIXEL_SCALE
+    sizes = [784, *hidden, 10]
+    layers = []
+    for a, b in zip(sizes, sizes[1:]):
+        layers += [torch.nn.Linear(a, b, dtype=kind), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+
+    def epoch(b):
+        for i in range(0, len(y), b):
+            loss = torch.nn.functional.cross_entropy(model(X[i:i + b]), y[i:i + b])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+    def predict():
+        with torch.no_grad():
+            for i in range(0, len(Xt), PREDICT_CHUNK):
+                model(Xt[i:i + PREDICT_CHUNK])
+    return {b: _median(lambda b=b: epoch(b), repeats) for b in batches}, _median(predict, repeats), torch.get_num_threads()
+
+
+def run_jax(hidden, dtype, data, batches, repeats):
+    if dtype == 'float64':
+        os.environ['JAX_ENABLE_X64'] = '1'
+    import jax
+    import jax.numpy as jnp
+    X, y, Xt = data
+    kind = getattr(jnp, dtype)
+    sizes = [784, *hidden, 10]
+    keys = jax.random.split(jax.random.PRNGKey(0), len(sizes))
+    params = [(jax.random.uniform(k, (a, b), kind, -1, 1) * (6 / a) ** 0.5, jnp.zeros(b, kind))
+              for k, a, b in zip(keys, sizes, sizes[1:])]
+
+    def forward(params, x):
+        for w, b in params[:-1]:
+            x = jax.nn.relu(x @ w + b)
+        w, b = params[-1]
+        return x @ w + b
+
+    def loss(params, x, labels):
+        logits = forward(params, x)
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+
+    def step(params, batch):
+        grads = jax.grad(loss)(params, *batch)
+        return jax.tree_util.tree_map(lambda p, g: p - LR * g, params, grads), None
+
+    @jax.jit
+    def epoch(params, xs, ys):
+        return jax.lax.scan(step, params, (xs, ys))[0]
+
+    predict = jax.jit(forward)
+    train = {}
+    for b in batches:
+        n = len(y) // b * b
+        xs = jnp.asarray(X[:n].reshape(-1, b, 784), kind) * PIXEL_SCALE
+        ys = jnp.asarray(y[:n].reshape(-1, b))
+        jax.block_until_ready(epoch(params, xs, ys))  # compiled before the clock starts
+        train[b] = _median(lambda: jax.block_until_ready(epoch(params, xs, ys)), repeats) * len(y) / n
+    chunks = [jnp.asarray(Xt[i:i + PREDICT_CHUNK], kind) * PIXEL_SCALE for i in range(0, len(Xt), PREDICT_CHUNK)]
+    jax.block_until_ready(predict(params, chunks[0]))
+
+    def predict_all():
+        for chunk in chunks:
+            jax.block_until_ready(predict(params, chunk))
+    return train, _median(predict_all, repeats), os.cpu_count()
+
+
+def _median(run, repeats):
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def worker(args):
+    train_images, train_labels, test_images, _ = load_mnist(args.data_dir, download_missing=False)
+    data = (train_images[:args.images], train_labels[:args.images].astype(np.int64), test_images)
+    hidden = MODELS[args.model]
+    if args.system.startswith('micrograd-c'):
+        train, predict, threads = run_ours(hidden, args.dtype, data, args.batches, args.repeats,
+                                           1 if args.system.endswith('1 thread') else None)
+    else:
+        train, predict, threads = {'pytorch': run_torch, 'jax': run_jax}[args.system](
+            hidden, args.dtype, data, args.batches, args.repeats)
+    print(json.dumps({'train': {b: t / args.images * 1e6 for b, t in train.items()},
+                      'predict': predict / len(test_images) * 1e6, 'threads': threads}))
+
+
+# ---- the table --------------------------------------------------------------------------------
+
+def measure(system, model, dtype, args):
+    """µs/image of one system in its own process: {'train': {batch: µs}, 'predict': µs}, or None
+    when it cannot run here (the reason printed)."""
+    command = [sys.executable, '-m', 'bench.minibatch', '--worker', '--system', system, '--model', model,
+               '--dtype', dtype, '--images', str(args.images), '--repeats', str(args.repeats),
+               '--batches', *map(str, args.batches)]
+    if args.data_dir:
+        command += ['--data-dir', str(args.data_dir)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ['?'])[-1]
+        print(f'  {system} {model} {dtype}: not measured ({last})', flush=True)
+        return None
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result['train'] = {int(b): t for b, t in result['train'].items()}
+    return result
+
+
+def table(results, args):
+    peers = ('pytorch', 'jax')
+    head = ['model', 'dtype', 'run'] + list(SYSTEMS) + ['ours / best peer']
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    for (model, dtype), by_system in results.items():
+        runs = [(f'train B={b}', lambda r, b=b: r['train'].get(b)) for b in args.batches]
+        runs.append((f'predict ({PREDICT_CHUNK}-row chunks for the peers)', lambda r: r['predict']))
+        for name, pick in runs:
+            cells = [pick(by_system[s]) if by_system.get(s) else None for s in SYSTEMS]
+            best_peer = min((c for s, c in zip(SYSTEMS, cells) if s in peers and c), default=None)
+            ratio = f'**{cells[0] / best_peer:.2f}x**' if cells[0] and best_peer else '-'
+            lines.append('| ' + ' | '.join([model, dtype, name, *[f'{c:.1f}' if c else '-' for c in cells], ratio])
+                         + ' |')
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog='python -m bench.minibatch', description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--models', nargs='+', choices=list(MODELS), default=list(MODELS))
+    parser.add_argument('--dtypes', nargs='+', choices=('float32', 'float64'), default=['float32', 'float64'])
+    parser.add_argument('--systems', nargs='+', choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument('--batches', nargs='+', type=int, default=list(BATCHES))
+    parser.add_argument('--images', type=int, default=10_000, help='training images per timed run (default 10,000)')
+    parser.add_argument('--repeats', type=int, default=3, help='timed runs per figure, median (default 3)')
+    parser.add_argument('--data-dir', default=os.environ.get('MNIST_DIR'))
+    parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--system', choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument('--model', choices=list(MODELS), help=argparse.SUPPRESS)
+    parser.add_argument('--dtype', help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    results = {}
+    for model in args.models:
+        for dtype in args.dtypes:
+            results[model, dtype] = {s: measure(s, model, dtype, args) for s in args.systems}
+            print(f'  measured {model} {dtype}', flush=True)
+    print(f'\nµs per image, median of {args.repeats} runs over {args.images:,} training images '
+          f'(predict: the 10,000 test images); each system in its own process\n')
+    print(table(results, args))
+    big = results.get(('mlp-512-256', 'float32'), {}).get('micrograd-c')
+    if big and 128 in big['train']:
+        _, train_macs = multiply_adds(MODELS['mlp-512-256'])
+        rate = train_macs / big['train'][128] / 1e3
+        print(f'\nMLP(784, [512, 256, 10]) float32, train B=128: {rate:.1f} G multiply-adds/s on '
+              f'{big["threads"]} thread(s) (`make roofline` measures the machine\'s peak per core)')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
