@@ -1,5 +1,5 @@
 """`make bench-jit`: one million evaluations of the value and gradient of f(a, b, c) =
--a + b * (c - a / b), with micrograd_c.jit (batched and per call), the interpreter, and, where
+-a + b * (c - a / b), with codegen.jit (batched and per call), the interpreter, and, where
 installed, symengine.Lambdify(backend="llvm") and JAX jit(vmap(value_and_grad)).
 
     python -m bench.jit [--n 1000000] [--repeats 5] [--compiler gcc]
@@ -17,7 +17,8 @@ import time
 
 import numpy as np
 
-from micrograd_c import Value, jit
+from codegen.jit import jit
+from micrograd_c import Value
 
 
 def f(a, b, c):
@@ -140,15 +141,15 @@ def main(argv=None):
     g(1.0, 2.0, 3.0)
     build = time.perf_counter() - started
     out = (np.empty(args.n), np.empty((args.n, 3)))
-    reference = measure("micrograd_c.jit, batched: f(X, grad=True)", lambda: g(X, grad=True), args.n, build)
-    measure("micrograd_c.jit, batched into arrays: f(X, grad=True, out=...)", lambda: g(X, grad=True, out=out),
+    reference = measure("codegen.jit, batched: f(X, grad=True)", lambda: g(X, grad=True), args.n, build)
+    measure("codegen.jit, batched into arrays: f(X, grad=True, out=...)", lambda: g(X, grad=True, out=out),
             args.n, build, reference)
     started = time.perf_counter()
     in_memory = jit(compiler="libtcc")(f)
     in_memory(1.0, 2.0, 3.0)
-    measure("micrograd_c.jit(compiler='libtcc'), batched", lambda: in_memory(X, grad=True), args.n,
+    measure("codegen.jit(compiler='libtcc'), batched", lambda: in_memory(X, grad=True), args.n,
             time.perf_counter() - started, reference)
-    measure("micrograd_c.jit, per call: f(a, b, c, grad=True)", per_call(g, X[:args.per_call]), args.per_call,
+    measure("codegen.jit, per call: f(a, b, c, grad=True)", per_call(g, X[:args.per_call]), args.per_call,
             build, reference)
     measure("interpreted micrograd_c (Value, backward())", interpreted(X[:args.interpreted]), args.interpreted,
             None, reference)

@@ -9,7 +9,7 @@ Lowering (ir), C emission (emit), building (toolchain) and loading (loader) are 
 import time
 from array import array
 
-from . import emit, ir, loader, toolchain
+from . import emit, ir, libtcc, loader, toolchain
 from .explain import explain
 from .export import export
 from .optim import SGD, Adam, AdamW
@@ -81,7 +81,6 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
 
 
 def _load_in_memory(sources, name, native):
-    from . import libtcc
     if native:
         raise ValueError("native=True (-march=native) is not supported by libtcc")
     if not name.isidentifier() or not name.isascii():

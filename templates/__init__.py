@@ -10,7 +10,7 @@ self-contained: the cache keys it by its text, and the C kept beside a build is 
     step.c      the step-by-step API's gradients: zero_grad(), backward(), update(), the `grad` view
     optim.c     the optimizers' steps (codegen/optim.py describes them)
     prelude.c   element type, kernels (dot, axpy, sgd_step, ...), math for the generated code
-    jit.c       a micrograd_c.jit function's module
+    jit.c       a codegen.jit function's module
     export/, freestanding/   codegen.export's API and its freestanding math
 """
 import re
