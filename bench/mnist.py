@@ -6,7 +6,7 @@ and whether the project's speed and size targets are met.
 import sys
 import time
 
-from codegen import CompilerNotFound
+from codegen import CompilerNotFound, dtypes
 from mnist.data import load_mnist
 from mnist.model import build_graph
 
@@ -21,8 +21,8 @@ FUSED = [compiled('tcc'), compiled('gcc', 2), compiled('gcc', 3, native=True),
 SCALAR = [compiled('tcc', fuse=False), compiled('gcc', 1, fuse=False)]
 # Sparse inputs (the pixels' zeros skipped) and float32, at the best flags: what each buys.
 SPARSE = compiled('gcc', 3, native=True, sparse=True)
-FLOAT32 = compiled('gcc', 3, native=True, dtype='float32')
-LEAN = [SPARSE, FLOAT32, compiled('gcc', 3, native=True, dtype='float32', sparse=True)]
+FLOAT32 = compiled('gcc', 3, native=True, dtype=dtypes.FLOAT32.name)
+LEAN = [SPARSE, FLOAT32, compiled('gcc', 3, native=True, dtype=dtypes.FLOAT32.name, sparse=True)]
 # The step-by-step API, one Python call per function per image, against train() on the same images
 STEP = compiled('gcc', 3, native=True, step_api=True)
 # Adam (lr 0.001), whose step moves every parameter every image, against SGD's

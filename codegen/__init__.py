@@ -9,7 +9,7 @@ Lowering (ir), C emission (emit), building (toolchain) and loading (loader) are 
 import time
 from array import array
 
-from . import emit, ir, libtcc, loader, toolchain
+from . import dtypes, emit, ir, libtcc, loader, toolchain
 from .explain import explain
 from .export import export
 from .optim import SGD, Adam, AdamW
@@ -20,10 +20,10 @@ __all__ = ["compile", "generate", "explain", "export", "copy_to_values", "copy_f
 
 
 def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn", optimizer=None,
-             embed_params=False, dtype="float64", sparse_inputs=False):
+             embed_params=False, dtype=dtypes.DEFAULT.name, sparse_inputs=False):
     """The C sources compile() builds: the module, then any extra units of generated functions
     (big straight-line programs are split so that the files compile in parallel)."""
-    emit.check_dtype(dtype)
+    dtypes.lookup(dtype)  # before lowering: a bad name fails at once
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
     initial = [float(p.data) for p in params] if embed_params else None
     return emit.emit(program, name, optimizer=optimizer, initial_params=initial, dtype=dtype,
@@ -32,7 +32,7 @@ def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=Fals
 
 def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native=False, fuse=True,
             input_grads=False, name="nn", cache=None, timeout=None, optimizer=None, embed_params=False,
-            dtype="float64", sparse_inputs=False, measure_memory=False, sources=None):
+            dtype=dtypes.DEFAULT.name, sparse_inputs=False, measure_memory=False, sources=None):
     """Builds (or takes from the cache) and loads the module computing `loss`.
 
     inputs:  leaf Values set per sample with set_input() (their current values are loaded too).

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import templates
 
 from . import emit, ir
+from .dtypes import c_literal
 
 FREESTANDING_HEADERS = ("math.h", "string.h")
 
@@ -55,7 +56,7 @@ def export(loss, inputs=(), params=(), outputs=(), path=".", name="model", froze
         program = ir.lower(loss, inputs, params, outputs, fuse=fuse)
         initial = [float(v.data) for v in params + inputs]
         values = {"N_SLOTS": program.n_slots, "N_PARAMS": len(params),
-                  "INITIAL": _wrap([emit.c_literal(x) for x in initial] + ["0.0"])}
+                  "INITIAL": _wrap([c_literal(x) for x in initial] + ["0.0"])}
         kind = "trainable"
     values.update(NAME=name, UPPER=name.upper(), GUARD=f"{name.upper()}_H", N_INPUTS=len(inputs),
                   N_OUTPUTS=len(program.outputs))
