@@ -2,7 +2,7 @@
 and -O3 -march=native), by its plain-C reference built with the same compiler and flags, and by
 NumPy; and whether the compiler's targets for them are met.
 
-    python -m bench.zoo [--models NAME ...] [--configs LABEL ...] [--repeats 3] [--timeout 300] [--quick]
+    python -m bench --only zoo [--models NAME ...] [--configs LABEL ...] [--repeats 3] [--timeout 300] [--quick]
 
 µs/step is the median of --repeats timed runs (each from the initial parameters) over the model's
 steps; ours' ratio to its C reference is the median over back-to-back pairs of runs (ours, then the
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import codegen
 from codegen import CompilerNotFound, CompileTimeout
 
-from . import cli, models
+from . import models
 from .measure import (NUMPY, Column, Config, _fresh_build_cache, _number, _record_c_size, compiled,
                       machine_description, markdown_table)
 from .zoo_peers import CReference, Module, Numpy
@@ -250,7 +250,7 @@ def target_lines(rows: list[ZooRow], big: dict | None) -> list[str]:
 
 
 def run(args) -> int:
-    """The zoo part of `make bench`: prints the table, its notes and the targets; 0, or 1 when a row's
+    """The zoo part of `make bench` (bench/cli.py parses args): prints the table, its notes and the targets; 0, or 1 when a row's
     loss disagrees with its C reference (the comparison would not be honest)."""
     if args.quick:
         vars(args).update({k: v for k, v in QUICK.items() if k in ('models', 'configs', 'repeats')})
@@ -291,11 +291,3 @@ def run(args) -> int:
     print('\n' + '\n'.join(machine_description()))
     checked = [r.loss_difference for r in rows if r.loss_difference is not None]
     return 1 if any(d > LOSS_TOLERANCE for d in checked) else 0
-
-
-def main(argv=None) -> int:
-    return run(cli.parser('python -m bench.zoo', __doc__).parse_args(argv))
-
-
-if __name__ == '__main__':
-    sys.exit(main())
