@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from codegen import libtcc
 from codegen.jit import jit
 from micrograd_c import Value
 
@@ -72,7 +73,7 @@ def per_call(g, X):
 
 
 def symengine_method():
-    import symengine
+    import symengine  # an optional peer: its row appears when installed
     a, b, c = symengine.symbols("a b c")
     expr = f(a, b, c)
     started = time.perf_counter()
@@ -89,7 +90,7 @@ def symengine_method():
 
 
 def jax_method():
-    import jax
+    import jax  # an optional peer, large: its row appears when installed
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
     gradient = jax.jit(jax.vmap(jax.value_and_grad(f, argnums=(0, 1, 2))))
@@ -120,7 +121,6 @@ def main(argv=None):
     X = inputs(args.n)
     # an empty build cache, so that "build s" is a real compile (Python.h for libtcc is ready:
     # that is once per machine)
-    from codegen import libtcc
     libtcc.python_header()
     cache = tempfile.TemporaryDirectory(prefix="micrograd_c_jit_bench_")
     os.environ["MICROGRAD_C_CACHE"] = cache.name

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import statistics
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import codegen
 from codegen import CompilerNotFound, CompileTimeout
+from mnist.resources import process_peak_rss
 
 from . import models
 from .measure import (NUMPY, Column, Config, _fresh_build_cache, _number, _record_c_size, compiled,
@@ -164,7 +166,6 @@ TABLE = [
 def probe_big_graph(hidden=models.BIG_HIDDEN) -> dict:
     """Builds MLP(784, [*hidden, 10])'s training graph and generates its C (codegen.generate), in this
     process: seconds of each and the process's peak RSS. Run it in a fresh process (big_graph)."""
-    from mnist.resources import process_peak_rss
     started = time.perf_counter()
     model = models.mlp(hidden)
     built = time.perf_counter()
@@ -177,7 +178,6 @@ def probe_big_graph(hidden=models.BIG_HIDDEN) -> dict:
 def big_graph(timeout: float, hidden=models.BIG_HIDDEN) -> dict:
     """probe_big_graph in a subprocess, so that the peak memory is its own; {'status': ...} on failure."""
     def limit_memory():
-        import resource
         resource.setrlimit(resource.RLIMIT_AS, (PROBE_MEMORY_LIMIT, PROBE_MEMORY_LIMIT))
 
     code = f'import json; from bench.zoo import probe_big_graph; print(json.dumps(probe_big_graph({tuple(hidden)})))'
