@@ -640,7 +640,7 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
             raise ValueError(f"{len(initial_params)} initial parameter values for {program.n_params} parameters")
         constants += ("\n#define HAVE_INITIAL_PARAMS 1\nstatic const double INITIAL_PARAMS[] = {"
                       + ", ".join(map(c_literal, initial_params)) + "};")
-    module = templates.read("module.c").replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", graph)
+    module = templates.fill("module.c", CONSTANTS=constants, GRAPH=graph)
     return [module] + extra
 
 

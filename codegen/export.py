@@ -63,20 +63,14 @@ def export(loss, inputs=(), params=(), outputs=(), path=".", name="model", froze
     graph = emit.standalone(program)
     directory.mkdir(parents=True, exist_ok=True)
     source, header = directory / f"{name}.c", directory / f"{name}.h"
-    header.write_text(_fill(templates.read(f"export/{kind}.h"), values))
-    source.write_text(_fill(templates.read(f"export/{kind}.c"), values).replace("@GRAPH@", graph))
+    header.write_text(templates.fill(f"export/{kind}.h", **values))
+    source.write_text(templates.fill(f"export/{kind}.c", **values, GRAPH=graph))
     freestanding = directory / "freestanding"
     freestanding.mkdir(exist_ok=True)
     for header_name in FREESTANDING_HEADERS:
         (freestanding / header_name).write_text(templates.read(f"freestanding/{header_name}"))
     return Exported(source, header, freestanding, len(inputs), len(program.outputs),
                     0 if frozen else len(params))
-
-
-def _fill(text, values):
-    for key, value in values.items():
-        text = text.replace(f"@{key}@", str(value))
-    return text
 
 
 def _wrap(literals, per_line=6):

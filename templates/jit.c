@@ -1,10 +1,10 @@
 /* A codegen.jit function: the value and the gradient of a scalar function of N_INPUTS
  * arguments, one call at a time or over the rows of an array in one C loop. The generated
- * graph is spliced in at @GRAPH@ by codegen/jit.py; everything else is this skeleton. */
+ * graph is spliced in at the @...@ markers by codegen/jit.py; everything else is this skeleton. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/*@CONSTANTS@*/
+@CONSTANTS@
 
 /* The generated code marks its functions noinline, so that huge graphs compile in reasonable
  * time. A small jit function (INLINE_GRAPH, set by codegen/jit.py) is inlined instead into
@@ -34,7 +34,7 @@ static inline double jit_pow(double x, double k)
     return pow(x, k);
 }
 #define pow(x, k) jit_pow(x, k)
-/*@GRAPH@*/
+@GRAPH@
 #undef pow
 #undef noinline
 

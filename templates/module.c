@@ -8,10 +8,10 @@
 #include <pthread.h>
 #include <time.h>
 
-/*@CONSTANTS@*/
+@CONSTANTS@
 
 /* ---- the graph: prelude, kernels, layout, generated functions ------------------------- */
-/*@GRAPH@*/
+@GRAPH@
 
 /* ---- module state --------------------------------------------------------------------- */
 typedef struct {

@@ -140,6 +140,17 @@ def test_emitted_c_is_deterministic():
     assert len(texts) == 1
 
 
+def test_templates_fill_every_placeholder():
+    """templates.fill is the one way generated C gets into a template: a placeholder left without a
+    value is an error, not C that fails to compile."""
+    import templates
+    with pytest.raises(KeyError, match="module.c: no value for @GRAPH@"):
+        templates.fill("module.c", CONSTANTS="")
+    header = templates.fill("export/frozen.h", NAME="m", UPPER="M", GUARD="M_H", N_INPUTS=1, N_OUTPUTS=2, N_SLOTS=3,
+                            UNUSED="values a template does not use are left out")
+    assert "@" not in header and "void m_predict(const double *in, double *out);" in header
+
+
 def test_generated_sources_are_self_contained():
     """Every template a module or jit source includes is spliced in once: the cache keys a build by
     its text and keeps that text beside it, so an edited template is a new build."""
