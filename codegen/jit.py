@@ -1,5 +1,7 @@
 """codegen.jit: compiled value and gradient of any scalar function written with Values.
 
+    from codegen.jit import jit
+
     @jit
     def f(a, b, c):
         return -a + b * (c - a / b)
