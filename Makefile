@@ -82,6 +82,6 @@ export: $(VENV)/.installed
 	$(PY) -m mnist.train $(FLAGS) --save build/mnist_params.npz $(ARGS)
 	$(PY) -m mnist.export --load build/mnist_params.npz --out build/export
 
-# micrograd_c.jit against the interpreter, per-call use, symengine and JAX (when installed)
+# codegen.jit against the interpreter, per-call use, symengine and JAX (when installed)
 bench-jit: $(VENV)/.installed
 	$(PY) -m bench.jit --compiler $(CC) $(ARGS)

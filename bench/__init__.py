@@ -2,6 +2,7 @@
 plain-C references.
 
     python -m bench            # `make bench`: the MNIST bench (bench.mnist), then the model zoo (bench.zoo)
+    python -m bench --only zoo # one part (bench/cli.py: the options)
     python -m bench.compare    # `make compare`: every compiler and -O level on MNIST
 
 measure (one MNIST configuration, its table), peers (NumPy, PyTorch and C peers of the MNIST MLP),

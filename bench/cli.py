@@ -1,18 +1,27 @@
-"""The command line `make bench` shares: `python -m bench` (both parts), `python -m bench.mnist` and
-`python -m bench.zoo` accept the same options, and each part uses those that concern it."""
+"""`make bench`'s command line: `python -m bench` runs the MNIST benchmark (bench.mnist), then the
+model zoo (bench.zoo), each in its own process, so that neither's memory peak or loaded libraries
+(PyTorch) colour the other's figures; `--only mnist` or `--only zoo` runs one part, in this
+process. Both parts accept the same options, and each uses those that concern it.
+
+    python -m bench [--only mnist|zoo] [--quick] [options of either part: python -m bench --help]
+"""
 import argparse
+import subprocess
+import sys
+
+from . import mnist, zoo
+from .measure import add_arguments
+
+PARTS = {'mnist': ('MNIST: MLP(784, [50, 10]), one epoch', mnist.run), 'zoo': ('The model zoo', zoo.run)}
 
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:
-    from . import mnist, zoo  # here: both import this module
-    from .measure import add_arguments
-
     parser = argparse.ArgumentParser(prog=prog, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     # --configs: the labels of both parts (the same label, e.g. gcc-O3-native, selects it in both)
     labels = {c.label: c for c in [*mnist.CONFIGS, *zoo.CONFIGS]}
     add_arguments(parser, n_train=10_000, timeout=300, configs=list(labels.values()))
-    parser.add_argument('--only', choices=('mnist', 'zoo'), help='python -m bench: run only this part')
+    parser.add_argument('--only', choices=tuple(PARTS), help='run only this part, in this process')
     parser.add_argument('--models', nargs='+', metavar='NAME', choices=list(zoo.models.MODELS),
                         help='zoo: measure only these models: ' + ' '.join(zoo.models.MODELS))
     parser.add_argument('--quick', action='store_true',
@@ -20,3 +29,15 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
                              f'images; zoo {" ".join(zoo.QUICK["models"])} with {" ".join(zoo.QUICK["configs"])}, '
                              'a tenth of the steps, once, without the big-graph check')
     return parser
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser('python -m bench', __doc__).parse_args(argv)  # bad options fail before anything runs
+    if args.only:
+        return PARTS[args.only][1](args)
+    status = 0
+    for part, (title, _) in PARTS.items():
+        print(f'\n## {title}\n', flush=True)
+        status |= subprocess.run([sys.executable, '-m', 'bench', *argv, '--only', part]).returncode
+    return status

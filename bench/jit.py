@@ -1,5 +1,5 @@
 """`make bench-jit`: one million evaluations of the value and gradient of f(a, b, c) =
--a + b * (c - a / b), with micrograd_c.jit (batched and per call), the interpreter, and, where
+-a + b * (c - a / b), with codegen.jit (batched and per call), the interpreter, and, where
 installed, symengine.Lambdify(backend="llvm") and JAX jit(vmap(value_and_grad)).
 
     python -m bench.jit [--n 1000000] [--repeats 5] [--compiler gcc]
@@ -17,7 +17,9 @@ import time
 
 import numpy as np
 
-from micrograd_c import Value, jit
+from codegen import libtcc
+from codegen.jit import jit
+from micrograd_c import Value
 
 
 def f(a, b, c):
@@ -71,7 +73,7 @@ def per_call(g, X):
 
 
 def symengine_method():
-    import symengine
+    import symengine  # an optional peer: its row appears when installed
     a, b, c = symengine.symbols("a b c")
     expr = f(a, b, c)
     started = time.perf_counter()
@@ -88,7 +90,7 @@ def symengine_method():
 
 
 def jax_method():
-    import jax
+    import jax  # an optional peer, large: its row appears when installed
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
     gradient = jax.jit(jax.vmap(jax.value_and_grad(f, argnums=(0, 1, 2))))
@@ -119,7 +121,6 @@ def main(argv=None):
     X = inputs(args.n)
     # an empty build cache, so that "build s" is a real compile (Python.h for libtcc is ready:
     # that is once per machine)
-    from codegen import libtcc
     libtcc.python_header()
     cache = tempfile.TemporaryDirectory(prefix="micrograd_c_jit_bench_")
     os.environ["MICROGRAD_C_CACHE"] = cache.name
@@ -140,15 +141,15 @@ def main(argv=None):
     g(1.0, 2.0, 3.0)
     build = time.perf_counter() - started
     out = (np.empty(args.n), np.empty((args.n, 3)))
-    reference = measure("micrograd_c.jit, batched: f(X, grad=True)", lambda: g(X, grad=True), args.n, build)
-    measure("micrograd_c.jit, batched into arrays: f(X, grad=True, out=...)", lambda: g(X, grad=True, out=out),
+    reference = measure("codegen.jit, batched: f(X, grad=True)", lambda: g(X, grad=True), args.n, build)
+    measure("codegen.jit, batched into arrays: f(X, grad=True, out=...)", lambda: g(X, grad=True, out=out),
             args.n, build, reference)
     started = time.perf_counter()
     in_memory = jit(compiler="libtcc")(f)
     in_memory(1.0, 2.0, 3.0)
-    measure("micrograd_c.jit(compiler='libtcc'), batched", lambda: in_memory(X, grad=True), args.n,
+    measure("codegen.jit(compiler='libtcc'), batched", lambda: in_memory(X, grad=True), args.n,
             time.perf_counter() - started, reference)
-    measure("micrograd_c.jit, per call: f(a, b, c, grad=True)", per_call(g, X[:args.per_call]), args.per_call,
+    measure("codegen.jit, per call: f(a, b, c, grad=True)", per_call(g, X[:args.per_call]), args.per_call,
             build, reference)
     measure("interpreted micrograd_c (Value, backward())", interpreted(X[:args.interpreted]), args.interpreted,
             None, reference)

@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from codegen import CompilerNotFound, CompileTimeout
+from codegen import CompilerNotFound, CompileTimeout, dtypes
 from codegen.toolchain import COMPILER_NAMES, FAMILIES, find_compiler
 from mnist.model import DEFAULT_LR, PIXEL_SCALE, build_graph, image_loss, make_optimizer, sgd_step
 from mnist.options import add_data_dir_argument
@@ -51,7 +51,7 @@ class Config:
     opt: int = 2
     native: bool = False
     fuse: bool = True       # compiled only: False is the straight-line scalar code
-    dtype: str = 'float64'  # compiled only: codegen.compile's dtype
+    dtype: str = dtypes.DEFAULT.name  # compiled only: codegen.compile's dtype
     sparse: bool = False    # compiled: codegen's sparse_inputs; c-reference: its SPARSE_INPUTS variant
     step_api: bool = False  # compiled: trained by set_input, zero_grad, forward, backward, update per image
     optimizer: str = 'sgd'  # compiled: mnist.model's optimizer name; other than sgd, at its DEFAULT_LR
@@ -75,7 +75,7 @@ class Config:
         return f'-O{self.opt}' + (' -march=native' if self.native else '')
 
 
-def compiled(compiler: str, opt: int = 2, native: bool = False, fuse: bool = True, dtype: str = 'float64',
+def compiled(compiler: str, opt: int = 2, native: bool = False, fuse: bool = True, dtype: str = dtypes.DEFAULT.name,
              sparse: bool = False, step_api: bool = False, optimizer: str = 'sgd') -> Config:
     """Our module; a compiler that does not optimise (tcc) is named without an -O level and built at
     -O0. The rows are dense (sparse_inputs=False) unless `sparse`, so that they compare kernels with
@@ -83,18 +83,20 @@ def compiled(compiler: str, opt: int = 2, native: bool = False, fuse: bool = Tru
     family = FAMILIES.get(compiler)
     optimises = family is None or family.optimises
     name = f'{compiler}-O{opt}' + ('-native' if native else '') if optimises else compiler
-    name += ('' if fuse else '-scalar') + ('-f32' if dtype == 'float32' else '') + ('-sparse' if sparse else '')
+    row = dtypes.lookup(dtype)
+    name += ('' if fuse else '-scalar') + ('' if row == dtypes.DEFAULT else f'-{row.short}') + ('-sparse' if sparse else '')
     name += ('-step' if step_api else '') + ('' if optimizer == 'sgd' else f'-{optimizer}')
     return Config(name, 'compiled', compiler, opt if optimises else 0, native, fuse, dtype=dtype, sparse=sparse,
                   step_api=step_api, optimizer=optimizer)
 
 
 def with_dtype(configs: list[Config], dtype: str) -> list[Config]:
-    """--dtype: our float64 rows in another element type (labels gain -f32), the rest unchanged."""
-    if dtype == 'float64':
+    """--dtype: our rows in the default element type (float64) in another (labels gain its short
+    name, -f32), the rest unchanged."""
+    if dtype == dtypes.DEFAULT.name:
         return list(configs)
     return [compiled(c.compiler, c.opt, c.native, c.fuse, dtype, c.sparse, c.step_api, c.optimizer)
-            if c.kind == 'compiled' and c.dtype == 'float64' else c for c in configs]
+            if c.kind == 'compiled' and c.dtype == dtypes.DEFAULT.name else c for c in configs]
 
 
 def c_reference(compiler: str, opt: int = 3, native: bool = True, sparse: bool = False,
@@ -333,8 +335,9 @@ def add_arguments(parser, n_train: int, timeout: float, configs: list[Config]) -
                              f'(default {timeout:g})')
     parser.add_argument('--lr', type=float, default=LR)
     add_data_dir_argument(parser)
-    parser.add_argument('--dtype', choices=('float64', 'float32'), default='float64',
-                        help='the element type of our float64 rows (float32: labels gain -f32; default float64)')
+    parser.add_argument('--dtype', choices=dtypes.NAMES, default=dtypes.DEFAULT.name,
+                        help=f'the element type of our {dtypes.DEFAULT.name} rows (other types: labels gain its short '
+                             f'name, e.g. -f32; default {dtypes.DEFAULT.name})')
     parser.add_argument('--configs', nargs='+', metavar='LABEL', choices=[c.label for c in configs],
                         help='measure only these: ' + ' '.join(c.label for c in configs))
 

@@ -1,16 +1,14 @@
 """Speed: our compiled module against pure-Python micrograd, NumPy, PyTorch and plain C, in one run,
 and whether the project's speed and size targets are met.
 
-    python -m bench.mnist [--n-train 10000] [--repeats 3] [--timeout 300] [--configs LABEL ...] [--quick]
+    python -m bench --only mnist [--n-train 10000] [--repeats 3] [--timeout 300] [--configs LABEL ...] [--quick]
 """
-import sys
 import time
 
-from codegen import CompilerNotFound
+from codegen import CompilerNotFound, dtypes
 from mnist.data import load_mnist
 from mnist.model import build_graph
 
-from . import cli
 from .measure import (INTERPRETED, NUMPY, SEED, TORCH, c_reference, columns, compiled,
                       machine_description, markdown_table, measure_all, paired_ratio, ratio_column,
                       speedup_column, table_notes, with_dtype)
@@ -21,8 +19,8 @@ FUSED = [compiled('tcc'), compiled('gcc', 2), compiled('gcc', 3, native=True),
 SCALAR = [compiled('tcc', fuse=False), compiled('gcc', 1, fuse=False)]
 # Sparse inputs (the pixels' zeros skipped) and float32, at the best flags: what each buys.
 SPARSE = compiled('gcc', 3, native=True, sparse=True)
-FLOAT32 = compiled('gcc', 3, native=True, dtype='float32')
-LEAN = [SPARSE, FLOAT32, compiled('gcc', 3, native=True, dtype='float32', sparse=True)]
+FLOAT32 = compiled('gcc', 3, native=True, dtype=dtypes.FLOAT32.name)
+LEAN = [SPARSE, FLOAT32, compiled('gcc', 3, native=True, dtype=dtypes.FLOAT32.name, sparse=True)]
 # The step-by-step API, one Python call per function per image, against train() on the same images
 STEP = compiled('gcc', 3, native=True, step_api=True)
 # Adam (lr 0.001), whose step moves every parameter every image, against SGD's
@@ -109,8 +107,9 @@ def target_lines(rows, emit_seconds, paired) -> list[str]:
     return lines
 
 
-def main(argv=None):
-    args = cli.parser('python -m bench.mnist', __doc__).parse_args(argv)
+def run(args) -> int:
+    """The MNIST part of `make bench` (bench/cli.py parses args): prints the table, its notes and the
+    targets."""
     if args.quick:
         vars(args).update(QUICK)
     if args.configs and not set(args.configs) & {c.label for c in CONFIGS}:
@@ -148,7 +147,3 @@ def main(argv=None):
     print('\n'.join(target_lines(rows, emit_seconds, paired)))
     print('\n' + '\n'.join(machine_description()))
     return 0
-
-
-if __name__ == '__main__':
-    sys.exit(main())

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import importlib.resources
 
+import cffi
 import numpy as np
+
+from codegen.toolchain import build_library
 
 NIN, NHID, NOUT = 784, 50, 10
 SCALE = 1 / 255
@@ -68,7 +71,7 @@ class NumpyMLP:
 
 def _import_torch():
     try:
-        import torch
+        import torch  # optional and large: only when a TorchMLP is made
     except ImportError as error:
         raise ImportError('TorchMLP needs PyTorch, which is not installed '
                           '(pip install torch, a CPU-only wheel is enough)') from error
@@ -99,7 +102,7 @@ class TorchMLP:
     @staticmethod
     def _inputs(X_u8, labels):
         # torch.tensor copies: from_numpy would refuse/warn on read-only data (np.frombuffer).
-        import torch
+        import torch  # optional: a TorchMLP exists, so it is installed
         return torch.tensor(np.asarray(X_u8)), torch.tensor(np.asarray(labels), dtype=torch.int64)
 
     def train(self, X_u8, labels, lr, scale=SCALE) -> float:
@@ -139,8 +142,6 @@ class CReference:
 
     def __init__(self, params, compiler='gcc', opt=3, native=True, measure_memory=False, sparse=False,
                  input_major=False):
-        import cffi
-        from codegen.toolchain import build_library
         c = importlib.resources.files('bench') / 'c'
         source = (c / 'zoo_common.h').read_text() + (c / 'mnist_reference.c').read_text()  # dot() is shared
         if sparse:  # its variant that visits only the nonzero pixels

@@ -2,7 +2,7 @@
 and -O3 -march=native), by its plain-C reference built with the same compiler and flags, and by
 NumPy; and whether the compiler's targets for them are met.
 
-    python -m bench.zoo [--models NAME ...] [--configs LABEL ...] [--repeats 3] [--timeout 300] [--quick]
+    python -m bench --only zoo [--models NAME ...] [--configs LABEL ...] [--repeats 3] [--timeout 300] [--quick]
 
 µs/step is the median of --repeats timed runs (each from the initial parameters) over the model's
 steps; ours' ratio to its C reference is the median over back-to-back pairs of runs (ours, then the
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import statistics
 import subprocess
 import sys
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 
 import codegen
 from codegen import CompilerNotFound, CompileTimeout
+from mnist.resources import process_peak_rss
 
-from . import cli, models
+from . import models
 from .measure import (NUMPY, Column, Config, _fresh_build_cache, _number, _record_c_size, compiled,
                       machine_description, markdown_table)
 from .zoo_peers import CReference, Module, Numpy
@@ -164,7 +166,6 @@ TABLE = [
 def probe_big_graph(hidden=models.BIG_HIDDEN) -> dict:
     """Builds MLP(784, [*hidden, 10])'s training graph and generates its C (codegen.generate), in this
     process: seconds of each and the process's peak RSS. Run it in a fresh process (big_graph)."""
-    from mnist.resources import process_peak_rss
     started = time.perf_counter()
     model = models.mlp(hidden)
     built = time.perf_counter()
@@ -177,7 +178,6 @@ def probe_big_graph(hidden=models.BIG_HIDDEN) -> dict:
 def big_graph(timeout: float, hidden=models.BIG_HIDDEN) -> dict:
     """probe_big_graph in a subprocess, so that the peak memory is its own; {'status': ...} on failure."""
     def limit_memory():
-        import resource
         resource.setrlimit(resource.RLIMIT_AS, (PROBE_MEMORY_LIMIT, PROBE_MEMORY_LIMIT))
 
     code = f'import json; from bench.zoo import probe_big_graph; print(json.dumps(probe_big_graph({tuple(hidden)})))'
@@ -250,7 +250,7 @@ def target_lines(rows: list[ZooRow], big: dict | None) -> list[str]:
 
 
 def run(args) -> int:
-    """The zoo part of `make bench`: prints the table, its notes and the targets; 0, or 1 when a row's
+    """The zoo part of `make bench` (bench/cli.py parses args): prints the table, its notes and the targets; 0, or 1 when a row's
     loss disagrees with its C reference (the comparison would not be honest)."""
     if args.quick:
         vars(args).update({k: v for k, v in QUICK.items() if k in ('models', 'configs', 'repeats')})
@@ -291,11 +291,3 @@ def run(args) -> int:
     print('\n' + '\n'.join(machine_description()))
     checked = [r.loss_difference for r in rows if r.loss_difference is not None]
     return 1 if any(d > LOSS_TOLERANCE for d in checked) else 0
-
-
-def main(argv=None) -> int:
-    return run(cli.parser('python -m bench.zoo', __doc__).parse_args(argv))
-
-
-if __name__ == '__main__':
-    sys.exit(main())

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import importlib.resources
 
+import cffi
 import numpy as np
 
 import codegen
+from codegen.toolchain import build_library
 
 from .models import N_ROWS, ZooModel
 
@@ -69,8 +71,6 @@ class CReference:
     codegen.toolchain like our modules and called through cffi (ABI mode)."""
 
     def __init__(self, model: ZooModel, compiler, opt=3, native=True, timeout=None):
-        import cffi
-        from codegen.toolchain import build_library
         self.model, kind = model, model.shape['kind']
         shape = ''
         if kind == 'mlp':

@@ -10,7 +10,7 @@ import time
 from array import array
 
 from . import batch as batching
-from . import emit, ir, loader, toolchain
+from . import dtypes, emit, ir, libtcc, loader, toolchain
 from .explain import explain
 from .export import export
 from .optim import SGD, Adam, AdamW
@@ -21,10 +21,10 @@ __all__ = ["compile", "generate", "explain", "export", "copy_to_values", "copy_f
 
 
 def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn", optimizer=None,
-             embed_params=False, dtype="float64", sparse_inputs=False, batch=batching.DEFAULT_CAPACITY):
+             embed_params=False, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batch=batching.DEFAULT_CAPACITY):
     """The C sources compile() builds: the module, then any extra units of generated functions
     (big straight-line programs are split so that the files compile in parallel)."""
-    emit.check_dtype(dtype)
+    dtypes.lookup(dtype)  # before lowering: a bad name fails at once
     batch = _check_batch(batch)
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
     initial = [float(p.data) for p in params] if embed_params else None
@@ -40,7 +40,7 @@ def _check_batch(batch):
 
 def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native=False, fuse=True,
             input_grads=False, name="nn", cache=None, timeout=None, optimizer=None, embed_params=False,
-            dtype="float64", sparse_inputs=False, measure_memory=False, sources=None,
+            dtype=dtypes.DEFAULT.name, sparse_inputs=False, measure_memory=False, sources=None,
             batch=batching.DEFAULT_CAPACITY, threads=None):
     """Builds (or takes from the cache) and loads the module computing `loss`.
 
@@ -97,7 +97,6 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
 
 
 def _load_in_memory(sources, name, native):
-    from . import libtcc
     if native:
         raise ValueError("native=True (-march=native) is not supported by libtcc")
     if not name.isidentifier() or not name.isascii():

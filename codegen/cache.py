@@ -51,6 +51,16 @@ class CacheWarning(UserWarning):
 VALID, INCOMPLETE, DAMAGED = 'valid', 'incomplete', 'damaged'
 
 
+def cache_dir() -> pathlib.Path:
+    """$MICROGRAD_C_CACHE, else $XDG_CACHE_HOME/micrograd_c, else ~/.cache/micrograd_c; created on demand."""
+    if os.environ.get('MICROGRAD_C_CACHE'):
+        path = pathlib.Path(os.environ['MICROGRAD_C_CACHE'])
+    else:
+        path = pathlib.Path(os.environ.get('XDG_CACHE_HOME') or pathlib.Path.home() / '.cache') / 'micrograd_c'
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def stem_of(path: str | os.PathLike) -> str | None:
     match = _STEM.match(pathlib.Path(path).name)
     return match.group(1) if match else None
@@ -344,7 +354,6 @@ def _describe(entry: Entry) -> tuple[str, str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .toolchain import cache_dir
     parser = argparse.ArgumentParser(prog='python -m codegen.cache', description=(
         'List or clear the build cache ($MICROGRAD_C_CACHE, else ~/.cache/micrograd_c).'))
     parser.add_argument('--dir', type=pathlib.Path, help='the cache directory (default: the one builds use)')

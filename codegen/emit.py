@@ -9,11 +9,11 @@ that the toolchain compiles in parallel.
 import dataclasses
 import itertools
 import math
-import re
 from dataclasses import dataclass
 import templates
 
-from . import ir, optim
+from . import dtypes, ir, optim
+from .dtypes import c_literal
 
 # Statements per generated function: gcc/clang -O1 take superlinear time in a function's size.
 CHUNK_STATEMENTS = 200
@@ -26,39 +26,6 @@ UNIT_STATEMENTS = 20_000
 # cores, 0.66 -> 0.49 s (the zoo's demo), 0.85 -> 0.66 s (MLP(784, [128, 64, 10])), the same
 # training speed (MNIST epoch 0.99x gcc, 1.00x clang, paired).
 PARALLEL_MIN_STATEMENTS = 16
-
-
-# The element types the generated C can compute in (codegen.compile's dtype): C type, and the
-# struct format of the module's memoryviews.
-DTYPES = {"float64": "double", "float32": "float"}
-
-
-def check_dtype(dtype):
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(map(repr, DTYPES))}, got {dtype!r}")
-    return dtype
-
-
-def c_literal(x, dtype="float64"):
-    """A C literal for x that reads back exactly (float32: an `f` literal, the float nearest to
-    x); negative ones parenthesised so that `-{a}` never turns into `--`."""
-    x = float(x)
-    if math.isnan(x):
-        return "NAN"
-    if math.isinf(x):  # TCC 0.9.27 cannot negate INFINITY in a static initializer (the constants'
-        # table, embedded parameters), but folds this division
-        return "INFINITY" if x > 0 else "(-1.0f / 0.0f)" if dtype == "float32" else "(-1.0 / 0.0)"
-    text = repr(x) + ("f" if dtype == "float32" else "")
-    return f"({text})" if x < 0 or text.startswith("-") else text
-
-
-_PRIMITIVE_CALL = re.compile(r"\b(exp|log|tanh|pow)\(")
-
-
-def _formula(dtype, formula):
-    """An op-table formula for the C type: in float32 its primitives call the float functions
-    (templates/prelude.c's real_exp & co.) instead of widening to double."""
-    return formula if dtype == "float64" else _PRIMITIVE_CALL.sub(r"real_\1(", formula)
 
 
 # Lists up to this long are written out element by element, constant offsets the compiler sees
@@ -360,9 +327,9 @@ def _nonzero_words(n):
 
 
 class _Emitter:
-    def __init__(self, program, dtype="float64", sparse_inputs=False, offsets=None):
+    def __init__(self, program, dtype=dtypes.DEFAULT, sparse_inputs=False, offsets=None):
         self.program = program
-        self.dtype = dtype
+        self.dtype = dtype  # a dtypes.Dtype
         self.offsets = offsets or _OffsetTables()  # shared by the batched program's emitter
         self.sparse_inputs = sparse_inputs
         self.nonzero_lists = {}  # (first slot, length) of an input range: its list's offset in words
@@ -392,7 +359,7 @@ class _Emitter:
 
     def _op_c(self, node, formula, names):
         """An op-table formula with its placeholders replaced by C expressions."""
-        return node.op.render(_formula(self.dtype, formula), **names)
+        return node.op.render(dtypes.formula(self.dtype, formula), **names)
 
     def _sum(self, v):
         """C for the sum of a Vector's values (a list of parts, summed left to right)."""
@@ -685,11 +652,11 @@ def _units(pieces, unit):
 
 
 def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, optimizer=None,
-         initial_params=None, dtype="float64", sparse_inputs=False, batched=None):
+         initial_params=None, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batched=None):
     """The C sources of the extension module `module_name` computing `program`: the module
     itself, then (for big programs) extra units of generated functions compiled alongside.
     optimizer: a codegen.optim description (None: SGD); initial_params: values every load of
-    the module starts its parameters from (None: zeros); dtype: "float64" or "float32", the
+    the module starts its parameters from (None: zeros); dtype: a name of codegen/dtypes.py, the
     element type of the whole state, the kernels and the module's views; sparse_inputs: dots
     that read an input range skip its chunks of zeros when most of them are (dense inputs keep
     the dense kernels); batched: the program's codegen.batch.BatchedProgram (train() and
@@ -709,7 +676,7 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
             raise ValueError(f"{len(initial_params)} initial parameter values for {program.n_params} parameters")
         constants += ("\n#define HAVE_INITIAL_PARAMS 1\nstatic const double INITIAL_PARAMS[] = {"
                       + ", ".join(map(c_literal, initial_params)) + "};")
-    module = templates.read("module.c").replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", graph)
+    module = templates.fill("module.c", CONSTANTS=constants, GRAPH=graph)
     return [module] + extra
 
 
@@ -722,11 +689,12 @@ def standalone(program, chunk=CHUNK_STATEMENTS):
     return graph
 
 
-def _render(program, chunk, unit, dtype="float64", sparse_inputs=None, batched=None):
+def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None, batched=None):
     """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units).
     sparse_inputs (modules: True or False; None for standalone code, which has no lists): dots
     over an input range use its nonzero list (scan_nonzeros and the words after d's slots)."""
-    e = _Emitter(program, check_dtype(dtype), bool(sparse_inputs))
+    dtype = dtypes.lookup(dtype)
+    e = _Emitter(program, dtype, bool(sparse_inputs))
     forward_outputs = [s for g in program.forward[:program.n_output_groups] for s in e.forward(g)]
     forward_rest = [s for g in program.forward[program.n_output_groups:] for s in e.forward(g)]
     backward = [s for g in program.backward for s in e.backward(g)]
@@ -750,8 +718,8 @@ def _render(program, chunk, unit, dtype="float64", sparse_inputs=None, batched=N
         drivers.append(driver)
     units = _units(pieces, unit) if unit else [pieces]
     # modules (sparse_inputs not None) run products on their threads (templates/pool.c)
-    prelude = (f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n"
-               f"#define HAVE_THREAD_POOL {int(sparse_inputs is not None)}\n" + templates.read("prelude.c"))
+    prelude = (dtype.define + f"\n#define HAVE_THREAD_POOL {int(sparse_inputs is not None)}\n"
+               + templates.read("prelude.c"))
     output_slots = [n.slot for n in program.outputs] or [0]
     layout = "\n".join([
         f"#define N_SLOTS {program.n_slots}",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import templates
 
 from . import emit, ir
+from .dtypes import c_literal
 
 FREESTANDING_HEADERS = ("math.h", "string.h")
 
@@ -55,27 +56,21 @@ def export(loss, inputs=(), params=(), outputs=(), path=".", name="model", froze
         program = ir.lower(loss, inputs, params, outputs, fuse=fuse)
         initial = [float(v.data) for v in params + inputs]
         values = {"N_SLOTS": program.n_slots, "N_PARAMS": len(params),
-                  "INITIAL": _wrap([emit.c_literal(x) for x in initial] + ["0.0"])}
+                  "INITIAL": _wrap([c_literal(x) for x in initial] + ["0.0"])}
         kind = "trainable"
     values.update(NAME=name, UPPER=name.upper(), GUARD=f"{name.upper()}_H", N_INPUTS=len(inputs),
                   N_OUTPUTS=len(program.outputs))
     graph = emit.standalone(program)
     directory.mkdir(parents=True, exist_ok=True)
     source, header = directory / f"{name}.c", directory / f"{name}.h"
-    header.write_text(_fill(templates.read(f"export/{kind}.h"), values))
-    source.write_text(_fill(templates.read(f"export/{kind}.c"), values).replace("@GRAPH@", graph))
+    header.write_text(templates.fill(f"export/{kind}.h", **values))
+    source.write_text(templates.fill(f"export/{kind}.c", **values, GRAPH=graph))
     freestanding = directory / "freestanding"
     freestanding.mkdir(exist_ok=True)
     for header_name in FREESTANDING_HEADERS:
         (freestanding / header_name).write_text(templates.read(f"freestanding/{header_name}"))
     return Exported(source, header, freestanding, len(inputs), len(program.outputs),
                     0 if frozen else len(params))
-
-
-def _fill(text, values):
-    for key, value in values.items():
-        text = text.replace(f"@{key}@", str(value))
-    return text
 
 
 def _wrap(literals, per_line=6):

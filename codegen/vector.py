@@ -45,6 +45,19 @@ class Vector:
 
 
 @dataclass
+class Group:
+    """Nodes computing the same thing over operands at constant strides: one loop nest (or, with
+    one member, one statement). `shape` are the loop extents, outermost first; `members` are in
+    loop order."""
+    members: list
+    shape: tuple = ()
+
+    @property
+    def first(self):
+        return self.members[0]
+
+
+@dataclass
 class Operands:
     """Where a group's operands live. For an op group, `args` holds per argument an Affine or a
     float (a constant the same in every member). For a dot group, `constants` are its loose terms
@@ -59,8 +72,7 @@ class Operands:
 
 
 def group(compute):
-    """Classes of alike nodes (ir.Group), in an order that evaluates every operand first."""
-    from .ir import Group
+    """Classes of alike nodes (Groups), in an order that evaluates every operand first."""
     class_of, keys, height = {}, {}, []
     members = []
     for node in compute:

@@ -2,8 +2,7 @@
 
 from .draw import draw_dot
 from .engine import Value, dot
-from .jit import jit
 from .losses import cross_entropy, log_softmax, mse
 from .nn import MLP, Layer, Module, Neuron
 
-__all__ = ["Value", "dot", "draw_dot", "jit", "Module", "Neuron", "Layer", "MLP", "cross_entropy", "log_softmax", "mse"]
+__all__ = ["Value", "dot", "draw_dot", "Module", "Neuron", "Layer", "MLP", "cross_entropy", "log_softmax", "mse"]

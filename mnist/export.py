@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import cffi
 import numpy as np
 
 import codegen
@@ -68,7 +69,6 @@ def run(args):
 
 def check(exported, name, graph, args):
     """Builds the frozen C as a shared library and compares it with the module on the test set."""
-    import cffi
     compiler = toolchain.find_compiler(args.check_compiler)
     _, _, test_X, test_Y = load_mnist(args.data_dir)
     with tempfile.TemporaryDirectory() as directory:  # a one-off build: not kept in the build cache

@@ -7,6 +7,7 @@ import random
 from dataclasses import dataclass
 
 import codegen
+from codegen import dtypes
 from micrograd_c import MLP, Value, cross_entropy
 from micrograd_c.nn import ACTIVATIONS
 
@@ -69,8 +70,8 @@ def add_model_arguments(parser):
     parser.add_argument("--momentum", type=float, default=0.9, help="the momentum of --optimizer momentum (default 0.9)")
     parser.add_argument("--weight-decay", type=float, default=None,
                         help="L2 weight decay (AdamW: decoupled); default 0, AdamW 0.01")
-    parser.add_argument("--dtype", choices=("float64", "float32"), default="float64",
-                        help="the element type the module computes in (default float64)")
+    parser.add_argument("--dtype", choices=dtypes.NAMES, default=dtypes.DEFAULT.name,
+                        help=f"the element type the module computes in (default {dtypes.DEFAULT.name})")
 
 
 def model_options(args):

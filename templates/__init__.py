@@ -1,6 +1,8 @@
 """C templates for micrograd-c's generated modules (package data). `read(name)` gives one with its
 `/*@INCLUDE file@*/` lines replaced by those files (recursively), so that every generated source is
 self-contained: the cache keys it by its text, and the C kept beside a build is what was compiled.
+`fill(name, KEY=value, ...)` is that text with its placeholders `@KEY@` replaced: the one way the
+generated C gets into a template.
 
     module.c    the training-step module: state, exported functions, lifecycle
     args.c      CPython argument checking (counts, numbers, buffers), shared with jit.c
@@ -10,16 +12,29 @@ self-contained: the cache keys it by its text, and the C kept beside a build is 
     step.c      the step-by-step API's gradients: zero_grad(), backward(), update(), the `grad` view
     optim.c     the optimizers' steps (codegen/optim.py describes them)
     prelude.c   element type, kernels (dot, axpy, sgd_step, ...), math for the generated code
-    jit.c       a micrograd_c.jit function's module
+    jit.c       a codegen.jit function's module
     export/, freestanding/   codegen.export's API and its freestanding math
 """
 import re
 from importlib import resources
 
 _INCLUDE = re.compile(r"^/\*@INCLUDE ([\w./-]+)@\*/$", re.MULTILINE)
+_PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")
 
 
 def read(name: str) -> str:
     """The template `name` (a path inside templates/) with its includes expanded."""
     text = resources.files(__name__).joinpath(name).read_text()
     return _INCLUDE.sub(lambda m: read(m.group(1)).rstrip("\n"), text)
+
+
+def fill(name: str, **values) -> str:
+    """The template `name` (includes expanded) with each placeholder @KEY@ replaced by str(values[KEY]),
+    in one pass: the values are not searched for placeholders. Values a template does not use are
+    left out (a header and its source share theirs); a placeholder without a value is a KeyError."""
+    def value(match):
+        key = match.group(1)
+        if key not in values:
+            raise KeyError(f"template {name}: no value for @{key}@")
+        return str(values[key])
+    return _PLACEHOLDER.sub(value, read(name))

@@ -1,13 +1,13 @@
-/* A micrograd_c.jit function: the value and the gradient of a scalar function of N_INPUTS
+/* A codegen.jit function: the value and the gradient of a scalar function of N_INPUTS
  * arguments, one call at a time or over the rows of an array in one C loop. The generated
- * graph is spliced in at @GRAPH@ by micrograd_c/jit.py; everything else is this skeleton. */
+ * graph is spliced in at the @...@ markers by codegen/jit.py; everything else is this skeleton. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/*@CONSTANTS@*/
+@CONSTANTS@
 
 /* The generated code marks its functions noinline, so that huge graphs compile in reasonable
- * time. A small jit function (INLINE_GRAPH, set by micrograd_c/jit.py) is inlined instead into
+ * time. A small jit function (INLINE_GRAPH, set by codegen/jit.py) is inlined instead into
  * the row loops below, where its slots become registers. Python.h above has brought every system
  * header the graph includes, so only the graph sees this. */
 #if INLINE_GRAPH
@@ -34,7 +34,7 @@ static inline double jit_pow(double x, double k)
     return pow(x, k);
 }
 #define pow(x, k) jit_pow(x, k)
-/*@GRAPH@*/
+@GRAPH@
 #undef pow
 #undef noinline
 
@@ -160,7 +160,7 @@ static PyObject *fn_value_and_grad(PyObject *module, PyObject *const *args, Py_s
 }
 
 /* ---- all rows: batch(X, values, grads or None) --------------------------------------------- */
-/* A C-contiguous float64 buffer of exactly `count` values (micrograd_c/jit.py prepares them). */
+/* A C-contiguous float64 buffer of exactly `count` values (codegen/jit.py prepares them). */
 static int get_doubles(PyObject *obj, Py_buffer *view, Py_ssize_t count, int writable, const char *what)
 {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0)
@@ -223,7 +223,7 @@ static int module_exec(PyObject *module)
 static PyModuleDef_Slot slots[] = {{Py_mod_exec, (void *)module_exec}, {0, NULL}};
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, MODULE_NAME_STR, "A micrograd_c.jit function.", 0, methods, slots, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, MODULE_NAME_STR, "A codegen.jit function.", 0, methods, slots, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC MODULE_INIT(void) { return PyModuleDef_Init(&module_def); }

@@ -9,10 +9,10 @@
 #include <sched.h>
 #include <time.h>
 
-/*@CONSTANTS@*/
+@CONSTANTS@
 
 /* ---- the graph: prelude, kernels, layout, generated functions ------------------------- */
-/*@GRAPH@*/
+@GRAPH@
 
 /*@INCLUDE pool.c@*/
 

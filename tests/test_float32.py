@@ -2,10 +2,14 @@
 The equivalence with the float64 interpreter is in test_compile.py (its float32 column); here,
 the module's interface: views, conversions, train/predict, optimizers, the C it prints."""
 
+import re
+
 import numpy as np
 import pytest
 
 import codegen
+import templates
+from codegen import dtypes
 from test_module import N_CLASSES, N_IN, data, small_classifier
 
 RTOL = 1e-4  # see test_compile.py: float32 against float64, small models
@@ -93,3 +97,18 @@ def test_float32_source():
     assert "#define REAL_IS_FLOAT 0" in wide and "0.1f" not in wide
     with pytest.raises(ValueError, match="dtype must be one of 'float64', 'float32', got 'float16'"):
         codegen.generate(loss, xs + ys, model.parameters(), dtype="float16")
+
+
+@pytest.mark.parametrize("row", dtypes.DTYPES.values(), ids=dtypes.NAMES)
+def test_each_dtype_row_is_what_the_preludes_switch_says(row):
+    """codegen/dtypes.py's row and templates/prelude.c's `#if REAL_IS_FLOAT` branch it selects agree:
+    the C type, the views' format and the math functions real_exp & co. stand for."""
+    prelude = templates.read("prelude.c")
+    switch = re.search(r"^#if REAL_IS_FLOAT\n(.*?)^#else\n(.*?)^#endif", prelude, re.S | re.M)
+    assert re.fullmatch(r"#define REAL_IS_FLOAT [01]", row.define)
+    branch = switch.group(1) if row.define.endswith("1") else switch.group(2)
+    assert f"typedef {row.c_type} real;" in branch
+    assert f'#define REAL_FORMAT "{row.buffer_format}"' in branch
+    for name in dtypes.PRIMITIVES:
+        assert f"#define real_{name} {name}{row.math_suffix}\n" in branch
+    assert row.numpy.char == row.buffer_format and row.numpy.name == row.name

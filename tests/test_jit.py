@@ -1,4 +1,4 @@
-"""micrograd_c.jit: compiled value and gradient of scalar functions, one call or many rows, held to
+"""codegen.jit: compiled value and gradient of scalar functions, one call or many rows, held to
 the interpreter (Value and backward()) with every compiler and libtcc."""
 import math
 import os
@@ -8,8 +8,8 @@ import pytest
 
 from codegen import ir
 from codegen.toolchain import CompilerNotFound, find_compiler
-from micrograd_c import Value, jit
-from micrograd_c.jit import INLINE_STATEMENTS, jit_source
+from codegen.jit import INLINE_STATEMENTS, jit, jit_source
+from micrograd_c import Value
 
 
 @pytest.fixture(params=["tcc", "gcc", "clang", "libtcc"])
@@ -147,7 +147,7 @@ def test_readme_jit_example_runs():
     from pathlib import Path
     import re
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    code = re.search(r"## `micrograd_c.jit`.*?```python\n(.*?)```", readme, re.S).group(1)
+    code = re.search(r"## `codegen.jit`.*?```python\n(.*?)```", readme, re.S).group(1)
     namespace = {}
     exec(code.replace("1_000_000", "1_000"), namespace)  # fewer rows: a quick test
     assert namespace["grads"].shape == (1000, 3) and namespace["values"].shape == (1000,)

@@ -10,6 +10,7 @@ import pytest
 
 import templates
 from codegen import toolchain
+from codegen.dtypes import DTYPES
 from codegen.emit import _nonzero_words
 
 HARNESS = """
@@ -34,18 +35,17 @@ real call_dot_nz(const real *a, const real *x, long n, const int32_t *nz);
 void call_axpy(real *y, real alpha, const real *x, long n, const int32_t *nz);
 void call_sgd_axpy(real *w, real lr, real alpha, const real *x, long n, const int32_t *nz);
 """
-DTYPES = {"float64": ("double", np.float64), "float32": ("float", np.float32)}
 CHUNK = 8  # values per chunk of the nonzero lists
 
 
-@pytest.fixture(scope="module", params=["float64", "float32"])
+@pytest.fixture(scope="module", params=list(DTYPES))
 def dtype(request):
     return request.param
 
 
 def kernels(compiler, dtype):
-    ctype, _ = DTYPES[dtype]
-    source = (f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n" + templates.read("prelude.c")
+    ctype = DTYPES[dtype].c_type
+    source = (DTYPES[dtype].define + "\n" + templates.read("prelude.c")
               + HARNESS.replace("static ", ""))
     native = toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native  # AVX-512 where the machine has it
     build = toolchain.build_library(source, "kernels", compiler, opt=2, native=bool(native))
@@ -80,7 +80,7 @@ KINDS = ["dense", "sparse", "tail", "odd chunk", "zero"]
 @pytest.mark.parametrize("n, J", [(7, 4), (19, 5), (45, 7), (64, 8), (100, 13), (784, 50)])
 def test_matvec_is_dot_exactly(compiler, dtype, n, J):
     ffi, lib = kernels(compiler, dtype)
-    real = DTYPES[dtype][1]
+    real = DTYPES[dtype].numpy.type
     rng = np.random.default_rng(n * J)
     w_j = n + 3  # rows apart, as a neuron's weights and bias are
     w = rng.uniform(-1, 1, J * w_j).astype(real)
@@ -113,7 +113,7 @@ def test_matvec_is_dot_exactly(compiler, dtype, n, J):
 @pytest.mark.parametrize("n", [7, 19, 45, 784])
 def test_sparse_updates_are_the_dense_ones_exactly(compiler, dtype, n):
     ffi, lib = kernels(compiler, dtype)
-    real = DTYPES[dtype][1]
+    real = DTYPES[dtype].numpy.type
     rng = np.random.default_rng(n)
     worst = 0.0
     for kind in KINDS:

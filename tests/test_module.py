@@ -145,13 +145,22 @@ def test_emitted_c_is_deterministic():
     assert len(texts) == 1
 
 
+def test_templates_fill_every_placeholder():
+    """templates.fill is the one way generated C gets into a template: a placeholder left without a
+    value is an error, not C that fails to compile."""
+    import templates
+    with pytest.raises(KeyError, match="module.c: no value for @GRAPH@"):
+        templates.fill("module.c", CONSTANTS="")
+    header = templates.fill("export/frozen.h", NAME="m", UPPER="M", GUARD="M_H", N_INPUTS=1, N_OUTPUTS=2, N_SLOTS=3,
+                            UNUSED="values a template does not use are left out")
+    assert "@" not in header and "void m_predict(const double *in, double *out);" in header
+
+
 def test_generated_sources_are_self_contained():
     """Every template a module or jit source includes is spliced in once: the cache keys a build by
     its text and keeps that text beside it, so an edited template is a new build."""
-    import importlib
-
     import templates
-    jit = importlib.import_module("micrograd_c.jit")  # the module, not the decorator of that name
+    from codegen import jit
 
     g = small_classifier(seed=3)
     module = codegen.generate(g[4], g[1] + g[2], g[0].parameters(), g[3])[0]

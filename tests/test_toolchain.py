@@ -11,8 +11,9 @@ from codegen import toolchain
 from codegen.loader import load_extension
 from codegen.toolchain import (
     COMPILER_NAMES, CompileError, CompilerNotFound, CompileTimeout, available_compilers, build_extension,
-    build_library, cache_dir, compile_flags, find_compiler,
+    build_library, compile_flags, find_compiler,
 )
+from codegen.cache import cache_dir
 
 EXT_SUFFIX = sysconfig.get_config_var('EXT_SUFFIX')
 LIBRARY_SOURCE = 'double twice(double x) { return 2 * x; }\n'

@@ -3,7 +3,7 @@ train the same numbers as micrograd_c's interpreter, and the quick table runs.""
 import numpy as np
 import pytest
 
-from bench import models, zoo
+from bench import cli, models, zoo
 from bench.zoo_peers import CReference, Module, Numpy
 
 STEPS = 2
@@ -55,7 +55,7 @@ def test_steps_beyond_the_data_are_refused():
 
 
 def test_quick_table(capsys):
-    assert zoo.main(['--quick']) == 0
+    assert cli.main(['--only', 'zoo', '--quick']) == 0
     out = capsys.readouterr().out
     rows = [line.strip('| ').split(' | ') for line in out.splitlines() if line.startswith('| ')][1:]
     assert [(r[0], r[1]) for r in rows] == [(name, label) for name in ('demo MLP(2, [16, 16, 1])', 'MLP(784, [50, 10])')

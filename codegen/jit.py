@@ -1,4 +1,6 @@
-"""micrograd_c.jit: compiled value and gradient of any scalar function written with Values.
+"""codegen.jit: compiled value and gradient of any scalar function written with Values.
+
+    from codegen.jit import jit
 
     @jit
     def f(a, b, c):
@@ -22,7 +24,10 @@ import time
 
 import numpy as np
 
-from .engine import Value
+from micrograd_c.engine import Value
+import templates
+
+from . import emit, ir, libtcc, loader, toolchain
 
 MODULE_NAME = "micrograd_c_jit"
 # Graphs up to this many statements are inlined into the row loop (templates/jit.c); bigger ones
@@ -103,8 +108,6 @@ class JitFunction:
         return module
 
     def _build(self, n_args, example):
-        # codegen imports this package: imported when first needed
-        from codegen import ir, libtcc, loader, toolchain
         started = time.perf_counter()
         inputs, out = self._trace(n_args, example)
         traced = time.perf_counter()
@@ -143,14 +146,10 @@ class JitFunction:
 
 def jit_source(program):
     """The jit module's C: templates/jit.c around the graph."""
-    import templates
-
-    from codegen import emit
     inline = len(program.forward) + len(program.backward) <= INLINE_STATEMENTS
     constants = "\n".join([f'#define MODULE_NAME_STR "{MODULE_NAME}"', f"#define MODULE_INIT PyInit_{MODULE_NAME}",
                            f"#define INLINE_GRAPH {int(inline)}"])
-    template = templates.read("jit.c")
-    return template.replace("/*@CONSTANTS@*/", constants).replace("/*@GRAPH@*/", emit.standalone(program))
+    return templates.fill("jit.c", CONSTANTS=constants, GRAPH=emit.standalone(program))
 
 
 def _check_out(what, array, shape):

@@ -1,0 +1,60 @@
+"""Writes the C this project generates for MNIST and the model zoo into a directory, to compare a
+refactoring's output byte for byte with the code before it:
+
+    .venv/bin/python tests/generated_c.py /tmp/before     # on the old commit
+    .venv/bin/python tests/generated_c.py /tmp/after      # on the new one
+    diff -r /tmp/before /tmp/after
+
+MNIST's MLP(784, [50, 10]) in float64 and float32, dense and sparse, with Adam, with momentum and
+embedded parameters, in scalar mode; each zoo model (bench/models.py) in both dtypes; a jit
+function; the demo exported trainable and frozen.
+"""
+import pathlib
+import sys
+import tempfile
+
+import codegen
+from bench import models
+from codegen import dtypes, ir
+from codegen.jit import jit_source
+from micrograd_c import Value
+from mnist.model import build_graph
+
+
+def main(out):
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save(name, sources):
+        for i, source in enumerate(sources):
+            (out / f"{name}.{i}.c").write_text(source)
+
+    graph = build_graph(0, (50,), init="he")
+    for dtype in dtypes.NAMES:
+        for sparse in (False, True):
+            save(f"mnist-{dtype}-{'sparse' if sparse else 'dense'}", graph.generate(dtype=dtype, sparse_inputs=sparse))
+        save(f"mnist-{dtype}-adam", graph.generate(dtype=dtype, optimizer=codegen.Adam()))
+        save(f"mnist-{dtype}-momentum-embed", graph.generate(dtype=dtype, optimizer=codegen.SGD(momentum=0.9),
+                                                             embed_params=True))
+    save("mnist-scalar", graph.generate(fuse=False))
+    for name, make in models.MODELS.items():
+        model = make()
+        for dtype in dtypes.NAMES:
+            save(f"zoo-{name}-{dtype}", codegen.generate(model.loss, model.inputs, model.params, model.outputs,
+                                                         dtype=dtype))
+    a, b, c = Value(1.0), Value(2.0), Value(3.0)
+    f = (-a + b * (c - a / b)).exp().log() + (a ** 3).tanh()
+    save("jit", [jit_source(ir.lower(f, [a, b, c], (), input_grads=True))])
+    demo = models.MODELS["demo"]()
+    for frozen in (False, True):
+        with tempfile.TemporaryDirectory() as directory:
+            codegen.export(demo.loss, demo.inputs, demo.params, demo.outputs, path=directory, name="demo",
+                           frozen=frozen)
+            for path in sorted(pathlib.Path(directory).rglob("*.[ch]")):
+                relative = path.relative_to(directory).as_posix().replace("/", "_")
+                (out / f"export-{'frozen' if frozen else 'trainable'}-{relative}").write_text(path.read_text())
+    print(f"{len(list(out.iterdir()))} files in {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "generated_c")
