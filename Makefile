@@ -72,10 +72,15 @@ roofline:
 torch: $(VENV)/.installed
 	$(PY) -m pip install -q 'torch==2.13.0'
 
+# The minibatch table alone (bench/minibatch.py), with its peers PyTorch and JAX installed first
+bench-minibatch: torch
+	$(PY) -m pip install -q jax
+	$(PY) -m bench.minibatch $(ARGS)
+
 clean:
 	rm -rf build $(VENV) *.egg-info .pytest_cache
 
-.PHONY: export bench-jit
+.PHONY: export bench-jit bench-minibatch
 # The trained MNIST classifier as plain C with no Python: build/export/mnist.c, .h (frozen) and
 # mnist_train.c, .h (trainable), checked against the module on the test set
 export: $(VENV)/.installed

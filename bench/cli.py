@@ -1,18 +1,19 @@
-"""`make bench`'s command line: `python -m bench` runs the MNIST benchmark (bench.mnist), then the
-model zoo (bench.zoo), each in its own process, so that neither's memory peak or loaded libraries
+"""`make bench`'s command line: `python -m bench` runs the MNIST benchmark (bench.mnist), the
+model zoo (bench.zoo) and the minibatch table (bench.minibatch), each in its own process, so that neither's memory peak or loaded libraries
 (PyTorch) colour the other's figures; `--only mnist` or `--only zoo` runs one part, in this
 process. Both parts accept the same options, and each uses those that concern it.
 
-    python -m bench [--only mnist|zoo] [--quick] [options of either part: python -m bench --help]
+    python -m bench [--only mnist|zoo|minibatch] [--quick] [options of either part: python -m bench --help]
 """
 import argparse
 import subprocess
 import sys
 
-from . import mnist, zoo
+from . import minibatch, mnist, zoo
 from .measure import add_arguments
 
-PARTS = {'mnist': ('MNIST: MLP(784, [50, 10]), one epoch', mnist.run), 'zoo': ('The model zoo', zoo.run)}
+PARTS = {'mnist': ('MNIST: MLP(784, [50, 10]), one epoch', mnist.run), 'zoo': ('The model zoo', zoo.run),
+         'minibatch': ('Minibatches: train() and predict() beside PyTorch and JAX', minibatch.run)}
 
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:

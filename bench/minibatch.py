@@ -182,6 +182,14 @@ def table(results, args):
     return '\n'.join(lines)
 
 
+QUICK = ['--models', 'mlp-50', '--dtypes', 'float32', '--images', '2000', '--repeats', '1']
+
+
+def run(args):
+    """`python -m bench --only minibatch` (bench/cli.py): the whole table, or with --quick a smoke test."""
+    return main(QUICK if args.quick else [])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog='python -m bench.minibatch', description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

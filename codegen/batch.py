@@ -21,8 +21,7 @@ no batched form: `batch_program` says why, and train()/predict() run sample by s
 
 from dataclasses import dataclass
 
-from .ir import Group
-from .vector import Affine, Operands, Vector
+from .vector import Affine, Group, Operands, Vector
 
 # Samples side by side in the batch buffers (the batch loop's largest extent): train()'s larger
 # batches run in pieces of this many, their gradients summed before the step.

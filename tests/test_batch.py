@@ -13,6 +13,7 @@ import codegen
 from bench.models import cnn
 from codegen.batch import NotBatchable, batch_program
 from micrograd_c import MLP, Value, cross_entropy
+from tests.test_train import mnist_dir  # noqa: F401 (a fixture)
 
 RTOL = {"float64": 1e-9, "float32": 2e-4}
 OPTIMIZERS = {"sgd": None, "momentum": codegen.SGD(momentum=0.9, weight_decay=0.01), "adam": codegen.Adam()}
@@ -143,3 +144,17 @@ def test_no_batched_form_falls_back_and_explain_says_so():
     X, y = data()
     assert_close(nets[0].train(X, y, 0.1, batch_size=6), nets[1].train(X, y, 0.1, batch_size=6), "float64")
     assert_close(nets[0].params, nets[1].params, "float64")
+
+
+def test_the_minibatch_benchmark_runs(mnist_dir, capsys):
+    """`make bench`'s minibatch table (bench/minibatch.py) at a small size: our rows measured in
+    their own processes, the table printed with every run it promises."""
+    from bench import minibatch
+    assert minibatch.main(["--systems", "micrograd-c", "micrograd-c 1 thread", "--models", "mlp-50",
+                           "--dtypes", "float32", "--images", "256", "--repeats", "1", "--batches", "1", "32",
+                           "--data-dir", str(mnist_dir)]) == 0
+    out = capsys.readouterr().out
+    for run in ("train B=1", "train B=32", "predict"):
+        row = next(line for line in out.splitlines() if line.startswith(f"| mlp-50 | float32 | {run}"))
+        ours, one_thread = row.split(" | ")[3:5]
+        assert float(ours) > 0 and float(one_thread) > 0
