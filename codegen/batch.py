@@ -53,6 +53,7 @@ class BatchedProgram:
     n_params: int
     n_slots: int
     input_base: int
+    n_inputs: int
     loss_slot: int
     output_slots: list
     constants_base: int    # the first slot after the per-sample ones
@@ -150,7 +151,7 @@ def batch_program(program, capacity=DEFAULT_CAPACITY):
         forward.append(by_id[id(g)])
     return BatchedProgram(
         capacity=capacity, n_params=program.n_params, n_slots=layout.n_slots,
-        input_base=layout.slot(program.input_base), loss_slot=layout.slot(program.loss.slot),
+        input_base=layout.slot(program.input_base), n_inputs=program.n_inputs, loss_slot=layout.slot(program.loss.slot),
         output_slots=[layout.slot(n.slot) for n in program.outputs], constants_base=layout.constants_base,
         forward=forward,
         n_output_groups=program.n_output_groups, backward=[by_id[id(g)] for g in program.backward],

@@ -182,6 +182,7 @@ class _WeightGradient:
     wrt: object     # Vector: the weights' gradients
     inputs: object  # Vector
     out: object     # Affine: the group's gradients (go)
+    rows: str = "NULL"  # C: the list of the inputs' rows that hold a nonzero (sparse inputs), or NULL
 
     def render(self, shape):
         batched = len(shape) >= 2
@@ -190,7 +191,8 @@ class _WeightGradient:
         call = (f"matmul_nt({_loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
                 f"{wrt.start.strides[-2] if batched else 0}, {_loop_start(self.out, last, grad=True)}, "
                 f"{self.out.strides[-2] if batched else 0}, {_loop_start(x.start, last, x.offsets[0])}, "
-                f"{_progression(x.offsets)}, {shape[-2] if batched else 1}, {len(wrt.offsets)}, {shape[-1]});")
+                f"{_progression(x.offsets)}, {shape[-2] if batched else 1}, {len(wrt.offsets)}, {shape[-1]}, "
+                f"{self.rows});")
         return "\n    ".join(_loop_headers(shape[:-last]) + [call])
 
     @staticmethod
@@ -201,7 +203,7 @@ class _WeightGradient:
                 and (len(shape) < 2 or other.start.strides[-2] == 0) and _progression(other.offsets) is not None)
 
 
-def _layer_over_batch(g):
+def _layer_over_batch(g, row_list=lambda rows: "NULL"):
     """A dot group that is a layer over a batch, as one matmul_set call per pass of the loops
     outside the neurons' and samples': the results move with the batch (innermost) and with the
     neurons; one factor list (the weights) stays put over the batch, the other (the inputs'
@@ -228,7 +230,8 @@ def _layer_over_batch(g):
     call = (f"matmul_set({_loop_start(ops.out, last)}, {along_neurons(ops.out)}, {bias}, "
             f"{_loop_start(weights.start, last, weights.offsets[0])}, {along_neurons(weights.start)}, "
             f"{_progression(weights.offsets)}, {_loop_start(rows.start, last, rows.offsets[0])}, "
-            f"{_progression(rows.offsets)}, {shape[-2] if batched else 1}, {shape[-1]}, {len(weights.offsets)});")
+            f"{_progression(rows.offsets)}, {shape[-2] if batched else 1}, {shape[-1]}, {len(weights.offsets)}, "
+            f"{row_list(rows)});")
     return "\n    ".join(_loop_headers(shape[:-last]) + [call])
 
 
@@ -327,8 +330,9 @@ def _nonzero_words(n):
 
 
 class _Emitter:
-    def __init__(self, program, dtype=dtypes.DEFAULT, sparse_inputs=False, offsets=None):
+    def __init__(self, program, dtype=dtypes.DEFAULT, sparse_inputs=False, offsets=None, row_lists=False):
         self.program = program
+        self.row_lists = {} if row_lists else None  # the batched program's (first input, count): offset in words
         self.dtype = dtype  # a dtypes.Dtype
         self.offsets = offsets or _OffsetTables()  # shared by the batched program's emitter
         self.sparse_inputs = sparse_inputs
@@ -347,6 +351,33 @@ class _Emitter:
         if key not in self.nonzero_lists:
             self.nonzero_lists[key] = sum(_nonzero_words(m) for _, m in self.nonzero_lists)
         return f"(const int32_t *)(d + {p.n_slots}) + {self.nonzero_lists[key]}"
+
+    def _row_list(self, v):
+        """For the batched program of a model with sparse inputs: when the rows a layer's product
+        reads (Vector v) are a range of inputs, the same for the whole loop nest, the C pointer to
+        the list of those that hold a nonzero in this batch (scan_batch_rows); else NULL."""
+        p = self.program
+        if self.row_lists is None or len(v.offsets) < 2 or any(v.start.strides[:-1]) or v.start.strides[-1] != 1:
+            return "NULL"
+        first, step = v.start.base + v.offsets[0] - p.input_base, _progression(v.offsets)
+        if step != p.capacity or first < 0 or first % step or first // step + len(v.offsets) > p.n_inputs:
+            return "NULL"
+        key = (first // step, len(v.offsets))
+        if key not in self.row_lists:
+            self.row_lists[key] = sum(1 + n for _, n in self.row_lists)
+        return f"(const int32_t *)(d + {p.n_slots}) + {self.row_lists[key]}"
+
+    def scan_batch_rows(self):
+        """scan_batch_rows(d, nb): the list of every input range a product reads, of its rows
+        that hold a nonzero among the batch's nb samples; BATCH_LIST_WORDS, the int32 words the
+        lists take after the batch's N_BATCH_SLOTS values."""
+        p, lines = self.program, []
+        for (first, n), offset in (self.row_lists or {}).items():
+            lines.append(f"    scan_rows(d + {p.input_base + first * p.capacity}, {p.capacity}, nb, {n}, "
+                         f"(int32_t *)(d + {p.n_slots}) + {offset});")
+        words = sum(1 + n for _, n in (self.row_lists or {}))
+        return (f"#define BATCH_LIST_WORDS {words}\nstatic void scan_batch_rows(real *restrict d, long nb)\n{{\n"
+                + "\n".join(lines) + "\n    (void)d; (void)nb;\n}")
 
     def scan_nonzeros(self):
         """scan_nonzeros(d): every nonzero list from its input range's current values, and
@@ -386,7 +417,7 @@ class _Emitter:
     def forward(self, g):
         ops = g.operands
         node = g.first
-        layer = _layer_over_batch(g) or self._layer_on_one_sample(g)
+        layer = _layer_over_batch(g, self._row_list) or self._layer_on_one_sample(g)
         if layer:
             return [layer]
         if node.kind == "op":
@@ -596,7 +627,7 @@ class _Emitter:
         # (a loop whose weights stay put over its innermost loop gives them several contributions:
         # batch-1 SGD never updates them in backward, and the batched program never does)
         if all(needs) and not _unrolled(wrt, other) and _WeightGradient.fits(shape, wrt, other, out):
-            contribute(False, _WeightGradient(wrt, other, out), None)
+            contribute(False, _WeightGradient(wrt, other, out, self._row_list(other)), None)
             return
         if _unrolled(wrt, other) or not all(needs):
             for f, i, j, need in zip(factors, wrt.offsets, other.offsets, needs):
@@ -695,6 +726,8 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
     over an input range use its nonzero list (scan_nonzeros and the words after d's slots)."""
     dtype = dtypes.lookup(dtype)
     e = _Emitter(program, dtype, bool(sparse_inputs))
+    # the batched program's emitter: the same offset tables; the inputs' row lists with sparse inputs
+    eb = _Emitter(batched, dtype, offsets=e.offsets, row_lists=bool(sparse_inputs)) if batched else None
     forward_outputs = [s for g in program.forward[:program.n_output_groups] for s in e.forward(g)]
     forward_rest = [s for g in program.forward[program.n_output_groups:] for s in e.forward(g)]
     backward = [s for g in program.backward for s in e.backward(g)]
@@ -712,7 +745,7 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
                                      ("backward_sgd_body", dg + ["real lr"], backward_sgd),
                                      *([("backward_tracked_body", dg + tracking, backward_tracked)]
                                        if e.tracked_rows else []),
-                                     *_batched_functions(batched, e)]:
+                                     *_batched_functions(eb)]:
         functions, driver = _functions(name, params, statements, chunk)
         pieces += functions
         drivers.append(driver)
@@ -734,7 +767,7 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
         _constants(program.constants, dtype),
         _sgd_after_backward(program.sgd_after_backward),
         *([e.scan_nonzeros(), e.step_rows(program.n_params)] if sparse_inputs is not None else []),
-        *([_batch_layout(batched, dtype)] if sparse_inputs is not None else []),
+        *([_batch_layout(eb, dtype)] if sparse_inputs is not None else []),
     ])
     if not unit or (len(units) == 1 and sum(p[2] for p in pieces) < PARALLEL_MIN_STATEMENTS):
         graph = [prelude, layout, e.offsets.render(), *(p[0] for p in pieces), *drivers]
@@ -755,12 +788,13 @@ def _constants(constants, dtype, name="init_constants", table="CONSTANT_VALUES")
             f"sizeof {table}); }}")
 
 
-def _batched_functions(batched, e):
+def _batched_functions(eb):
     """(name, parameters, statements) of the batched program's functions (codegen/batch.py):
-    forward_outputs_batch(d, nb), forward_rest_batch(d, nb), backward_batch(d, g, nb)."""
-    if batched is None:
+    forward_outputs_batch(d, nb), forward_rest_batch(d, nb), backward_batch(d, g, nb); eb: its
+    emitter, or None."""
+    if eb is None:
         return []
-    eb = _Emitter(batched, e.dtype, offsets=e.offsets)
+    batched = eb.program
     outputs, rest = batched.forward[:batched.n_output_groups], batched.forward[batched.n_output_groups:]
     d, dg = ["real *restrict d", "long nb"], ["real *restrict d", "real *restrict g", "long nb"]
     return [("forward_outputs_batch", d, [s for g in outputs for s in eb.forward(g)]),
@@ -768,10 +802,12 @@ def _batched_functions(batched, e):
             ("backward_batch", dg, [s for g in batched.backward for s in eb.backward(g)])]
 
 
-def _batch_layout(batched, dtype):
-    """The batched program's layout (templates/batch.c), HAVE_BATCH 0 without one."""
-    if batched is None:
+def _batch_layout(eb, dtype):
+    """The batched program's layout and row lists (templates/batch.c; eb: its emitter, which
+    emitted its functions), HAVE_BATCH 0 without one."""
+    if eb is None:
         return "#define HAVE_BATCH 0"
+    batched = eb.program
     output_slots = batched.output_slots or [0]
     return "\n".join([
         "#define HAVE_BATCH 1",
@@ -782,6 +818,7 @@ def _batch_layout(batched, dtype):
         f"#define BATCH_CONSTANTS_BASE {batched.constants_base}",
         f"static const long BATCH_OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
         _constants(batched.constants, dtype, "init_batch_constants", "BATCH_CONSTANT_VALUES"),
+        eb.scan_batch_rows(),
     ])
 
 

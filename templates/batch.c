@@ -11,7 +11,8 @@ static int batch_buffers(State *st)
 {
     if (st->bd)
         return 0;
-    const size_t bytes = (size_t)N_BATCH_SLOTS * sizeof(real);
+    /* after d's slots, the inputs' row lists (int32, codegen/emit.py's scan_batch_rows) */
+    const size_t bytes = (size_t)N_BATCH_SLOTS * sizeof(real) + BATCH_LIST_WORDS * 4;
     void *d = NULL, *g = NULL;
     if (posix_memalign(&d, 64, bytes ? bytes : 64) != 0 || posix_memalign(&g, 64, bytes ? bytes : 64) != 0) {
         free(d);
@@ -91,6 +92,7 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, d
         for (Py_ssize_t first = i; first < end; first += BATCH_CAPACITY) {
             const long nb = end - first < BATCH_CAPACITY ? (long)(end - first) : BATCH_CAPACITY;
             load_batch(s, order + first, nb, st->d + INPUT_BASE, d);
+            scan_batch_rows(d, nb);
             forward_outputs_batch(d, nb);
             forward_rest_batch(d, nb);
             for (long b = 0; b < nb; b++)
@@ -122,6 +124,7 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, PyTh
         for (long b = 0; b < nb; b++)
             rows[b] = first + b;
         load_batch(s, rows, nb, st->d + INPUT_BASE, d);
+        scan_batch_rows(d, nb);
         forward_outputs_batch(d, nb);
         for (long b = 0; b < nb; b++)
             for (int j = 0; j < N_OUTPUTS; j++)

@@ -10,7 +10,8 @@
  * n < N, where init is C's own value (accumulate), the bias (bias[i * bias_i]) or 0. Every
  * element is summed the same way, in p order from its init, wherever its rows fall: the rows
  * are split between threads (templates/pool.c) in whole blocks of GEMM_MR, so the result is
- * the same bits for any number of threads. GCC and Clang build the kernel for each vector
+ * the same bits for any number of threads. With a list of p (the input rows of a batch that
+ * hold a nonzero: sparse_inputs), the sums skip the others, whose terms are all 0. GCC and Clang build the kernel for each vector
  * width (SSE2, AVX2 with FMA, AVX-512) and take the widest the CPU has when it runs; TCC runs
  * a plain loop. */
 #define GEMM_MR 6
@@ -20,6 +21,7 @@ typedef struct {
     const real *A, *B, *bias;
     long c_i, a_i, a_p, b_p, bias_i, N, P;
     int accumulate;
+    const int32_t *p_list; /* NULL: p runs over 0..P-1; else over p_list[0..P-1] (increasing) */
 } GemmArgs;
 
 /* the initial value of row i's sums */
@@ -33,7 +35,8 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
         if (!g->accumulate)
             for (long n = 0; n < g->N; n++)
                 c[n] = GEMM_INIT(g, i);
-        for (long p = 0; p < g->P; p++) {
+        for (long t = 0; t < g->P; t++) {
+            const long p = g->p_list ? g->p_list[t] : t;
             const real a = g->A[i * g->a_i + p * g->a_p], *b = g->B + p * g->b_p;
             for (long n = 0; n < g->N; n++)
                 c[n] += a * b[n];
@@ -53,6 +56,7 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
         enum { V = sizeof(vec) / sizeof(real) };                                                   \
         const real *restrict A = g->A, *restrict B = g->B;                                         \
         const long a_i = g->a_i, a_p = g->a_p, b_p = g->b_p, c_i = g->c_i, N = g->N, P = g->P;    \
+        const int32_t *restrict p_list = g->p_list;                                                \
         long i = first;                                                                            \
         for (; i + GEMM_MR <= last; i += GEMM_MR) {                                                \
             real *restrict c = g->C + i * c_i;                                                     \
@@ -61,31 +65,20 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
             for (; n + 2 * V <= N; n += 2 * V) {                                                   \
                 GEMM_ROW6(GEMM_DECLARE2)                                                    \
                 GEMM_ROW6(GEMM_INIT2)                                                              \
-                for (long p = 0; p < P; p++) {                                                     \
-                    vec b0, b1;                                                                  \
-                    memcpy(&b0, B + p * b_p + n, sizeof b0);                                       \
-                    memcpy(&b1, B + p * b_p + n + V, sizeof b1);                                   \
-                    GEMM_ROW6(GEMM_FMA2)                                                           \
-                }                                                                                  \
+                GEMM_OVER_P(vec b0; vec b1; memcpy(&b0, B + p * b_p + n, sizeof b0);              \
+                            memcpy(&b1, B + p * b_p + n + V, sizeof b1); GEMM_ROW6(GEMM_FMA2))     \
                 GEMM_ROW6(GEMM_STORE2)                                                             \
             }                                                                                      \
             for (; n + V <= N; n += V) {                                                           \
                 GEMM_ROW6(GEMM_DECLARE1)                                                    \
                 GEMM_ROW6(GEMM_INIT1)                                                              \
-                for (long p = 0; p < P; p++) {                                                     \
-                    vec b0;                                                                      \
-                    memcpy(&b0, B + p * b_p + n, sizeof b0);                                       \
-                    GEMM_ROW6(GEMM_FMA1)                                                           \
-                }                                                                                  \
+                GEMM_OVER_P(vec b0; memcpy(&b0, B + p * b_p + n, sizeof b0); GEMM_ROW6(GEMM_FMA1)) \
                 GEMM_ROW6(GEMM_STORE1)                                                             \
             }                                                                                      \
             for (; n < N; n++) {                                                                   \
                 GEMM_ROW6(GEMM_DECLARE_SCALAR)                                               \
                 GEMM_ROW6(GEMM_INIT_SCALAR)                                                        \
-                for (long p = 0; p < P; p++) {                                                     \
-                    const real b0 = B[p * b_p + n];                                                \
-                    GEMM_ROW6(GEMM_FMA_SCALAR)                                                     \
-                }                                                                                  \
+                GEMM_OVER_P(const real b0 = B[p * b_p + n]; GEMM_ROW6(GEMM_FMA_SCALAR))          \
                 GEMM_ROW6(GEMM_STORE_SCALAR)                                                       \
             }                                                                                      \
         }                                                                                          \
@@ -96,24 +89,28 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
             for (; n + V <= N; n += V) {                                                           \
                 vec s0;                                                                          \
                 GEMM_INIT1(0)                                                                      \
-                for (long p = 0; p < P; p++) {                                                     \
-                    vec b0;                                                                      \
-                    memcpy(&b0, B + p * b_p + n, sizeof b0);                                       \
-                    GEMM_FMA1(0)                                                                   \
-                }                                                                                  \
+                GEMM_OVER_P(vec b0; memcpy(&b0, B + p * b_p + n, sizeof b0); GEMM_FMA1(0))         \
                 GEMM_STORE1(0)                                                                     \
             }                                                                                      \
             for (; n < N; n++) {                                                                   \
                 real t0;                                                                           \
                 GEMM_INIT_SCALAR(0)                                                                \
-                for (long p = 0; p < P; p++) {                                                     \
-                    const real b0 = B[p * b_p + n];                                                \
-                    GEMM_FMA_SCALAR(0)                                                             \
-                }                                                                                  \
+                GEMM_OVER_P(const real b0 = B[p * b_p + n]; GEMM_FMA_SCALAR(0))                  \
                 GEMM_STORE_SCALAR(0)                                                               \
             }                                                                                      \
         }                                                                                          \
     }
+/* the sum's loop over p, written twice: the dense one counts, the listed one reads the list */
+#define GEMM_OVER_P(...)                                                                           \
+    if (p_list)                                                                                    \
+        for (long t = 0; t < P; t++) {                                                             \
+            const long p = p_list[t];                                                              \
+            __VA_ARGS__                                                                            \
+        }                                                                                          \
+    else                                                                                           \
+        for (long p = 0; p < P; p++) {                                                             \
+            __VA_ARGS__                                                                            \
+        }
 /* the pieces, for row r of the block: two vector accumulators s<r>, u<r>; one, s<r>; a scalar t<r> */
 #define GEMM_DECLARE2(r) vec s##r, u##r;
 #define GEMM_DECLARE1(r) vec s##r;
@@ -189,14 +186,35 @@ static void gemm(const GemmArgs *g, long M)
         parallel_rows(gemm_task, (void *)g, M, GEMM_MR);
 }
 
+/* A list of input rows (sparse_inputs: the rows of a batch that hold a nonzero, found by
+ * scan_rows): rows[0] of them, at rows[1..], increasing; NULL: all K. */
+#define LISTED_COUNT(rows, K) ((rows) ? (long)(rows)[0] : (K))
+#define LISTED_INDEX(rows) ((rows) ? (rows) + 1 : NULL)
+
+/* The list of the rows k < n of x (row k at x + k * stride, nb values) that hold a nonzero. */
+KERNEL void scan_rows(const real *restrict x, long stride, long nb, long n, int32_t *restrict list)
+{
+    int32_t count = 0;
+    for (long k = 0; k < n; k++) {
+        const real *row = x + k * stride;
+        int nonzero = 0;
+        for (long b = 0; b < nb; b++)
+            nonzero |= row[b] != 0;
+        if (nonzero)
+            list[1 + count++] = (int32_t)k;
+    }
+    list[0] = count;
+}
+
 /* out[j * out_j + s] = bias[j * bias_j] + sum over k < K of w[j * w_j + k * w_k] * x[k * x_k + s],
- * for j < J and s < S (bias NULL: no bias): a layer's J neurons over a batch of S (x: its K
- * inputs' rows). */
+ * for j < J and s < S (bias NULL: no bias), over the listed k only (rows: see above): a layer's J
+ * neurons over a batch of S (x: its K inputs' rows). */
 KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
                        const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
-                       long J, long S, long K)
+                       long J, long S, long K, const int32_t *rows)
 {
-    const GemmArgs g = {out, w, x, bias, out_j, w_j, w_k, x_k, bias_j, S, K, 0};
+    const GemmArgs g = {out, w, x, bias, out_j, w_j, w_k, x_k, bias_j, S, LISTED_COUNT(rows, K), 0,
+                        LISTED_INDEX(rows)};
     gemm(&g, J);
 }
 
@@ -206,50 +224,74 @@ KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias
 KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
                        const real *restrict go, long go_j, long J, long S, long K)
 {
-    const GemmArgs g = {out, w, go, NULL, out_k, w_k, w_j, go_j, 0, S, J, 1};
+    const GemmArgs g = {out, w, go, NULL, out_k, w_k, w_j, go_j, 0, S, J, 1, NULL};
     gemm(&g, K);
 }
 
-/* out[j * out_j + k] += sum over s < S of go[j * go_j + s] * x[k * x_k + s], for j < J and
- * k < K: a layer's weights' gradients over a batch of S. The product runs along the weights'
- * rows, on blocks of GEMM_NT_COLUMNS of them: each block's inputs copied transposed (S rows
- * of the block's columns) into a buffer on the stack, GEMM_NT_SAMPLES samples at a time (a
- * sum continued from the value it stored, so the same bits as in one go). The blocks are what
- * the threads share: each weight's sum runs in one block, the same way for any thread count. */
+/* out[j * out_j + k] += sum over s < S of go[j * go_j + s] * x[k * x_k + s], for j < J and the
+ * listed k < K (rows: see above; an unlisted row's x is 0, and so is what it would add): a
+ * layer's weights' gradients over a batch of S. The product runs along the weights' rows, on
+ * blocks of GEMM_NT_COLUMNS (listed) columns: each block's inputs copied transposed (S rows of
+ * the block's columns) into a buffer on the stack, GEMM_NT_SAMPLES samples at a time (a sum
+ * continued from the value it stored, so the same bits as in one go); listed columns, which are
+ * not contiguous, are summed in a copy of their weights' gradients, GEMM_NT_ROWS rows at a time,
+ * and copied back. The blocks are what the threads share: each weight's sum runs in one block,
+ * the same way for any thread count. */
 #define GEMM_NT_COLUMNS 64
 #define GEMM_NT_SAMPLES 128
+#define GEMM_NT_ROWS (16 * GEMM_MR)
 typedef struct {
     real *out;
     const real *go, *x;
     long out_j, go_j, x_k, J, K, S;
+    const int32_t *columns; /* NULL: 0..K-1 */
 } WeightGradientArgs;
 
 static void matmul_nt_blocks(void *args, long first, long last)
 {
     const WeightGradientArgs *a = (const WeightGradientArgs *)args;
     const GemmRows kernel = gemm_kernel();
-    real xt[GEMM_NT_SAMPLES * GEMM_NT_COLUMNS];
+    real xt[GEMM_NT_SAMPLES * GEMM_NT_COLUMNS], ct[GEMM_NT_ROWS * GEMM_NT_COLUMNS];
+    const int32_t *columns = a->columns;
     for (long block = first; block < last; block++) {
-        const long k0 = block * GEMM_NT_COLUMNS, n = a->K - k0 < GEMM_NT_COLUMNS ? a->K - k0 : GEMM_NT_COLUMNS;
+        const long t0 = block * GEMM_NT_COLUMNS, n = a->K - t0 < GEMM_NT_COLUMNS ? a->K - t0 : GEMM_NT_COLUMNS;
+#define COLUMN(t) (columns ? (long)columns[t0 + (t)] : t0 + (t))
         for (long s0 = 0; s0 < a->S; s0 += GEMM_NT_SAMPLES) {
             const long p = a->S - s0 < GEMM_NT_SAMPLES ? a->S - s0 : GEMM_NT_SAMPLES;
-            for (long k = 0; k < n; k++)
+            for (long k = 0; k < n; k++) {
+                const real *row = a->x + COLUMN(k) * a->x_k + s0;
                 for (long s = 0; s < p; s++)
-                    xt[s * n + k] = a->x[(k0 + k) * a->x_k + s0 + s];
-            const GemmArgs g = {a->out + k0, a->go + s0, xt, NULL, a->out_j, a->go_j, 1, n, 0, n, p, 1};
-            kernel(&g, 0, a->J);
+                    xt[s * n + k] = row[s];
+            }
+            if (!columns) {
+                const GemmArgs g = {a->out + t0, a->go + s0, xt, NULL, a->out_j, a->go_j, 1, n, 0, n, p, 1, NULL};
+                kernel(&g, 0, a->J);
+                continue;
+            }
+            for (long j0 = 0; j0 < a->J; j0 += GEMM_NT_ROWS) {
+                const long m = a->J - j0 < GEMM_NT_ROWS ? a->J - j0 : GEMM_NT_ROWS;
+                for (long j = 0; j < m; j++)
+                    for (long k = 0; k < n; k++)
+                        ct[j * n + k] = a->out[(j0 + j) * a->out_j + COLUMN(k)];
+                const GemmArgs g = {ct, a->go + j0 * a->go_j + s0, xt, NULL, n, a->go_j, 1, n, 0, n, p, 1, NULL};
+                kernel(&g, 0, m);
+                for (long j = 0; j < m; j++)
+                    for (long k = 0; k < n; k++)
+                        a->out[(j0 + j) * a->out_j + COLUMN(k)] = ct[j * n + k];
+            }
         }
+#undef COLUMN
     }
 }
 
 KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, long go_j,
-                      const real *restrict x, long x_k, long J, long K, long S)
+                      const real *restrict x, long x_k, long J, long K, long S, const int32_t *rows)
 {
-    if (J <= 0 || K <= 0 || S <= 0)
+    WeightGradientArgs args = {out, go, x, out_j, go_j, x_k, J, LISTED_COUNT(rows, K), S, LISTED_INDEX(rows)};
+    if (J <= 0 || args.K <= 0 || S <= 0)
         return;
-    WeightGradientArgs args = {out, go, x, out_j, go_j, x_k, J, K, S};
-    const long blocks = (K + GEMM_NT_COLUMNS - 1) / GEMM_NT_COLUMNS;
-    if ((double)J * (double)K * (double)S < GEMM_PARALLEL_MIN)
+    const long blocks = (args.K + GEMM_NT_COLUMNS - 1) / GEMM_NT_COLUMNS;
+    if ((double)J * (double)args.K * (double)S < GEMM_PARALLEL_MIN)
         matmul_nt_blocks(&args, 0, blocks);
     else
         parallel_rows(matmul_nt_blocks, &args, blocks, 1);

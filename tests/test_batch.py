@@ -158,3 +158,19 @@ def test_the_minibatch_benchmark_runs(mnist_dir, capsys):
         row = next(line for line in out.splitlines() if line.startswith(f"| mlp-50 | float32 | {run}"))
         ours, one_thread = row.split(" | ")[3:5]
         assert float(ours) > 0 and float(one_thread) > 0
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_sparse_inputs_skip_the_zero_rows_of_a_batch(compiler, dtype):
+    """sparse_inputs=True: the first layer's products visit only the input rows that hold a
+    nonzero in the batch (a list scan_batch_rows makes); the numbers are the dense ones."""
+    X, y = data(60)
+    X[:, ::2] = 0  # half the inputs 0 in every row, the others in some rows only
+    X[X < 0.4] = 0
+    batched, single = twins(compiler, dtype=dtype, sparse_inputs=True)
+    assert "scan_rows(" in batched.build.source.read_text()
+    for epoch in range(2):
+        assert_close(batched.train(X, y, 0.05, batch_size=16, seed=epoch),
+                     single.train(X, y, 0.05, batch_size=16, seed=epoch), dtype)
+    assert_close(batched.params, single.params, dtype)
+    assert_close(batched.predict(X), single.predict(X), dtype)

@@ -3,7 +3,11 @@ kernel checked against a reference, its max difference printed): matmul_set (a l
 batch, from its bias), matmul_acc (its inputs' gradients) and matmul_nt (its weights'
 gradients), at sizes that leave tails in every direction (rows after the last block of six,
 columns after the last pair of vectors and the last vector), with strides as the generated code
-passes them; each vector width built (GEMM_VECTOR_BYTES), the widths this CPU has run."""
+passes them, over all input rows and over the list scan_rows makes of those that hold a nonzero
+(sparse inputs, a third of the rows zero); each vector width built (GEMM_VECTOR_BYTES), the
+widths this CPU has run."""
+
+import itertools
 
 import cffi
 import numpy as np
@@ -15,24 +19,28 @@ from tests.test_optim import cpu_vector_bytes
 
 HARNESS = """
 void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
-              const real *x, long x_k, long J, long S, long K)
-{ matmul_set(out, out_j, bias, bias_j, w, w_j, w_k, x, x_k, J, S, K); }
+              const real *x, long x_k, long J, long S, long K, const int32_t *rows)
+{ matmul_set(out, out_j, bias, bias_j, w, w_j, w_k, x, x_k, J, S, K, rows); }
 void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
               long J, long S, long K)
 { matmul_acc(out, out_k, w, w_j, w_k, go, go_j, J, S, K); }
-void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S)
-{ matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S); }
+void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
+             const int32_t *rows)
+{ matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S, rows); }
+void call_scan(const real *x, long stride, long nb, long n, int32_t *list) { scan_rows(x, stride, nb, n, list); }
 """
 DECLARATIONS = """
 void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
-              const real *x, long x_k, long J, long S, long K);
+              const real *x, long x_k, long J, long S, long K, const int *rows);
 void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
               long J, long S, long K);
-void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S);
+void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
+             const int *rows);
+void call_scan(const real *x, long stride, long nb, long n, int *list);
 """
 DTYPES = {"float64": ("double", np.float64, 1e-12), "float32": ("float", np.float32, 2e-5)}
 # (neurons J, samples S, inputs K): tails of rows, vectors and columns; one of each size 1
-SIZES = [(13, 37, 29), (6, 64, 8), (1, 1, 1), (7, 5, 3), (25, 128, 70)]
+SIZES = [(13, 37, 29), (6, 64, 8), (1, 1, 1), (7, 5, 3), (25, 128, 70), (100, 33, 150)]
 
 
 def kernels(compiler, dtype, width=None, threads=False):
@@ -55,36 +63,45 @@ def check(compiler, dtype, width=None):
     def ptr(a):
         return ffi.cast("real *", a.ctypes.data)
     worst = 0.0
-    for J, S, K in SIZES:
+    for (J, S, K), sparse in itertools.product(SIZES, (False, True)):
         # the generated code's layout: weights rows of K + 1 (a bias after them), rows of 128 samples
         w = rng.standard_normal((J, K + 1)).astype(np_type)
         x = np.zeros((K, 128), np_type)
         x[:, :S] = rng.standard_normal((K, S))
+        rows = ffi.NULL
+        if sparse:  # every third input row 0 over the batch, listed out by scan_rows
+            x[::3] = 0
+            listed = np.zeros(K + 1, np.int32)
+            lib.call_scan(ptr(x), 128, S, K, ffi.cast("int *", listed.ctypes.data))
+            assert list(listed[1:1 + listed[0]]) == [k for k in range(K) if k % 3]
+            rows = ffi.cast("int *", listed.ctypes.data)
         go = np.zeros((J, 128), np_type)
         go[:, :S] = rng.standard_normal((J, S))
         W, X, G, bias = w[:, :K].astype(np.float64), x[:, :S].astype(np.float64), go[:, :S].astype(np.float64), w[:, K]
         out = np.zeros((J, 128), np_type)
-        lib.call_set(ptr(out), 128, ptr(w[:, K:].copy()), 1, ptr(w), K + 1, 1, ptr(x), 128, J, S, K)
+        lib.call_set(ptr(out), 128, ptr(w[:, K:].copy()), 1, ptr(w), K + 1, 1, ptr(x), 128, J, S, K, rows)
         expected = W @ X + bias[:, None]
-        worst = max(worst, compare(out[:, :S], expected, rtol, "matmul_set", J, S, K))
+        worst = max(worst, compare(out[:, :S], expected, rtol, "matmul_set", J, S, K, sparse))
         assert not out[:, S:].any()  # nothing past the batch
         start = rng.standard_normal((K, 128)).astype(np_type)
         dx = start.copy()
         lib.call_acc(ptr(dx), 128, ptr(w), K + 1, 1, ptr(go), 128, J, S, K)
-        worst = max(worst, compare(dx[:, :S], start[:, :S] + W.T @ G, rtol, "matmul_acc", J, S, K))
+        worst = max(worst, compare(dx[:, :S], start[:, :S] + W.T @ G, rtol, "matmul_acc", J, S, K, sparse))
         np.testing.assert_array_equal(dx[:, S:], start[:, S:])
         dw = rng.standard_normal((J, K + 1)).astype(np_type)
         before = dw.copy()
-        lib.call_nt(ptr(dw), K + 1, ptr(go), 128, ptr(x), 128, J, K, S)
-        worst = max(worst, compare(dw[:, :K], before[:, :K] + G @ X.T, rtol, "matmul_nt", J, S, K))
+        lib.call_nt(ptr(dw), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows)
+        worst = max(worst, compare(dw[:, :K], before[:, :K] + G @ X.T, rtol, "matmul_nt", J, S, K, sparse))
         np.testing.assert_array_equal(dw[:, K], before[:, K])  # the bias column untouched
+        if sparse:  # an unlisted row's weights' gradients are not even touched
+            np.testing.assert_array_equal(dw[:, :K:3], before[:, :K:3])
     print(f"{compiler} {dtype} width {width}: max relative difference {worst:.2e}")
 
 
-def compare(got, expected, rtol, what, *size):
+def compare(got, expected, rtol, what, *case):
     scale = np.abs(expected).max() + 1
     diff = float(np.abs(got.astype(np.float64) - expected).max() / scale)
-    assert diff <= rtol, f"{what} at J, S, K = {size}: {diff:.3e} > {rtol}"
+    assert diff <= rtol, f"{what} at J, S, K, sparse = {case}: {diff:.3e} > {rtol}"
     return diff
 
 
