@@ -4,6 +4,8 @@ import sys
 import numpy as np
 import pytest
 
+from codegen.toolchain import FAMILIES
+from conftest import requires
 from bench.peers import NIN, NOUT, PARAM_NAMES, SCALE, CReference, NumpyMLP, TorchMLP, init_params
 
 LR = 0.01
@@ -81,7 +83,7 @@ def test_numpy_loss_and_gradient(data):
 
 
 def test_torch_matches_numpy(data, expected):
-    pytest.importorskip('torch', reason='PyTorch is not installed')
+    requires('torch')
     assert_same_run(run(TorchMLP, data), expected)
 
 
@@ -92,7 +94,7 @@ def test_torch_missing_raises_clear_import_error(monkeypatch):
 
 
 def test_c_reference_matches_numpy(compiler, data, expected):  # `compiler`: tests/conftest.py
-    native = compiler != 'tcc'  # tcc has no -march=native
+    native = FAMILIES[compiler].native  # tcc has no -march=native
     assert_same_run(run(CReference, data, compiler=compiler, native=native), expected)
 
 
