@@ -80,10 +80,12 @@ def find_compiler(name: str | None = None) -> Compiler:
     return _find_compiler(name or os.environ.get('CC') or default_compiler_name())
 
 
-def default_compiler_name() -> str:
-    """The first of DEFAULT_SEARCH this machine has (optimising compilers first); CompilerNotFound
-    naming every way to get one if it has none."""
+def default_compiler_name(native: bool = False) -> str:
+    """The first of DEFAULT_SEARCH this machine has (optimising compilers first), of those taking
+    -march=native if `native`; CompilerNotFound naming every way to get one if it has none."""
     for name in DEFAULT_SEARCH:
+        if native and not FAMILIES[name].native:
+            continue
         try:
             _find_compiler(name)
         except CompilerNotFound:

@@ -110,7 +110,7 @@ def pytest_terminal_summary(terminalreporter):
             lacking[match.group(1)] += 1
     if lacking:
         terminalreporter.write_line('skipped for lack of a tool: ' + ', '.join(
-            f'{tool} ({count} tests; {TOOLS[tool].how_to_get})' for tool, count in sorted(lacking.items())))
+            f'{tool} ({count} test{"s" * (count != 1)}; {TOOLS[tool].how_to_get})' for tool, count in sorted(lacking.items())))
 
 
 @pytest.fixture(params=COMPILER_NAMES)

@@ -36,7 +36,7 @@ def wasmtime():
 # Each compiler of WebAssembly: the tools it needs, and its command with the target flag. clang links
 # with wasm-ld (apt's lld); zig cc (the ziglang wheel) links it itself.
 WASM_COMPILERS = {
-    "clang": (("clang", "wasm-ld"), lambda: [find_compiler("clang").argv[0], "--target=wasm32"]),
+    "clang": (("wasm-ld", "clang"), lambda: [find_compiler("clang").argv[0], "--target=wasm32"]),
     # -O0 of zig cc adds UBSan, whose runtime a freestanding module lacks
     "zig": (("zig",), lambda: [*find_compiler("zig").argv, "--target=wasm32-freestanding", "-fno-sanitize=undefined"]),
 }
