@@ -4,7 +4,7 @@ import sys
 import numpy as np
 import pytest
 
-from codegen.toolchain import FAMILIES
+from codegen.toolchain import FAMILIES, find_compiler
 from conftest import requires
 from bench.peers import NIN, NOUT, PARAM_NAMES, SCALE, CReference, NumpyMLP, TorchMLP, init_params
 
@@ -16,6 +16,11 @@ N_IMAGES = 64
 def data():
     rng = np.random.default_rng(1)
     return rng.integers(0, 256, (N_IMAGES, NIN), dtype=np.uint8), rng.integers(0, NOUT, N_IMAGES, dtype=np.uint8)
+
+
+def default_compiler():
+    """CReference's options for the machine's default compiler (-march=native where it takes it)."""
+    return {'compiler': None, 'native': FAMILIES[find_compiler().family].native}
 
 
 def run(peer_class, data, **options):
@@ -101,7 +106,7 @@ def test_c_reference_matches_numpy(compiler, data, expected):  # `compiler`: tes
 @pytest.mark.parametrize('variant', ['sparse', 'input_major'])
 def test_c_reference_variants_match_numpy(data, expected, variant):
     """The SPARSE_INPUTS and INPUT_MAJOR variants compute the same step (in another order)."""
-    loss, params, accuracy = run(CReference, data, **{variant: True})
+    loss, params, accuracy = run(CReference, data, **default_compiler(), **{variant: True})
     if variant == 'input_major':  # W1 is held transposed, pixel by pixel
         assert params['W1'].shape == (NIN, 50)
         params = {**params, 'W1': params['W1'].T}
@@ -109,7 +114,7 @@ def test_c_reference_variants_match_numpy(data, expected, variant):
 
 
 def test_c_reference_rejects_bad_input(data):
-    model = CReference(init_params())
+    model = CReference(init_params(), **default_compiler())
     X, labels = data
     with pytest.raises(ValueError, match='labels'):
         model.train(X, np.full(len(X), NOUT), LR)
