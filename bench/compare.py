@@ -17,9 +17,10 @@ from .libtcc_row import LIBTCC, measure_libtcc
 from .measure import (INTERPRETED, NUMPY, TORCH, Column, add_arguments, columns, compiled, machine_description,
                       markdown_table, measure_all, speedup_column, table_notes, with_dtype, write_csv)
 
+OPTIMISING = ('gcc', 'clang', 'zig')  # zig: `zig cc` from the ziglang wheel (pip install '.[zig]')
 BUILDS = [('tcc', 0, False),
-          *[(cc, opt, False) for cc in ('gcc', 'clang') for opt in range(4)],
-          *[(cc, opt, True) for cc in ('gcc', 'clang') for opt in (2, 3)]]
+          *[(cc, opt, False) for cc in OPTIMISING for opt in range(4)],
+          *[(cc, opt, True) for cc in OPTIMISING for opt in (2, 3)]]
 CONFIGS = [INTERPRETED,
            *[compiled(cc, opt, native, fuse) for fuse in (True, False) for cc, opt, native in BUILDS],
            NUMPY, TORCH]

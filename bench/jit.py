@@ -114,7 +114,7 @@ def main(argv=None):
     parser.add_argument("--n", type=int, default=1_000_000, help="evaluations (default 1,000,000)")
     parser.add_argument("--repeats", type=int, default=21,
                         help="runs of each batched method, and pairs of runs for the targets (default 21)")
-    parser.add_argument("--compiler", default=None, help="jit's compiler (default: $CC, else gcc)")
+    parser.add_argument("--compiler", default=None, help="jit's compiler (default: $CC, else the first found of gcc, clang, zig, tcc)")
     parser.add_argument("--interpreted", type=int, default=3_000, help="evaluations timed for the interpreter")
     parser.add_argument("--per-call", type=int, default=100_000, help="evaluations timed per call")
     args = parser.parse_args(argv)

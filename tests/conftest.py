@@ -1,20 +1,122 @@
+"""What every test module shares: requires(tool), the one way a test asks for an optional tool (a
+compiler, dot, wasm-ld, wasmtime, torch), and the build cache of the run.
+
+A tool the machine lacks skips the test with the reason "needs <tool>, not found: <how to get it>";
+with MICROGRAD_C_REQUIRE_COMPILERS=1 (CI, .ci/run) it fails it instead, except for the tools CI
+does not install (torch). The run ends with one line counting what was skipped for lack of what."""
+import collections
+import importlib
 import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import Callable
 
 import pytest
 
-from codegen.toolchain import COMPILER_NAMES, CompilerNotFound, find_compiler
+from codegen.toolchain import BACKEND_NAMES, COMPILER_NAMES, FAMILIES, CompilerNotFound, find_compiler
+
+REQUIRED = os.environ.get('MICROGRAD_C_REQUIRE_COMPILERS') == '1'
+
+
+class ToolMissing(Exception):
+    pass
+
+
+def _compiler(name):
+    def find():
+        try:
+            find_compiler(name)
+        except CompilerNotFound as error:
+            raise ToolMissing(str(error)) from None
+        return name
+    return find
+
+
+def _program(name):
+    def find():
+        path = shutil.which(name)
+        if path is None:
+            raise ToolMissing(f'{name} is not on PATH')
+        return path
+    return find
+
+
+def _package(name):
+    def find():
+        try:
+            return importlib.import_module(name)
+        except ImportError as error:
+            raise ToolMissing(str(error)) from None
+    return find
+
+
+@dataclass(frozen=True)
+class Tool:
+    find: Callable[[], object]   # what requires() returns; raises ToolMissing
+    how_to_get: str
+    in_ci: bool = True           # installed by .ci/run: missing there fails the test
+
+
+TOOLS = {
+    **{name: Tool(_compiler(name), FAMILIES[name].install_advice) for name in BACKEND_NAMES},
+    'dot': Tool(_program('dot'), 'graphviz draws graphs: `apt-get install graphviz`'),
+    'wasm-ld': Tool(_program('wasm-ld'), 'links WebAssembly for clang: `apt-get install lld`'),
+    'wasmtime': Tool(_package('wasmtime'), 'runs WebAssembly: `pip install wasmtime` (the test extra)'),
+    'torch': Tool(_package('torch'), 'PyTorch, a peer in the comparisons: `make torch`', in_ci=False),
+}
+SKIP_REASON = re.compile(r'needs ([\w.-]+), not found')
+
+
+def requires(tool: str):
+    """The tool (a compiler's name, a program's path or a package's module); a missing one skips
+    the test, or fails it in CI."""
+    entry = TOOLS[tool]
+    try:
+        return entry.find()
+    except ToolMissing as error:
+        message = f'needs {tool}, not found: {entry.how_to_get} ({error})'
+        if REQUIRED and entry.in_ci:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+def have(tool: str) -> bool:
+    """Whether the machine has the tool (no skip, no failure)."""
+    try:
+        TOOLS[tool].find()
+    except ToolMissing:
+        return False
+    return True
+
+
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'requires(*tools): the test needs these tools (see conftest.requires)')
+
+
+def pytest_runtest_setup(item):
+    for marker in item.iter_markers('requires'):
+        for tool in marker.args:
+            requires(tool)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line: how many tests each missing tool skipped."""
+    lacking = collections.Counter()
+    for report in terminalreporter.stats.get('skipped', []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        match = SKIP_REASON.search(reason)
+        if match:
+            lacking[match.group(1)] += 1
+    if lacking:
+        terminalreporter.write_line('skipped for lack of a tool: ' + ', '.join(
+            f'{tool} ({count} test{"s" * (count != 1)}; {TOOLS[tool].how_to_get})' for tool, count in sorted(lacking.items())))
 
 
 @pytest.fixture(params=COMPILER_NAMES)
 def compiler(request) -> str:
-    """Name of each C compiler. A missing one skips, or fails when MICROGRAD_C_REQUIRE_COMPILERS=1 (CI)."""
-    try:
-        find_compiler(request.param)
-    except CompilerNotFound as error:
-        if os.environ.get('MICROGRAD_C_REQUIRE_COMPILERS') == '1':
-            pytest.fail(str(error))
-        pytest.skip(str(error))
-    return request.param
+    """Name of each C compiler (toolchain.COMPILER_NAMES), as requires() finds it."""
+    return requires(request.param)
 
 
 @pytest.fixture(autouse=True, scope='session')

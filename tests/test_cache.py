@@ -146,6 +146,7 @@ def test_an_interrupted_build_leaves_nothing_that_loads_wrongly(tmp_path, leftov
     assert cache.open_entry(so_path)[0] == cache.VALID
 
 
+@pytest.mark.requires("gcc")  # slow enough to be killed midway
 def test_a_build_killed_midway_leaves_no_entry(tmp_path):
     """Kill a process while it builds, at a few points; the next build is whole."""
     script = textwrap.dedent(f"""

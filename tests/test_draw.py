@@ -29,6 +29,7 @@ def test_dot_source_has_a_node_per_value_an_op_node_per_op_and_an_edge_per_use()
     assert to_dot(small_graph()) == source  # deterministic
 
 
+@pytest.mark.requires("dot")
 def test_draw_dot_writes_an_svg(tmp_path):
     path = draw_dot(small_graph(), tmp_path / "graph.svg")
     root = ElementTree.parse(path).getroot()
@@ -37,6 +38,7 @@ def test_draw_dot_writes_an_svg(tmp_path):
     assert "ReLU" in texts and "data 2.0000" in texts and "grad 7.0000" in texts
 
 
+@pytest.mark.requires("dot")
 def test_draw_dot_writes_a_png(tmp_path):
     path = draw_dot(small_graph(), tmp_path / "graph.out", format="png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -54,6 +56,7 @@ def test_unknown_format_is_a_clear_error(tmp_path):
         draw_dot(small_graph(), tmp_path / "graph.pdf")
 
 
+@pytest.mark.requires("dot")
 def test_readme_example_draws(tmp_path, monkeypatch):
     """The README's draw_dot example runs as written."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()

@@ -7,6 +7,7 @@ import pytest
 
 import micrograd.engine
 import micrograd.nn
+from conftest import requires
 from micrograd_c import MLP, Layer, Neuron, Value, cross_entropy, log_softmax, mse
 from micrograd_c import ops
 from micrograd_c.engine import topological_order
@@ -184,7 +185,7 @@ def test_power_values_follow_c_where_python_raises():
 @pytest.mark.parametrize("x, y", POWERS)
 def test_power_against_pytorch(x, y):
     """A hold-out: PyTorch's own pow and autograd (optional: `make torch`)."""
-    torch = pytest.importorskip("torch")
+    torch = requires("torch")
     ta, tb = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (x, y))
     (ta ** tb + 3.0 ** tb).backward()
     a, b = Value(x), Value(y)

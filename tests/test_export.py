@@ -2,15 +2,15 @@
 and clang against the exported files, must give the Python module's numbers: predictions, and for
 the trainable export the losses and parameters of 10 SGD steps. The files also cross-compile for
 aarch64; the freestanding math is held to the C library's."""
-import os
 import random
-import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
 import codegen
+from codegen.toolchain import find_compiler
+from conftest import requires
 from micrograd_c import MLP, Value, cross_entropy
 
 N_IN, N_CLASSES = 6, 3
@@ -18,20 +18,10 @@ STEPS, LR = 10, 0.05
 CFLAGS = ["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O2"]
 
 
-def require(tool):
-    """The tool's path; a missing one skips, or fails under CI (MICROGRAD_C_REQUIRE_COMPILERS=1)."""
-    path = shutil.which(tool)
-    if path is None:
-        message = f"{tool} not found (apt-get install {tool})"
-        if os.environ.get("MICROGRAD_C_REQUIRE_COMPILERS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
-
-@pytest.fixture(params=["gcc", "clang"])
+@pytest.fixture(params=["gcc", "clang", "zig"])
 def cc(request):
-    return require(request.param)
+    """The command of each compiler that builds a program from the exported C."""
+    return list(find_compiler(requires(request.param)).argv)
 
 
 def classifier(seed=0):
@@ -117,7 +107,7 @@ def build_and_run(cc, directory, program, stdin):
     main = directory / "main.c"
     main.write_text(program)
     binary = directory / "main"
-    run([cc, *CFLAGS, f"-I{directory}", str(directory / "small.c"), str(main), "-o", str(binary), "-lm"])
+    run([*cc, *CFLAGS, f"-I{directory}", str(directory / "small.c"), str(main), "-o", str(binary), "-lm"])
     values = {}
     for line in run([str(binary)], stdin).splitlines():
         key, value = line.split()
@@ -133,7 +123,7 @@ def test_trainable_export_trains_as_the_module(cc, tmp_path):
     stdin = f"{len(data)} {LR!r}\n" + text(data)
     got = build_and_run(cc, tmp_path, TRAIN_PROGRAM, stdin)
 
-    net = codegen.compile(loss, xs + ys, model.parameters(), logits, compiler="gcc")
+    net = codegen.compile(loss, xs + ys, model.parameters(), logits, compiler=None)
     losses = []
     for step in range(STEPS):
         net.set_input(data[step % len(data)])
@@ -162,14 +152,14 @@ def test_frozen_export_predicts_as_the_module(cc, tmp_path):
     data = np.ascontiguousarray(rows(20)[:, :N_IN])
     got = build_and_run(cc, tmp_path, PREDICT_PROGRAM, text(data))
 
-    net = codegen.compile(loss, xs + ys, model.parameters(), logits, compiler="gcc")
+    net = codegen.compile(loss, xs + ys, model.parameters(), logits, compiler=None)
     expected = np.asarray(net.predict(data))
     # the module sums its dots in sixteen lanes, the frozen code left to right
     np.testing.assert_allclose(got["output"].reshape(expected.shape), expected, rtol=1e-12, atol=1e-14)
 
 
 def test_exports_cross_compile_for_aarch64(tmp_path):
-    clang = require("clang")
+    clang = find_compiler(requires("clang")).argv[0]
     model, xs, ys, logits, loss = classifier()
     for frozen in (False, True):
         directory = tmp_path / ("frozen" if frozen else "trainable")
@@ -218,7 +208,7 @@ int main(void)
 
 
 def test_freestanding_math_matches_the_c_library(tmp_path):
-    gcc = require("gcc")
+    gcc = find_compiler(requires("gcc")).argv[0]
     model, xs, ys, logits, loss = classifier()
     exported = codegen.export(loss, xs + ys, model.parameters(), logits, path=tmp_path, name="small")
     (tmp_path / "check.c").write_text(SHIM_CHECK)

@@ -10,6 +10,7 @@ import pytest
 import codegen
 import templates
 from codegen import dtypes
+from codegen.toolchain import FAMILIES
 from test_module import N_CLASSES, N_IN, data, small_classifier
 
 RTOL = 1e-4  # see test_compile.py: float32 against float64, small models
@@ -73,7 +74,7 @@ def test_train_and_predict_follow_float64(compiler):
 def test_optimizers_in_float32(optimizer, compiler):
     """Every optimizer's step in float (Adam's vector square roots too: -march=native where the
     compiler takes it), its state float32, the parameters close to float64's after 200 steps."""
-    options = dict(optimizer=optimizer, native=compiler != "tcc", opt=2)
+    options = dict(optimizer=optimizer, native=FAMILIES[compiler].native, opt=2)
     wide, narrow = compile_pair(compiler, **options)
     X, labels = data(100)
     for net in (wide, narrow):

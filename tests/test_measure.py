@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bench import compare
+from conftest import requires
 from bench.measure import (NUMPY, Config, Row, columns, compiled, markdown_table, measure, peer_params,
                            ratio_column, speedup_column, write_csv)
 from mnist.model import PIXEL_SCALE, build_graph
@@ -40,7 +41,7 @@ def test_pareto_front():
 
 def test_peer_params_give_the_compiled_modules_logits(data):
     graph = build_graph(seed=1)
-    net = graph.compile(compiler='gcc', opt=0)
+    net = graph.compile(compiler=None, opt=0)
     images = data[0][:5]
     peer = NumpyMLP(peer_params(graph.model))
     _, logits = peer.forward(images * PIXEL_SCALE)
@@ -51,6 +52,7 @@ def test_peer_params_give_the_compiled_modules_logits(data):
 
 @pytest.fixture(scope='module')
 def gcc_and_numpy_rows(data):
+    requires('gcc')
     return measure(compiled('gcc', 2), data, N_TRAIN, repeats=2), measure(NUMPY, data, N_TRAIN, repeats=2)
 
 
@@ -69,6 +71,7 @@ def test_measure_compiled_and_numpy(gcc_and_numpy_rows):
     assert ours.accuracy == numpy_row.accuracy
 
 
+@pytest.mark.requires('gcc')
 def test_measure_reports_a_timeout_and_goes_on(data):
     timed_out = measure(compiled('gcc', 2), data, N_TRAIN, repeats=1, timeout=1e-3)
     assert timed_out.status == '> limit'
@@ -113,6 +116,7 @@ def test_markdown_and_csv_hold_the_values(gcc_and_numpy_rows, tmp_path):
     assert cells[2] == ['broken', 'failed: boom', '-', '-', '-', '-', '-', '-']
 
 
+@pytest.mark.requires('gcc')  # --quick's configurations are gcc's
 def test_compare_quick_writes_its_outputs(data, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(compare, 'load_mnist', lambda data_dir: data)
     assert compare.main(['--quick', '--out', str(tmp_path)]) == 0

@@ -10,12 +10,15 @@ the bit, so that the tests hold the optimizer alone (to 1e-12).
 import math
 import platform
 import random
+import shlex
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import codegen
+from codegen.toolchain import find_compiler
+from conftest import requires
 from micrograd_c import MLP, Value, mse
 
 STEPS = 100
@@ -151,12 +154,12 @@ def cpu_vector_bytes():
 
 
 @pytest.mark.parametrize("width", [16, 32, 64])
-@pytest.mark.parametrize("family", ["gcc", "clang"])
+@pytest.mark.parametrize("family", ["gcc", "clang", "zig"])
 def test_each_adam_vector_pass(family, width):
     """Adam's pass runs on the widest vectors the CPU has (templates/optim.c); each width, forced,
     follows the reference (the model's 21 parameters: whole vectors, then a tail). A width this
     CPU lacks would die of an illegal instruction: it is built, not run."""
-    forced = f"{family} -DADAM_VECTOR_BYTES={width}"
+    forced = shlex.join([*find_compiler(requires(family)).argv, f"-DADAM_VECTOR_BYTES={width}"])
     runs_here = width in cpu_vector_bytes()
     for name in ("adam", "adamw"):
         if runs_here:
@@ -200,10 +203,10 @@ def torch_optimizer(torch, optimizer, tensor):
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_update_follows_torch_optim(name):
     """The same 100 steps as torch.optim takes them (PyTorch is optional: `make torch`)."""
-    torch = pytest.importorskip("torch")
+    torch = requires("torch")
     optimizer = OPTIMIZERS[name]
     build, p, rows = model_case()
-    net = compiled(build, p, optimizer, "gcc")
+    net = compiled(build, p, optimizer, None)
     tensor = torch.tensor(p, dtype=torch.float64, requires_grad=True)
     theirs = torch_optimizer(torch, optimizer, tensor)
     for step in range(STEPS):

@@ -4,6 +4,8 @@ import sys
 import numpy as np
 import pytest
 
+from codegen.toolchain import FAMILIES, find_compiler
+from conftest import requires
 from bench.peers import NIN, NOUT, PARAM_NAMES, SCALE, CReference, NumpyMLP, TorchMLP, init_params
 
 LR = 0.01
@@ -14,6 +16,11 @@ N_IMAGES = 64
 def data():
     rng = np.random.default_rng(1)
     return rng.integers(0, 256, (N_IMAGES, NIN), dtype=np.uint8), rng.integers(0, NOUT, N_IMAGES, dtype=np.uint8)
+
+
+def default_compiler():
+    """CReference's options for the machine's default compiler (-march=native where it takes it)."""
+    return {'compiler': None, 'native': FAMILIES[find_compiler().family].native}
 
 
 def run(peer_class, data, **options):
@@ -81,7 +88,7 @@ def test_numpy_loss_and_gradient(data):
 
 
 def test_torch_matches_numpy(data, expected):
-    pytest.importorskip('torch', reason='PyTorch is not installed')
+    requires('torch')
     assert_same_run(run(TorchMLP, data), expected)
 
 
@@ -92,10 +99,11 @@ def test_torch_missing_raises_clear_import_error(monkeypatch):
 
 
 def test_c_reference_matches_numpy(compiler, data, expected):  # `compiler`: tests/conftest.py
-    native = compiler != 'tcc'  # tcc has no -march=native
+    native = FAMILIES[compiler].native  # tcc has no -march=native
     assert_same_run(run(CReference, data, compiler=compiler, native=native), expected)
 
 
+@pytest.mark.requires('gcc')  # the sparse variant's C is GNU C (vector extensions): not tcc's
 @pytest.mark.parametrize('variant', ['sparse', 'input_major'])
 def test_c_reference_variants_match_numpy(data, expected, variant):
     """The SPARSE_INPUTS and INPUT_MAJOR variants compute the same step (in another order)."""
@@ -107,7 +115,7 @@ def test_c_reference_variants_match_numpy(data, expected, variant):
 
 
 def test_c_reference_rejects_bad_input(data):
-    model = CReference(init_params())
+    model = CReference(init_params(), **default_compiler())
     X, labels = data
     with pytest.raises(ValueError, match='labels'):
         model.train(X, np.full(len(X), NOUT), LR)

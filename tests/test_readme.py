@@ -4,9 +4,12 @@ import math
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
+@pytest.mark.requires("gcc")  # the example names it
 def test_readme_example_runs():
     code = re.search(r"## Example\n\n```python\n(.*?)```", README.read_text(), re.S).group(1)
     namespace = {}

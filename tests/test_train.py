@@ -50,7 +50,7 @@ def summary_accuracy(out):
 
 def test_trains_on_a_subset_saves_and_reloads(mnist_dir, tmp_path, capsys):
     params = tmp_path / "params.npz"
-    common = ["--data-dir", str(mnist_dir), "--no-download", "--compiler", "gcc", "--opt", "2"]
+    common = ["--data-dir", str(mnist_dir), "--no-download", "--opt", "2"]
     status, out, _ = run_train(capsys, *common, "--limit", "10000", "--save", str(params),
                                "--module-dir", str(tmp_path / "no-module"))
     assert status == 0
@@ -64,7 +64,7 @@ def test_trains_on_a_subset_saves_and_reloads(mnist_dir, tmp_path, capsys):
 
     # the module `make` builds is used when its nn.c matches, and given the loaded parameters
     module_dir = tmp_path / "build"
-    assert build.main(["--compiler", "gcc", "--out", str(module_dir)]) == 0
+    assert build.main(["--out", str(module_dir)]) == 0
     status, out, _ = run_train(capsys, *common, "--load", str(params), "--eval-only", "--module-dir", str(module_dir))
     assert status == 0
     assert f"module: prebuilt {module_dir}" in out
@@ -75,13 +75,13 @@ def test_float32_trains_the_subset_and_the_float64_module_is_not_taken_for_it(mn
     """--dtype float32 (make DTYPE=float32): a float32 build, used by the training only when it
     asks for float32; its accuracy on the subset as float64's bar."""
     module_dir = tmp_path / "build"
-    assert build.main(["--compiler", "gcc", "--out", str(module_dir)]) == 0  # float64
-    common = ["--data-dir", str(mnist_dir), "--no-download", "--compiler", "gcc", "--limit", "10000",
+    assert build.main(["--out", str(module_dir)]) == 0  # float64
+    common = ["--data-dir", str(mnist_dir), "--no-download", "--limit", "10000",
               "--module-dir", str(module_dir)]
     status, out, _ = run_train(capsys, *common, "--dtype", "float32")
     assert status == 0 and "module: compiled;" in out and "float32" in out
     assert summary_accuracy(out) >= SUBSET_ACCURACY
-    assert build.main(["--compiler", "gcc", "--out", str(module_dir), "--dtype", "float32"]) == 0
+    assert build.main(["--out", str(module_dir), "--dtype", "float32"]) == 0
     capsys.readouterr()
     status, out, _ = run_train(capsys, *common, "--dtype", "float32")
     assert status == 0 and f"module: prebuilt {module_dir}" in out
@@ -108,7 +108,7 @@ def test_full_mnist_reaches_the_targets(mnist_dir, tmp_path, capsys):
 @pytest.mark.parametrize("scalar, tolerance", [(False, 1e-12), (True, 0.0)])
 def test_xor_compiled_and_interpreted_agree(capsys, tmp_path, scalar, tolerance):
     """Fused dot products add in another order than the interpreter; scalar code replays it exactly."""
-    assert xor.main(["--compiler", "gcc", "--opt", "2", "--out", str(tmp_path)] + ["--scalar"] * scalar) == 0
+    assert xor.main(["--opt", "2", "--out", str(tmp_path)] + ["--scalar"] * scalar) == 0
     out = capsys.readouterr().out
     difference = float(re.search(r"over the final parameters: (\S+)", out).group(1))
     assert difference <= tolerance
@@ -140,7 +140,7 @@ def test_load_refuses_a_file_from_another_model(tmp_path, capsys, option, saved,
 def test_adam_with_a_plot_saves_and_resumes_its_state(mnist_dir, tmp_path, capsys):
     """--optimizer adam --plot on a subset; --load takes the architecture and the optimizer (and
     its step count) from the file."""
-    common = ["--data-dir", str(mnist_dir), "--no-download", "--compiler", "gcc", "--limit", "2000",
+    common = ["--data-dir", str(mnist_dir), "--no-download", "--limit", "2000",
               "--module-dir", str(tmp_path)]
     saved, picture = tmp_path / "adam.npz", tmp_path / "loss.png"
     status, out, _ = run_train(capsys, *common, "--optimizer", "adam", "--hidden", "20", "--activation", "tanh",
@@ -174,14 +174,14 @@ def readme_snippet(heading):
 def test_import_nn_built_by_make_trains_from_the_readme(mnist_dir, tmp_path):
     """The README's `import nn` snippet, in a fresh process, on the module `make` builds:
     it starts from the model's initial weights and reaches >= 95% after one epoch."""
-    assert build.main(["--compiler", "gcc", "--out", str(tmp_path / "build")]) == 0
+    assert build.main(["--out", str(tmp_path / "build")]) == 0
     code = readme_snippet("### Training the module `make` built") + "\nprint(f'accuracy {accuracy}')\n"
     out = run_python(code, tmp_path, MNIST_DIR=str(mnist_dir))
     assert float(re.search(r"accuracy ([\d.]+)", out).group(1)) >= 0.95
 
 
 def test_import_xor_built_by_make_xor_trains_from_the_readme(tmp_path, capsys):
-    assert xor.main(["--compiler", "gcc", "--out", str(tmp_path / "build")]) == 0
+    assert xor.main(["--out", str(tmp_path / "build")]) == 0
     capsys.readouterr()
     out = run_python(readme_snippet("### Training the module `make xor` built"), tmp_path)
     assert out.split()[-4:] == ["-1", "1", "1", "-1"]  # the signs of the outputs: XOR
@@ -247,11 +247,11 @@ def test_module_dir_build_is_used_only_for_the_same_build(tmp_path, capsys, monk
     hows, lowerings = [], []
     lower = codegen.ir.lower
     monkeypatch.setattr(codegen.ir, "lower", lambda *a, **k: lowerings.append(1) or lower(*a, **k))
-    for options in (["--compiler", "tcc"], ["--compiler", "tcc", "--seed", "1"], ["--compiler", "gcc"]):
+    for options in (["--compiler", "tcc"], ["--compiler", "tcc", "--seed", "1"], ["--compiler", "tcc", "--opt", "1"]):
         args = train.parse_args([*options, "--module-dir", str(module_dir)])
         optimizer = train.resolve_model_options(args, None)
         graph = train.build_graph(args.seed, hidden=args.hidden, init=args.init, activation=args.activation)
         hows.append(train.compiled_module(graph, args, optimizer)[1].how)
     assert hows[0].startswith(f"prebuilt {module_dir}")
-    assert hows[1:] == ["compiled", "compiled"]  # other initial weights in the C; another compiler
+    assert hows[1:] == ["compiled", "compiled"]  # other initial weights in the C; other flags
     assert len(lowerings) == 3  # the C generated once for each, though each was compared with the prebuilt

@@ -340,6 +340,7 @@ def test_train_updates_single_contribution_params_in_backward(compiler):
     np.testing.assert_allclose(np.asarray(nets[1].params), np.asarray(nets[0].params), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.requires("dot")
 def test_explain_counts_and_draws_the_program(tmp_path):
     """codegen.explain: the demo as a few loop nests, listed and drawn."""
     explanation = codegen.explain(*_demo_graph())

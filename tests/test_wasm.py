@@ -1,8 +1,8 @@
-"""The exported C as WebAssembly (clang --target=wasm32, freestanding, wasm-ld), run through the
+"""The exported C as WebAssembly (freestanding: clang --target=wasm32 linked by wasm-ld, and zig cc,
+which links it without lld), run through the
 wasmtime package: a small tanh classifier, and the frozen MNIST classifier on 100 test images,
 with the predictions of the compiled extension module."""
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,10 +12,11 @@ import codegen
 from mnist.data import load_mnist
 from mnist.model import PIXEL_SCALE, build_graph
 
-from test_export import classifier, require, rows, run
+from codegen.toolchain import find_compiler
+from conftest import REQUIRED, have, requires
+from test_export import classifier, rows, run
 
 REAL_MNIST = Path(os.environ.get("MNIST_DIR") or Path(__file__).resolve().parents[2] / "shared" / "mnist")
-REQUIRED = os.environ.get("MICROGRAD_C_REQUIRE_COMPILERS") == "1"
 
 # The test's own wrapper: buffers in linear memory for the host to fill and read.
 WRAPPER = r"""
@@ -29,28 +30,44 @@ void predict(void) { @NAME@_predict(in, out); }
 
 @pytest.fixture(scope="module")
 def wasmtime():
-    try:
-        import wasmtime
-    except ImportError as error:
-        if REQUIRED:
-            pytest.fail(f"the wasmtime package is missing (pip install wasmtime, the test extra): {error}")
-        pytest.skip(f"wasmtime not installed: {error}")
-    return wasmtime
+    return requires("wasmtime")
 
 
-def build_wasm(exported, name, opt="-O2"):
-    """exported (frozen) C and the wrapper, linked by wasm-ld into a .wasm; its path."""
-    clang = require("clang")
-    if shutil.which("wasm-ld") is None:
-        message = "wasm-ld not found (apt-get install lld)"
-        if REQUIRED:
-            pytest.fail(message)
-        pytest.skip(message)
+# Each compiler of WebAssembly: the tools it needs, and its command with the target flag. clang links
+# with wasm-ld (apt's lld); zig cc (the ziglang wheel) links it itself.
+WASM_COMPILERS = {
+    "clang": (("wasm-ld", "clang"), lambda: [find_compiler("clang").argv[0], "--target=wasm32"]),
+    # -O0 of zig cc adds UBSan, whose runtime a freestanding module lacks
+    "zig": (("zig",), lambda: [*find_compiler("zig").argv, "--target=wasm32-freestanding", "-fno-sanitize=undefined"]),
+}
+
+
+def wasm_command(name):
+    tools, command = WASM_COMPILERS[name]
+    for tool in tools:
+        requires(tool)
+    return command()
+
+
+@pytest.fixture(params=WASM_COMPILERS)
+def wasm_cc(request):
+    return wasm_command(request.param)
+
+
+@pytest.fixture
+def first_wasm_cc():
+    """The first compiler of WebAssembly the machine has: one is enough for the long MNIST test."""
+    name = next((name for name, (tools, _) in WASM_COMPILERS.items() if all(map(have, tools))), "clang")
+    return wasm_command(name)
+
+
+def build_wasm(cc, exported, name, opt="-O2"):
+    """exported (frozen) C and the wrapper, compiled and linked by cc into a .wasm; its path."""
     directory = exported.source.parent
     wrapper = directory / "wrapper.c"
     wrapper.write_text(WRAPPER.replace("@NAME@", name).replace("@UPPER@", name.upper()))
     wasm = directory / f"{name}.wasm"
-    run([clang, "--target=wasm32", opt, "-ffreestanding", "-nostdlib", "-nostdlibinc", f"-I{exported.freestanding}",
+    run([*cc, opt, "-ffreestanding", "-nostdlib", "-nostdlibinc", f"-I{exported.freestanding}",
          f"-I{directory}", "-Wl,--no-entry", "-Wl,--export=input_buffer", "-Wl,--export=output_buffer",
          "-Wl,--export=predict", "-o", str(wasm), str(exported.source), str(wrapper)])
     return wasm
@@ -76,12 +93,12 @@ class WasmPredictor:
         return result
 
 
-def test_small_classifier_with_tanh_as_webassembly(wasmtime, tmp_path):
+def test_small_classifier_with_tanh_as_webassembly(wasmtime, wasm_cc, tmp_path):
     model, xs, ys, logits, loss = classifier()
     exported = codegen.export(loss, xs, model.parameters(), logits, path=tmp_path, name="small", frozen=True)
-    predict = WasmPredictor(wasmtime, build_wasm(exported, "small"), 6, 3)
+    predict = WasmPredictor(wasmtime, build_wasm(wasm_cc, exported, "small"), 6, 3)
     X = np.ascontiguousarray(rows(20)[:, :6])
-    net = codegen.compile(loss, xs + ys, model.parameters(), logits, compiler="gcc")
+    net = codegen.compile(loss, xs + ys, model.parameters(), logits, compiler=None)
     # the freestanding tanh is within a few ulp of the C library's
     np.testing.assert_allclose(predict(X), np.asarray(net.predict(X)), rtol=1e-12, atol=1e-14)
 
@@ -96,17 +113,17 @@ def mnist():
     return load_mnist(REAL_MNIST, download_missing=False)
 
 
-def test_frozen_mnist_classifier_as_webassembly(wasmtime, mnist, tmp_path):
+def test_frozen_mnist_classifier_as_webassembly(wasmtime, first_wasm_cc, mnist, tmp_path):
     train_X, train_Y, test_X, test_Y = mnist
     graph = build_graph(0, init="he")
-    net = graph.compile(compiler="gcc")
+    net = graph.compile(compiler=None)
     net.train(train_X[:3000], train_Y[:3000], 0.03, scale=PIXEL_SCALE)
     codegen.copy_to_values(net, graph.model.parameters())
     exported = codegen.export(graph.loss, graph.pixels, graph.model.parameters(), graph.logits, path=tmp_path,
                               name="mnist", frozen=True)
     # -O0: clang takes 5 s over the straight-line code of 40,000 constant weights (-O1: 14 s), and
     # wasmtime 2 s more to load it; WebAssembly's arithmetic is IEEE's at every level
-    predict = WasmPredictor(wasmtime, build_wasm(exported, "mnist", opt="-O0"), 784, 10)
+    predict = WasmPredictor(wasmtime, build_wasm(first_wasm_cc, exported, "mnist", opt="-O0"), 784, 10)
     images, labels = test_X[:100], test_Y[:100]
     got = predict(images * PIXEL_SCALE)
     expected = np.asarray(net.predict(images, scale=PIXEL_SCALE))

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from bench import cli, models, zoo
+from conftest import requires
 from bench.zoo_peers import CReference, Module, Numpy
 
 STEPS = 2
@@ -23,7 +24,7 @@ def model_and_expected(request):
 @pytest.mark.parametrize('peer', ['c-gcc', 'numpy'])
 def test_peer_trains_as_the_interpreter(model_and_expected, peer):
     model, losses, params = model_and_expected
-    trainer = CReference(model, 'gcc', opt=3, native=True) if peer == 'c-gcc' else Numpy(model)
+    trainer = CReference(model, requires('gcc'), opt=3, native=True) if peer == 'c-gcc' else Numpy(model)
     for _ in range(2):  # reset() really starts again
         trainer.reset()
         assert trainer.run(STEPS) == pytest.approx(np.mean(losses), rel=1e-9)
@@ -54,6 +55,7 @@ def test_steps_beyond_the_data_are_refused():
         Numpy(model).run(models.N_ROWS + 1)
 
 
+@pytest.mark.requires('gcc')  # --quick's configurations include c-ref-gcc-O2
 def test_quick_table(capsys):
     assert cli.main(['--only', 'zoo', '--quick']) == 0
     out = capsys.readouterr().out
