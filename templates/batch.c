@@ -77,6 +77,32 @@ static void clear_batch_gradients(real *g, long nb)
         memset(g + slot, 0, (size_t)nb * sizeof(real));
 }
 
+/* Plain SGD's step after a batch, on the module's threads (each parameter's update is its own:
+ * the same bits for any count); other optimizers take batch_step's. */
+typedef struct {
+    real *d, *g;
+    real rate;
+} SgdArgs;
+
+static void sgd_rows(void *args, long first, long last)
+{
+    const SgdArgs *a = (const SgdArgs *)args;
+    sgd_step(a->d + first, a->g + first, a->rate, last - first);
+}
+
+static void step_after_batch(State *st, real *d, real *g, double lr, long long n)
+{
+    if (!PLAIN_SGD) {
+        batch_step(st, d, g, lr, n);
+        return;
+    }
+    SgdArgs args = {d, g, (real)(lr / (double)n)};
+    if (N_PARAMS < 65536)
+        sgd_rows(&args, 0, N_PARAMS);
+    else
+        parallel_rows(sgd_rows, &args, N_PARAMS, 4096);
+}
+
 /* train_rows (templates/driver.c) over batches of `batch` rows, each run in pieces of at most
  * BATCH_CAPACITY samples whose parameter gradients add up before the batch's step. */
 static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, double lr, long long batch,
@@ -87,6 +113,7 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, d
     int interrupted = 0;
     memcpy(d, st->d, N_PARAMS * sizeof(real));
     memcpy(g, st->g, N_PARAMS * sizeof(real));
+    pool_hold(1);
     for (Py_ssize_t i = 0; i < s->n && !interrupted;) {
         const Py_ssize_t end = s->n - i < batch ? s->n : i + (Py_ssize_t)batch;
         for (Py_ssize_t first = i; first < end; first += BATCH_CAPACITY) {
@@ -103,10 +130,11 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, d
                 g[BATCH_LOSS_SLOT + b] = 1;
             backward_batch(d, g, nb);
         }
-        batch_step(st, d, g, lr, end - i);
+        step_after_batch(st, d, g, lr, end - i);
         interrupted = interrupted_now(&next_check, save);
         i = end;
     }
+    pool_hold(0);
     memcpy(st->d, d, N_PARAMS * sizeof(real));
     memcpy(st->g, g, N_PARAMS * sizeof(real));
     return interrupted;
@@ -118,8 +146,10 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, PyTh
     real *d = st->bd;
     double next_check = now_ms() + SIGNAL_CHECK_MS;
     Py_ssize_t rows[BATCH_CAPACITY];
+    int interrupted = 0;
     memcpy(d, st->d, N_PARAMS * sizeof(real));
-    for (Py_ssize_t first = 0; first < s->n; first += BATCH_CAPACITY) {
+    pool_hold(1);
+    for (Py_ssize_t first = 0; first < s->n && !interrupted; first += BATCH_CAPACITY) {
         const long nb = s->n - first < BATCH_CAPACITY ? (long)(s->n - first) : BATCH_CAPACITY;
         for (long b = 0; b < nb; b++)
             rows[b] = first + b;
@@ -129,10 +159,10 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, PyTh
         for (long b = 0; b < nb; b++)
             for (int j = 0; j < N_OUTPUTS; j++)
                 out[(first + b) * N_OUTPUTS + j] = d[BATCH_OUTPUT_SLOTS[j] + b];
-        if (interrupted_now(&next_check, save))
-            return 1;
+        interrupted = interrupted_now(&next_check, save);
     }
-    return 0;
+    pool_hold(0);
+    return interrupted;
 }
 
 #else /* no batched form: train() and predict() run sample by sample, and never call these */

@@ -4,18 +4,22 @@
  * taking the first: the matrix products of a batch (templates/gemm.c) run on every core. The
  * cut depends on the thread count, but no row's result does (each row is computed whole by one
  * thread), so the numbers are the same with any count. The workers are started on first use and
- * wait on a condition variable between products, spinning a little first (a batch's products
- * follow each other within microseconds). One pool serves every load of this code: a caller that
- * finds it busy (another module of the same build on another thread) runs its rows alone. */
+ * wait on a condition variable between products, spinning a little first, and only spin while
+ * train() or predict() holds them (pool_hold): a batch's products follow each other within
+ * microseconds, and waking a sleeping thread takes tens of them. One pool serves every load of
+ * this code: a caller that finds it busy (another module of the same build on another thread)
+ * runs its rows alone. */
 #define POOL_MAX 64
-#define POOL_SPIN 20000 /* polls of the generation before a worker sleeps */
+#define POOL_SPIN 256 /* pauses (~10 us) before a waiting thread yields or sleeps */
 
 typedef struct {
     pthread_mutex_t user;  /* held by the caller of parallel_rows that has the workers */
     pthread_mutex_t lock;  /* guards the fields below */
     pthread_cond_t wake, done;
     pthread_t threads[POOL_MAX];
-    int started, stopping, pending, parts;
+    int started, stopping, parts;
+    volatile int pending;  /* workers still on the current generation */
+    volatile int holding;  /* pool_hold: spin between products instead of sleeping */
     pid_t pid;             /* the process that started the workers (a fork has none) */
     volatile unsigned long generation;
     unsigned long birth;   /* the generation before the one a new worker is started for */
@@ -27,6 +31,22 @@ typedef struct {
 static Pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
                     PTHREAD_COND_INITIALIZER};
 SHARED int pool_threads = 1; /* threads a product runs on: set_threads() / threads= */
+
+/* A spinning thread's pause (x86's `pause`, spelled as bytes for TCC's assembler). */
+static void cpu_relax(void)
+{
+#if defined(__x86_64__)
+    __asm__ volatile(".byte 0xf3, 0x90" ::: "memory");
+#else
+    __asm__ volatile("" ::: "memory");
+#endif
+}
+
+/* While held (train() and predict() over batches), the workers spin between products. */
+static void pool_hold(int on)
+{
+    pool.holding = on;
+}
 
 static void pool_part(int part, int parts, RowTask task, void *args, long rows, long align)
 {
@@ -44,8 +64,11 @@ static void *pool_worker(void *arg)
     for (;;) {
         while (pool.generation == seen && !pool.stopping) {
             pthread_mutex_unlock(&pool.lock);
-            for (int spin = 0; spin < POOL_SPIN && pool.generation == seen && !pool.stopping; spin++)
-                __asm__ volatile("" ::: "memory");
+            for (long spin = 0; (pool.holding || spin < POOL_SPIN) && pool.generation == seen && !pool.stopping; spin++)
+                if (spin < POOL_SPIN)
+                    cpu_relax();
+                else /* held: still polling, but giving way to any thread that has work (the caller's) */
+                    sched_yield();
             pthread_mutex_lock(&pool.lock);
             if (pool.generation == seen && !pool.stopping)
                 pthread_cond_wait(&pool.wake, &pool.lock);
@@ -117,6 +140,11 @@ SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
     pool_part(0, parts, task, args, rows, align);
+    for (long spin = 0; pool.pending > 0; spin++) /* the workers finish within microseconds of each other */
+        if (spin < POOL_SPIN)
+            cpu_relax();
+        else
+            sched_yield();
     pthread_mutex_lock(&pool.lock);
     while (pool.pending > 0)
         pthread_cond_wait(&pool.done, &pool.lock);
