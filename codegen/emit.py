@@ -711,16 +711,17 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
     return [module] + extra
 
 
-def standalone(program, chunk=CHUNK_STATEMENTS):
+def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False):
     """The graph as one C source with no Python in it: the prelude and kernels, the layout
     #defines (N_SLOTS, N_PARAMS, N_INPUTS, INPUT_BASE, LOSS_SLOT, N_OUTPUTS, OUTPUT_SLOTS,
     SGD_IN_BACKWARD) and the functions forward_outputs(d), forward_rest(d), backward_body(d, g)
-    and backward_sgd_body(d, g, lr) (static). For exporting a model out of Python."""
-    graph, _ = _render(program, chunk, unit=None)
+    and backward_sgd_body(d, g, lr) (static). For exporting a model out of Python; with
+    thread_pool, for a module that includes templates/pool.c (codegen.jit)."""
+    graph, _ = _render(program, chunk, unit=None, thread_pool=thread_pool)
     return graph
 
 
-def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None, batched=None):
+def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None, batched=None, thread_pool=None):
     """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units).
     sparse_inputs (modules: True or False; None for standalone code, which has no lists): dots
     over an input range use its nonzero list (scan_nonzeros and the words after d's slots)."""
@@ -751,7 +752,8 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
         drivers.append(driver)
     units = _units(pieces, unit) if unit else [pieces]
     # modules (sparse_inputs not None) run products on their threads (templates/pool.c)
-    prelude = (dtype.define + f"\n#define HAVE_THREAD_POOL {int(sparse_inputs is not None)}\n"
+    thread_pool = sparse_inputs is not None if thread_pool is None else thread_pool
+    prelude = (dtype.define + f"\n#define HAVE_THREAD_POOL {int(thread_pool)}\n"
                + templates.read("prelude.c"))
     output_slots = [n.slot for n in program.outputs] or [0]
     layout = "\n".join([

@@ -144,7 +144,7 @@ def jit_source(program):
     inline = len(program.forward) + len(program.backward) <= INLINE_STATEMENTS
     constants = "\n".join([f'#define MODULE_NAME_STR "{MODULE_NAME}"', f"#define MODULE_INIT PyInit_{MODULE_NAME}",
                            f"#define INLINE_GRAPH {int(inline)}"])
-    return templates.fill("jit.c", CONSTANTS=constants, GRAPH=emit.standalone(program))
+    return templates.fill("jit.c", CONSTANTS=constants, GRAPH=emit.standalone(program, thread_pool=True))
 
 
 def _check_out(what, array, shape):

@@ -3,6 +3,8 @@
  * graph is spliced in at the @...@ markers by codegen/jit.py; everything else is this skeleton. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
+#include <sched.h>
 
 @CONSTANTS@
 
@@ -37,6 +39,8 @@ static inline double jit_pow(double x, double k)
 @GRAPH@
 #undef pow
 #undef noinline
+
+/*@INCLUDE pool.c@*/
 
 /* value and, with grads, the gradient wrt each argument, for the n rows of X (N_INPUTS each).
  * Small graphs keep their slots in arrays local to one row: once the graph is inlined, the
@@ -83,33 +87,48 @@ static void values_and_grads(const double *X, Py_ssize_t n, double *values, doub
     eval_rows(X, n, values, grads, d, g);
 }
 
-/* Runs one of the loops, with heap slots when they are too big for the stack; a long one
- * without the GIL (the buffers stay ours meanwhile). */
-static int run(const double *X, Py_ssize_t n, double *values, double *grads)
+/* Rows [first, last) of one of the loops, with heap slots when they are too big for the stack
+ * (malloc: no GIL needed). */
+typedef struct {
+    const double *X;
+    double *values, *grads;
+    volatile int failed;
+} Rows;
+
+static void eval_some_rows(void *args, long first, long last)
 {
+    Rows *r = (Rows *)args;
     double *d = NULL, *g = NULL;
 #if !ON_STACK
-    d = PyMem_Malloc(2 * N_SLOTS * sizeof(double));
-    if (!d) {
-        PyErr_NoMemory();
-        return -1;
+    if (!(d = malloc(2 * N_SLOTS * sizeof(double)))) {
+        r->failed = 1;
+        return;
     }
     g = d + N_SLOTS;
 #endif
+    if (r->grads)
+        values_and_grads(r->X + first * N_INPUTS, last - first, r->values + first, r->grads + first * N_INPUTS, d, g);
+    else
+        values_only(r->X + first * N_INPUTS, last - first, r->values + first, d, g);
+    free(d);
+}
+
+/* Runs the rows: a long run without the GIL (the buffers stay ours meanwhile), its rows shared
+ * between the cores (templates/pool.c; each row's numbers are its own, whoever computes them). */
+static int run(const double *X, Py_ssize_t n, double *values, double *grads)
+{
+    Rows rows = {X, values, grads, 0};
     if (n < 1024) {
-        if (grads)
-            values_and_grads(X, n, values, grads, d, g);
-        else
-            values_only(X, n, values, d, g);
+        eval_some_rows(&rows, 0, n);
     } else {
         Py_BEGIN_ALLOW_THREADS
-        if (grads)
-            values_and_grads(X, n, values, grads, d, g);
-        else
-            values_only(X, n, values, d, g);
+        parallel_rows(eval_some_rows, &rows, n, 256);
         Py_END_ALLOW_THREADS
     }
-    PyMem_Free(d);
+    if (rows.failed) {
+        PyErr_NoMemory();
+        return -1;
+    }
     return 0;
 }
 
@@ -217,13 +236,20 @@ static PyMethodDef methods[] = {
 
 static int module_exec(PyObject *module)
 {
+    pool_threads = available_cores();
     return PyModule_AddIntConstant(module, "n_inputs", N_INPUTS);
+}
+
+static void module_free(void *module)
+{
+    (void)module;
+    pool_stop(); /* the workers run this module's code, which may go next (libtcc frees it) */
 }
 
 static PyModuleDef_Slot slots[] = {{Py_mod_exec, (void *)module_exec}, {0, NULL}};
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, MODULE_NAME_STR, "A codegen.jit function.", 0, methods, slots, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, MODULE_NAME_STR, "A codegen.jit function.", 0, methods, slots, NULL, NULL, module_free,
 };
 
 PyMODINIT_FUNC MODULE_INIT(void) { return PyModuleDef_Init(&module_def); }
