@@ -17,17 +17,20 @@ import time
 
 import numpy as np
 
+import codegen
+from bench.models import CONV_FILTERS, CONV_SIDE, IMAGE_SIDE, KERNEL, cnn
 from mnist.data import load_mnist
-from mnist.model import PIXEL_SCALE
+from mnist.model import PIXEL_SCALE, build_graph
 
-MODELS = {'mlp-50': (50,), 'mlp-128-64': (128, 64), 'mlp-512-256': (512, 256)}
+# name: the MLP's hidden layers, or None for the zoo's CNN (bench/models.py: conv 3x3x4, ReLU, dense 2704 -> 10)
+MODELS = {'mlp-50': (50,), 'mlp-128-64': (128, 64), 'mlp-512-256': (512, 256), 'cnn': None}
 BATCHES = (1, 32, 128)
 SYSTEMS = ('micrograd-c', 'micrograd-c 1 thread', 'pytorch', 'jax')
 LR = 0.01
 PREDICT_CHUNK = 1000  # predict(): the peers take the test set in chunks of this many rows
 
 
-def multiply_adds(hidden):
+def multiply_adds(hidden):  # an MLP's
     """Per image: forward, and training (forward, weights' gradients, the inputs' gradients of
     every layer but the first)."""
     sizes = [784, *hidden, 10]
@@ -38,9 +41,13 @@ def multiply_adds(hidden):
 # ---- the systems, each run in a worker process ------------------------------------------------
 
 def run_ours(hidden, dtype, data, batches, repeats, threads):
-    from mnist.model import build_graph
     X, y, Xt = data
-    net = build_graph(hidden=hidden, init='he').compile(compiler='gcc', opt=3, native=True, dtype=dtype)
+    options = dict(compiler='gcc', opt=3, native=True, dtype=dtype, sparse_inputs=True)
+    if hidden is None:
+        model = cnn()
+        net = codegen.compile(model.loss, model.inputs, model.params, outputs=model.outputs, **options)
+    else:
+        net = build_graph(hidden=hidden, init='he').compile(**options)
     if threads:
         net.set_threads(threads)
     train = {b: _median(lambda b=b: net.train(X, y, LR, scale=PIXEL_SCALE, batch_size=b), repeats) for b in batches}
@@ -55,11 +62,16 @@ def run_torch(hidden, dtype, data, batches, repeats):
     X, y, Xt = data
     X, y = torch.tensor(X, dtype=kind) * PIXEL_SCALE, torch.tensor(y, dtype=torch.int64)
     Xt = torch.tensor(Xt, dtype=kind) * PIXEL_SCALE
-    sizes = [784, *hidden, 10]
-    layers = []
-    for a, b in zip(sizes, sizes[1:]):
-        layers += [torch.nn.Linear(a, b, dtype=kind), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers[:-1])
+    if hidden is None:
+        X, Xt = X.reshape(-1, 1, IMAGE_SIDE, IMAGE_SIDE), Xt.reshape(-1, 1, IMAGE_SIDE, IMAGE_SIDE)
+        model = torch.nn.Sequential(torch.nn.Conv2d(1, CONV_FILTERS, KERNEL, dtype=kind), torch.nn.ReLU(),
+                                    torch.nn.Flatten(), torch.nn.Linear(CONV_FILTERS * CONV_SIDE ** 2, 10, dtype=kind))
+    else:
+        sizes = [784, *hidden, 10]
+        layers = []
+        for a, b in zip(sizes, sizes[1:]):
+            layers += [torch.nn.Linear(a, b, dtype=kind), torch.nn.ReLU()]
+        model = torch.nn.Sequential(*layers[:-1])
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
 
     def epoch(b):
@@ -83,12 +95,18 @@ def run_jax(hidden, dtype, data, batches, repeats):
     import jax.numpy as jnp
     X, y, Xt = data
     kind = getattr(jnp, dtype)
-    sizes = [784, *hidden, 10]
+    sizes = [784, *hidden, 10] if hidden else [KERNEL * KERNEL, CONV_FILTERS * CONV_SIDE ** 2, 10]
     keys = jax.random.split(jax.random.PRNGKey(0), len(sizes))
     params = [(jax.random.uniform(k, (a, b), kind, -1, 1) * (6 / a) ** 0.5, jnp.zeros(b, kind))
               for k, a, b in zip(keys, sizes, sizes[1:])]
 
     def forward(params, x):
+        if hidden is None:  # the convolution's 4 filters of 3 x 3 (params[0]), then the dense layer
+            (w, b), (dense, bias) = params
+            kernels = w[:, :CONV_FILTERS].T.reshape(CONV_FILTERS, 1, KERNEL, KERNEL)
+            planes = jax.lax.conv_general_dilated(x.reshape(-1, 1, IMAGE_SIDE, IMAGE_SIDE), kernels, (1, 1), 'VALID')
+            x = jax.nn.relu(planes + b[:CONV_FILTERS, None, None]).reshape(x.shape[0], -1)
+            return x @ dense + bias
         for w, b in params[:-1]:
             x = jax.nn.relu(x @ w + b)
         w, b = params[-1]
@@ -216,6 +234,8 @@ def main(argv=None):
     print(f'\nµs per image, median of {args.repeats} runs over {args.images:,} training images '
           f'(predict: the 10,000 test images); each system in its own process\n')
     print(table(results, args))
+    print('\nmicrograd-c with sparse_inputs=True (the first layer skips the input rows that are 0 in '
+          'the whole batch: no peer does); PyTorch on every core; JAX jit, the epoch one lax.scan')
     big = results.get(('mlp-512-256', 'float32'), {}).get('micrograd-c')
     if big and 128 in big['train']:
         _, train_macs = multiply_adds(MODELS['mlp-512-256'])

@@ -172,7 +172,8 @@ def compiled_module(graph, args, optimizer):
     prebuilt, sources = None, None
     if toolchain.export_record(args.module_dir, "nn"):  # else nothing to compare: skip generating the C twice
         started = time.perf_counter()
-        sources = graph.generate(fuse=options["fuse"], optimizer=optimizer, embed_params=True, dtype=args.dtype)
+        sources = graph.generate(fuse=options["fuse"], sparse_inputs=options["sparse_inputs"], optimizer=optimizer,
+                                 embed_params=True, dtype=args.dtype)
         codegen_seconds = time.perf_counter() - started
         prebuilt = toolchain.find_build(args.module_dir, "nn", toolchain.build_key(sources, "nn", compiler, args.opt,
                                                                                     args.native))

@@ -11,6 +11,7 @@
  * runs its rows alone. */
 #define POOL_MAX 64
 #define POOL_SPIN 256 /* pauses (~10 us) before a waiting thread yields or sleeps */
+#define POOL_HOLD_YIELDS 2000 /* then, while held, sched_yield()s (~2 ms) before it sleeps */
 
 typedef struct {
     pthread_mutex_t user;  /* held by the caller of parallel_rows that has the workers */
@@ -64,7 +65,8 @@ static void *pool_worker(void *arg)
     for (;;) {
         while (pool.generation == seen && !pool.stopping) {
             pthread_mutex_unlock(&pool.lock);
-            for (long spin = 0; (pool.holding || spin < POOL_SPIN) && pool.generation == seen && !pool.stopping; spin++)
+            for (long spin = 0; (spin < POOL_SPIN || (pool.holding && spin < POOL_SPIN + POOL_HOLD_YIELDS))
+                                && pool.generation == seen && !pool.stopping; spin++)
                 if (spin < POOL_SPIN)
                     cpu_relax();
                 else /* held: still polling, but giving way to any thread that has work (the caller's) */
@@ -152,9 +154,13 @@ SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
     pthread_mutex_unlock(&pool.user);
 }
 
-/* The threads a process may use (its CPU affinity), the default of pool_threads. */
+/* The default thread count: $MICROGRAD_C_THREADS if set (as OMP_NUM_THREADS for OpenMP), else
+ * the cores this process may use (its CPU affinity). */
 static int available_cores(void)
 {
+    const char *env = getenv("MICROGRAD_C_THREADS");
+    if (env && atoi(env) > 0)
+        return atoi(env) < POOL_MAX ? atoi(env) : POOL_MAX;
 #ifdef CPU_COUNT
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)

@@ -119,6 +119,12 @@ def compiler(request) -> str:
     return requires(request.param)
 
 
+# Modules run a batch's products on one thread unless a test asks for more (test_batch.py does):
+# make test already runs a worker per core, and more threads than cores would only wait for each
+# other (templates/pool.c).
+os.environ.setdefault('MICROGRAD_C_THREADS', '1')
+
+
 @pytest.fixture(autouse=True, scope='session')
 def _private_build_cache(tmp_path_factory):
     """Tests build into their own cache, not the user's."""
