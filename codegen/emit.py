@@ -29,7 +29,7 @@ PARALLEL_MIN_STATEMENTS = 16
 
 
 # Lists up to this long are written out element by element, constant offsets the compiler sees
-# (a convolution's window); longer ones call the loop kernels of templates/prelude.c, which for
+# (a convolution's window); longer ones call the loop kernels of templates/kernels/, which for
 # contiguous lists pay off sooner.
 UNROLL_MAX, UNROLL_MAX_CONTIGUOUS = 32, 16
 # dot_rows serves runs of four rows and more (sharing loads); shorter runs only over rows this
@@ -325,7 +325,7 @@ def _independent_writes(body, n):
 
 def _nonzero_words(n):
     """int32 words of the nonzero lists of n input values: two counts and a word per chunk of
-    eight values (templates/prelude.c, sparse inputs)"""
+    eight values (templates/kernels/sparse.c)"""
     return 2 + n // 8
 
 
@@ -341,7 +341,7 @@ class _Emitter:
 
     def _nonzeros(self, v):
         """For a factor list that is one input range, the same in every iteration (a first
-        layer's pixels), the C pointer to its nonzero list (templates/prelude.c's dot_nz), which
+        layer's pixels), the C pointer to its nonzero list (templates/kernels/sparse.c's dot_nz), which
         lives in the words after the N_SLOTS values of d; else None."""
         p, n = self.program, len(v.offsets)
         if not (self.sparse_inputs and v.contiguous and not any(v.start.strides)
@@ -438,7 +438,7 @@ class _Emitter:
         """A dot group over sparse inputs whose innermost loop moves the results and one factor
         list (the weights' rows) and not the other (an input range with a nonzero list): one
         matvec call per pass of the loops outside it, four rows at a time sharing the walk
-        through the list (templates/prelude.c); at most one loose term (the bias), no constants.
+        through the list (templates/kernels/sparse.c); at most one loose term (the bias), no constants.
         Else None: over dense inputs a row at a time streams faster (microbenchmark of MNIST's
         first layer, gcc -O3 native: dot() per row 0.85x matvec's time)."""
         ops, shape = g.operands, g.shape

@@ -11,7 +11,14 @@ generated C gets into a template.
     driver.c    the training and prediction loops over the generated functions, without Python
     step.c      the step-by-step API's gradients: zero_grad(), backward(), update(), the `grad` view
     optim.c     the optimizers' steps (codegen/optim.py describes them)
-    prelude.c   element type, kernels (dot, axpy, sgd_step, ...), math for the generated code
+    batch.c     train()/predict() over whole batches (the batched program, codegen/batch.py)
+    pool.c      the threads a batch's matrix products (and codegen.jit's rows) run on
+    prelude.c   element type and portability macros, then the kernels by family:
+      kernels/dot.c     dot products and sums (fused sums of one sample)
+      kernels/rows.c    a layer's weights' gradients over a batch built into the graph (dot_rows)
+      kernels/gemm.c    the matrix products of a layer over a batch: one register-blocked micro-kernel
+      kernels/axpy.c    updates: axpy, SGD steps, lists at offsets (a convolution's window)
+      kernels/sparse.c  sparse inputs: nonzero chunk lists, matvec, dot_nz, axpy_nz
     jit.c       a codegen.jit function's module
     export/, freestanding/   codegen.export's API and its freestanding math
 """

@@ -17,7 +17,7 @@ static void backward_all(real *restrict d, real *restrict g)
 }
 
 /* train()'s step after a batch of n samples, on the parameters and gradients d, g (the module's,
- * or the batch buffers' of templates/batch.c): plain SGD (sgd_step, templates/prelude.c); any
+ * or the batch buffers' of templates/batch.c): plain SGD (sgd_step, templates/kernels/axpy.c); any
  * other optimizer takes one step on the batch's mean gradient. Parameter gradients are zeroed
  * for the next batch. */
 static void batch_step(State *s, real *restrict d, real *restrict g, double lr, long long n)

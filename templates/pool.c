@@ -1,7 +1,7 @@
 /* ---- the module's threads ------------------------------------------------------------------
  * parallel_rows(task, args, M, align) runs task(args, first, last) over rows [0, M) cut into
  * `pool_threads` ranges of whole blocks of `align` rows, one per thread, the caller's thread
- * taking the first: the matrix products of a batch (templates/gemm.c) run on every core. The
+ * taking the first: the matrix products of a batch (templates/kernels/gemm.c) run on every core. The
  * cut depends on the thread count, but no row's result does (each row is computed whole by one
  * thread), so the numbers are the same with any count. The workers are started on first use and
  * wait on a condition variable between products, spinning a little first, and only spin while

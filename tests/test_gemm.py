@@ -1,4 +1,4 @@
-"""The matrix products of templates/gemm.c called directly, against NumPy (llm.c's way: every
+"""The matrix products of templates/kernels/gemm.c called directly, against NumPy (llm.c's way: every
 kernel checked against a reference, its max difference printed): matmul_set (a layer over a
 batch, from its bias), matmul_acc (its inputs' gradients) and matmul_nt (its weights'
 gradients), at sizes that leave tails in every direction (rows after the last block of six,

@@ -1,4 +1,4 @@
-"""The sparse-input kernels of templates/prelude.c called directly, against dot() and the dense
+"""The sparse-input kernels of templates/kernels/sparse.c called directly, against dot() and the dense
 updates as the reference (llm.c's way: every kernel checked, its max difference printed):
 matvec, four rows at a time over short nonzero chunk lists and a row at a time otherwise, and
 dot_nz, axpy_nz and sgd_axpy_nz. Each promises the reference's numbers exactly, for every

@@ -1,5 +1,5 @@
 """Sparse inputs: dots over an input range visit only its chunks of eight values that hold a
-nonzero, when under three quarters do (templates/prelude.c's dot_nz, axpy_nz, sgd_axpy_nz).
+nonzero, when under three quarters do (templates/kernels/sparse.c's dot_nz, axpy_nz, sgd_axpy_nz).
 Held to the interpreter within the fused mode's tolerance, on sparse, dense and all-zero rows,
 and to the dense kernels exactly; the nonzero lists follow every way the inputs change."""
 

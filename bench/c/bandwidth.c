@@ -68,7 +68,7 @@ static double write_bandwidth(v8d *x, size_t bytes, long passes)
     return best;
 }
 
-/* Bytes a second reading, as the sparse first layer does (templates/prelude.c's matvec), 64-byte
+/* Bytes a second reading, as the sparse first layer does (templates/kernels/sparse.c's matvec), 64-byte
  * chunks of ROWS rows of ROW_LEN doubles (MNIST's W1: 50 rows of 784 weights and a bias, so the
  * rows are not aligned to cache lines), four rows at a time, at the chunk offsets of a list that
  * holds CHUNK_SHARE of the 98 chunks (MNIST: 40%), a pseudo-random draw; 314 KB in all, in L2. */

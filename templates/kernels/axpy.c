@@ -1,0 +1,140 @@
+/* Lists that are not contiguous: element i at base + offsets[i], the same offsets for every
+ * iteration of a loop (a convolution's window), so one small table serves the whole loop. */
+KERNEL real dot_offsets(const real *a, const int32_t *oa, const real *b, const int32_t *ob, long n)
+{
+    real s[8] = {0};
+    for (long i = 0; i < n; i++)
+        s[i & 7] += a[oa[i]] * b[ob[i]];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+KERNEL real sum_offsets(const real *x, const int32_t *ox, long n)
+{
+    real s[8] = {0};
+    for (long i = 0; i < n; i++)
+        s[i & 7] += x[ox[i]];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* y[i] += alpha * x[i] */
+KERNEL void axpy(real *restrict y, real alpha, const real *restrict x, long n)
+{
+    if (alpha == 0) /* adds nothing; skipping saves a pass over y (ReLUs that are off) */
+        return;
+    for (; n > 0 && (uintptr_t)y % 32; n--) /* stores that straddle cache lines cost double */
+        *y++ += alpha * *x++;
+    const real *end = x + (n & ~7L);
+#define AXPY(l) y[l] += alpha * x[l];
+    UNROLLED
+    for (; x < end; x += 8, y += 8) {
+        STEP8(AXPY)
+    }
+#undef AXPY
+    for (long i = 0; i < (n & 7); i++)
+        y[i] += alpha * x[i];
+}
+
+/* A batch-1 SGD step fused into backward: w[i] -= lr * (alpha * x[i]), the same rounding as
+ * accumulating the gradient alpha * x[i] into a zeroed grad and then updating. Skipped when
+ * alpha is 0 (a ReLU that is off), which is most of the saving. */
+KERNEL void sgd_axpy(real *restrict w, real lr, real alpha, const real *restrict x, long n)
+{
+    if (alpha == 0)
+        return;
+    for (; n > 0 && (uintptr_t)w % 32; n--) /* stores that straddle cache lines cost double */
+        *w++ -= lr * (alpha * *x++);
+    const real *end = x + (n & ~7L);
+#define SGD_AXPY(l) w[l] -= lr * (alpha * x[l]);
+    UNROLLED
+    for (; x < end; x += 8, w += 8) {
+        STEP8(SGD_AXPY)
+    }
+#undef SGD_AXPY
+    for (long i = 0; i < (n & 7); i++)
+        w[i] -= lr * (alpha * x[i]);
+}
+
+/* The step-by-step API's update of a parameter row (codegen/emit.py's step_rows), plain SGD as
+ * update() always did it, w[i] + -lr * grad[i]: from the row's gradient g (sgd_row), or from
+ * the one contribution it had, grad[i] = 0 + alpha * x[i], never written out (sgd_rank1_row).
+ * Stores aligned to a cache line: a 512-bit store straddling two (sgd_axpy aligns to 32 bytes)
+ * made update() 10% slower on AVX-512 (MNIST, gcc -O3 -march=native). */
+KERNEL void sgd_row(real *restrict w, real lr, const real *restrict g, long n)
+{
+    for (; n > 0 && (uintptr_t)w % 64; n--)
+        *w = *w + -lr * *g++, w++;
+    const real *end = g + (n & ~7L);
+#define SGD_ROW(l) w[l] = w[l] + -lr * g[l];
+    UNROLLED
+    for (; g < end; g += 8, w += 8) {
+        STEP8(SGD_ROW)
+    }
+#undef SGD_ROW
+    for (long i = 0; i < (n & 7); i++)
+        w[i] = w[i] + -lr * g[i];
+}
+
+KERNEL void sgd_rank1_row(real *restrict w, real lr, real alpha, const real *restrict x, long n)
+{
+    for (; n > 0 && (uintptr_t)w % 64; n--)
+        *w = *w + -lr * ((real)0 + alpha * *x++), w++;
+    const real *end = x + (n & ~7L);
+#define SGD_RANK1(l) w[l] = w[l] + -lr * ((real)0 + alpha * x[l]);
+    UNROLLED
+    for (; x < end; x += 8, w += 8) {
+        STEP8(SGD_RANK1)
+    }
+#undef SGD_RANK1
+    for (long i = 0; i < (n & 7); i++)
+        w[i] = w[i] + -lr * ((real)0 + alpha * x[i]);
+}
+
+/* w[i] -= lr * g[i], then g[i] = 0: train()'s SGD step after a batch (templates/driver.c) */
+KERNEL void sgd_step(real *restrict w, real *restrict g, real lr, long n)
+{
+    real *end = w + (n & ~7L);
+#define SGD(l) w[l] -= lr * g[l]; g[l] = 0;
+    UNROLLED
+    for (; w < end; w += 8, g += 8) {
+        STEP8(SGD)
+    }
+#undef SGD
+    for (long i = 0; i < (n & 7); i++) {
+        w[i] -= lr * g[i];
+        g[i] = 0;
+    }
+}
+
+/* y[i] += alpha (a sum's gradient to its terms; with alpha = -(lr * g), their SGD step) */
+KERNEL void add_range(real *restrict y, real alpha, long n)
+{
+    if (alpha == 0)
+        return;
+    for (long i = 0; i < n; i++)
+        y[i] += alpha;
+}
+
+/* Sequential, so repeated offsets accumulate correctly. */
+KERNEL void add_offsets(real *y, const int32_t *oy, real alpha, long n)
+{
+    for (long i = 0; i < n; i++)
+        y[oy[i]] += alpha;
+}
+
+KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const real *restrict x,
+                         const int32_t *ox, long n)
+{
+    if (alpha == 0)
+        return;
+    for (long i = 0; i < n; i++)
+        y[oy[i]] += alpha * x[ox[i]];
+}
+
+KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, const real *x,
+                             const int32_t *ox, long n)
+{
+    if (alpha == 0)
+        return;
+    for (long i = 0; i < n; i++)
+        w[ow[i]] -= lr * (alpha * x[ox[i]]);
+}
