@@ -69,7 +69,7 @@ bench: $(VENV)/.installed
 compare: $(VENV)/.installed
 	$(PY) -m bench.compare $(ARGS)
 
-# The machine's L1/L2 bandwidth and multiply-add throughput (README: the roofline of one step)
+# The machine's L1/L2 bandwidth and multiply-add throughput (docs/speed.md: the roofline of one step)
 # ($(CC) when set, else the first compiler found that takes -march=native)
 roofline: $(VENV)/.installed
 	mkdir -p $(BUILD)

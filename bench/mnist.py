@@ -30,7 +30,7 @@ ADAM = compiled('gcc', 3, native=True, optimizer='adam')
 REFERENCES = {'gcc': c_reference('gcc'), 'clang': c_reference('clang')}
 SPARSE_REFERENCE = c_reference('gcc', sparse=True)
 # For scale, no target: the hand-written step with W1 stored pixel by pixel (input-major), what a
-# layout other than the model's parameter order would buy (README, the roofline).
+# layout other than the model's parameter order would buy (docs/speed.md, the roofline).
 INPUT_MAJOR_REFERENCE = c_reference('gcc', input_major=True)
 CONFIGS = [*FUSED, STEP, ADAM, *LEAN, *SCALAR, *REFERENCES.values(), SPARSE_REFERENCE, INPUT_MAJOR_REFERENCE, INTERPRETED,
            NUMPY, TORCH]

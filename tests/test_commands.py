@@ -1,6 +1,7 @@
-"""The README's commands, run as a user runs them (make in the repository) at a small size, so that a
-broken command fails here instead of for a user. make runs with this test's Python as its
-virtualenv (no venv is made) and writes into the test's directory (BUILD=...), not build/."""
+"""The commands of the README and docs/, run as a user runs them (make in the repository) at a
+small size, so that a broken command fails here instead of for a user. make runs with this test's
+Python as its virtualenv (no venv is made) and writes into the test's directory (BUILD=...), not
+build/."""
 import os
 import re
 import subprocess
@@ -46,7 +47,7 @@ def test_make_mnist_says_which_compiler_and_trains(make, mnist_dir, tmp_path):  
     assert f"module: prebuilt {tmp_path / 'build'}" in out  # `make` built it; the training took it
     accuracy = float(re.findall(r"test accuracy\s+([\d.]+)%", out)[-1])
     assert accuracy >= 70  # 2,000 images, one epoch
-    # the README's one-liner on the module `make` built
+    # docs/compiler.md's one-liner on the module `make` built
     n_params = subprocess.run([sys.executable, "-c", 'import sys; sys.path.insert(0, "build"); import nn; '
                                'print(nn.n_params)'], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert n_params.stdout.split() == ["39760"]

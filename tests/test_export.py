@@ -235,8 +235,8 @@ def test_bad_export_arguments(tmp_path):
 def test_readme_export_example_runs(capsys):
     from pathlib import Path
     import re
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    code = re.search(r"## Models out of Python.*?```python\n(.*?)```", readme, re.S).group(1)
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "export.md").read_text()
+    code = re.search(r"# Models out of Python.*?```python\n(.*?)```", readme, re.S).group(1)
     namespace = {}
     exec(code, namespace)
     assert namespace["train"].source.is_file() and namespace["infer"].header.is_file()

@@ -260,8 +260,8 @@ def test_two_modules_train_in_parallel():
 def test_readme_threads_example_runs():
     import pathlib
     import re
-    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    code = re.search(r"## Robustness: threads, cache, fuzzing\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    readme = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "robustness.md").read_text()
+    code = re.search(r"# Robustness: threads, cache, fuzzing\n.*?```python\n(.*?)```", readme, re.S).group(1)
     namespace = {}
     exec(code, namespace)
     first, second = namespace["nets"]

@@ -96,7 +96,7 @@ def test_float32_full_mnist_one_epoch(mnist_dir, tmp_path, capsys):
 
 
 def test_full_mnist_reaches_the_targets(mnist_dir, tmp_path, capsys):
-    """The README's claim: >= 95% test accuracy after one epoch, >= 97% after three."""
+    """docs/mnist.md's claim: >= 95% test accuracy after one epoch, >= 97% after three."""
     status, out, _ = run_train(capsys, "--data-dir", str(mnist_dir), "--no-download", "--epochs", "3",
                                "--module-dir", str(tmp_path))
     assert status == 0
@@ -167,15 +167,15 @@ def run_python(code, cwd, **environment):
 
 
 def readme_snippet(heading):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "mnist.md").read_text()
     return re.search(heading + r".*?```python\n(.*?)```", readme, re.S).group(1)
 
 
 def test_import_nn_built_by_make_trains_from_the_readme(mnist_dir, tmp_path):
-    """The README's `import nn` snippet, in a fresh process, on the module `make` builds:
+    """docs/mnist.md's `import nn` snippet, in a fresh process, on the module `make` builds:
     it starts from the model's initial weights and reaches >= 95% after one epoch."""
     assert build.main(["--out", str(tmp_path / "build")]) == 0
-    code = readme_snippet("### Training the module `make` built") + "\nprint(f'accuracy {accuracy}')\n"
+    code = readme_snippet("## Training the module `make` built") + "\nprint(f'accuracy {accuracy}')\n"
     out = run_python(code, tmp_path, MNIST_DIR=str(mnist_dir))
     assert float(re.search(r"accuracy ([\d.]+)", out).group(1)) >= 0.95
 
@@ -183,7 +183,7 @@ def test_import_nn_built_by_make_trains_from_the_readme(mnist_dir, tmp_path):
 def test_import_xor_built_by_make_xor_trains_from_the_readme(tmp_path, capsys):
     assert xor.main(["--out", str(tmp_path / "build")]) == 0
     capsys.readouterr()
-    out = run_python(readme_snippet("### Training the module `make xor` built"), tmp_path)
+    out = run_python(readme_snippet("## Training the module `make xor` built"), tmp_path)
     assert out.split()[-4:] == ["-1", "1", "1", "-1"]  # the signs of the outputs: XOR
 
 
@@ -230,7 +230,7 @@ def test_adam_reaches_the_targets(mnist_dir, tmp_path, capsys):
 @pytest.mark.slow
 def test_adam_on_the_default_model(mnist_dir, tmp_path, capsys):
     """The default MLP(784, [50, 10]) with Adam: 96.68% after one epoch (seeds 1, 2: 96.49%,
-    96.63%), short of 97.0% (see README, Optimizers)."""
+    96.63%), short of 97.0% (see docs/optimizers.md)."""
     status, out, _ = run_train(capsys, "--data-dir", str(mnist_dir), "--no-download", "--optimizer", "adam",
                                "--module-dir", str(tmp_path))
     assert status == 0

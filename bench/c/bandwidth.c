@@ -2,7 +2,7 @@
  * chunks (the sparse first layer's), and multiply-add
  * throughput (float64 and float32, independent chains: the peak; one chain: the latency bound
  * of a dot product summed in one vector register). `make roofline` builds it with
- * $(CC) -O3 -march=native and runs it; README's "The roofline of one training step" uses it.
+ * $(CC) -O3 -march=native and runs it; docs/speed.md's "The roofline of one training step" uses it.
  *
  * "one chain": a dot product over L1-resident vectors summed in one vector register, the
  * accumulator each multiply-add waits for, as the dot kernels of templates/prelude.c sum.
