@@ -196,13 +196,12 @@ def batch_layer_case(loss):
 @pytest.mark.parametrize("mode", ["fused", "float32"])
 @pytest.mark.parametrize("loss", ["squares", "hinge"])
 def test_layer_over_a_batch_kernels(compiler, mode, loss):
-    """A layer over a batch of 37 constant samples: forward, one matmul_set call (four neurons at
-    a time, then the rest; the samples after the last whole chunk); its weights' gradients are dot_rows calls
-    (each neuron's gradient row against its 6 inputs' rows, four rows at a time, then the rest),
-    its inputs' gradients one matmul_acc call (4 + 1 neurons per chunk of samples, 4 + 2 inputs,
-    and the samples after the last whole chunk), the last layer's one too (one neuron). With the
-    hinge, samples 8-23 are flat whatever the weights: whole chunks of zero gradients that the
-    kernels skip. All equal to the interpreter."""
+    """A layer over a batch of 37 constant samples: forward, one matmul_set call (the matrix
+    product of templates/kernels/gemm.c: six neurons by two vectors of samples, then the tails);
+    its weights' gradients are dot_rows calls (each neuron's gradient row against its 6 inputs'
+    rows, four rows at a time, then the rest; with the hinge, samples 8-23 are flat whatever the
+    weights: whole chunks of zero gradients that dot_rows skips), its inputs' gradients one
+    matmul_acc call, the last layer's one too (one neuron). All equal to the interpreter."""
     build, init, rows = batch_layer_case(loss)
     assert_equivalent(build, init, rows, mode, compiler=compiler, opt=2)
     params, inputs = [Value(v) for v in init], [Value(0.0)]
@@ -210,7 +209,7 @@ def test_layer_over_a_batch_kernels(compiler, mode, loss):
     assert "dot_rows(g + " in source and ", 37, 6, g + " in source  # the second layer: 6 rows of 37
     assert "matmul_acc(g + " in source and ", 5, 37, 6);" in source and ", 1, 37, 5);" in source
     # forward: each layer one matmul_set (6 neurons of 3 inputs, 5 of 6, one of 5) over 37 samples
-    assert all(f", {shape});" in source for shape in ("6, 37, 3", "5, 37, 6", "1, 37, 5"))
+    assert all(f", {shape}, NULL);" in source for shape in ("6, 37, 3", "5, 37, 6", "1, 37, 5"))
 
 
 def test_shared_constant_in_a_moving_list(compiler):

@@ -21,7 +21,7 @@ typedef struct {
     const real *A, *B, *bias;
     long c_i, a_i, a_p, b_p, bias_i, N, P;
     int accumulate;
-    const int32_t *p_list; /* NULL: p runs over 0..P-1; else over p_list[0..P-1] (increasing) */
+    const int32_t *p_list; /* 0: p runs over 0..P-1; else over p_list[0..P-1] (increasing) */
 } GemmArgs;
 
 /* the initial value of row i's sums */
@@ -187,9 +187,9 @@ static void gemm(const GemmArgs *g, long M)
 }
 
 /* A list of input rows (sparse_inputs: the rows of a batch that hold a nonzero, found by
- * scan_rows): rows[0] of them, at rows[1..], increasing; NULL: all K. */
+ * scan_rows): rows[0] of them, at rows[1..], increasing; 0: all K. */
 #define LISTED_COUNT(rows, K) ((rows) ? (long)(rows)[0] : (K))
-#define LISTED_INDEX(rows) ((rows) ? (rows) + 1 : NULL)
+#define LISTED_INDEX(rows) ((rows) ? (rows) + 1 : 0)
 
 /* The list of the rows k < n of x (row k at x + k * stride, nb values) that hold a nonzero. */
 KERNEL void scan_rows(const real *restrict x, long stride, long nb, long n, int32_t *restrict list)
@@ -207,7 +207,7 @@ KERNEL void scan_rows(const real *restrict x, long stride, long nb, long n, int3
 }
 
 /* out[j * out_j + s] = bias[j * bias_j] + sum over k < K of w[j * w_j + k * w_k] * x[k * x_k + s],
- * for j < J and s < S (bias NULL: no bias), over the listed k only (rows: see above): a layer's J
+ * for j < J and s < S (bias 0: no bias), over the listed k only (rows: see above): a layer's J
  * neurons over a batch of S (x: its K inputs' rows). */
 KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
                        const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
@@ -224,7 +224,7 @@ KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias
 KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
                        const real *restrict go, long go_j, long J, long S, long K)
 {
-    const GemmArgs g = {out, w, go, NULL, out_k, w_k, w_j, go_j, 0, S, J, 1, NULL};
+    const GemmArgs g = {out, w, go, 0, out_k, w_k, w_j, go_j, 0, S, J, 1, 0};
     gemm(&g, K);
 }
 
@@ -237,14 +237,20 @@ KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, l
  * not contiguous, are summed in a copy of their weights' gradients, GEMM_NT_ROWS rows at a time,
  * and copied back. The blocks are what the threads share: each weight's sum runs in one block,
  * the same way for any thread count. */
+#if HAVE_THREAD_POOL
 #define GEMM_NT_COLUMNS 64
 #define GEMM_NT_SAMPLES 128
 #define GEMM_NT_ROWS (16 * GEMM_MR)
+#else /* exported C may run on a small stack (WebAssembly's is 64 KiB): 5 KiB of buffers */
+#define GEMM_NT_COLUMNS 16
+#define GEMM_NT_SAMPLES 32
+#define GEMM_NT_ROWS (4 * GEMM_MR)
+#endif
 typedef struct {
     real *out;
     const real *go, *x;
     long out_j, go_j, x_k, J, K, S;
-    const int32_t *columns; /* NULL: 0..K-1 */
+    const int32_t *columns; /* 0: 0..K-1 */
 } WeightGradientArgs;
 
 static void matmul_nt_blocks(void *args, long first, long last)
@@ -264,7 +270,7 @@ static void matmul_nt_blocks(void *args, long first, long last)
                     xt[s * n + k] = row[s];
             }
             if (!columns) {
-                const GemmArgs g = {a->out + t0, a->go + s0, xt, NULL, a->out_j, a->go_j, 1, n, 0, n, p, 1, NULL};
+                const GemmArgs g = {a->out + t0, a->go + s0, xt, 0, a->out_j, a->go_j, 1, n, 0, n, p, 1, 0};
                 kernel(&g, 0, a->J);
                 continue;
             }
@@ -273,7 +279,7 @@ static void matmul_nt_blocks(void *args, long first, long last)
                 for (long j = 0; j < m; j++)
                     for (long k = 0; k < n; k++)
                         ct[j * n + k] = a->out[(j0 + j) * a->out_j + COLUMN(k)];
-                const GemmArgs g = {ct, a->go + j0 * a->go_j + s0, xt, NULL, n, a->go_j, 1, n, 0, n, p, 1, NULL};
+                const GemmArgs g = {ct, a->go + j0 * a->go_j + s0, xt, 0, n, a->go_j, 1, n, 0, n, p, 1, 0};
                 kernel(&g, 0, m);
                 for (long j = 0; j < m; j++)
                     for (long k = 0; k < n; k++)
