@@ -11,7 +11,7 @@ import pytest
 import templates
 from codegen import toolchain
 from codegen.dtypes import DTYPES
-from codegen.emit import _nonzero_words
+from codegen.statements import nonzero_words
 
 HARNESS = """
 void call_dot_rows(real *out, const real *w, long w_j, const real *x, long n, long J)
@@ -88,7 +88,7 @@ def test_matvec_is_dot_exactly(compiler, dtype, n, J):
     worst = 0.0
     for kind in KINDS:
         x = inputs(n, rng, kind).astype(real)
-        nz = np.zeros(_nonzero_words(n), np.int32)
+        nz = np.zeros(nonzero_words(n), np.int32)
         lib.call_scan(pointer(ffi, x), n, pointer(ffi, nz))
         assert nz[0] + nz[1] == sum(np.any(x[c * CHUNK:(c + 1) * CHUNK] != 0) for c in range(n // CHUNK))
         dots = np.zeros(J, real)
@@ -118,7 +118,7 @@ def test_sparse_updates_are_the_dense_ones_exactly(compiler, dtype, n):
     worst = 0.0
     for kind in KINDS:
         x = inputs(n, rng, kind).astype(real)
-        nz = np.zeros(_nonzero_words(n), np.int32)
+        nz = np.zeros(nonzero_words(n), np.int32)
         lib.call_scan(pointer(ffi, x), n, pointer(ffi, nz))
         start = rng.uniform(-1, 1, n).astype(real)
         for call, args in ((lib.call_axpy, (real(0.3),)), (lib.call_sgd_axpy, (real(0.01), real(-0.7)))):

@@ -1,0 +1,306 @@
+"""Loop nests and kernel calls: how one group's statements become C. The index of a slot in
+the loop indices i0, i1, ... (slot_index, data_at, grad_at), a nest of `for` loops around a body
+(loop_nest) that sums accumulations which stay put over the innermost loop in a register or as
+a dot product after it, and the groups that are one kernel call: a layer over a batch (its
+forward matmul_set, its inputs' gradients matmul_acc, its weights' gradients matmul_nt:
+templates/kernels/gemm.c). codegen/statements.py writes the statements, codegen/emit.py cuts
+them into functions and files.
+"""
+
+from dataclasses import dataclass
+
+from .dtypes import c_literal
+
+# Lists up to this long are written out element by element, constant offsets the compiler sees
+# (a convolution's window); longer ones call the loop kernels of templates/kernels/, which for
+# contiguous lists pay off sooner.
+UNROLL_MAX, UNROLL_MAX_CONTIGUOUS = 32, 16
+# dot_rows serves runs of four rows and more (sharing loads); shorter runs only over rows this
+# long, where screening the gradient row for zero chunks pays for its pass (a convolution's
+# 3-wide windows over rows of 26 run faster as single dots, measured).
+DOT_ROWS_SCREEN = 64
+
+
+def tree_sum(parts):
+    """parts summed pairwise, ((p0 + p1) + (p2 + p3)) + ...: a chain of n additions would wait on
+    each one in turn; the tree is log2(n) deep (fused mode reorders sums anyway)."""
+    while len(parts) > 1:
+        pairs = [f"({parts[i]} + {parts[i + 1]})" for i in range(0, len(parts) - 1, 2)]
+        parts = pairs + ([parts[-1]] if len(parts) % 2 else [])
+    return parts[0]
+
+
+def unrolled(*vectors):
+    n = len(vectors[0].offsets)
+    return n <= (UNROLL_MAX_CONTIGUOUS if all(v.contiguous for v in vectors) else UNROLL_MAX)
+
+
+def slot_index(affine, offset=0, grad=False):
+    """The C index of an Affine slot (plus offset) in the loop indices i0, i1, ..."""
+    parts = [str((affine.grad_offset() if grad else affine.base) + offset)]
+    parts += [f"i{d}" if s == 1 else f"{s} * i{d}" for d, s in enumerate(affine.strides) if s]
+    return " + ".join(parts).replace("+ -", "- ")
+
+
+def data_at(affine, offset=0):
+    return f"d[{slot_index(affine, offset)}]"
+
+
+def grad_at(affine, offset=0):
+    return f"g[{slot_index(affine, offset, grad=True)}]"
+
+
+def operand(arg, dtype):
+    """An op argument in C: a slot, or a constant's literal."""
+    return data_at(arg) if hasattr(arg, "base") else c_literal(arg, dtype)
+
+
+class OffsetTables:
+    """Static offset arrays for operand lists that are not contiguous; identical ones shared."""
+
+    def __init__(self):
+        self.names = {}
+
+    def __call__(self, offsets):
+        return self.names.setdefault(tuple(offsets), f"offsets_{len(self.names)}")
+
+    def render(self, declare=False):
+        """Definitions, or the declarations another unit needs to use them."""
+        if declare:
+            return "\n".join(f"extern SHARED const int32_t {name}[];" for name in self.names.values())
+        return "\n".join(f"SHARED const int32_t {name}[] = {{{', '.join(map(str, offsets))}}};"
+                          for offsets, name in self.names.items())
+
+
+@dataclass(frozen=True)
+class Accumulate:
+    """`g[target + offset] += term`, kept apart from other statements so that a loop nest can sum
+    it outside the innermost loop when the target stays put over it (the weights a convolution
+    shares between positions, a layer's weights over the samples of a batch): in a register, or,
+    for `term` = the group's gradient times a value, both contiguous along that loop (`product`:
+    their Affines and the value's offset; no value: the gradient alone), as one dot product (or
+    sum) over the loop's range."""
+    target: object  # Affine
+    offset: int
+    term: str
+    product: tuple = None
+
+    def render(self, value=None):
+        return f"{grad_at(self.target, self.offset)} += {value or self.term};"
+
+
+def _at_start(affine):
+    """The Affine with the innermost loop index at 0."""
+    return type(affine)(affine.base, affine.strides[:-1] + (0,), affine.grad_base)
+
+
+def _zero_last(affine, n):
+    """The Affine with its last n loop indices at 0."""
+    return type(affine)(affine.base, affine.strides[:-n] + (0,) * n, affine.grad_base)
+
+
+def loop_start(affine, last, offset=0, grad=False):
+    """C for the address of an Affine slot (plus offset) in d (or g) with its last `last` loop
+    indices at 0: where a kernel that runs those loops itself starts."""
+    return f"{'g' if grad else 'd'} + {slot_index(_zero_last(affine, last), offset, grad=grad)}"
+
+
+def bias_argument(terms, last, step_of):
+    """A layer kernel's bias arguments: the loose term's start and its step along the neurons
+    (step_of its Affine), or NULL, 0 without one."""
+    return f"{loop_start(terms.start, last, terms.offsets[0])}, {step_of(terms.start)}" if terms else "NULL, 0"
+
+
+def loop_headers(shape):
+    """`for` headers of a loop nest over shape, index i0 outermost."""
+    return [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape)]
+
+
+def progression(offsets):
+    """The common step of offsets, or None if they are not an arithmetic progression."""
+    step = offsets[1] - offsets[0] if len(offsets) > 1 else 0
+    return step if all(b - a == step for a, b in zip(offsets, offsets[1:])) else None
+
+
+@dataclass(frozen=True)
+class Matmul:
+    """A layer's inputs' gradients over a batch, `g[wrt + i] += go * d[weights + j]` for the pairs
+    (i, j) of the two lists, where the inputs' gradients move with the innermost loop (the batch)
+    and stay put over the one outside it (the neurons), and the weights do not move with the
+    batch: one matmul_acc call per pass of the outer loops, instead of the neurons' loop reading
+    and writing every input's gradients once per neuron."""
+    wrt: object      # Vector: the inputs' gradients
+    weights: object  # Vector
+    out: object      # Affine: the group's gradients (go)
+
+    def render(self, shape):
+        batched = len(shape) >= 2
+        neurons, samples = (shape[-2] if batched else 1), shape[-1]
+        last = 2 if batched else 1
+        wrt, weights = self.wrt, self.weights
+        call = (f"matmul_acc({loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
+                f"{progression(wrt.offsets)}, {loop_start(weights.start, last, weights.offsets[0])}, "
+                f"{weights.start.strides[-2] if batched else 0}, {progression(weights.offsets)}, "
+                f"{loop_start(self.out, last, grad=True)}, {self.out.strides[-2] if batched else 0}, "
+                f"{neurons}, {samples}, {len(wrt.offsets)});")
+        outer = loop_headers(shape[:-last])
+        return "\n    ".join(outer + [call])
+
+    @staticmethod
+    def fits(shape, wrt, other, out):
+        """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
+        return (len(shape) >= 1 and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2 and out.strides[-1] == 1
+                and wrt.start.strides[-1] == 1 and (len(shape) < 2 or wrt.start.strides[-2] == 0)
+                and other.start.strides[-1] == 0
+                and progression(wrt.offsets) is not None and progression(other.offsets) is not None)
+
+
+@dataclass(frozen=True)
+class WeightGradient:
+    """A layer's weights' gradients over a batch, `g[weights + i] += go * d[inputs + j]` for the
+    pairs (i, j) of the two lists, where the weights' gradients (one row, contiguous) stay put
+    over the innermost loop (the batch) and the inputs move with it and stay put over the one
+    outside it (the neurons): one matmul_nt call (dY X^T) per pass of the outer loops, instead
+    of an axpy per neuron and sample."""
+    wrt: object     # Vector: the weights' gradients
+    inputs: object  # Vector
+    out: object     # Affine: the group's gradients (go)
+    rows: str = "NULL"  # C: the list of the inputs' rows that hold a nonzero (sparse inputs), or NULL
+
+    def render(self, shape):
+        batched = len(shape) >= 2
+        last = 2 if batched else 1
+        wrt, x = self.wrt, self.inputs
+        call = (f"matmul_nt({loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
+                f"{wrt.start.strides[-2] if batched else 0}, {loop_start(self.out, last, grad=True)}, "
+                f"{self.out.strides[-2] if batched else 0}, {loop_start(x.start, last, x.offsets[0])}, "
+                f"{progression(x.offsets)}, {shape[-2] if batched else 1}, {len(wrt.offsets)}, {shape[-1]}, "
+                f"{self.rows});")
+        return "\n    ".join(loop_headers(shape[:-last]) + [call])
+
+    @staticmethod
+    def fits(shape, wrt, other, out):
+        """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
+        return (len(shape) >= 1 and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2 and out.strides[-1] == 1
+                and wrt.contiguous and wrt.start.strides[-1] == 0 and other.start.strides[-1] == 1
+                and (len(shape) < 2 or other.start.strides[-2] == 0) and progression(other.offsets) is not None)
+
+
+def layer_over_batch(g, row_list=lambda rows: "NULL"):
+    """A dot group that is a layer over a batch, as one matmul_set call per pass of the loops
+    outside the neurons' and samples': the results move with the batch (innermost) and with the
+    neurons; one factor list (the weights) stays put over the batch, the other (the inputs'
+    rows) moves with it and stays put over the neurons, each at a constant step along the list;
+    at most one loose term (the bias), which stays put over the batch. Else None."""
+    ops, shape = g.operands, g.shape
+    if (g.first.kind != "dot" or not shape or shape[-1] < UNROLL_MAX_CONTIGUOUS // 2 or not ops.a
+            or ops.constants or ops.out.strides[-1] != 1
+            or (ops.terms and (len(ops.terms.offsets) != 1 or ops.terms.start.strides[-1] != 0))):
+        return None
+    batched = len(shape) >= 2
+    for weights, rows in ((ops.a, ops.b), (ops.b, ops.a)):
+        if (weights.start.strides[-1] == 0 and rows.start.strides[-1] == 1
+                and (not batched or rows.start.strides[-2] == 0)
+                and progression(weights.offsets) is not None and progression(rows.offsets) is not None):
+            break
+    else:
+        return None
+    last = 2 if batched else 1
+
+    def along_neurons(affine):
+        return affine.strides[-2] if batched else 0
+    bias = bias_argument(ops.terms, last, along_neurons)
+    call = (f"matmul_set({loop_start(ops.out, last)}, {along_neurons(ops.out)}, {bias}, "
+            f"{loop_start(weights.start, last, weights.offsets[0])}, {along_neurons(weights.start)}, "
+            f"{progression(weights.offsets)}, {loop_start(rows.start, last, rows.offsets[0])}, "
+            f"{progression(rows.offsets)}, {shape[-2] if batched else 1}, {shape[-1]}, {len(weights.offsets)}, "
+            f"{row_list(rows)});")
+    return "\n    ".join(loop_headers(shape[:-last]) + [call])
+
+
+def loop_nest(shape, body, dots=True, independent=False):
+    """The statements `body` inside one loop nest over `shape` (none for a single node). With
+    `dots`, accumulations of products may become dot products after the innermost loop (only
+    where the loop updates no value they read). `independent`: no iteration reads what another
+    writes (a forward loop writes only its group's results, which it never reads), which the
+    C compiler is told, so that it vectorises without checking at run time."""
+    if not shape:
+        return [s.render() if isinstance(s, Accumulate) else s for s in body]
+    matmuls = [s.render(shape) for s in body if isinstance(s, (Matmul, WeightGradient))]
+    if matmuls:
+        body = [s for s in body if not isinstance(s, (Matmul, WeightGradient))]
+        rest = loop_nest(shape, body, dots) if any(not (isinstance(s, str) and s.startswith(GO)) for s in body) else []
+        return rest + matmuls
+    held = [s for s in body if isinstance(s, Accumulate) and s.target.strides[-1] == 0]
+    dotted = [s for s in held if dots and s.product and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
+              and all(a.strides[-1] == 1 for a in s.product[:2] if a is not None)]
+    summed = [s for s in held if s not in dotted]
+    names = {id(s): f"sum{k}" for k, s in enumerate(summed)}
+    inner = [f"{names[id(s)]} += {s.term};" if id(s) in names else s.render() if isinstance(s, Accumulate)
+             else s for s in body if s not in dotted]
+    *outer, last = loop_headers(shape)
+    if all(s.startswith(GO) for s in inner):  # everything moved after it: no innermost loop
+        block = "{\n    " + "\n    ".join(_after_innermost(summed, dotted, names, shape)) + "\n    }"
+        return ["\n    ".join(outer + [block])]
+    if independent or _independent_writes([s for s in body if s not in held], shape[-1]):
+        last = "INDEPENDENT " + last
+    innermost = f"{last} {{\n        " + "\n        ".join(inner) + "\n    }"
+    if not held:
+        return ["\n    ".join(outer + [innermost])]
+    before = ["real " + ", ".join(f"{names[id(s)]} = 0" for s in summed) + ";"] if summed else []
+    block = "{\n    " + "\n    ".join([*before, innermost, *_after_innermost(summed, dotted, names, shape)]) + "\n    }"
+    return ["\n    ".join(outer + [block])]
+
+
+def _after_innermost(summed, dotted, names, shape):
+    """The held accumulations, after the innermost loop: register sums, dot products."""
+    n = shape[-1]
+    after = [s.render(names[id(s)]) for s in summed]
+    after += [s.render(f"sum_range(g + {slot_index(_at_start(s.product[0]), grad=True)}, {n})")
+              for s in dotted if s.product[1] is None]
+    for run in _dot_runs([s for s in dotted if s.product[1] is not None]):
+        s = run[0]
+        a, b = f"g + {slot_index(_at_start(s.product[0]), grad=True)}", f"d + {slot_index(_at_start(s.product[1]), s.product[2])}"
+        if len(run) < 4 and n < DOT_ROWS_SCREEN:
+            after += [t.render(f"dot(g + {slot_index(_at_start(t.product[0]), grad=True)}, "
+                               f"d + {slot_index(_at_start(t.product[1]), t.product[2])}, {n})") for t in run]
+        else:
+            b_step, out_step = ((run[1].product[2] - s.product[2], run[1].offset - s.offset) if len(run) > 1
+                                else (0, 0))
+            after.append(f"dot_rows({a}, {b}, {b_step}, {n}, {len(run)}, "
+                         f"g + {slot_index(s.target, s.offset, grad=True)}, {out_step});")
+    return after
+
+
+def _dot_runs(dotted):
+    """Consecutive dot products after a loop of one gradient against rows at a constant step,
+    into targets at a constant step (a neuron's weights over a batch): runs for dot_rows."""
+    runs = []
+    for s in dotted:
+        if runs:
+            run, first = runs[-1], runs[-1][0]
+            steps = (s.product[2] - run[-1].product[2], s.offset - run[-1].offset)
+            if (s.product[:2] == first.product[:2] and s.target == first.target
+                    and (len(run) == 1 or steps == (run[1].product[2] - first.product[2], run[1].offset - first.offset))):
+                run.append(s)
+                continue
+        runs.append([s])
+    return runs
+
+
+GO = "const real go = "  # backward's first statement: the group's gradient
+
+
+def _independent_writes(body, n):
+    """Whether the innermost loop of a backward body is free of dependences between its n
+    iterations: only gradient accumulations (besides reading the group's own gradient), all
+    moving with one stride along it, none reaching a slot that another iteration reaches."""
+    writes = [s for s in body if isinstance(s, Accumulate)]
+    if not writes or any(not isinstance(s, Accumulate) and not s.startswith(GO) for s in body):
+        return False
+    strides = {s.target.strides[-1] for s in writes}
+    if len(strides) != 1 or 0 in strides:
+        return False
+    step = abs(strides.pop())
+    bases = sorted({s.target.grad_offset() + s.offset for s in writes})
+    return all(b - a >= step * n or (b - a) % step for a, b in zip(bases, bases[1:]))

@@ -1,0 +1,346 @@
+"""The statements of one group of a lowered program (ir.Program or batch.BatchedProgram): its
+forward (a value per member, from the op table's formulas or a fused dot product) and its
+backward (each operand's gradient contributions, or batch-1 SGD's update in place, or the
+step-by-step API's tracked rows), the sparse inputs' nonzero lists and a batch's row lists.
+"""
+
+import dataclasses
+import itertools
+import math
+
+from . import dtypes, ir
+from .dtypes import c_literal
+from .loops import (Accumulate, GO, Matmul, OffsetTables, WeightGradient, bias_argument, data_at,
+                    grad_at, layer_over_batch, loop_headers, loop_nest, loop_start, operand,
+                    progression, slot_index, tree_sum, unrolled)
+
+def nonzero_words(n):
+    """int32 words of the nonzero lists of n input values: two counts and a word per chunk of
+    eight values (templates/kernels/sparse.c)"""
+    return 2 + n // 8
+
+
+class Emitter:
+    def __init__(self, program, dtype=dtypes.DEFAULT, sparse_inputs=False, offsets=None, row_lists=False):
+        self.program = program
+        self.row_lists = {} if row_lists else None  # the batched program's (first input, count): offset in words
+        self.dtype = dtype  # a dtypes.Dtype
+        self.offsets = offsets or OffsetTables()  # shared by the batched program's emitter
+        self.sparse_inputs = sparse_inputs
+        self.nonzero_lists = {}  # (first slot, length) of an input range: its list's offset in words
+        self.tracked_rows = []  # backward(tracked=True)'s parameter rows: (start, length, loop shape, other's start)
+
+    def _nonzeros(self, v):
+        """For a factor list that is one input range, the same in every iteration (a first
+        layer's pixels), the C pointer to its nonzero list (templates/kernels/sparse.c's dot_nz), which
+        lives in the words after the N_SLOTS values of d; else None."""
+        p, n = self.program, len(v.offsets)
+        if not (self.sparse_inputs and v.contiguous and not any(v.start.strides)
+                and p.input_base <= v.start.base and v.start.base + n <= p.input_base + p.n_inputs):
+            return None
+        key = (v.start.base, n)
+        if key not in self.nonzero_lists:
+            self.nonzero_lists[key] = sum(nonzero_words(m) for _, m in self.nonzero_lists)
+        return f"(const int32_t *)(d + {p.n_slots}) + {self.nonzero_lists[key]}"
+
+    def _row_list(self, v):
+        """For the batched program of a model with sparse inputs: when the rows a layer's product
+        reads (Vector v) are a range of inputs, the same for the whole loop nest, the C pointer to
+        the list of those that hold a nonzero in this batch (scan_batch_rows); else NULL."""
+        p = self.program
+        if self.row_lists is None or len(v.offsets) < 2 or any(v.start.strides[:-1]) or v.start.strides[-1] != 1:
+            return "NULL"
+        first, step = v.start.base + v.offsets[0] - p.input_base, progression(v.offsets)
+        if step != p.capacity or first < 0 or first % step or first // step + len(v.offsets) > p.n_inputs:
+            return "NULL"
+        key = (first // step, len(v.offsets))
+        if key not in self.row_lists:
+            self.row_lists[key] = sum(1 + n for _, n in self.row_lists)
+        return f"(const int32_t *)(d + {p.n_slots}) + {self.row_lists[key]}"
+
+    def scan_batch_rows(self):
+        """scan_batch_rows(d, nb): the list of every input range a product reads, of its rows
+        that hold a nonzero among the batch's nb samples; BATCH_LIST_WORDS, the int32 words the
+        lists take after the batch's N_BATCH_SLOTS values."""
+        p, lines = self.program, []
+        for (first, n), offset in (self.row_lists or {}).items():
+            lines.append(f"    scan_rows(d + {p.input_base + first * p.capacity}, {p.capacity}, nb, {n}, "
+                         f"(int32_t *)(d + {p.n_slots}) + {offset});")
+        words = sum(1 + n for _, n in (self.row_lists or {}))
+        return (f"#define BATCH_LIST_WORDS {words}\nstatic void scan_batch_rows(real *restrict d, long nb)\n{{\n"
+                + "\n".join(lines) + "\n    (void)d; (void)nb;\n}")
+
+    def scan_nonzeros(self):
+        """scan_nonzeros(d): every nonzero list from its input range's current values, and
+        NONZERO_WORDS, the words they take after d's N_SLOTS values."""
+        lines = [f"    scan_range(d + {base}, {n}, (int32_t *)(d + N_SLOTS) + {offset});"
+                 for (base, n), offset in self.nonzero_lists.items()]
+        words = sum(nonzero_words(n) for _, n in self.nonzero_lists)
+        return (f"#define NONZERO_WORDS {words}\nstatic void scan_nonzeros(real *restrict d)\n{{\n"
+                + "\n".join(lines) + "\n    (void)d;\n}")
+
+    def _op_c(self, node, formula, names):
+        """An op-table formula with its placeholders replaced by C expressions."""
+        return node.op.render(dtypes.formula(self.dtype, formula), **names)
+
+    def _sum(self, v):
+        """C for the sum of a Vector's values (a list of parts, summed left to right)."""
+        n = len(v.offsets)
+        if unrolled(v):
+            return [data_at(v.start, o) for o in v.offsets]
+        if v.contiguous:
+            return [f"sum_range(d + {slot_index(v.start)}, {n})"]
+        return [f"sum_offsets(d + {slot_index(v.start)}, {self.offsets(v.offsets)}, {n})"]
+
+    def _dot(self, a, b):
+        n = len(a.offsets)
+        if unrolled(a, b):
+            return [f"{data_at(a.start, i)} * {data_at(b.start, j)}" for i, j in zip(a.offsets, b.offsets)]
+        if a.contiguous and b.contiguous:
+            for other, inputs in ((a, b), (b, a)):
+                nonzeros = self._nonzeros(inputs)
+                if nonzeros:
+                    return [f"dot_nz(d + {slot_index(other.start)}, d + {slot_index(inputs.start)}, {n}, {nonzeros})"]
+            return [f"dot(d + {slot_index(a.start)}, d + {slot_index(b.start)}, {n})"]
+        return [f"dot_offsets(d + {slot_index(a.start)}, {self.offsets(a.offsets)}, "
+                f"d + {slot_index(b.start)}, {self.offsets(b.offsets)}, {n})"]
+
+    def forward(self, g):
+        ops = g.operands
+        node = g.first
+        layer = layer_over_batch(g, self._row_list) or self._layer_on_one_sample(g)
+        if layer:
+            return [layer]
+        if node.kind == "op":
+            names = {n: operand(a, self.dtype) for n, a in zip("ab", ops.args)}
+            if node.k is not None:
+                names["k"] = c_literal(node.k, self.dtype)
+            value = self._op_c(node, node.op.value, names)
+        else:
+            parts = [c_literal(c, self.dtype) for c in ops.constants]
+            if ops.terms:
+                parts += self._sum(ops.terms)
+            if ops.a:
+                parts += self._dot(ops.a, ops.b)
+            value = tree_sum(parts)
+        return loop_nest(g.shape, [f"{data_at(ops.out)} = {value};"], independent=True)
+
+    def _layer_on_one_sample(self, g):
+        """A dot group over sparse inputs whose innermost loop moves the results and one factor
+        list (the weights' rows) and not the other (an input range with a nonzero list): one
+        matvec call per pass of the loops outside it, four rows at a time sharing the walk
+        through the list (templates/kernels/sparse.c); at most one loose term (the bias), no constants.
+        Else None: over dense inputs a row at a time streams faster (microbenchmark of MNIST's
+        first layer, gcc -O3 native: dot() per row 0.85x matvec's time)."""
+        ops, shape = g.operands, g.shape
+        if (g.first.kind != "dot" or not shape or shape[-1] < 4 or not ops.a or ops.constants
+                or (ops.terms and len(ops.terms.offsets) != 1) or not (ops.a.contiguous and ops.b.contiguous)
+                or unrolled(ops.a, ops.b)):
+            return None
+        for weights, inputs in ((ops.a, ops.b), (ops.b, ops.a)):
+            nonzeros = self._nonzeros(inputs)
+            if nonzeros and weights.start.strides[-1]:
+                break
+        else:
+            return None
+        bias = bias_argument(ops.terms, 1, lambda affine: affine.strides[-1])
+        call = (f"matvec({loop_start(ops.out, 1)}, {ops.out.strides[-1]}, {bias}, "
+                f"{loop_start(weights.start, 1)}, {weights.start.strides[-1]}, "
+                f"{loop_start(inputs.start, 1)}, {len(inputs.offsets)}, {shape[-1]}, {nonzeros});")
+        return "\n    ".join(loop_headers(shape[:-1]) + [call])
+
+    def backward(self, g, sgd=False, tracked=False):
+        """Statements adding the group's gradients into its operands' gradients. With sgd (see
+        ir.sgd_in_backward) a contribution to a parameter marked sgd_fused instead applies
+        `param -= lr * contribution`, placed after the statements that still read the parameter's
+        old value. With tracked (the step-by-step API's backward), a dot's contribution to a row
+        of such parameters by a kernel goes through the row's stamp (see _track)."""
+        ops, node = g.operands, g.first
+        grads, updates, snapshots = [], [], []
+        out_grad = grad_at(ops.out)
+
+        def contribute(to_fused_param, accumulate, update, track=None):
+            if tracked and to_fused_param and track:
+                statement, snapshot = track(g.shape)
+                if statement:
+                    grads.append(statement)
+                    snapshots.extend([snapshot] if snapshot else [])
+                    return
+            fused = sgd and to_fused_param
+            (updates if fused else grads).append(update if fused else accumulate)
+
+        if node.kind == "op":
+            names = {n: operand(a, self.dtype) for n, a in zip("ab", ops.args)}
+            names["out"] = data_at(ops.out)
+            if node.k is not None:
+                names["k"] = c_literal(node.k, self.dtype)
+            for arg, where, formula in zip(node.args, ops.args, node.op.grads):
+                if arg.needs_grad and not arg.shares_grad:
+                    local = self._op_c(node, formula, names)
+                    term = out_grad if local == "1" else f"({local}) * {out_grad}"
+                    contribute(arg.sgd_fused, Accumulate(where, 0, term), f"{data_at(where)} -= lr * ({term});")
+            return loop_nest(g.shape, grads + updates)
+        go = "go"
+        if ops.terms:
+            self._add_terms(ops.terms, [node.args[i] for i in ops.term_positions], go, contribute, ops.out)
+        if ops.a:
+            for wrt, other, factors in ((ops.b, ops.a, node.b), (ops.a, ops.b, node.a)):
+                self._add_products(wrt, other, factors, go, contribute, ops.out, g.shape)
+        if not grads and not updates:
+            return []
+        # Every contribution is go times something: none when go is 0 (a ReLU that is off), which
+        # saves the kernels' passes; written-out statements stay branch-free, to be vectorised.
+        if any(isinstance(s, str) and s.split("(")[0].isidentifier() for s in grads + updates):  # a kernel
+            body = [f"{GO}{out_grad};", "if (go != 0) {", *grads, *updates, "}"]
+        else:
+            body = [f"{GO}{out_grad};", *grads, *updates]
+        return snapshots + (loop_nest(g.shape, body, dots=not updates) if g.shape
+                            else ["{ " + " ".join(loop_nest((), body)) + " }"])
+
+    def _track(self, wrt, other, n, shape, accumulate):
+        """The step-by-step API's form of `accumulate` (an axpy kernel adding go * other into the
+        parameter row wrt, in a loop nest over `shape`), and the statement before the loop that
+        snapshots `other`; (None, None) where it does not apply. Each iteration writes its own
+        row (the parameters get one contribution each) and has a stamp, numbered in loop order
+        (step_rows tells what the stamps say). The first contribution in a generation does not
+        write the row: it records go, the row standing for `0 + go * snapshot` (rank one) until
+        update() or someone looking at the gradients needs it."""
+        if (other is not None and any(other.strides)) or wrt.grad_offset() != wrt.base:  # one `other` for every row
+            return None, None
+        first = sum(math.prod(r[2]) for r in self.tracked_rows)
+        snapshot = sum(r[1] for r in self.tracked_rows if r[3] is not None)
+        self.tracked_rows.append((wrt, n, shape, other))
+        stamp = self._stamp_index(first, shape)
+        listed = f"live[++live[0]] = (uint32_t)({stamp});"  # update() visits the rows of the list
+        if other is None:  # a single parameter (a bias): its gradient is written at once
+            return (f"if (stamp[{stamp}] == gen) {accumulate} else if (go != 0) {{ stamp[{stamp}] = gen; "
+                    f"{grad_at(wrt)} = (real)0 + go; {listed} }}", None)
+        return (f"if (stamp[{stamp}] == gen) {accumulate} else if (go != 0) {{ stamp[{stamp}] = gen + 1; "
+                f"rank1[{stamp}] = go; {listed} }}",
+                f"memcpy(snap + {snapshot}, d + {slot_index(other)}, {n} * sizeof(real));")
+
+    @staticmethod
+    def _stamp_index(first, shape):
+        strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+        return " + ".join([str(first)] + [f"i{d}" if s == 1 else f"{s} * i{d}" for d, s in enumerate(strides)])
+
+    def step_rows(self, n_params):
+        """What the step-by-step API needs to leave the rows of backward(tracked=True) alone until
+        they are used. A row's stamp against the generation `gen` (which zero_grad() advances by
+        2) says what it holds: == gen, its gradient; == gen + 1, 0 + rank1[row] * its snapshot
+        (one contribution so far, not written out); otherwise stale values standing for zeros.
+        The rows stamped in this generation are listed in live[1..live[0]]. N_TRACKED_ROWS,
+        N_SNAPSHOT (reals); SWEPT_RUNS, N_SWEPT_RUNS: the other parameters, (first slot, count),
+        zeroed and stepped every time; sgd_live_rows(d, g, stamp, rank1, snap, live, gen, lr):
+        `param -= lr * grad` over the listed rows; write_rows(g, stamp, rank1, snap, gen, all):
+        writes out the rank-one rows and, with all, zeroes the stale ones, stamping them current."""
+        tracked = [False] * n_params
+        write, starts, lengths, snapshots = [], [], [], []
+        first = snapshot = 0
+        for start, n, shape, other in self.tracked_rows:
+            loops = "".join(header + " " for header in loop_headers(shape))
+            stamp = self._stamp_index(first, shape)
+            row = slot_index(start)
+            for index in itertools.product(*map(range, shape)):  # in loop order, as the stamps
+                at = start.base + sum(s * i for s, i in zip(start.strides, index))
+                tracked[at:at + n] = [True] * n
+                starts.append(at)
+            first += math.prod(shape)
+            lengths += [n] * math.prod(shape)
+            snapshots += [snapshot] * math.prod(shape)
+            if other is None:
+                write.append(f"    {loops}if (all && stamp[{stamp}] != gen) {{ g[{row}] = 0; stamp[{stamp}] = gen; }}")
+                continue
+            write.append(f"    {loops}{{\n        real *restrict q = g + {row};\n"
+                         f"        if (stamp[{stamp}] == gen + 1) {{ const real a = rank1[{stamp}];"
+                         f" for (long k = 0; k < {n}; k++) q[k] = (real)0 + a * snap[{snapshot} + k]; }}\n"
+                         f"        else if (all && stamp[{stamp}] != gen) memset(q, 0, {n} * sizeof(real));\n"
+                         f"        else continue;\n        stamp[{stamp}] = gen;\n    }}")
+            snapshot += n
+        runs = ir.slot_runs(slot for slot, done in enumerate(tracked) if not done) or [(0, 0)]
+        # without tracked rows the step's backward is the ordinary one
+        untracked = [] if self.tracked_rows else [
+            "#define backward_tracked_body(d, g, stamp, rank1, snap, live, gen) "
+            "((void)(stamp), (void)(rank1), (void)(snap), (void)(live), (void)(gen), backward_body(d, g))"]
+        arrays = "const uint64_t *restrict stamp, const real *restrict rank1, const real *restrict snap, uint64_t gen"
+        table = lambda name, values: f"static const long {name}[] = {{{', '.join(map(str, values or [0]))}}};"
+        return "\n".join([*untracked,
+            f"#define N_TRACKED_ROWS {first}",
+            f"#define N_SNAPSHOT {snapshot}",
+            f"#define N_SWEPT_RUNS {len(runs)}",
+            "static const long SWEPT_RUNS[][2] = {" + ", ".join(f"{{{a}, {b}}}" for a, b in runs) + "};",
+            table("ROW_START", starts), table("ROW_LENGTH", lengths), table("ROW_SNAPSHOT", snapshots),
+            "static void sgd_live_rows(real *restrict d, const real *restrict g, const uint64_t *restrict stamp,\n"
+            "                          const real *restrict rank1, const real *restrict snap, const uint32_t *restrict live,\n"
+            "                          uint64_t gen, real lr)\n{\n"
+            "    for (uint32_t j = 1; j <= live[0]; j++) {\n"
+            "        const uint32_t r = live[j];\n"
+            "        if (stamp[r] == gen + 1)\n"
+            "            sgd_rank1_row(d + ROW_START[r], lr, rank1[r], snap + ROW_SNAPSHOT[r], ROW_LENGTH[r]);\n"
+            "        else\n"
+            "            sgd_row(d + ROW_START[r], lr, g + ROW_START[r], ROW_LENGTH[r]);\n"
+            "    }\n}",
+            f"static void write_rows(real *restrict g, {arrays.replace('const uint64_t', 'uint64_t')}, int all)\n{{\n"
+            + "\n".join(write) + "\n    (void)g; (void)stamp; (void)rank1; (void)snap; (void)gen; (void)all;\n}",
+        ])
+
+    def _add_terms(self, v, nodes, go, contribute, out):
+        """Loose terms of a sum: each gets the sum's gradient."""
+        needs = [x.needs_grad and not x.shares_grad for x in nodes]
+        if not any(needs):
+            return
+        n = len(nodes)
+        if unrolled(v) or not all(needs):
+            for x, o, need in zip(nodes, v.offsets, needs):
+                if need:
+                    contribute(x.sgd_fused, Accumulate(v.start, o, go, (out, None, 0)), f"{data_at(v.start, o)} -= lr * {go};",
+                               lambda shape, o=o: self._track(dataclasses.replace(v.start, base=v.start.base + o), None, 1,
+                                                              shape, f"{grad_at(v.start, o)} += {go};"))
+            return
+        to_param = nodes[0].sgd_fused
+        if v.contiguous:
+            contribute(to_param, f"add_range(g + {slot_index(v.start, grad=True)}, {go}, {n});",
+                       f"add_range(d + {slot_index(v.start)}, -(lr * {go}), {n});")
+        else:
+            table = self.offsets(v.offsets)
+            contribute(to_param, f"add_offsets(g + {slot_index(v.start, grad=True)}, {table}, {go}, {n});",
+                       f"add_offsets(d + {slot_index(v.start)}, {table}, -(lr * {go}), {n});")
+
+    def _add_products(self, wrt, other, factors, go, contribute, out, shape=()):
+        """Factor list `wrt` of a dot gets go times the other list's values."""
+        needs = [f.needs_grad for f in factors]
+        if not any(needs):
+            return
+        n = len(factors)
+        if all(needs) and not any(f.sgd_fused for f in factors) and Matmul.fits(shape, wrt, other, out):
+            contribute(False, Matmul(wrt, other, out), None)
+            return
+        # (a loop whose weights stay put over its innermost loop gives them several contributions:
+        # batch-1 SGD never updates them in backward, and the batched program never does)
+        if all(needs) and not unrolled(wrt, other) and WeightGradient.fits(shape, wrt, other, out):
+            contribute(False, WeightGradient(wrt, other, out, self._row_list(other)), None)
+            return
+        if unrolled(wrt, other) or not all(needs):
+            for f, i, j, need in zip(factors, wrt.offsets, other.offsets, needs):
+                if need:
+                    term = f"{go} * {data_at(other.start, j)}"
+                    contribute(f.sgd_fused, Accumulate(wrt.start, i, term, (out, other.start, j)),
+                               f"{data_at(wrt.start, i)} -= lr * ({term});")
+            return
+        to_param = factors[0].sgd_fused
+        nonzeros = self._nonzeros(other) if wrt.contiguous and other.contiguous else None
+        if nonzeros:
+            contribute(to_param, f"axpy_nz(g + {slot_index(wrt.start, grad=True)}, {go}, d + {slot_index(other.start)}, {n}, {nonzeros});",
+                       f"sgd_axpy_nz(d + {slot_index(wrt.start)}, lr, {go}, d + {slot_index(other.start)}, {n}, {nonzeros});",
+                       lambda shape: self._track(wrt.start, other.start, n, shape, f"axpy_nz(g + {slot_index(wrt.start, grad=True)}, "
+                                                 f"{go}, d + {slot_index(other.start)}, {n}, {nonzeros});"))
+        elif wrt.contiguous and other.contiguous:
+            contribute(to_param, f"axpy(g + {slot_index(wrt.start, grad=True)}, {go}, d + {slot_index(other.start)}, {n});",
+                       f"sgd_axpy(d + {slot_index(wrt.start)}, lr, {go}, d + {slot_index(other.start)}, {n});",
+                       lambda shape: self._track(wrt.start, other.start, n, shape, f"axpy(g + {slot_index(wrt.start, grad=True)}, "
+                                                 f"{go}, d + {slot_index(other.start)}, {n});"))
+        else:
+            tw, to = self.offsets(wrt.offsets), self.offsets(other.offsets)
+            contribute(to_param,
+                       f"axpy_offsets(g + {slot_index(wrt.start, grad=True)}, {tw}, {go}, d + {slot_index(other.start)}, {to}, {n});",
+                       f"sgd_axpy_offsets(d + {slot_index(wrt.start)}, {tw}, lr, {go}, d + {slot_index(other.start)}, {to}, {n});")
