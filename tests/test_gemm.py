@@ -93,7 +93,7 @@ def check(compiler, dtype, width=None):
         lib.call_nt(ptr(dw), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows)
         worst = max(worst, compare(dw[:, :K], before[:, :K] + G @ X.T, rtol, "matmul_nt", J, S, K, sparse))
         np.testing.assert_array_equal(dw[:, K], before[:, K])  # the bias column untouched
-        if sparse:  # an unlisted row's weights' gradients are not even touched
+        if sparse:  # an unlisted row adds nothing to its weights' gradients
             np.testing.assert_array_equal(dw[:, :K:3], before[:, :K:3])
     print(f"{compiler} {dtype} width {width}: max relative difference {worst:.2e}")
 

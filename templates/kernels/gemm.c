@@ -228,76 +228,73 @@ KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, l
     gemm(&g, K);
 }
 
-/* out[j * out_j + k] += sum over s < S of go[j * go_j + s] * x[k * x_k + s], for j < J and the
- * listed k < K (rows: see above; an unlisted row's x is 0, and so is what it would add): a
- * layer's weights' gradients over a batch of S. The product runs along the weights' rows, on
- * blocks of GEMM_NT_COLUMNS (listed) columns: each block's inputs copied transposed (S rows of
- * the block's columns) into a buffer on the stack, GEMM_NT_SAMPLES samples at a time (a sum
- * continued from the value it stored, so the same bits as in one go); listed columns, which are
- * not contiguous, are summed in a copy of their weights' gradients, GEMM_NT_ROWS rows at a time,
- * and copied back. The blocks are what the threads share: each weight's sum runs in one block,
- * the same way for any thread count. */
+/* out[j * out_j + k] += sum over s < S of go[j * go_j + s] * x[k * x_k + s], for j < J and k < K:
+ * a layer's weights' gradients over a batch of S. The product runs along the weights' rows, on
+ * blocks of GEMM_NT_COLUMNS columns: each block's inputs copied transposed (S rows of the block's
+ * columns) into a buffer on the stack, GEMM_NT_SAMPLES samples at a time (a sum continued from
+ * the value it stored, so the same bits as in one go). With a list of the input rows that hold a
+ * nonzero (rows: see above), a block that holds none is skipped: what it would add is 0 (gathering
+ * the listed columns of the others cost more than it saved, measured on MNIST's first layer).
+ * The blocks are what the threads share: each weight's sum runs in one block, the same way for
+ * any thread count. */
 #if HAVE_THREAD_POOL
 #define GEMM_NT_COLUMNS 64
 #define GEMM_NT_SAMPLES 128
-#define GEMM_NT_ROWS (16 * GEMM_MR)
-#else /* exported C may run on a small stack (WebAssembly's is 64 KiB): 5 KiB of buffers */
+#else /* exported C may run on a small stack (WebAssembly's is 64 KiB): 2 KiB of buffer */
 #define GEMM_NT_COLUMNS 16
 #define GEMM_NT_SAMPLES 32
-#define GEMM_NT_ROWS (4 * GEMM_MR)
 #endif
 typedef struct {
     real *out;
     const real *go, *x;
     long out_j, go_j, x_k, J, K, S;
-    const int32_t *columns; /* 0: 0..K-1 */
+    const int32_t *rows; /* the list of nonzero rows (rows[0] of them), or 0 */
 } WeightGradientArgs;
+
+/* Whether the list holds a row in [first, last) (binary search: the list is increasing). */
+static int listed_between(const int32_t *rows, long first, long last)
+{
+    long lo = 0, hi = rows[0];
+    while (lo < hi) {
+        const long mid = (lo + hi) / 2;
+        if (rows[1 + mid] < first)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < rows[0] && rows[1 + lo] < last;
+}
 
 static void matmul_nt_blocks(void *args, long first, long last)
 {
     const WeightGradientArgs *a = (const WeightGradientArgs *)args;
     const GemmRows kernel = gemm_kernel();
-    real xt[GEMM_NT_SAMPLES * GEMM_NT_COLUMNS], ct[GEMM_NT_ROWS * GEMM_NT_COLUMNS];
-    const int32_t *columns = a->columns;
+    real xt[GEMM_NT_SAMPLES * GEMM_NT_COLUMNS];
     for (long block = first; block < last; block++) {
-        const long t0 = block * GEMM_NT_COLUMNS, n = a->K - t0 < GEMM_NT_COLUMNS ? a->K - t0 : GEMM_NT_COLUMNS;
-#define COLUMN(t) (columns ? (long)columns[t0 + (t)] : t0 + (t))
+        const long k0 = block * GEMM_NT_COLUMNS, n = a->K - k0 < GEMM_NT_COLUMNS ? a->K - k0 : GEMM_NT_COLUMNS;
+        if (a->rows && !listed_between(a->rows, k0, k0 + n))
+            continue;
         for (long s0 = 0; s0 < a->S; s0 += GEMM_NT_SAMPLES) {
             const long p = a->S - s0 < GEMM_NT_SAMPLES ? a->S - s0 : GEMM_NT_SAMPLES;
             for (long k = 0; k < n; k++) {
-                const real *row = a->x + COLUMN(k) * a->x_k + s0;
+                const real *row = a->x + (k0 + k) * a->x_k + s0;
                 for (long s = 0; s < p; s++)
                     xt[s * n + k] = row[s];
             }
-            if (!columns) {
-                const GemmArgs g = {a->out + t0, a->go + s0, xt, 0, a->out_j, a->go_j, 1, n, 0, n, p, 1, 0};
-                kernel(&g, 0, a->J);
-                continue;
-            }
-            for (long j0 = 0; j0 < a->J; j0 += GEMM_NT_ROWS) {
-                const long m = a->J - j0 < GEMM_NT_ROWS ? a->J - j0 : GEMM_NT_ROWS;
-                for (long j = 0; j < m; j++)
-                    for (long k = 0; k < n; k++)
-                        ct[j * n + k] = a->out[(j0 + j) * a->out_j + COLUMN(k)];
-                const GemmArgs g = {ct, a->go + j0 * a->go_j + s0, xt, 0, n, a->go_j, 1, n, 0, n, p, 1, 0};
-                kernel(&g, 0, m);
-                for (long j = 0; j < m; j++)
-                    for (long k = 0; k < n; k++)
-                        a->out[(j0 + j) * a->out_j + COLUMN(k)] = ct[j * n + k];
-            }
+            const GemmArgs g = {a->out + k0, a->go + s0, xt, 0, a->out_j, a->go_j, 1, n, 0, n, p, 1, 0};
+            kernel(&g, 0, a->J);
         }
-#undef COLUMN
     }
 }
 
 KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, long go_j,
                       const real *restrict x, long x_k, long J, long K, long S, const int32_t *rows)
 {
-    WeightGradientArgs args = {out, go, x, out_j, go_j, x_k, J, LISTED_COUNT(rows, K), S, LISTED_INDEX(rows)};
-    if (J <= 0 || args.K <= 0 || S <= 0)
+    WeightGradientArgs args = {out, go, x, out_j, go_j, x_k, J, K, S, rows};
+    if (J <= 0 || K <= 0 || S <= 0)
         return;
-    const long blocks = (args.K + GEMM_NT_COLUMNS - 1) / GEMM_NT_COLUMNS;
-    if ((double)J * (double)args.K * (double)S < GEMM_PARALLEL_MIN)
+    const long blocks = (K + GEMM_NT_COLUMNS - 1) / GEMM_NT_COLUMNS;
+    if ((double)J * (double)K * (double)S < GEMM_PARALLEL_MIN)
         matmul_nt_blocks(&args, 0, blocks);
     else
         parallel_rows(matmul_nt_blocks, &args, blocks, 1);
