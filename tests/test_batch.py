@@ -16,7 +16,9 @@ from micrograd_c import MLP, Value, cross_entropy
 from tests.test_train import mnist_dir  # noqa: F401 (a fixture)
 
 RTOL = {"float64": 1e-9, "float32": 2e-4}
-OPTIMIZERS = {"sgd": None, "momentum": codegen.SGD(momentum=0.9, weight_decay=0.01), "adam": codegen.Adam()}
+OPTIMIZERS = {"sgd": None, "momentum": codegen.SGD(momentum=0.9, weight_decay=0.01),
+              "nesterov": codegen.SGD(momentum=0.8, nesterov=True), "adam": codegen.Adam(),
+              "adamw": codegen.AdamW(weight_decay=0.1)}
 
 
 def classifier(n_in=12, hidden=(20, 9), n_classes=4, seed=0):
