@@ -4,8 +4,8 @@ batch, from its bias), matmul_acc (its inputs' gradients) and matmul_nt (its wei
 gradients), at sizes that leave tails in every direction (rows after the last block of six,
 columns after the last pair of vectors and the last vector), with strides as the generated code
 passes them, over all input rows and over the list scan_rows makes of those that hold a nonzero
-(sparse inputs, a third of the rows zero); each vector width built (GEMM_VECTOR_BYTES), the
-widths this CPU has run."""
+(sparse inputs, a third of the rows zero); each kernel built (GEMM_VECTOR_BYTES: the plain loops,
+AVX2, AVX-512), those this CPU has run."""
 
 import itertools
 
@@ -15,7 +15,7 @@ import pytest
 
 import templates
 from codegen import toolchain
-from tests.test_optim import cpu_vector_bytes
+from pathlib import Path
 
 HARNESS = """
 void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
@@ -111,13 +111,21 @@ def test_products_follow_numpy(compiler, dtype):
     check(compiler, dtype)
 
 
-@pytest.mark.parametrize("width", [16, 32, 64])
+def cpu_gemm_widths():
+    """The kernels this CPU runs, as templates/kernels/gemm.c's choice asks for them (/proc/cpuinfo's
+    flags): the plain loops (0) everywhere, AVX2 with FMA (32), AVX-512F (64)."""
+    flags = next((set(line.split(":", 1)[1].split()) for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("flags")), set())
+    return {0} | ({32} if {"avx2", "fma"} <= flags else set()) | ({64} if "avx512f" in flags else set())
+
+
+@pytest.mark.parametrize("width", [0, 32, 64])
 def test_each_vector_width(compiler, width):
-    """Each width's kernel (GCC, Clang), forced: run where the CPU has it, built (not run) where
-    it does not (an illegal instruction would kill the run)."""
+    """Each kernel (GCC, Clang: the plain loops, AVX2, AVX-512), forced: run where the CPU has it,
+    built (not run) where it does not (an illegal instruction would kill the run)."""
     if not toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native:
         pytest.skip(f"{compiler} builds the plain loops only (no vector kernels)")
-    if width in cpu_vector_bytes():
+    if width in cpu_gemm_widths():
         for dtype in DTYPES:
             check(compiler, dtype, width)
     else:

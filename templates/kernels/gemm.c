@@ -11,9 +11,9 @@
  * element is summed the same way, in p order from its init, wherever its rows fall: the rows
  * are split between threads (templates/pool.c) in whole blocks of GEMM_MR, so the result is
  * the same bits for any number of threads. With a list of p (the input rows of a batch that
- * hold a nonzero: sparse_inputs), the sums skip the others, whose terms are all 0. GCC and Clang build the kernel for each vector
- * width (SSE2, AVX2 with FMA, AVX-512) and take the widest the CPU has when it runs; TCC runs
- * a plain loop. */
+ * hold a nonzero: sparse_inputs), the sums skip the others, whose terms are all 0. GCC and
+ * Clang build the kernel for AVX2 with FMA and for AVX-512 and take the widest the CPU has when
+ * it runs (with -march=native, only the CPU's own width is built); TCC runs a plain loop. */
 #define GEMM_MR 6
 
 typedef struct {
@@ -142,28 +142,34 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
 #define GEMM_STORE1(r) memcpy(c + r * c_i + n, &s##r, sizeof s##r);
 #define GEMM_STORE_SCALAR(r) c[r * c_i + n] = t##r;
 
-typedef real gemm_vec16 __attribute__((vector_size(16)));
 typedef real gemm_vec32 __attribute__((vector_size(32)));
 typedef real gemm_vec64 __attribute__((vector_size(64)));
-GEMM_KERNEL(gemm_rows_sse2, , gemm_vec16)
+#if defined(__AVX512F__) /* built for this CPU (-march=native), which has AVX-512: that width alone */
+GEMM_KERNEL(gemm_rows_avx512, , gemm_vec64)
+#elif defined(__AVX2__) && defined(__FMA__)
+GEMM_KERNEL(gemm_rows_avx2, , gemm_vec32)
+#else /* chosen when it runs (a CPU without AVX2, before 2013-2017, gets the plain loops) */
+#define GEMM_RUNTIME_CHOICE 1
 GEMM_KERNEL(gemm_rows_avx2, __attribute__((target("avx2,fma"))), gemm_vec32)
 GEMM_KERNEL(gemm_rows_avx512, __attribute__((target("avx512f"))), gemm_vec64)
+#endif
 #endif
 
 typedef void (*GemmRows)(const GemmArgs *, long, long);
 
-/* The widest kernel the CPU runs (GEMM_VECTOR_BYTES forces one: tests/test_gemm.py builds each). */
+/* The widest kernel built that the CPU runs; GEMM_VECTOR_BYTES (64, 32, or 0: the plain loops)
+ * forces one (tests/test_gemm.py builds each). */
 static GemmRows gemm_kernel(void)
 {
-#ifdef GEMM_VECTOR_KERNELS
-#ifndef GEMM_VECTOR_BYTES
-#define GEMM_VECTOR_BYTES (__builtin_cpu_supports("avx512f") ? 64 : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 32 : 16)
-#endif
-    switch (GEMM_VECTOR_BYTES) {
-    case 64: return gemm_rows_avx512;
-    case 32: return gemm_rows_avx2;
-    default: return gemm_rows_sse2;
-    }
+#if defined(GEMM_VECTOR_BYTES) && defined(GEMM_VECTOR_KERNELS)
+    return GEMM_VECTOR_BYTES == 64 ? gemm_rows_avx512 : GEMM_VECTOR_BYTES == 32 ? gemm_rows_avx2 : gemm_rows_plain;
+#elif defined(GEMM_RUNTIME_CHOICE)
+    return __builtin_cpu_supports("avx512f") ? gemm_rows_avx512
+         : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? gemm_rows_avx2 : gemm_rows_plain;
+#elif defined(__AVX512F__) && defined(GEMM_VECTOR_KERNELS)
+    return gemm_rows_avx512;
+#elif defined(GEMM_VECTOR_KERNELS)
+    return gemm_rows_avx2;
 #else
     return gemm_rows_plain;
 #endif
