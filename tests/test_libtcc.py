@@ -74,7 +74,7 @@ def test_the_prepared_header_and_plain_python_h_build_the_same_module(compiler):
 
 def test_compile_errors_carry_libtccs_messages(compiler, monkeypatch):
     x = Value(1.0)
-    monkeypatch.setattr(codegen.emit, "c_literal", lambda value, dtype="float64": "syntax error here")
+    monkeypatch.setattr(codegen.loops, "c_literal", lambda value, dtype="float64": "syntax error here")  # the constant operand
     with pytest.raises(codegen.CompileError) as error:
         codegen.compile(x * 2.0, [x], [], compiler="libtcc")
     assert "<module>:" in error.value.stderr and "error" in error.value.stderr

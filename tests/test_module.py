@@ -273,7 +273,7 @@ def test_read_only_and_other_buffers_are_accepted_for_reading(net):
 
 def test_a_failed_compile_shows_the_compiler_output(tmp_path, monkeypatch):
     x = Value(1.0)
-    monkeypatch.setattr(codegen.emit, "c_literal", lambda value, dtype="float64": "syntax error here")
+    monkeypatch.setattr(codegen.loops, "c_literal", lambda value, dtype="float64": "syntax error here")  # the constant operand
     with pytest.raises(codegen.CompileError) as error:
         codegen.compile(x * 2.0, [x], [], cache=tmp_path)
     assert "error" in error.value.stderr and find_compiler().argv[0] in str(error.value)
