@@ -26,6 +26,10 @@ from .vector import Affine, Group, Operands, Vector
 # Samples side by side in the batch buffers (the batch loop's largest extent): train()'s larger
 # batches run in pieces of this many, their gradients summed before the step.
 DEFAULT_CAPACITY = 128
+# A program of more groups than this (straight-line code: groups that did not become loops) gets
+# no batched form: each group would be one more loop for the C compiler (an 8,000-op chain took
+# gcc 14 s without it and 66 s with it), where the models that batch pay have tens of groups.
+MAX_GROUPS = 2_000
 
 
 class BatchExtent(int):
@@ -142,6 +146,9 @@ def batch_program(program, capacity=DEFAULT_CAPACITY):
         raise NotBatchable("scalar mode (fuse=False) keeps the reference post's straight-line code")
     if program.n_inputs == 0:
         raise NotBatchable("the graph has no inputs: every sample is the same")
+    if len(program.forward) > MAX_GROUPS:
+        raise NotBatchable(f"{len(program.forward):,} groups, over {MAX_GROUPS:,}: the batched program would be "
+                           "as many loops to compile")
     layout = _Layout(program, capacity)
     extent = BatchExtent(capacity)
     by_id = {}

@@ -176,3 +176,17 @@ def test_sparse_inputs_skip_the_zero_rows_of_a_batch(compiler, dtype):
                      single.train(X, y, 0.05, batch_size=16, seed=epoch), dtype)
     assert_close(batched.params, single.params, dtype)
     assert_close(batched.predict(X), single.predict(X), dtype)
+
+
+def test_a_program_of_too_many_groups_has_no_batched_form():
+    """Straight-line code (groups that did not become loops) past batch.MAX_GROUPS: no batched
+    form, which would be as many more loops to compile."""
+    from codegen import batch
+    x = Value(0.5)
+    y = x
+    for i in range(batch.MAX_GROUPS + 10):  # a chain: every op its own group
+        y = (y * 1.0001 + 0.001).tanh() if i % 2 else y + x
+    program = codegen.ir.lower(y, [x], [])
+    assert len(program.forward) > batch.MAX_GROUPS
+    with pytest.raises(NotBatchable, match="groups"):
+        batch_program(program)
