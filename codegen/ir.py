@@ -19,14 +19,16 @@ sum's gradient in place (``share_gradients``).
 """
 
 import gc
-from collections import Counter
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_
 
 from micrograd_c import ops
-from micrograd_c.engine import Value, topological_order
+from micrograd_c.engine import Value
 
+from . import graph as graph_arrays
 from . import vector
+from .graph import CONST as CONST_ROLE
 
 # Sums with fewer terms than this stay chains of `+`: a loop does not pay for itself.
 MIN_SUM_TERMS = 4
@@ -92,22 +94,34 @@ class Program:
         return [n for g in self.forward for n in g.members]
 
 
-def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False):
-    """Lowers the graph of `loss` (and `outputs`, extra values to read after forward) to a Program."""
-    outputs = [outputs] if isinstance(outputs, Value) else [] if outputs is None else list(outputs)
-    inputs, params = list(inputs), list(params)
-    _check_leaves(inputs, params, [loss] + outputs)
+def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False, graph=None):
+    """Lowers the graph of `loss` (and `outputs`, extra values to read after forward) to a Program.
+    `graph`: what read_graph returned for these arguments, when the caller has it already."""
+    outputs, inputs, params = as_list(outputs), list(inputs), list(params)
     collecting = gc.isenabled()
     gc.disable()  # millions of new nodes, none garbage: the collector would only rescan them
     try:
-        return _lower(loss, inputs, params, outputs, fuse, input_grads)
+        if graph is None:
+            graph = read_graph(loss, inputs, params, outputs)
+        return _lower(graph, inputs, params, fuse, input_grads)
     finally:
         if collecting:
             gc.enable()
 
 
-def _lower(loss, inputs, params, outputs, fuse, input_grads):
-    leaves, compute, roots = build_nodes(loss, inputs, params, outputs, fuse)
+def as_list(outputs):
+    """compile()'s outputs, one Value, None or several, as a list."""
+    return [outputs] if isinstance(outputs, Value) else [] if outputs is None else list(outputs)
+
+
+def read_graph(loss, inputs, params, outputs):
+    """The user's graph, checked and read into arrays (codegen.graph.read)."""
+    _check_leaves(inputs, params, [loss] + outputs)
+    return graph_arrays.read(loss, inputs, params, outputs)
+
+
+def _lower(graph, inputs, params, fuse, input_grads):
+    leaves, compute, roots = build_nodes(graph, params, inputs, fuse)
     mark_gradients(leaves, compute, input_grads)
     groups = _outputs_first(vector.group(compute) if fuse else [Group([n]) for n in compute])
     if fuse:
@@ -168,94 +182,106 @@ def _loop_count(groups):
 
 # ---- passes ------------------------------------------------------------------------------------
 
-def build_nodes(loss, inputs, params, outputs, fuse):
-    """One node per Value, in one topological order that puts the outputs' ancestors first (so
-    predict() can stop early); with `fuse`, sums become dot nodes first (see find_sums) and the
-    Values they absorb get no node. Returns (leaf nodes: params, inputs, constants in that order;
-    computed nodes; roots: outputs then loss)."""
-    leaf_kind = {id(p): "param" for p in params}
-    leaf_kind.update({id(x): "input" for x in inputs})
-    starts = []
-    order = topological_order(*outputs, loss, starts=starts)
-    n_output_values = starts[-1]  # the loss's own ancestors come after the outputs'
-    sums, absorbed = find_sums(order, outputs + [loss], leaf_kind) if fuse else ({}, set())
-    nodes = {}
-    compute = []
-    for_outputs = set(map(id, order[:n_output_values]))
-    for v in [v for v in order if id(v) not in absorbed] if absorbed else order:
-        key = id(v)
-        if v._kind is None:
-            node = nodes[key] = Node(leaf_kind.get(key, "const"), value=v.data)
-        elif key in sums:
-            terms, a, b = sums[key]
-            node = nodes[key] = Node("dot", args=tuple(nodes[id(t)] for t in terms))
-            node.a, node.b = tuple(nodes[id(x)] for x in a), tuple(nodes[id(x)] for x in b)
+def build_nodes(graph, params, inputs, fuse):
+    """One node per Value of the graph (graph.read: one topological order that puts the outputs'
+    ancestors first, so predict() can stop early); with `fuse`, sums become dot nodes first (see
+    find_sums) and the Values they absorb get no node. Returns (leaf nodes: params, inputs,
+    constants in that order; computed nodes; roots: outputs then loss)."""
+    order, ops_ = graph.order, graph.ops
+    role = graph.role.tolist()
+    starts, kids = graph.starts.tolist(), graph.kids.tolist()
+    sums, absorbed = find_sums(graph) if fuse else ({}, bytes(len(order)))
+    n_output_values = graph.n_output_values
+    leaf_kinds = ("const", "param", "input")  # by graph.role
+    nodes = [None] * len(order)
+    compute, constants = [], []
+    for i, v in enumerate(order):
+        if absorbed[i]:
+            continue
+        op = ops_[i]
+        if op is None:
+            node = Node(leaf_kinds[role[i]], value=v.data)
+            if node.kind == "const":
+                constants.append(node)
+        elif i in sums:
+            terms, a, b = sums[i]
+            node = Node("dot", args=tuple([nodes[t] for t in terms]))
+            node.a, node.b = tuple([nodes[x] for x in a]), tuple([nodes[x] for x in b])
             compute.append(node)
         else:
-            node = nodes[key] = Node("op", v._kind, tuple(nodes[id(c)] for c in v._prev), v._k)
+            node = Node("op", op, tuple([nodes[c] for c in kids[starts[i]:starts[i + 1]]]), v._k)
             compute.append(node)
-        node.for_outputs = key in for_outputs
-    # Params or inputs that the output does not reach still get their slot.
-    for v in params + inputs:
-        if id(v) not in nodes:
-            nodes[id(v)] = Node(leaf_kind[id(v)], value=v.data)
-    roots = [nodes[id(v)] for v in outputs + [loss]]
+        node.for_outputs = i < n_output_values
+        nodes[i] = node
+    roots = [nodes[i] for i in graph.roots.tolist()]
     # A constant root needs a slot to be read from: compute it as a one-term dot.
     for i, root in enumerate(roots):
         if root.kind == "const":
             roots[i] = Node("dot", args=(root,))
             roots[i].for_outputs = i < len(roots) - 1
             compute.append(roots[i])
-    leaves = [nodes[id(v)] for v in params + inputs]
-    leaves += [n for n in nodes.values() if n.kind == "const"]
-    return leaves, compute, roots
+    # Params or inputs that the output does not reach still get their slot.
+    leaves = [nodes[i] if i >= 0 else Node(kind, value=v.data)
+              for kind, positions, values in (("param", graph.params, params), ("input", graph.inputs, inputs))
+              for i, v in zip(positions.tolist(), values)]
+    return leaves + constants, compute, roots
 
 
-def find_sums(order, kept, leaves):
+def find_sums(graph):
     """Each maximal tree of `+` (what `sum(...)` and a Neuron build) with at least MIN_SUM_TERMS
     terms becomes one dot: its products whose factors are both non-constant become the dot's
     factor lists, its other terms the dot's loose terms. Inner `+` and products used nowhere
-    else dissolve into it. Returns ({id(sum Value): (terms, a, b)}, ids of dissolved Values)."""
-    uses = Counter(map(id, chain.from_iterable(v._prev for v in order)))
-    kept = set(map(id, kept))  # values someone reads after forward must stay
+    else dissolve into it. Returns ({position of the sum: (terms, a, b) as positions},
+    a bytearray of 1 at the positions of dissolved Values)."""
+    ops_ = graph.ops
+    n = len(ops_)
+    uses = graph.uses().tolist()
+    for root in graph.roots.tolist():  # values someone reads after forward must stay
+        uses[root] += 2
+    role = graph.role.tolist()
+    starts, kids = graph.starts.tolist(), graph.kids.tolist()
     add, mul = ops.OPS["add"], ops.OPS["mul"]
-    sums, absorbed = {}, set()
+    sums, absorbed = {}, bytearray(n)
 
     def is_constant(x):
-        return x._kind is None and id(x) not in leaves
-    for v in reversed(order):  # users before their args: take the largest sums first
-        if v._kind is not add or id(v) in absorbed:
+        return ops_[x] is None and role[x] == CONST_ROLE
+    # users before their args: take the largest sums first
+    for v in reversed(list(compress(range(n), map(is_, ops_, repeat(add))))):
+        if absorbed[v]:
             continue
         terms, inner, stack = [], [], [v]
         pop, push = stack.pop, stack.append
         while stack:  # in-order walk of the + tree: terms in source order
             x = pop()
-            if x is v or (x._kind is add and uses[id(x)] == 1 and id(x) not in kept):
+            if x == v or (ops_[x] is add and uses[x] == 1):
                 inner.append(x)
-                left, right = x._prev
-                push(right)
-                push(left)
+                left = starts[x]
+                push(kids[left + 1])
+                push(kids[left])
             else:
                 terms.append(x)
         if len(terms) < 2:
             continue
         loose, a, b, products = [], [], [], []
         for t in terms:
-            if t._kind is mul and uses[id(t)] == 1 and id(t) not in kept:
-                x, y = t._prev
+            if ops_[t] is mul and uses[t] == 1:
+                left = starts[t]
+                x, y = kids[left], kids[left + 1]
                 if not (is_constant(x) and is_constant(y)):
                     a.append(x)
                     b.append(y)
-                    products.append(id(t))
+                    products.append(t)
                     continue
             loose.append(t)
         # A short sum pays only where it absorbs a product (b + w0*x0 + w1*x1, 1 - y*score):
         # one pass instead of a product's and a sum's, and no slots for the product.
         if len(terms) < MIN_SUM_TERMS and not a:
             continue
-        absorbed.update(products)
-        sums[id(v)] = (loose, a, b)
-        absorbed.update(map(id, inner[1:]))
+        for x in products:
+            absorbed[x] = 1
+        sums[v] = (loose, a, b)
+        for x in inner[1:]:
+            absorbed[x] = 1
     return sums, absorbed
 
 
@@ -379,7 +405,12 @@ def _check_leaves(inputs, params, roots):
     for v in roots:
         if not isinstance(v, Value):
             raise TypeError(f"compile() needs Values to compute, got {type(v).__name__}")
-    seen = set()
+    leaves = list(chain(inputs, params))
+    # the common case at C speed (a model's million params): Values, leaves, each listed once
+    if (all(map(isinstance, leaves, repeat(Value))) and not any(map(attrgetter("_prev"), leaves))
+            and len(set(map(id, leaves))) == len(leaves)):
+        return
+    seen = set()  # else find the first culprit, for the message
     for role, values in (("input", inputs), ("param", params)):
         for v in values:
             if not isinstance(v, Value):

@@ -1,5 +1,7 @@
 """A scalar autograd engine with micrograd's API; every op's math comes from the op table (ops.py)."""
 
+import threading
+
 from . import ops
 
 _ADD, _MUL = ops.OPS["add"], ops.OPS["mul"]
@@ -8,7 +10,7 @@ _ADD, _MUL = ops.OPS["add"], ops.OPS["mul"]
 class Value:
     """Stores a single scalar value and its gradient."""
 
-    __slots__ = ("data", "grad", "_prev", "_op", "_kind", "_k")
+    __slots__ = ("data", "grad", "_prev", "_op", "_kind", "_k", "_n")
 
     def __init__(self, data, _children=(), _op="", _kind=None, _k=None):
         self.data = data
@@ -17,6 +19,7 @@ class Value:
         self._op = _op
         self._kind = _kind  # the ops.Op that made this node; None for leaves
         self._k = _k        # the op's constant attribute (the exponent of **)
+        self._n = -1        # its number in the latest numbered_order that reached it (see there)
 
     def _apply(self, op_name, *others, k=None):
         op = ops.OPS[op_name]
@@ -120,24 +123,45 @@ def topological_order(*roots, starts=None):
     """Nodes reachable from the roots, children before parents, in the order micrograd's
     recursive build_topo gives (root by root); iterative, so a chain of any length works.
     `starts`, a list, receives the length of the order before each root."""
-    order, visited = [], set()
-    append, visit = order.append, visited.add  # a hot loop over every node: names bound once
-    for root in roots:
-        if starts is not None:
-            starts.append(len(order))
-        if id(root) in visited:
-            continue
-        visit(id(root))
-        stack = [(root, iter(root._prev))]
-        push, pop = stack.append, stack.pop
-        while stack:
-            node, children = stack[-1]
-            for child in children:
-                if id(child) not in visited:
-                    visit(id(child))
-                    push((child, iter(child._prev)))
-                    break
-            else:
-                pop()
-                append(node)
-    return order
+    return numbered_order(*roots, starts=starts)[0]
+
+
+# numbered_order's numbers only grow, so that a node's number from an earlier walk reads as
+# "not visited"; the lock keeps two walks (threads) from numbering the same nodes at once.
+NUMBERING = threading.RLock()
+_next_number = 0
+
+
+def numbered_order(*roots, starts=None):
+    """topological_order, and `base`: every node v of the order gets v._n = base + its position,
+    and a node the walk did not reach has v._n < base. The numbers hold until the next walk over
+    those nodes: a caller that reads them holds NUMBERING. Marking visited nodes in the node
+    instead of a set of ids makes the walk about twice as fast (it reads every node of a graph
+    that compile() lowers)."""
+    global _next_number
+    with NUMBERING:
+        base = number = _next_number
+        order = []
+        append = order.append
+        for root in roots:
+            if starts is not None:
+                starts.append(number - base)
+            if root._n >= base:
+                continue
+            root._n = base  # visited (its final number comes when it is appended)
+            stack = [(root, iter(root._prev))]
+            push, pop = stack.append, stack.pop
+            while stack:
+                node, children = stack[-1]
+                for child in children:
+                    if child._n < base:
+                        child._n = base
+                        push((child, iter(child._prev)))
+                        break
+                else:
+                    pop()
+                    node._n = number
+                    number += 1
+                    append(node)
+        _next_number = number + 1
+    return order, base

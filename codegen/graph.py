@@ -1,0 +1,122 @@
+"""The user's Value graph read once, into arrays: what lowering (ir.build_nodes) walks, and the
+structural key by which compile() finds a module built for the same graph without lowering it.
+
+Reading a graph is the one pass whose cost follows the node count: a walk over every Value
+(engine.numbered_order, which numbers them in place), then a few C-speed maps over the order
+(each Value's op, children, constant). Everything after it works on these arrays or on the
+groups lowering finds.
+"""
+
+import hashlib
+from array import array
+from dataclasses import dataclass
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_not
+
+import numpy as np
+
+from micrograd_c.engine import NUMBERING, numbered_order
+
+_children, _number, _kind, _k, _data = (attrgetter(a) for a in ("_prev", "_n", "_kind", "_k", "data"))
+
+# A leaf's role by its position in `role`
+CONST, PARAM, INPUT = 0, 1, 2
+
+
+@dataclass
+class Graph:
+    """The Values reachable from the roots (outputs, then loss), children first, the outputs'
+    ancestors first: order[i] is node i. Node i's children are kids[starts[i]:starts[i + 1]]."""
+    order: list
+    n_output_values: int  # order[:n_output_values] is what the outputs need
+    roots: np.ndarray     # positions of the outputs, then the loss
+    starts: np.ndarray    # N + 1 offsets into kids
+    kids: np.ndarray      # children's positions, node by node, in _prev order
+    params: np.ndarray    # each param's position; -1 if the roots do not reach it
+    inputs: np.ndarray    # each input's position, likewise
+    ops: list             # each node's ops.Op (None for a leaf)
+
+    @property
+    def role(self):
+        """Per node: CONST, PARAM or INPUT for a leaf (computed nodes: CONST, unused)."""
+        role = np.zeros(len(self.order), dtype=np.int8)
+        role[self.params[self.params >= 0]] = PARAM
+        role[self.inputs[self.inputs >= 0]] = INPUT
+        return role
+
+    def uses(self):
+        """How many times each node is read by another (an edge per use: x*x reads x twice)."""
+        return np.bincount(self.kids, minlength=len(self.order))
+
+
+def read(loss, inputs, params, outputs):
+    """The Graph of `loss` and `outputs` (Values), with the positions of `inputs` and `params`."""
+    roots = [*outputs, loss]
+    # The numbers hold until another walk renumbers these Values (a thread's backward()): taken
+    # out into arrays under the lock the walk takes.
+    with NUMBERING:
+        order, base = numbered_order(*roots, starts=(starts := []))
+        n = len(order)
+        arity = np.fromiter(map(len, map(_children, order)), dtype=np.int64, count=n)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(arity, out=offsets[1:])
+        kids = np.fromiter(map(_number, chain.from_iterable(map(_children, order))), dtype=np.int64,
+                           count=int(offsets[-1])) - base
+        root_positions = np.fromiter(map(_number, roots), dtype=np.int64, count=len(roots)) - base
+
+        def positions(values):
+            found = np.fromiter(map(_number, values), dtype=np.int64, count=len(values)) - base
+            found[found < 0] = -1
+            return found
+        return Graph(order, starts[-1], root_positions, offsets, kids, positions(params), positions(inputs),
+                     list(map(_kind, order)))
+
+
+def structural_key(graph, params, options):
+    """A SHA-256 of everything lowering and emission read from the graph: per node its op (the
+    whole Op: formulas, arity), its constant attribute, its children, a constant leaf's value,
+    the params' and inputs' positions, the roots; and `options` (a string: everything else the C
+    depends on). Graphs that differ anywhere get different keys; a graph built twice the same way
+    gets the same key (positions, not identities). With embed_params in `options`, the caller
+    passes the params whose values the C holds."""
+    digest = hashlib.sha256()
+
+    def part(tag, data):  # length-prefixed: the parts' boundaries are part of what is hashed
+        data = data if isinstance(data, (bytes, bytearray, memoryview)) else str(data).encode()
+        digest.update(tag.encode() + len(data).to_bytes(8, "little"))
+        digest.update(data)
+
+    order, ops = graph.order, graph.ops
+    # Ops by their full description (two tables' "add" differ if their formulas do), numbered in
+    # sorted order so that the codes do not depend on which op the walk met first.
+    distinct = dict(zip(map(id, ops), ops))
+    distinct.pop(id(None), None)
+    table = sorted(repr(op) for op in distinct.values())
+    code_of = {id(op): table.index(repr(op)) + 1 for op in distinct.values()}
+    code_of[id(None)] = 0
+    codes = bytes(map(code_of.__getitem__, map(id, ops)))
+    part("ops", "\n".join(table))
+    part("codes", codes)
+    ks = list(map(_k, order))
+    with_k = list(compress(range(len(order)), map(is_not, ks, repeat(None))))
+    part("k", repr([(i, ks[i]) for i in with_k]))
+    part("starts", graph.starts.tobytes())
+    part("kids", graph.kids.tobytes())
+    part("params", graph.params.tobytes())
+    part("inputs", graph.inputs.tobytes())
+    part("roots", graph.roots.tobytes())
+    part("outputs", str(graph.n_output_values))
+    leaves = np.flatnonzero(np.frombuffer(codes, dtype=np.uint8) == 0)
+    constants = leaves[graph.role[leaves] == CONST]
+    part("constants", constants.tobytes())
+    part("values", _floats(order[i].data for i in constants.tolist()))
+    if params is not None:
+        part("param values", _floats(map(_data, params)))
+    part("options", options)
+    return digest.hexdigest()
+
+
+def _floats(values):
+    """The values' float64 bytes (what the C reads of them: float(value))."""
+    return array("d", map(float, values)).tobytes()
+
