@@ -18,6 +18,7 @@ own group: the reference post's straight-line scalar program, in which a term of
 sum's gradient in place (``share_gradients``).
 """
 
+import contextlib
 import gc
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
@@ -98,12 +99,19 @@ def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False, graph=
     """Lowers the graph of `loss` (and `outputs`, extra values to read after forward) to a Program.
     `graph`: what read_graph returned for these arguments, when the caller has it already."""
     outputs, inputs, params = as_list(outputs), list(inputs), list(params)
-    collecting = gc.isenabled()
-    gc.disable()  # millions of new nodes, none garbage: the collector would only rescan them
-    try:
+    with no_gc():
         if graph is None:
             graph = read_graph(loss, inputs, params, outputs)
         return _lower(graph, inputs, params, fuse, input_grads)
+
+
+@contextlib.contextmanager
+def no_gc():
+    """The cyclic collector off: millions of new objects, none garbage, which it would only rescan."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if collecting:
             gc.enable()

@@ -236,6 +236,42 @@ def build_key(sources: str | Sequence[str], name: str, compiler: str | Compiler 
     return _build_plan(kind, sources, name, compiler, opt, native)[3]
 
 
+def structure_build_key(structure: str, name: str, compiler: str | Compiler | None = None, opt: int = 2,
+                        native: bool = False, kind: str = 'extension') -> str:
+    """build_key's counterpart for a graph's structural key (codegen.graph.structural_key) instead
+    of the C: the key under which the build cache indexes the build of that graph's C with this
+    compiler and these flags (find_by_structure)."""
+    return _build_plan(kind, ['structure ' + structure], name, compiler, opt, native)[3]
+
+
+def find_by_structure(key: str, cache: pathlib.Path | None = None) -> BuildResult | None:
+    """The build that index_by_structure recorded under `key` (structure_build_key), if its
+    entry is valid; else None (never indexed, evicted, damaged: the caller generates the C and
+    builds, which heals the entry and the index)."""
+    from . import cache as build_cache
+    cache = pathlib.Path(cache) if cache is not None else cache_dir()
+    record = build_cache.read_index(cache, key)
+    if record is None:
+        return None
+    output = cache / record['file']
+    status, _, fd = build_cache.open_entry(output)
+    if fd is not None:
+        os.close(fd)
+    if status != build_cache.VALID:
+        return None
+    c_files = tuple(cache / c for c in record['c_files'])
+    return BuildResult(output, cached=True, seconds=0.0, peak_rss=None, command=tuple(record['command']),
+                       source=c_files[0], c_files=c_files, key=record['key'])
+
+
+def index_by_structure(key: str, build: BuildResult, cache: pathlib.Path | None = None) -> None:
+    """Record `build` (of build_extension, in `cache`) under `key` (structure_build_key)."""
+    from . import cache as build_cache
+    cache = pathlib.Path(cache) if cache is not None else cache_dir()
+    build_cache.write_index(cache, key, {'file': build.path.name, 'c_files': [c.name for c in build.c_files],
+                                         'command': list(build.command), 'key': build.key})
+
+
 def _build_plan(kind, sources, name, compiler, opt, native):
     """(sources as a list, Compiler, flags, cache key), the arguments checked."""
     if kind not in ('extension', 'library'):
