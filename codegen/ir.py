@@ -22,7 +22,8 @@ import contextlib
 import gc
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_
+from collections import Counter
+from operator import attrgetter, is_, itemgetter
 
 from micrograd_c import ops
 from micrograd_c.engine import Value
@@ -42,7 +43,7 @@ class Node:
     A dot's value is sum(args) + sum(a[i] * b[i])."""
 
     __slots__ = ("kind", "op", "args", "k", "value", "slot", "needs_grad", "a", "b", "grad_slot",
-                 "shares_grad", "for_outputs", "sgd_fused")
+                 "shares_grad", "for_outputs", "sgd_fused", "cls")
 
     def __init__(self, kind, op=None, args=(), k=None, value=None):
         self.kind, self.op, self.args, self.k, self.value = kind, op, args, k, value
@@ -52,6 +53,7 @@ class Node:
         self.shares_grad = False  # its gradient is its only consumer's, which passes it on unchanged
         self.for_outputs = False  # the outputs need it: predict() computes it
         self.sgd_fused = False    # a parameter that batch-1 SGD updates inside backward
+        self.cls = kind           # a leaf's kind; a computed node's class (vector.group)
         self.a = self.b = ()
 
     def reads(self):
@@ -213,8 +215,9 @@ def build_nodes(graph, params, inputs, fuse):
                 constants.append(node)
         elif i in sums:
             terms, a, b = sums[i]
-            node = Node("dot", args=tuple([nodes[t] for t in terms]))
-            node.a, node.b = tuple([nodes[x] for x in a]), tuple([nodes[x] for x in b])
+            at = nodes.__getitem__
+            node = Node("dot", args=tuple(map(at, terms)))
+            node.a, node.b = tuple(map(at, a)), tuple(map(at, b))
             compute.append(node)
         else:
             node = Node("op", op, tuple([nodes[c] for c in kids[starts[i]:starts[i + 1]]]), v._k)
@@ -337,44 +340,45 @@ def sgd_in_backward(program):
     dot's factor list (one loop or kernel updates them all); not a parameter whose old value
     another update's statement still reads (w1 * w2), nor one that is itself read as a result.
     The others accumulate their gradient, and a sweep after backward updates them. Returns
-    whether any parameter is updated in backward."""
-    contributions = {}
-    positions = []  # per group and operand position: the params there, which share one fate
+    whether any parameter is updated in backward.
+
+    Decided list by list (per group and operand position: the params there share one fate), at
+    C speed per element: a parameter with one contribution is in one list only, so no list's
+    fate depends on another's."""
+    lists = []  # (operand list, whether its group rules its params out)
     for g in program.backward:
-        for node in g.members:
-            for x in node.args:
-                if x.needs_grad and x.kind == "param":
-                    contributions[id(x)] = contributions.get(id(x), 0) + 1
-            for factors in (node.a, node.b):
-                for f in factors:
-                    if f.needs_grad and f.kind == "param":
-                        contributions[id(f)] = contributions.get(id(f), 0) + 1
-        first = g.first
+        members, first = g.members, g.first
+        # Members are alike (vector.group): operand kinds per position are the first's.
+        kinds = [x.kind for x in first.args]
+        many_params = first.kind == "op" and kinds.count("param") > 1  # w1 * w2
         for i in range(len(first.args)):
-            positions.append([m.args[i] for m in g.members])
-        for which in ("a", "b"):
-            if getattr(first, which):
-                positions.append([f for m in g.members for f in getattr(m, which)])
-    params = {id(x): x for xs in positions for x in xs if x.kind == "param"}
-    for x in params.values():
-        x.sgd_fused = contributions.get(id(x), 0) == 1
-    for r in [program.loss, *program.outputs]:
-        r.sgd_fused = False
-    for g in program.backward:
-        for node in g.members:
-            # An update must follow every read of the parameter's old value: a node whose backward
-            # reads one parameter to update another (w1 * w2) cannot update during backward.
-            if node.kind == "op" and sum(x.kind == "param" for x in node.args) > 1:
-                for x in node.args:
-                    x.sgd_fused = False
-            if node.a and any(f.kind == "param" for f in node.a) and any(f.kind == "param" for f in node.b):
-                for f in node.a + node.b:
-                    f.sgd_fused = False
-    for xs in positions:  # a list or a loop's operand with a mixed fate: all accumulate
-        if any(x.kind != "param" or not x.sgd_fused for x in xs if x.needs_grad):
-            for x in xs:
-                x.sgd_fused = False
-    return any(x.sgd_fused for x in params.values())
+            lists.append((list(map(itemgetter(i), map(_args, members))), many_params))
+        # params in both factor lists: updating one reads the other's old value
+        both = first.kind == "dot" and any(f.kind == "param" for f in first.a) and any(f.kind == "param" for f in first.b)
+        for factors in (_a, _b):
+            if factors(first):
+                lists.append((list(chain.from_iterable(map(factors, members))), both))
+    contributions = Counter()
+    for xs, _ in lists:
+        contributions.update(map(id, xs))
+    for r in [program.loss, *program.outputs]:  # read as a result: never updated early
+        contributions[id(r)] += 2
+    fused = False
+    for xs, ruled_out in lists:
+        kinds = set(map(_kind, xs))
+        if "param" not in kinds:
+            continue
+        graded = xs if kinds == {"param"} else [x for x in xs if x.needs_grad]  # params always are
+        together = (not ruled_out and all(x.kind == "param" for x in graded)
+                    and set(map(contributions.__getitem__, map(id, graded))) == {1})
+        for x in xs:
+            if x.kind == "param":
+                x.sgd_fused = together
+        fused |= together
+    return fused
+
+
+_args, _a, _b, _kind = attrgetter("args"), attrgetter("a"), attrgetter("b"), attrgetter("kind")
 
 
 def unfused_params(program, params):

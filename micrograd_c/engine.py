@@ -155,6 +155,11 @@ def numbered_order(*roots, starts=None):
                 node, children = stack[-1]
                 for child in children:
                     if child._n < base:
+                        if not child._prev:  # a leaf: its visit would end at once (a third of a model's Values)
+                            child._n = number
+                            number += 1
+                            append(child)
+                            continue
                         child._n = base
                         push((child, iter(child._prev)))
                         break
