@@ -18,15 +18,13 @@ own group: the reference post's straight-line scalar program, in which a term of
 sum's gradient in place (``share_gradients``).
 """
 
-import contextlib
-import gc
 from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from collections import Counter
 from operator import attrgetter, is_, itemgetter
 
 from micrograd_c import ops
-from micrograd_c.engine import Value
+from micrograd_c.engine import Value, no_gc
 
 from . import graph as graph_arrays
 from . import vector
@@ -105,18 +103,6 @@ def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False, graph=
         if graph is None:
             graph = read_graph(loss, inputs, params, outputs)
         return _lower(graph, inputs, params, fuse, input_grads)
-
-
-@contextlib.contextmanager
-def no_gc():
-    """The cyclic collector off: millions of new objects, none garbage, which it would only rescan."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def as_list(outputs):

@@ -1,10 +1,13 @@
 """A scalar autograd engine with micrograd's API; every op's math comes from the op table (ops.py)."""
 
+import contextlib
+import gc
 import threading
 
 from . import ops
 
 _ADD, _MUL = ops.OPS["add"], ops.OPS["mul"]
+_ADD_VALUE, _MUL_VALUE = _ADD.value_fn, _MUL.value_fn
 
 
 class Value:
@@ -15,7 +18,7 @@ class Value:
     def __init__(self, data, _children=(), _op="", _kind=None, _k=None):
         self.data = data
         self.grad = 0
-        self._prev = tuple(_children)  # ordered, so x*x keeps both edges
+        self._prev = _children if type(_children) is tuple else tuple(_children)  # ordered: x*x keeps both edges
         self._op = _op
         self._kind = _kind  # the ops.Op that made this node; None for leaves
         self._k = _k        # the op's constant attribute (the exponent of **)
@@ -37,16 +40,17 @@ class Value:
         for child, grad_fn in zip(self._prev, op.grad_fns):
             child.grad += grad_fn(a, b, self.data, self._k) * self.grad
 
-    def _binary(self, op, other):  # _apply for + and *, the ops a model is made of, made lean
+    # + and *, the ops a model is made of, made lean: no _apply, no frame between the operator
+    # and the new Value (a million-parameter model builds two Values per weight)
+    def __add__(self, other):
         if not isinstance(other, Value):
             other = Value(other)
-        return Value(op.value_fn(self.data, other.data, None, None), (self, other), op.label, op)
-
-    def __add__(self, other):
-        return self._binary(_ADD, other)
+        return Value(_ADD_VALUE(self.data, other.data, None, None), (self, other), "+", _ADD)
 
     def __mul__(self, other):
-        return self._binary(_MUL, other)
+        if not isinstance(other, Value):
+            other = Value(other)
+        return Value(_MUL_VALUE(self.data, other.data, None, None), (self, other), "*", _MUL)
 
     def __pow__(self, other):
         """self ** k for a number k (micrograd's op, '**k'), or self ** other for a Value ('**')."""
@@ -117,6 +121,26 @@ def dot(a, b, start=0.0):
     if len(a) != len(b):
         raise ValueError(f"dot of {len(a)} values with {len(b)} values")
     return sum((x * y for x, y in zip(a, b)), start if isinstance(start, Value) else Value(start))
+
+
+@contextlib.contextmanager
+def no_gc(survivors=False):
+    """The cyclic collector paused: millions of new objects and no garbage, which it would only
+    rescan. survivors=True (building a graph: what was made lives on) also moves every tracked
+    object into the oldest generation on the way out (gc.freeze, then gc.unfreeze: a move, no
+    scan), so that the collector does not rescan them in its young generations either: three
+    quarters of building a model's forward pass went to those scans. Garbage among them is still
+    found, by the next full collection. Skipped if the process froze objects of its own."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if survivors and collecting and gc.get_freeze_count() == 0:
+            gc.freeze()
+            gc.unfreeze()
+        if collecting:
+            gc.enable()
 
 
 def topological_order(*roots, starts=None):
