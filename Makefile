@@ -15,7 +15,7 @@ FLAGS  := --compiler $(CC) --opt $(OPT) $(if $(NATIVE),--native) $(if $(DTYPE),-
 ARGS   ?=
 BUILD_ARGS ?=
 
-.PHONY: all nn mnist xor test test-all bench compare torch clean fuzz soak roofline
+.PHONY: all nn mnist xor test test-all bench bench-scale compare torch clean fuzz soak roofline
 
 all: nn
 
@@ -58,6 +58,11 @@ soak: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) -m bench $(ARGS)
+
+# the scale table alone: graph, codegen, C compile, cache hit and peak RSS from 40k to 1.9M
+# parameters, each model in its own processes; the log-log plot to build/scale.png
+bench-scale: $(VENV)/.installed
+	$(PY) -m bench.scale $(ARGS)
 
 compare: $(VENV)/.installed
 	$(PY) -m bench.compare $(ARGS)

@@ -1,14 +1,16 @@
-"""`make bench`: the MNIST benchmark (bench.mnist), then the model zoo (bench.zoo), each in its own
-process, so that neither's memory peak or loaded libraries (PyTorch) colour the other's figures.
+"""`make bench`: the MNIST benchmark (bench.mnist), the model zoo (bench.zoo), then the scale table
+(bench.scale: codegen time and peak memory from 40k to 1.9M parameters), each in its own process,
+so that neither's memory peak or loaded libraries (PyTorch) colour the other's figures.
 
-    python -m bench [--only mnist|zoo] [--quick] [options of either part: python -m bench --help]
+    python -m bench [--only mnist|zoo|scale] [--quick] [options of any part: python -m bench --help]
 """
 import subprocess
 import sys
 
 from . import cli
 
-PARTS = {'mnist': 'MNIST: MLP(784, [50, 10]), one epoch', 'zoo': 'The model zoo'}
+PARTS = {'mnist': 'MNIST: MLP(784, [50, 10]), one epoch', 'zoo': 'The model zoo',
+         'scale': 'Scale: lowering from 40k to 1.9M parameters'}
 
 
 def main(argv=None) -> int:

@@ -125,14 +125,9 @@ def main(argv=None) -> int:
         args = child.parse_args(argv)
         print(json.dumps(measure(args.child, args.cache)))
         return 0
-    parser = argparse.ArgumentParser(prog='python -m bench.scale', description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--hidden', type=parse_hidden, nargs='+', metavar='N,N',
-                        help='hidden layer sizes of the models (default: ' + ' '.join(','.join(map(str, h)) for h in HIDDEN) + ')')
-    parser.add_argument('--plot', default='build/scale.png', help='where the plot goes (default build/scale.png)')
-    parser.add_argument('--quick', action='store_true', help='the two smallest models only')
-    args, _ = parser.parse_known_args(argv)  # `python -m bench` passes the other parts' options too
-    hidden = args.hidden or (QUICK if args.quick else HIDDEN)
+    from . import cli
+    args = cli.parser('python -m bench.scale', __doc__).parse_args(argv)
+    hidden = [parse_hidden(h) for h in args.hidden] if args.hidden else QUICK if args.quick else HIDDEN
     rows = []
     for h in hidden:
         rows.append(run_model(h))

@@ -44,6 +44,10 @@ class Graph:
         role[self.inputs[self.inputs >= 0]] = INPUT
         return role
 
+    def children(self, i):
+        """Node i's children's positions."""
+        return self.kids[self.starts[i]:self.starts[i + 1]].tolist()
+
     def uses(self):
         """How many times each node is read by another (an edge per use: x*x reads x twice)."""
         return np.bincount(self.kids, minlength=len(self.order))

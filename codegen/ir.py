@@ -23,6 +23,8 @@ from itertools import chain, compress, repeat
 from collections import Counter
 from operator import attrgetter, is_, itemgetter
 
+import numpy as np
+
 from micrograd_c import ops
 from micrograd_c.engine import Value, no_gc
 
@@ -184,29 +186,27 @@ def build_nodes(graph, params, inputs, fuse):
     find_sums) and the Values they absorb get no node. Returns (leaf nodes: params, inputs,
     constants in that order; computed nodes; roots: outputs then loss)."""
     order, ops_ = graph.order, graph.ops
-    role = graph.role.tolist()
-    starts, kids = graph.starts.tolist(), graph.kids.tolist()
-    sums, absorbed = find_sums(graph) if fuse else ({}, bytes(len(order)))
+    role = graph.role
+    sums, absorbed = find_sums(graph) if fuse else ({}, np.zeros(len(order), dtype=bool))
     n_output_values = graph.n_output_values
     leaf_kinds = ("const", "param", "input")  # by graph.role
     nodes = [None] * len(order)
+    at = nodes.__getitem__
     compute, constants = [], []
-    for i, v in enumerate(order):
-        if absorbed[i]:
-            continue
-        op = ops_[i]
+    kept = np.flatnonzero(~absorbed)  # in a model, its params and a few nodes per neuron
+    for i, r in zip(kept.tolist(), role[kept].tolist()):
+        v, op = order[i], ops_[i]
         if op is None:
-            node = Node(leaf_kinds[role[i]], value=v.data)
-            if node.kind == "const":
+            node = Node(leaf_kinds[r], value=v.data)
+            if r == CONST_ROLE:
                 constants.append(node)
         elif i in sums:
             terms, a, b = sums[i]
-            at = nodes.__getitem__
             node = Node("dot", args=tuple(map(at, terms)))
             node.a, node.b = tuple(map(at, a)), tuple(map(at, b))
             compute.append(node)
         else:
-            node = Node("op", op, tuple([nodes[c] for c in kids[starts[i]:starts[i + 1]]]), v._k)
+            node = Node("op", op, tuple(map(at, graph.children(i))), v._k)
             compute.append(node)
         node.for_outputs = i < n_output_values
         nodes[i] = node
@@ -227,59 +227,95 @@ def build_nodes(graph, params, inputs, fuse):
 def find_sums(graph):
     """Each maximal tree of `+` (what `sum(...)` and a Neuron build) with at least MIN_SUM_TERMS
     terms becomes one dot: its products whose factors are both non-constant become the dot's
-    factor lists, its other terms the dot's loose terms. Inner `+` and products used nowhere
-    else dissolve into it. Returns ({position of the sum: (terms, a, b) as positions},
-    a bytearray of 1 at the positions of dissolved Values)."""
-    ops_ = graph.ops
-    n = len(ops_)
-    uses = graph.uses().tolist()
-    for root in graph.roots.tolist():  # values someone reads after forward must stay
-        uses[root] += 2
-    role = graph.role.tolist()
-    starts, kids = graph.starts.tolist(), graph.kids.tolist()
-    add, mul = ops.OPS["add"], ops.OPS["mul"]
-    sums, absorbed = {}, bytearray(n)
+    factor lists, its other terms the dot's loose terms. Inner `+` (used once, by a `+`, and not
+    a root) and products used nowhere else dissolve into it. Returns ({position of the sum:
+    (terms, a, b) as positions}, a boolean array: the positions of dissolved Values).
 
-    def is_constant(x):
-        return ops_[x] is None and role[x] == CONST_ROLE
-    # users before their args: take the largest sums first
-    for v in reversed(list(compress(range(n), map(is_, ops_, repeat(add))))):
-        if absorbed[v]:
-            continue
-        terms, inner, stack = [], [], [v]
-        pop, push = stack.pop, stack.append
+    On arrays: a tree is its root and the inner `+` below it (found by pointer jumping to the
+    root), its terms their other children. A tree whose inner `+` are all left children (a chain,
+    as sum() builds it) lists its terms in order at once: the bottom's left child, then the right
+    children bottom up (children precede parents in the order). Other trees are walked in order,
+    one by one. Trees are disjoint, so neither way depends on the other."""
+    n = len(graph.order)
+    add, mul = ops.OPS["add"], ops.OPS["mul"]
+    is_add = np.fromiter(map(is_, graph.ops, repeat(add)), dtype=bool, count=n)
+    is_mul = np.fromiter(map(is_, graph.ops, repeat(mul)), dtype=bool, count=n)
+    uses = graph.uses()
+    uses[graph.roots] += 2  # values someone reads after forward must stay: never "used once"
+    starts, kids = graph.starts, graph.kids
+    binary = np.flatnonzero(is_add | is_mul)
+    left = np.full(n, -1, dtype=np.int64)
+    right = np.full(n, -1, dtype=np.int64)
+    left[binary], right[binary] = kids[starts[binary]], kids[starts[binary] + 1]
+    # The consumer of each Value used once (by the `+` or `*` that reads it)
+    parent = np.full(n, -1, dtype=np.int64)
+    for side in (left, right):
+        once = binary[uses[side[binary]] == 1]
+        parent[side[once]] = once
+    inner = is_add & (uses == 1) & (parent >= 0)
+    inner[inner] = is_add[parent[inner]]
+    adds = np.flatnonzero(is_add)
+    root = np.arange(n, dtype=np.int64)
+    root[inner] = parent[inner]
+    while True:  # pointer jumping: each round halves the distance to the tree's root
+        jumped = root[root[adds]]
+        if (jumped == root[adds]).all():
+            break
+        root[adds] = jumped
+    constant = (graph.role == CONST_ROLE) & np.fromiter(map(is_, graph.ops, repeat(None)), dtype=bool, count=n)
+    # chains: no inner `+` is a right child
+    walked = np.zeros(n, dtype=bool)
+    walked[root[right[adds][inner[right[adds]]]]] = True
+    tree_nodes = adds[~walked[root[adds]]]  # of chain trees, sorted by position
+    tree_nodes = tree_nodes[np.argsort(root[tree_nodes], kind="stable")]  # by tree, bottom up
+    bottoms = tree_nodes[~inner[left[tree_nodes]]]
+    # terms: (tree, the position of the term's slot in the tree's order, term)
+    term_tree = np.concatenate([root[bottoms], root[tree_nodes]])
+    term_at = np.concatenate([bottoms * 2, tree_nodes * 2 + 1])  # the bottom's left comes first
+    term = np.concatenate([left[bottoms], right[tree_nodes]])
+    by_tree = np.lexsort((term_at, term_tree))
+    term_tree, term = term_tree[by_tree], term[by_tree]
+    sums, absorbed = {}, np.zeros(n, dtype=bool)
+    _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorbed)
+    absorbed[tree_nodes] |= inner[tree_nodes] & np.isin(root[tree_nodes], list(sums))
+    # the other trees, walked one by one
+    for v in np.flatnonzero(walked).tolist():
+        terms, below, stack = [], [], [v]  # below: the tree's inner `+`
         while stack:  # in-order walk of the + tree: terms in source order
-            x = pop()
-            if x == v or (ops_[x] is add and uses[x] == 1):
-                inner.append(x)
-                left = starts[x]
-                push(kids[left + 1])
-                push(kids[left])
+            x = stack.pop()
+            if x == v or inner[x]:
+                if x != v:
+                    below.append(x)
+                stack += (right[x], left[x])
             else:
                 terms.append(x)
-        if len(terms) < 2:
-            continue
-        loose, a, b, products = [], [], [], []
-        for t in terms:
-            if ops_[t] is mul and uses[t] == 1:
-                left = starts[t]
-                x, y = kids[left], kids[left + 1]
-                if not (is_constant(x) and is_constant(y)):
-                    a.append(x)
-                    b.append(y)
-                    products.append(t)
-                    continue
-            loose.append(t)
-        # A short sum pays only where it absorbs a product (b + w0*x0 + w1*x1, 1 - y*score):
-        # one pass instead of a product's and a sum's, and no slots for the product.
-        if len(terms) < MIN_SUM_TERMS and not a:
-            continue
-        for x in products:
-            absorbed[x] = 1
-        sums[v] = (loose, a, b)
-        for x in inner[1:]:
-            absorbed[x] = 1
+        _dissolve(np.full(len(terms), v), np.array(terms, dtype=np.int64), is_mul, uses, left, right, constant,
+                  sums, absorbed)
+        if v in sums:
+            absorbed[below] = True
     return sums, absorbed
+
+
+def _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorbed):
+    """The dots of the trees whose terms are given (grouped by tree, in order): a term that is
+    a product used once, of factors not both constants, goes to the factor lists. A tree with
+    fewer than MIN_SUM_TERMS terms stays `+` unless it absorbs a product (b + w0*x0 + w1*x1,
+    1 - y*score: one pass instead of a product's and a sum's, and no slots for the product)."""
+    if not len(term):
+        return
+    product = is_mul[term] & (uses[term] == 1) & ~(constant[left[term]] & constant[right[term]])
+    bounds = np.flatnonzero(np.diff(term_tree)) + 1
+    first = np.concatenate([[0], bounds])
+    counts = np.diff(np.concatenate([first, [len(term)]]))
+    products = np.add.reduceat(product.astype(np.int64), first)
+    taken = (counts >= MIN_SUM_TERMS) | (products > 0)
+    for tree, begin, count, ok in zip(term_tree[first].tolist(), first.tolist(), counts.tolist(), taken.tolist()):
+        if not ok:
+            continue
+        ts, ps = term[begin:begin + count], product[begin:begin + count]
+        products_here = ts[ps]
+        sums[tree] = (ts[~ps].tolist(), left[products_here].tolist(), right[products_here].tolist())
+        absorbed[products_here] = True
 
 
 def mark_gradients(leaves, compute, input_grads):
