@@ -44,6 +44,18 @@ class Graph:
         role[self.inputs[self.inputs >= 0]] = INPUT
         return role
 
+    def leaves_listed_once(self, inputs, params):
+        """Whether no Value is among the inputs and params twice: by position where the roots
+        reach them (a count per node, at C speed), by identity for the others (usually none)."""
+        positions = np.concatenate([self.inputs, self.params])
+        reached = positions[positions >= 0]
+        if len(reached) and np.bincount(reached).max() > 1:
+            return False
+        if not (positions < 0).any():
+            return True
+        unreached = [v for v, i in zip(chain(inputs, params), positions.tolist()) if i < 0]
+        return len(set(map(id, unreached))) == len(unreached)
+
     def children(self, i):
         """Node i's children's positions."""
         return self.kids[self.starts[i]:self.starts[i + 1]].tolist()

@@ -114,8 +114,12 @@ def as_list(outputs):
 
 def read_graph(loss, inputs, params, outputs):
     """The user's graph, checked and read into arrays (codegen.graph.read)."""
-    _check_leaves(inputs, params, [loss] + outputs)
-    return graph_arrays.read(loss, inputs, params, outputs)
+    if not _leaves_are_values(inputs, params, [loss] + outputs):
+        _check_leaves(inputs, params, [loss] + outputs)
+    graph = graph_arrays.read(loss, inputs, params, outputs)
+    if not graph.leaves_listed_once(inputs, params):
+        _check_leaves(inputs, params, [loss] + outputs)
+    return graph
 
 
 def _lower(graph, inputs, params, fuse, input_grads):
@@ -435,16 +439,21 @@ def _outputs_first(groups):
     return [g for g in groups if g.first.for_outputs] + [g for g in groups if not g.first.for_outputs]
 
 
+def _leaves_are_values(inputs, params, roots):
+    """The common case of _check_leaves' first checks at C speed (a model's million params): every
+    root, input and param a Value, inputs and params leaves. (Each listed once: Graph checks.)"""
+    leaves = list(chain(inputs, params))
+    return (all(map(isinstance, roots, repeat(Value))) and all(map(isinstance, leaves, repeat(Value)))
+            and not any(map(attrgetter("_prev"), leaves)))
+
+
 def _check_leaves(inputs, params, roots):
+    """Raises for the first root, input or param that is not a Value, input or param that is not
+    a leaf, or Value listed twice among them."""
     for v in roots:
         if not isinstance(v, Value):
             raise TypeError(f"compile() needs Values to compute, got {type(v).__name__}")
-    leaves = list(chain(inputs, params))
-    # the common case at C speed (a model's million params): Values, leaves, each listed once
-    if (all(map(isinstance, leaves, repeat(Value))) and not any(map(attrgetter("_prev"), leaves))
-            and len(set(map(id, leaves))) == len(leaves)):
-        return
-    seen = set()  # else find the first culprit, for the message
+    seen = set()
     for role, values in (("input", inputs), ("param", params)):
         for v in values:
             if not isinstance(v, Value):
