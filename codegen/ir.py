@@ -374,16 +374,16 @@ def sgd_in_backward(program):
     lists = []  # (operand list, whether its group rules its params out)
     for g in program.backward:
         members, first = g.members, g.first
-        # Members are alike (vector.group): operand kinds per position are the first's.
+        # Members are alike (vector.group): a list holds params only if the first's part does.
         kinds = [x.kind for x in first.args]
         many_params = first.kind == "op" and kinds.count("param") > 1  # w1 * w2
-        for i in range(len(first.args)):
-            lists.append((list(map(itemgetter(i), map(_args, members))), many_params))
+        for i, kind in enumerate(kinds):
+            if kind == "param":
+                lists.append((list(map(itemgetter(i), map(_args, members))), many_params))
         # params in both factor lists: updating one reads the other's old value
-        both = first.kind == "dot" and any(f.kind == "param" for f in first.a) and any(f.kind == "param" for f in first.b)
-        for factors in (_a, _b):
-            if factors(first):
-                lists.append((list(chain.from_iterable(map(factors, members))), both))
+        in_factors = [factors for factors in (_a, _b) if "param" in set(map(_kind, factors(first)))]
+        for factors in in_factors:
+            lists.append((list(chain.from_iterable(map(factors, members))), len(in_factors) == 2))
     contributions = Counter()
     for xs, _ in lists:
         contributions.update(map(id, xs))
