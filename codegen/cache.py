@@ -282,6 +282,18 @@ def write_index(directory: str | os.PathLike, key: str, record: dict) -> None:
     os.replace(temp, path)
 
 
+def prune_index(directory: str | os.PathLike) -> int:
+    """Remove the index records whose entry is gone (evicted, cleared); returns how many."""
+    removed = 0
+    for path in (pathlib.Path(directory) / INDEX_DIR).glob('*.json'):
+        record = read_index(directory, path.stem)
+        if record is None or not (pathlib.Path(directory) / record['file']).exists():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+    return removed
+
+
 # ---- listing and eviction --------------------------------------------------------------------
 @dataclass
 class Entry:
@@ -397,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         cutoff = time.time() - args.older_than * 86400
         removed = [e for e in found if e.last_used <= cutoff and try_remove(directory, e)]
         in_use = sum(1 for e in found if e.last_used <= cutoff) - len(removed)
+        prune_index(directory)
         print(f'removed {len(removed)} entries ({sum(e.size for e in removed) / 1e6:.2f} MB) from {directory}'
               + (f'; {in_use} in use or being built, kept' if in_use else ''))
         return 0

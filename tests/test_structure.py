@@ -210,3 +210,13 @@ def test_a_graph_of_a_different_shape_is_not_found(tmp_path):
     loss, inputs, params, outputs = mlp_graph(hidden=(5,))
     net = codegen.compile(loss, inputs, params, outputs, compiler="gcc", cache=tmp_path)
     assert not net.build.cached and net.n_params == len(params)
+
+
+def test_clearing_the_cache_prunes_the_index(tmp_path):
+    net = compile_mlp(tmp_path)
+    assert len(list((tmp_path / build_cache.INDEX_DIR).iterdir())) == 1
+    assert build_cache.prune_index(tmp_path) == 0  # its entry is there
+    for path in build_cache.entry_files(tmp_path, build_cache.stem_of(net.build.path)):
+        path.unlink()
+    assert build_cache.prune_index(tmp_path) == 1
+    assert not list((tmp_path / build_cache.INDEX_DIR).iterdir())
