@@ -35,6 +35,15 @@ class Graph:
     params: np.ndarray    # each param's position; -1 if the roots do not reach it
     inputs: np.ndarray    # each input's position, likewise
     ops: list             # each node's ops.Op (None for a leaf)
+    codes: np.ndarray     # each node's op as a number: 0 for a leaf, else 1 + its place in op_table
+    op_table: list        # the distinct ops, sorted by their repr
+
+    def is_op(self, op):
+        """A boolean array: which nodes apply `op` (None: which are leaves)."""
+        if op is None:
+            return self.codes == 0
+        found = [code for code, o in enumerate(self.op_table, 1) if o is op]
+        return self.codes == found[0] if found else np.zeros(len(self.order), dtype=bool)
 
     @property
     def role(self):
@@ -84,8 +93,19 @@ def read(loss, inputs, params, outputs):
             found = np.fromiter(map(_number, values), dtype=np.int64, count=len(values)) - base
             found[found < 0] = -1
             return found
-        return Graph(order, starts[-1], root_positions, offsets, kids, positions(params), positions(inputs),
-                     list(map(_kind, order)))
+        ops = list(map(_kind, order))
+    # Each node's op as a small number: 0 for a leaf, else 1 + the op's place in `op_table`,
+    # sorted by the ops' full descriptions (formulas, arity), so that the numbers do not depend
+    # on which op the walk met first and two tables' "add" differ if their formulas do.
+    ids = list(map(id, ops))
+    distinct = dict(zip(ids, ops))
+    distinct.pop(id(None), None)
+    table = sorted(distinct.values(), key=repr)
+    code_of = {id(op): code for code, op in enumerate(table, 1)}
+    code_of[id(None)] = 0
+    codes = np.frombuffer(array("H", map(code_of.__getitem__, ids)), dtype=np.uint16)
+    return Graph(order, starts[-1], root_positions, offsets, kids, positions(params), positions(inputs), ops,
+                 codes, table)
 
 
 def structural_key(graph, params, options):
@@ -102,17 +122,9 @@ def structural_key(graph, params, options):
         digest.update(tag.encode() + len(data).to_bytes(8, "little"))
         digest.update(data)
 
-    order, ops = graph.order, graph.ops
-    # Ops by their full description (two tables' "add" differ if their formulas do), numbered in
-    # sorted order so that the codes do not depend on which op the walk met first.
-    distinct = dict(zip(map(id, ops), ops))
-    distinct.pop(id(None), None)
-    table = sorted(repr(op) for op in distinct.values())
-    code_of = {id(op): table.index(repr(op)) + 1 for op in distinct.values()}
-    code_of[id(None)] = 0
-    codes = bytes(map(code_of.__getitem__, map(id, ops)))
-    part("ops", "\n".join(table))
-    part("codes", codes)
+    order = graph.order
+    part("ops", "\n".join(map(repr, graph.op_table)))
+    part("codes", graph.codes.tobytes())
     ks = list(map(_k, order))
     with_k = list(compress(range(len(order)), map(is_not, ks, repeat(None))))
     part("k", repr([(i, ks[i]) for i in with_k]))
@@ -122,7 +134,7 @@ def structural_key(graph, params, options):
     part("inputs", graph.inputs.tobytes())
     part("roots", graph.roots.tobytes())
     part("outputs", str(graph.n_output_values))
-    leaves = np.flatnonzero(np.frombuffer(codes, dtype=np.uint8) == 0)
+    leaves = np.flatnonzero(graph.codes == 0)
     constants = leaves[graph.role[leaves] == CONST]
     part("constants", constants.tobytes())
     part("values", _floats(order[i].data for i in constants.tolist()))

@@ -19,9 +19,9 @@ sum's gradient in place (``share_gradients``).
 """
 
 from dataclasses import dataclass, field
-from itertools import chain, compress, repeat
+from itertools import chain, repeat
 from collections import Counter
-from operator import attrgetter, is_, itemgetter
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -242,8 +242,7 @@ def find_sums(graph):
     one by one. Trees are disjoint, so neither way depends on the other."""
     n = len(graph.order)
     add, mul = ops.OPS["add"], ops.OPS["mul"]
-    is_add = np.fromiter(map(is_, graph.ops, repeat(add)), dtype=bool, count=n)
-    is_mul = np.fromiter(map(is_, graph.ops, repeat(mul)), dtype=bool, count=n)
+    is_add, is_mul = graph.is_op(add), graph.is_op(mul)
     uses = graph.uses()
     uses[graph.roots] += 2  # values someone reads after forward must stay: never "used once"
     starts, kids = graph.starts, graph.kids
@@ -266,7 +265,7 @@ def find_sums(graph):
         if (jumped == root[adds]).all():
             break
         root[adds] = jumped
-    constant = (graph.role == CONST_ROLE) & np.fromiter(map(is_, graph.ops, repeat(None)), dtype=bool, count=n)
+    constant = (graph.role == CONST_ROLE) & graph.is_op(None)
     # chains: no inner `+` is a right child
     walked = np.zeros(n, dtype=bool)
     walked[root[right[adds][inner[right[adds]]]]] = True
