@@ -93,7 +93,12 @@ def read(loss, inputs, params, outputs):
             found = np.fromiter(map(_number, values), dtype=np.int64, count=len(values)) - base
             found[found < 0] = -1
             return found
+        param_positions, input_positions = positions(params), positions(inputs)
         ops = list(map(_kind, order))
+        # The numbers are out in arrays: back to the one shared -1 ("not visited" for any later
+        # walk), so that the Values do not keep an int object each (32 bytes per Value).
+        for v in order:  # (a specialised store: faster than any map of setattr)
+            v._n = -1
     # Each node's op as a small number: 0 for a leaf, else 1 + the op's place in `op_table`,
     # sorted by the ops' full descriptions (formulas, arity), so that the numbers do not depend
     # on which op the walk met first and two tables' "add" differ if their formulas do.
@@ -104,8 +109,8 @@ def read(loss, inputs, params, outputs):
     code_of = {id(op): code for code, op in enumerate(table, 1)}
     code_of[id(None)] = 0
     codes = np.frombuffer(array("H", map(code_of.__getitem__, ids)), dtype=np.uint16)
-    return Graph(order, starts[-1], root_positions, offsets, kids, positions(params), positions(inputs), ops,
-                 codes, table)
+    return Graph(order, starts[-1], root_positions, offsets, kids, param_positions, input_positions, ops, codes,
+                 table)
 
 
 def structural_key(graph, params, options):

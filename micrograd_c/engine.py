@@ -159,7 +159,7 @@ _next_number = 0
 def numbered_order(*roots, starts=None):
     """topological_order, and `base`: every node v of the order gets v._n = base + its position,
     and a node the walk did not reach has v._n < base. The numbers hold until the next walk over
-    those nodes: a caller that reads them holds NUMBERING. Marking visited nodes in the node
+    those nodes: a caller that reads them holds NUMBERING (and may set them back to -1). Marking visited nodes in the node
     instead of a set of ids makes the walk about twice as fast (it reads every node of a graph
     that compile() lowers)."""
     global _next_number
