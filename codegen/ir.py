@@ -1,6 +1,7 @@
 """Lowering: a Value graph to a flat program of groups over slots, as a list of named passes:
 
-    build_nodes (find_sums) -> mark_gradients -> vector.group -> layout -> vector.vectorize
+    read_graph (codegen/graph.py: the Values read once, into arrays)
+    -> build_nodes (find_sums) -> mark_gradients -> vector.group -> layout -> vector.vectorize
     [-> vector.batch_innermost -> layout -> vector.vectorize] -> sgd_in_backward
     (scalar mode: ... layout -> share_gradients -> vector.vectorize -> ...)
 
