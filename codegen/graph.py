@@ -7,7 +7,9 @@ Reading a graph is the one pass whose cost follows the node count: a walk over e
 groups lowering finds.
 """
 
+import functools
 import hashlib
+import pathlib
 from array import array
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
@@ -146,6 +148,22 @@ def structural_key(graph, params, options):
     if params is not None:
         part("param values", _floats(map(_data, params)))
     part("options", options)
+    part("code", code_fingerprint())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def code_fingerprint():
+    """A SHA-256 of the sources that turn a graph into C (codegen, the templates, the op table):
+    part of every structural key, so that a module built by another version of them is not
+    found by structure (the build cache's own key is the C itself)."""
+    import templates
+    from micrograd_c import ops
+    digest = hashlib.sha256()
+    roots = [pathlib.Path(__file__).parent, pathlib.Path(templates.__file__).parent]
+    files = sorted(p for root in roots for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".c", ".h"))
+    for path in files + [pathlib.Path(ops.__file__)]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 

@@ -220,3 +220,11 @@ def test_clearing_the_cache_prunes_the_index(tmp_path):
         path.unlink()
     assert build_cache.prune_index(tmp_path) == 1
     assert not list((tmp_path / build_cache.INDEX_DIR).iterdir())
+
+
+def test_different_for_another_version_of_the_code(monkeypatch):
+    """A module built by other codegen sources is not found by structure (its C may differ)."""
+    from codegen import graph
+    before = key(mlp_graph())
+    monkeypatch.setattr(graph, "code_fingerprint", lambda: "another version")
+    assert key(mlp_graph()) != before
