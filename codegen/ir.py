@@ -394,12 +394,12 @@ def sgd_in_backward(program):
         kinds = set(map(_kind, xs))
         if "param" not in kinds:
             continue
-        graded = xs if kinds == {"param"} else [x for x in xs if x.needs_grad]  # params always are
-        together = (not ruled_out and all(x.kind == "param" for x in graded)
+        only_params = kinds == {"param"}  # a layer's weights: the common case, without a check per element
+        graded = xs if only_params else [x for x in xs if x.needs_grad]  # params always need theirs
+        together = (not ruled_out and (only_params or all(x.kind == "param" for x in graded))
                     and set(map(contributions.__getitem__, map(id, graded))) == {1})
-        for x in xs:
-            if x.kind == "param":
-                x.sgd_fused = together
+        for x in xs if only_params else [x for x in xs if x.kind == "param"]:
+            x.sgd_fused = together
         fused |= together
     return fused
 
