@@ -17,7 +17,7 @@ FLAGS  := $(COMPILER) --opt $(OPT) $(if $(NATIVE),--native) $(if $(DTYPE),--dtyp
 ARGS   ?=
 BUILD_ARGS ?=
 
-.PHONY: all nn mnist xor test test-all test-bare bench compare torch clean fuzz soak roofline
+.PHONY: all nn mnist xor test test-all test-bare bench bench-scale compare torch clean fuzz soak roofline
 
 all: nn
 
@@ -65,6 +65,11 @@ soak: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) -m bench $(ARGS)
+
+# the scale table alone: graph, codegen, C compile, cache hit and peak RSS from 40k to 1.9M
+# parameters, each model in its own processes; the log-log plot to build/scale.png
+bench-scale: $(VENV)/.installed
+	$(PY) -m bench --only scale $(ARGS)
 
 compare: $(VENV)/.installed
 	$(PY) -m bench.compare $(ARGS)

@@ -9,24 +9,29 @@ Lowering (ir), C emission (emit), building (toolchain) and loading (loader) are 
 import time
 from array import array
 
+from operator import attrgetter
+
 from . import batch as batching
-from . import dtypes, emit, ir, toolchain
+from . import dtypes, emit, ir, optim, toolchain
+from . import graph as graph_arrays
 from .explain import explain
 from .export import export
 from .optim import SGD, Adam, AdamW
 from .toolchain import CompileError, CompilerNotFound, CompileTimeout, ToolchainError
 
-__all__ = ["compile", "generate", "explain", "export", "copy_to_values", "copy_from_values", "SGD", "Adam", "AdamW", "CompileError",
+__all__ = ["compile", "generate", "structural_key", "explain", "export", "copy_to_values", "copy_from_values", "SGD", "Adam", "AdamW", "CompileError",
            "CompilerNotFound", "CompileTimeout", "ToolchainError"]
 
 
 def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn", optimizer=None,
-             embed_params=False, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batch=batching.DEFAULT_CAPACITY):
+             embed_params=False, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batch=batching.DEFAULT_CAPACITY,
+             graph=None):
     """The C sources compile() builds: the module, then any extra units of generated functions
-    (big straight-line programs are split so that the files compile in parallel)."""
+    (big straight-line programs are split so that the files compile in parallel). `graph`: what
+    ir.read_graph returned for these arguments, when the caller has it already."""
     dtypes.lookup(dtype)  # before lowering: a bad name fails at once
     batch = _check_batch(batch)
-    program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
+    program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, graph=graph)
     initial = [float(p.data) for p in params] if embed_params else None
     return emit.emit(program, name, optimizer=optimizer, initial_params=initial, dtype=dtype,
                      sparse_inputs=sparse_inputs, batched=batching.batched_form(program, batch)[0])
@@ -72,26 +77,74 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     matrix product; a bigger batch_size runs in pieces of `batch`. batch=1: sample by sample
     only (a smaller module). A graph with no batched form (see codegen.explain) runs sample by
     sample whatever `batch` says.
+    threads: the threads a batch's matrix products run on (module.set_threads; None: the module's
+    default, $MICROGRAD_C_THREADS or every core the process may use). The results are the same
+    bits with any number.
     sources: what generate() returned for these same arguments, when the caller has them already
     (e.g. to compute a build_key): the C is not generated a second time (timings["codegen"] is 0).
-    The module gets attributes `build` (toolchain.BuildResult) and `timings` (seconds per step).
+    The module gets attributes `build` (toolchain.BuildResult) and `timings` (seconds per step:
+    "codegen" is reading the graph, its structural key, and lowering and emitting its C unless
+    the cache had it; "compile" the C compiler's).
+
+    The build cache finds a module by the graph's structure too (codegen/graph.py: its ops,
+    constants, edges, the inputs' and params' positions, the outputs, and every option here that
+    the C depends on), so that a model built again the same way loads without its C being
+    generated again (build.cached, and timings["codegen"] is the reading of the graph).
     """
-    inputs, params = list(inputs), list(params)
+    inputs, params, outputs = list(inputs), list(params), ir.as_list(outputs)
+    batch = _check_batch(batch)
     started = time.perf_counter()
+    spent = 0.0  # seconds of codegen inside build() (generating the C on a miss)
+    graph = None
     if sources is None:
-        sources = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name,
-                           optimizer=optimizer, embed_params=embed_params, dtype=dtype,
-                           sparse_inputs=sparse_inputs, batch=batch)
-    generated = time.perf_counter()
-    build, module = toolchain.build_module(sources, name, compiler=compiler, opt=opt, native=native, cache=cache,
-                                           timeout=timeout, measure_memory=measure_memory)
+        with ir.no_gc():
+            graph = ir.read_graph(loss, inputs, params, outputs)
+
+    def generated():
+        nonlocal sources, spent
+        if sources is None:
+            began = time.perf_counter()
+            sources = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name,
+                               optimizer=optimizer, embed_params=embed_params, dtype=dtype,
+                               sparse_inputs=sparse_inputs, batch=batch, graph=graph)
+            spent += time.perf_counter() - began
+        return sources
+
+    def structure():  # asked for by the backends that keep files (libtcc builds in memory)
+        return graph and _structural_key(graph, params, fuse=fuse, input_grads=input_grads, name=name,
+                                         optimizer=optimizer, embed_params=embed_params, dtype=dtype,
+                                         sparse_inputs=sparse_inputs, batch=batch)
+
+    read = time.perf_counter()
+    build, module = toolchain.build_module(generated, name, compiler=compiler, opt=opt, native=native, cache=cache,
+                                           timeout=timeout, measure_memory=measure_memory, structure=structure)
     copy_from_values(module, params)
     if threads is not None:
         module.set_threads(threads)
-    module.inputs[:] = array(module.inputs.format, (float(v.data) for v in inputs))
+    module.inputs[:] = array(module.inputs.format, map(float, map(attrgetter("data"), inputs)))
     module.build = build
-    module.timings = {"codegen": generated - started, "compile": build.seconds}
+    module.timings = {"codegen": read - started + spent, "compile": build.seconds}
     return module
+
+
+def structural_key(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn", optimizer=None,
+                   embed_params=False, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batch=batching.DEFAULT_CAPACITY):
+    """The key under which compile() finds the build of generate()'s C for these arguments
+    without generating it (codegen/graph.py): a SHA-256 of the graph's structure and the options.
+    Equal for a graph built twice the same way; different wherever two graphs or options differ."""
+    inputs, params, outputs = list(inputs), list(params), ir.as_list(outputs)
+    with ir.no_gc():
+        graph = ir.read_graph(loss, inputs, params, outputs)
+    return _structural_key(graph, params, fuse=fuse, input_grads=input_grads, name=name, optimizer=optimizer,
+                           embed_params=embed_params, dtype=dtype, sparse_inputs=sparse_inputs,
+                           batch=_check_batch(batch))
+
+
+def _structural_key(graph, params, **options):
+    dtypes.lookup(options["dtype"])
+    optimizer = optim.check(options.pop("optimizer"))  # by the C it becomes
+    described = repr(sorted(options.items())) + "\n" + optimizer.c_defines()
+    return graph_arrays.structural_key(graph, params if options["embed_params"] else None, described)
 
 
 def copy_to_values(module, params):
@@ -104,7 +157,7 @@ def copy_to_values(module, params):
 def copy_from_values(module, params):
     """Loads the Values' current .data into the module's parameters."""
     _check_count(module, params)
-    module.set_params(array("d", (float(v.data) for v in params)))
+    module.set_params(array("d", map(float, map(attrgetter("data"), params))))
 
 
 def _check_count(module, params):

@@ -255,6 +255,55 @@ def _listdir(directory: pathlib.Path) -> list[pathlib.Path]:
         return []
 
 
+# ---- the index by graph structure ---------------------------------------------------------------
+# A second way into the entries: compile() finds a graph's build by the graph's structural key
+# (codegen/graph.py) without generating its C. An index record names an entry; the entry is
+# checked as ever (open_entry), so a record whose entry is gone or damaged is simply not used,
+# and the build it falls back to writes it anew. Records are small files in a subdirectory,
+# which listing and eviction (files of the directory itself) do not see.
+INDEX_DIR = 'structures'
+
+
+def _index_path(directory: pathlib.Path, key: str) -> pathlib.Path:
+    return pathlib.Path(directory) / INDEX_DIR / f'{key}.json'
+
+
+def read_index(directory: str | os.PathLike, key: str) -> dict | None:
+    """The index record under key, or None (none, or unreadable: the caller rebuilds)."""
+    try:
+        record = json.loads(_index_path(directory, key).read_text())
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(record, dict) or record.get('format') != RECORD_FORMAT
+            or not all(isinstance(record.get(k), str) for k in ('file', 'key'))
+            or not isinstance(record.get('c_files'), list) or not record['c_files']
+            or not isinstance(record.get('command'), list) or stem_of(record['file']) is None):
+        return None
+    return record
+
+
+def write_index(directory: str | os.PathLike, key: str, record: dict) -> None:
+    """Record (atomically) that key's build is the entry record['file']."""
+    path = _index_path(directory, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    with os.fdopen(fd, 'w') as file:
+        json.dump({'format': RECORD_FORMAT, **record}, file)
+    os.replace(temp, path)
+
+
+def prune_index(directory: str | os.PathLike) -> int:
+    """Remove the index records whose entry is gone (evicted, cleared); returns how many."""
+    removed = 0
+    for path in (pathlib.Path(directory) / INDEX_DIR).glob('*.json'):
+        record = read_index(directory, path.stem)
+        if record is None or not (pathlib.Path(directory) / record['file']).exists():
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+    return removed
+
+
 # ---- listing and eviction --------------------------------------------------------------------
 @dataclass
 class Entry:
@@ -369,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         cutoff = time.time() - args.older_than * 86400
         removed = [e for e in found if e.last_used <= cutoff and try_remove(directory, e)]
         in_use = sum(1 for e in found if e.last_used <= cutoff) - len(removed)
+        prune_index(directory)
         print(f'removed {len(removed)} entries ({sum(e.size for e in removed) / 1e6:.2f} MB) from {directory}'
               + (f'; {in_use} in use or being built, kept' if in_use else ''))
         return 0

@@ -1,6 +1,7 @@
 """Lowering: a Value graph to a flat program of groups over slots, as a list of named passes:
 
-    build_nodes (find_sums) -> mark_gradients -> vector.group -> layout -> vector.vectorize
+    read_graph (codegen/graph.py: the Values read once, into arrays)
+    -> build_nodes (find_sums) -> mark_gradients -> vector.group -> layout -> vector.vectorize
     [-> vector.batch_innermost -> layout -> vector.vectorize] -> sgd_in_backward
     (scalar mode: ... layout -> share_gradients -> vector.vectorize -> ...)
 
@@ -18,15 +19,19 @@ own group: the reference post's straight-line scalar program, in which a term of
 sum's gradient in place (``share_gradients``).
 """
 
-import gc
-from collections import Counter
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, repeat
+from collections import Counter
+from operator import attrgetter, itemgetter
+
+import numpy as np
 
 from micrograd_c import ops
-from micrograd_c.engine import Value, topological_order
+from micrograd_c.engine import Value, no_gc
 
+from . import graph as graph_arrays
 from . import vector
+from .graph import CONST as CONST_ROLE
 from .vector import Group
 
 # Sums with fewer terms than this stay chains of `+`: a loop does not pay for itself.
@@ -40,7 +45,7 @@ class Node:
     A dot's value is sum(args) + sum(a[i] * b[i])."""
 
     __slots__ = ("kind", "op", "args", "k", "value", "slot", "needs_grad", "a", "b", "grad_slot",
-                 "shares_grad", "for_outputs", "sgd_fused")
+                 "shares_grad", "for_outputs", "sgd_fused", "cls")
 
     def __init__(self, kind, op=None, args=(), k=None, value=None):
         self.kind, self.op, self.args, self.k, self.value = kind, op, args, k, value
@@ -50,6 +55,7 @@ class Node:
         self.shares_grad = False  # its gradient is its only consumer's, which passes it on unchanged
         self.for_outputs = False  # the outputs need it: predict() computes it
         self.sgd_fused = False    # a parameter that batch-1 SGD updates inside backward
+        self.cls = kind           # a leaf's kind; a computed node's class (vector.group)
         self.a = self.b = ()
 
     def reads(self):
@@ -80,22 +86,33 @@ class Program:
         return [n for g in self.forward for n in g.members]
 
 
-def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False):
-    """Lowers the graph of `loss` (and `outputs`, extra values to read after forward) to a Program."""
-    outputs = [outputs] if isinstance(outputs, Value) else [] if outputs is None else list(outputs)
-    inputs, params = list(inputs), list(params)
-    _check_leaves(inputs, params, [loss] + outputs)
-    collecting = gc.isenabled()
-    gc.disable()  # millions of new nodes, none garbage: the collector would only rescan them
-    try:
-        return _lower(loss, inputs, params, outputs, fuse, input_grads)
-    finally:
-        if collecting:
-            gc.enable()
+def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False, graph=None):
+    """Lowers the graph of `loss` (and `outputs`, extra values to read after forward) to a Program.
+    `graph`: what read_graph returned for these arguments, when the caller has it already."""
+    outputs, inputs, params = as_list(outputs), list(inputs), list(params)
+    with no_gc():
+        if graph is None:
+            graph = read_graph(loss, inputs, params, outputs)
+        return _lower(graph, inputs, params, fuse, input_grads)
 
 
-def _lower(loss, inputs, params, outputs, fuse, input_grads):
-    leaves, compute, roots = build_nodes(loss, inputs, params, outputs, fuse)
+def as_list(outputs):
+    """compile()'s outputs, one Value, None or several, as a list."""
+    return [outputs] if isinstance(outputs, Value) else [] if outputs is None else list(outputs)
+
+
+def read_graph(loss, inputs, params, outputs):
+    """The user's graph, checked and read into arrays (codegen.graph.read)."""
+    if not _leaves_are_values(inputs, params, [loss] + outputs):
+        _check_leaves(inputs, params, [loss] + outputs)
+    graph = graph_arrays.read(loss, inputs, params, outputs)
+    if not graph.leaves_listed_once(inputs, params):
+        _check_leaves(inputs, params, [loss] + outputs)
+    return graph
+
+
+def _lower(graph, inputs, params, fuse, input_grads):
+    leaves, compute, roots = build_nodes(graph, params, inputs, fuse)
     mark_gradients(leaves, compute, input_grads)
     groups = _outputs_first(vector.group(compute) if fuse else [Group([n]) for n in compute])
     if fuse:
@@ -156,95 +173,141 @@ def _loop_count(groups):
 
 # ---- passes ------------------------------------------------------------------------------------
 
-def build_nodes(loss, inputs, params, outputs, fuse):
-    """One node per Value, in one topological order that puts the outputs' ancestors first (so
-    predict() can stop early); with `fuse`, sums become dot nodes first (see find_sums) and the
-    Values they absorb get no node. Returns (leaf nodes: params, inputs, constants in that order;
-    computed nodes; roots: outputs then loss)."""
-    leaf_kind = {id(p): "param" for p in params}
-    leaf_kind.update({id(x): "input" for x in inputs})
-    starts = []
-    order = topological_order(*outputs, loss, starts=starts)
-    n_output_values = starts[-1]  # the loss's own ancestors come after the outputs'
-    sums, absorbed = find_sums(order, outputs + [loss], leaf_kind) if fuse else ({}, set())
-    nodes = {}
-    compute = []
-    for_outputs = set(map(id, order[:n_output_values]))
-    for v in [v for v in order if id(v) not in absorbed] if absorbed else order:
-        key = id(v)
-        if v._kind is None:
-            node = nodes[key] = Node(leaf_kind.get(key, "const"), value=v.data)
-        elif key in sums:
-            terms, a, b = sums[key]
-            node = nodes[key] = Node("dot", args=tuple(nodes[id(t)] for t in terms))
-            node.a, node.b = tuple(nodes[id(x)] for x in a), tuple(nodes[id(x)] for x in b)
+def build_nodes(graph, params, inputs, fuse):
+    """One node per Value of the graph (graph.read: one topological order that puts the outputs'
+    ancestors first, so predict() can stop early); with `fuse`, sums become dot nodes first (see
+    find_sums) and the Values they absorb get no node. Returns (leaf nodes: params, inputs,
+    constants in that order; computed nodes; roots: outputs then loss)."""
+    order, ops_ = graph.order, graph.ops
+    role = graph.role
+    sums, absorbed = find_sums(graph) if fuse else ({}, np.zeros(len(order), dtype=bool))
+    n_output_values = graph.n_output_values
+    leaf_kinds = ("const", "param", "input")  # by graph.role
+    nodes = [None] * len(order)
+    at = nodes.__getitem__
+    compute, constants = [], []
+    kept = np.flatnonzero(~absorbed)  # in a model, its params and a few nodes per neuron
+    for i, r in zip(kept.tolist(), role[kept].tolist()):
+        v, op = order[i], ops_[i]
+        if op is None:
+            node = Node(leaf_kinds[r], value=v.data)
+            if r == CONST_ROLE:
+                constants.append(node)
+        elif i in sums:
+            terms, a, b = sums[i]
+            node = Node("dot", args=tuple(map(at, terms)))
+            node.a, node.b = tuple(map(at, a)), tuple(map(at, b))
             compute.append(node)
         else:
-            node = nodes[key] = Node("op", v._kind, tuple(nodes[id(c)] for c in v._prev), v._k)
+            node = Node("op", op, tuple(map(at, graph.children(i))), v._k)
             compute.append(node)
-        node.for_outputs = key in for_outputs
-    # Params or inputs that the output does not reach still get their slot.
-    for v in params + inputs:
-        if id(v) not in nodes:
-            nodes[id(v)] = Node(leaf_kind[id(v)], value=v.data)
-    roots = [nodes[id(v)] for v in outputs + [loss]]
+        node.for_outputs = i < n_output_values
+        nodes[i] = node
+    roots = [nodes[i] for i in graph.roots.tolist()]
     # A constant root needs a slot to be read from: compute it as a one-term dot.
     for i, root in enumerate(roots):
         if root.kind == "const":
             roots[i] = Node("dot", args=(root,))
             roots[i].for_outputs = i < len(roots) - 1
             compute.append(roots[i])
-    leaves = [nodes[id(v)] for v in params + inputs]
-    leaves += [n for n in nodes.values() if n.kind == "const"]
-    return leaves, compute, roots
+    # Params or inputs that the output does not reach still get their slot.
+    leaves = [nodes[i] if i >= 0 else Node(kind, value=v.data)
+              for kind, positions, values in (("param", graph.params, params), ("input", graph.inputs, inputs))
+              for i, v in zip(positions.tolist(), values)]
+    return leaves + constants, compute, roots
 
 
-def find_sums(order, kept, leaves):
+def find_sums(graph):
     """Each maximal tree of `+` (what `sum(...)` and a Neuron build) with at least MIN_SUM_TERMS
     terms becomes one dot: its products whose factors are both non-constant become the dot's
-    factor lists, its other terms the dot's loose terms. Inner `+` and products used nowhere
-    else dissolve into it. Returns ({id(sum Value): (terms, a, b)}, ids of dissolved Values)."""
-    uses = Counter(map(id, chain.from_iterable(v._prev for v in order)))
-    kept = set(map(id, kept))  # values someone reads after forward must stay
-    add, mul = ops.OPS["add"], ops.OPS["mul"]
-    sums, absorbed = {}, set()
+    factor lists, its other terms the dot's loose terms. Inner `+` (used once, by a `+`, and not
+    a root) and products used nowhere else dissolve into it. Returns ({position of the sum:
+    (terms, a, b) as positions}, a boolean array: the positions of dissolved Values).
 
-    def is_constant(x):
-        return x._kind is None and id(x) not in leaves
-    for v in reversed(order):  # users before their args: take the largest sums first
-        if v._kind is not add or id(v) in absorbed:
-            continue
-        terms, inner, stack = [], [], [v]
-        pop, push = stack.pop, stack.append
+    On arrays: a tree is its root and the inner `+` below it (found by pointer jumping to the
+    root), its terms their other children. A tree whose inner `+` are all left children (a chain,
+    as sum() builds it) lists its terms in order at once: the bottom's left child, then the right
+    children bottom up (children precede parents in the order). Other trees are walked in order,
+    one by one. Trees are disjoint, so neither way depends on the other."""
+    n = len(graph.order)
+    add, mul = ops.OPS["add"], ops.OPS["mul"]
+    is_add, is_mul = graph.is_op(add), graph.is_op(mul)
+    uses = graph.uses()
+    uses[graph.roots] += 2  # values someone reads after forward must stay: never "used once"
+    starts, kids = graph.starts, graph.kids
+    binary = np.flatnonzero(is_add | is_mul)
+    left = np.full(n, -1, dtype=np.int64)
+    right = np.full(n, -1, dtype=np.int64)
+    left[binary], right[binary] = kids[starts[binary]], kids[starts[binary] + 1]
+    # The consumer of each Value used once (by the `+` or `*` that reads it)
+    parent = np.full(n, -1, dtype=np.int64)
+    for side in (left, right):
+        once = binary[uses[side[binary]] == 1]
+        parent[side[once]] = once
+    inner = is_add & (uses == 1) & (parent >= 0)
+    inner[inner] = is_add[parent[inner]]
+    adds = np.flatnonzero(is_add)
+    root = np.arange(n, dtype=np.int64)
+    root[inner] = parent[inner]
+    while True:  # pointer jumping: each round halves the distance to the tree's root
+        jumped = root[root[adds]]
+        if (jumped == root[adds]).all():
+            break
+        root[adds] = jumped
+    constant = (graph.role == CONST_ROLE) & graph.is_op(None)
+    # chains: no inner `+` is a right child
+    walked = np.zeros(n, dtype=bool)
+    walked[root[right[adds][inner[right[adds]]]]] = True
+    tree_nodes = adds[~walked[root[adds]]]  # of chain trees, sorted by position
+    tree_nodes = tree_nodes[np.argsort(root[tree_nodes], kind="stable")]  # by tree, bottom up
+    bottoms = tree_nodes[~inner[left[tree_nodes]]]
+    # terms: (tree, the position of the term's slot in the tree's order, term)
+    term_tree = np.concatenate([root[bottoms], root[tree_nodes]])
+    term_at = np.concatenate([bottoms * 2, tree_nodes * 2 + 1])  # the bottom's left comes first
+    term = np.concatenate([left[bottoms], right[tree_nodes]])
+    by_tree = np.lexsort((term_at, term_tree))
+    term_tree, term = term_tree[by_tree], term[by_tree]
+    sums, absorbed = {}, np.zeros(n, dtype=bool)
+    _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorbed)
+    absorbed[tree_nodes] |= inner[tree_nodes] & np.isin(root[tree_nodes], list(sums))
+    # the other trees, walked one by one
+    for v in np.flatnonzero(walked).tolist():
+        terms, below, stack = [], [], [v]  # below: the tree's inner `+`
         while stack:  # in-order walk of the + tree: terms in source order
-            x = pop()
-            if x is v or (x._kind is add and uses[id(x)] == 1 and id(x) not in kept):
-                inner.append(x)
-                left, right = x._prev
-                push(right)
-                push(left)
+            x = stack.pop()
+            if x == v or inner[x]:
+                if x != v:
+                    below.append(x)
+                stack += (right[x], left[x])
             else:
                 terms.append(x)
-        if len(terms) < 2:
-            continue
-        loose, a, b, products = [], [], [], []
-        for t in terms:
-            if t._kind is mul and uses[id(t)] == 1 and id(t) not in kept:
-                x, y = t._prev
-                if not (is_constant(x) and is_constant(y)):
-                    a.append(x)
-                    b.append(y)
-                    products.append(id(t))
-                    continue
-            loose.append(t)
-        # A short sum pays only where it absorbs a product (b + w0*x0 + w1*x1, 1 - y*score):
-        # one pass instead of a product's and a sum's, and no slots for the product.
-        if len(terms) < MIN_SUM_TERMS and not a:
-            continue
-        absorbed.update(products)
-        sums[id(v)] = (loose, a, b)
-        absorbed.update(map(id, inner[1:]))
+        _dissolve(np.full(len(terms), v), np.array(terms, dtype=np.int64), is_mul, uses, left, right, constant,
+                  sums, absorbed)
+        if v in sums:
+            absorbed[below] = True
     return sums, absorbed
+
+
+def _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorbed):
+    """The dots of the trees whose terms are given (grouped by tree, in order): a term that is
+    a product used once, of factors not both constants, goes to the factor lists. A tree with
+    fewer than MIN_SUM_TERMS terms stays `+` unless it absorbs a product (b + w0*x0 + w1*x1,
+    1 - y*score: one pass instead of a product's and a sum's, and no slots for the product)."""
+    if not len(term):
+        return
+    product = is_mul[term] & (uses[term] == 1) & ~(constant[left[term]] & constant[right[term]])
+    bounds = np.flatnonzero(np.diff(term_tree)) + 1
+    first = np.concatenate([[0], bounds])
+    counts = np.diff(np.concatenate([first, [len(term)]]))
+    products = np.add.reduceat(product.astype(np.int64), first)
+    taken = (counts >= MIN_SUM_TERMS) | (products > 0)
+    for tree, begin, count, ok in zip(term_tree[first].tolist(), first.tolist(), counts.tolist(), taken.tolist()):
+        if not ok:
+            continue
+        ts, ps = term[begin:begin + count], product[begin:begin + count]
+        products_here = ts[ps]
+        sums[tree] = (ts[~ps].tolist(), left[products_here].tolist(), right[products_here].tolist())
+        absorbed[products_here] = True
 
 
 def mark_gradients(leaves, compute, input_grads):
@@ -291,44 +354,45 @@ def sgd_in_backward(program):
     dot's factor list (one loop or kernel updates them all); not a parameter whose old value
     another update's statement still reads (w1 * w2), nor one that is itself read as a result.
     The others accumulate their gradient, and a sweep after backward updates them. Returns
-    whether any parameter is updated in backward."""
-    contributions = {}
-    positions = []  # per group and operand position: the params there, which share one fate
+    whether any parameter is updated in backward.
+
+    Decided list by list (per group and operand position: the params there share one fate), at
+    C speed per element: a parameter with one contribution is in one list only, so no list's
+    fate depends on another's."""
+    lists = []  # (operand list, whether its group rules its params out)
     for g in program.backward:
-        for node in g.members:
-            for x in node.args:
-                if x.needs_grad and x.kind == "param":
-                    contributions[id(x)] = contributions.get(id(x), 0) + 1
-            for factors in (node.a, node.b):
-                for f in factors:
-                    if f.needs_grad and f.kind == "param":
-                        contributions[id(f)] = contributions.get(id(f), 0) + 1
-        first = g.first
-        for i in range(len(first.args)):
-            positions.append([m.args[i] for m in g.members])
-        for which in ("a", "b"):
-            if getattr(first, which):
-                positions.append([f for m in g.members for f in getattr(m, which)])
-    params = {id(x): x for xs in positions for x in xs if x.kind == "param"}
-    for x in params.values():
-        x.sgd_fused = contributions.get(id(x), 0) == 1
-    for r in [program.loss, *program.outputs]:
-        r.sgd_fused = False
-    for g in program.backward:
-        for node in g.members:
-            # An update must follow every read of the parameter's old value: a node whose backward
-            # reads one parameter to update another (w1 * w2) cannot update during backward.
-            if node.kind == "op" and sum(x.kind == "param" for x in node.args) > 1:
-                for x in node.args:
-                    x.sgd_fused = False
-            if node.a and any(f.kind == "param" for f in node.a) and any(f.kind == "param" for f in node.b):
-                for f in node.a + node.b:
-                    f.sgd_fused = False
-    for xs in positions:  # a list or a loop's operand with a mixed fate: all accumulate
-        if any(x.kind != "param" or not x.sgd_fused for x in xs if x.needs_grad):
-            for x in xs:
-                x.sgd_fused = False
-    return any(x.sgd_fused for x in params.values())
+        members, first = g.members, g.first
+        # Members are alike (vector.group): a list holds params only if the first's part does.
+        kinds = [x.kind for x in first.args]
+        many_params = first.kind == "op" and kinds.count("param") > 1  # w1 * w2
+        for i, kind in enumerate(kinds):
+            if kind == "param":
+                lists.append((list(map(itemgetter(i), map(_args, members))), many_params))
+        # params in both factor lists: updating one reads the other's old value
+        in_factors = [factors for factors in (_a, _b) if "param" in set(map(_kind, factors(first)))]
+        for factors in in_factors:
+            lists.append((list(chain.from_iterable(map(factors, members))), len(in_factors) == 2))
+    contributions = Counter()
+    for xs, _ in lists:
+        contributions.update(map(id, xs))
+    for r in [program.loss, *program.outputs]:  # read as a result: never updated early
+        contributions[id(r)] += 2
+    fused = False
+    for xs, ruled_out in lists:
+        kinds = set(map(_kind, xs))
+        if "param" not in kinds:
+            continue
+        only_params = kinds == {"param"}  # a layer's weights: the common case, without a check per element
+        graded = xs if only_params else [x for x in xs if x.needs_grad]  # params always need theirs
+        together = (not ruled_out and (only_params or all(x.kind == "param" for x in graded))
+                    and set(map(contributions.__getitem__, map(id, graded))) == {1})
+        for x in xs if only_params else [x for x in xs if x.kind == "param"]:
+            x.sgd_fused = together
+        fused |= together
+    return fused
+
+
+_args, _a, _b, _kind = attrgetter("args"), attrgetter("a"), attrgetter("b"), attrgetter("kind")
 
 
 def unfused_params(program, params):
@@ -363,7 +427,17 @@ def _outputs_first(groups):
     return [g for g in groups if g.first.for_outputs] + [g for g in groups if not g.first.for_outputs]
 
 
+def _leaves_are_values(inputs, params, roots):
+    """The common case of _check_leaves' first checks at C speed (a model's million params): every
+    root, input and param a Value, inputs and params leaves. (Each listed once: Graph checks.)"""
+    leaves = list(chain(inputs, params))
+    return (all(map(isinstance, roots, repeat(Value))) and all(map(isinstance, leaves, repeat(Value)))
+            and not any(map(attrgetter("_prev"), leaves)))
+
+
 def _check_leaves(inputs, params, roots):
+    """Raises for the first root, input or param that is not a Value, input or param that is not
+    a leaf, or Value listed twice among them."""
     for v in roots:
         if not isinstance(v, Value):
             raise TypeError(f"compile() needs Values to compute, got {type(v).__name__}")

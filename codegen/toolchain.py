@@ -166,29 +166,49 @@ def check_identifier(name) -> None:
         raise ValueError(f'name must be a C identifier, not {name!r}')
 
 
-def _build_file_and_load(sources, name, compiler, opt, native, cache, timeout, measure_memory):
-    return loader.build_and_load(  # a cached module that fails to load is rebuilt once
-        lambda: build_extension(sources, name, compiler, opt=opt, native=native, cache=cache, timeout=timeout,
-                                measure_memory=measure_memory), name)
+def _source_text(sources):
+    """sources, or what the callable `sources` returns (generated only when the build needs it)."""
+    return sources() if callable(sources) else sources
 
 
-def _build_in_memory_and_load(sources, name, compiler, opt, native, cache, timeout, measure_memory):
+def _build_file_and_load(sources, name, compiler, opt, native, cache, timeout, measure_memory, structure=None):
+    """A cached file: found by the graph's structural key when `structure()` gives one (a model
+    built again loads without its C being generated), else by the C's key, else built."""
+    structure = structure() if structure else None
+    index_key = structure and structure_build_key(structure, name, compiler, opt, native)
+
+    def build():
+        found = index_key and find_by_structure(index_key, cache)
+        if found:
+            return found
+        result = build_extension(_source_text(sources), name, compiler, opt=opt, native=native, cache=cache,
+                                 timeout=timeout, measure_memory=measure_memory)
+        if index_key:
+            index_by_structure(index_key, result, cache)
+        return result
+    return loader.build_and_load(build, name)  # a cached module that fails to load is rebuilt once
+
+
+def _build_in_memory_and_load(sources, name, compiler, opt, native, cache, timeout, measure_memory, structure=None):
     """libtcc: compiled into this process's memory (no file, no process, so no cache or timeout)."""
     compile_flags(compiler, opt, native)  # checks opt and native as for a file's build
     check_identifier(name)
+    sources = _source_text(sources)
     module, seconds = libtcc.load_module([sources] if isinstance(sources, str) else list(sources), name)
     return libtcc.build_result(seconds), module
 
 
-def build_module(sources: str | Sequence[str], name: str, compiler: str | Compiler | None = None, opt: int = 2,
-                 native: bool = False, cache: pathlib.Path | None = None, timeout: float | None = None,
-                 measure_memory: bool = False):
+def build_module(sources: str | Sequence[str] | Callable, name: str, compiler: str | Compiler | None = None,
+                 opt: int = 2, native: bool = False, cache: pathlib.Path | None = None, timeout: float | None = None,
+                 measure_memory: bool = False, structure: Callable[[], str | None] | None = None):
     """Build a CPython extension module as the compiler's family does (a cached file, or libtcc's
-    memory) and load it: (BuildResult, module)."""
+    memory) and load it: (BuildResult, module). sources may be a callable that generates them,
+    called only if the build needs them; structure() gives the graph's structural key (or None),
+    asked for by the backends that keep files."""
     if not isinstance(compiler, Compiler):
         compiler = find_compiler(compiler)
     return FAMILIES[compiler.family].build_and_load(sources, name, compiler, opt, native, cache, timeout,
-                                                    measure_memory)
+                                                    measure_memory, structure)
 
 
 @dataclass(frozen=True)
@@ -291,6 +311,42 @@ def build_key(sources: str | Sequence[str], name: str, compiler: str | Compiler 
     """The cache key build_extension (kind 'extension') or build_library ('library') gives these
     arguments: a SHA-256 of the sources, the compiler, its flags and the Python it builds for."""
     return _build_plan(kind, sources, name, compiler, opt, native)[3]
+
+
+def structure_build_key(structure: str, name: str, compiler: str | Compiler | None = None, opt: int = 2,
+                        native: bool = False, kind: str = 'extension') -> str:
+    """build_key's counterpart for a graph's structural key (codegen.graph.structural_key) instead
+    of the C: the key under which the build cache indexes the build of that graph's C with this
+    compiler and these flags (find_by_structure)."""
+    return _build_plan(kind, ['structure ' + structure], name, compiler, opt, native)[3]
+
+
+def find_by_structure(key: str, cache: pathlib.Path | None = None) -> BuildResult | None:
+    """The build that index_by_structure recorded under `key` (structure_build_key), if its
+    entry is valid; else None (never indexed, evicted, damaged: the caller generates the C and
+    builds, which heals the entry and the index)."""
+    from . import cache as build_cache
+    cache = pathlib.Path(cache) if cache is not None else build_cache.cache_dir()
+    record = build_cache.read_index(cache, key)
+    if record is None:
+        return None
+    output = cache / record['file']
+    status, _, fd = build_cache.open_entry(output)
+    if fd is not None:
+        os.close(fd)
+    if status != build_cache.VALID:
+        return None
+    c_files = tuple(cache / c for c in record['c_files'])
+    return BuildResult(output, cached=True, seconds=0.0, peak_rss=None, command=tuple(record['command']),
+                       source=c_files[0], c_files=c_files, key=record['key'])
+
+
+def index_by_structure(key: str, build: BuildResult, cache: pathlib.Path | None = None) -> None:
+    """Record `build` (of build_extension, in `cache`) under `key` (structure_build_key)."""
+    from . import cache as build_cache
+    cache = pathlib.Path(cache) if cache is not None else build_cache.cache_dir()
+    build_cache.write_index(cache, key, {'file': build.path.name, 'c_files': [c.name for c in build.c_files],
+                                         'command': list(build.command), 'key': build.key})
 
 
 def _build_plan(kind, sources, name, compiler, opt, native):

@@ -16,6 +16,7 @@ that loops read them. A class that does not fit stays straight-line, one stateme
 """
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -72,30 +73,32 @@ class Operands:
 
 
 def group(compute):
-    """Classes of alike nodes (Groups), in an order that evaluates every operand first."""
-    class_of, keys, height = {}, {}, []
+    """Classes of alike nodes (Groups), in an order that evaluates every operand first. Sets
+    each computed node's `cls` to ("c", its class); a leaf's is its kind."""
+    keys, height = {}, []
     members = []
     for node in compute:
-        key = _key(node, class_of)
+        key = _key(node)
         c = keys.get(key)
         if c is None:
             c = keys[key] = len(height)
-            height.append(1 + max((height[class_of[id(x)]] for x in node.reads() if id(x) in class_of), default=0))
+            height.append(1 + max((height[x.cls[1]] for x in node.reads() if x.kind in ("op", "dot")), default=0))
             members.append([])
-        class_of[id(node)] = c
+        node.cls = ("c", c)
         members[c].append(node)
     order = sorted(range(len(members)), key=lambda c: height[c])  # stable: first appearance breaks ties
     return [Group(members[c]) for c in order]
 
 
-def _key(node, class_of):
-    def operand(x):
-        c = class_of.get(id(x))
-        return ("c", c) if c is not None else x.kind
+_cls, _slot = attrgetter("cls"), attrgetter("slot")
+
+
+def _key(node):
+    """Operands by class (computed ones come first in `compute`, so theirs is set): a tuple per
+    operand list, built at C speed (a dot reads hundreds)."""
     if node.kind == "op":
-        return ("op", node.op.name, node.k, node.for_outputs, tuple(map(operand, node.args)))
-    return ("dot", node.for_outputs, tuple(map(operand, node.args)), tuple(map(operand, node.a)),
-            tuple(map(operand, node.b)))
+        return ("op", node.op.name, node.k, node.for_outputs, tuple(map(_cls, node.args)))
+    return ("dot", node.for_outputs, tuple(map(_cls, node.args)), tuple(map(_cls, node.a)), tuple(map(_cls, node.b)))
 
 
 def batch_innermost(groups, moved):
@@ -254,12 +257,12 @@ def _describe_loop(g, literals):
             if not lists[0]:
                 patterns.append(None)
                 continue
-            starts = [xs[0].slot for xs in lists]
-            offsets = {tuple(x.slot - s for x in xs) for xs, s in zip(lists, starts)}
-            if len(offsets) != 1:
+            slots = np.array([list(map(_slot, xs)) for xs in lists], dtype=np.int64)  # member x position
+            offsets = slots - slots[:, :1]
+            if not (offsets == offsets[0]).all():
                 return False
-            patterns.append(offsets.pop())
-            columns.append(starts)
+            patterns.append(tuple(offsets[0].tolist()))
+            columns.append(slots[:, 0].tolist())
     found = decompose(np.array(columns, dtype=np.int64).T)
     if found is None:
         return False

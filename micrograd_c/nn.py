@@ -2,7 +2,7 @@
 
 import random
 
-from .engine import Value
+from .engine import Value, no_gc
 
 ACTIVATIONS = ("relu", "tanh", "sigmoid")
 
@@ -42,10 +42,12 @@ class Neuron(Module):
 class Layer(Module):
 
     def __init__(self, nin, nout, **kwargs):
-        self.neurons = [Neuron(nin, **kwargs) for _ in range(nout)]
+        with no_gc(survivors=True):  # see engine.no_gc: a layer's Values are no garbage
+            self.neurons = [Neuron(nin, **kwargs) for _ in range(nout)]
 
     def __call__(self, x):
-        out = [n(x) for n in self.neurons]
+        with no_gc(survivors=True):
+            out = [n(x) for n in self.neurons]
         return out[0] if len(out) == 1 else out
 
     def parameters(self):

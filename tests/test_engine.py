@@ -259,3 +259,18 @@ def test_mse_value_and_gradient():
     assert [v.grad for v in p] == pytest.approx([1.0, 2.0])
     with pytest.raises(ValueError):
         mse(p, [1.0])
+
+
+def test_building_a_layer_leaves_earlier_garbage_to_the_collector():
+    """Layers build with the collector paused and move what they built to the oldest generation
+    (engine.no_gc); cyclic garbage made before is collected first, not moved along."""
+    import weakref
+
+    class Cyclic:
+        pass
+    garbage = Cyclic()
+    garbage.me = garbage
+    gone = weakref.ref(garbage)
+    del garbage
+    Layer(3, 2)([Value(1.0)] * 3)
+    assert gone() is None

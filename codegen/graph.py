@@ -1,0 +1,173 @@
+"""The user's Value graph read once, into arrays: what lowering (ir.build_nodes) walks, and the
+structural key by which compile() finds a module built for the same graph without lowering it.
+
+Reading a graph is the one pass whose cost follows the node count: a walk over every Value
+(engine.numbered_order, which numbers them in place), then a few C-speed maps over the order
+(each Value's op, children, constant). Everything after it works on these arrays or on the
+groups lowering finds.
+"""
+
+import functools
+import hashlib
+import pathlib
+from array import array
+from dataclasses import dataclass
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_not
+
+import numpy as np
+
+from micrograd_c.engine import NUMBERING, numbered_order
+
+_children, _number, _kind, _k, _data = (attrgetter(a) for a in ("_prev", "_n", "_kind", "_k", "data"))
+
+# A leaf's role by its position in `role`
+CONST, PARAM, INPUT = 0, 1, 2
+
+
+@dataclass
+class Graph:
+    """The Values reachable from the roots (outputs, then loss), children first, the outputs'
+    ancestors first: order[i] is node i. Node i's children are kids[starts[i]:starts[i + 1]]."""
+    order: list
+    n_output_values: int  # order[:n_output_values] is what the outputs need
+    roots: np.ndarray     # positions of the outputs, then the loss
+    starts: np.ndarray    # N + 1 offsets into kids
+    kids: np.ndarray      # children's positions, node by node, in _prev order
+    params: np.ndarray    # each param's position; -1 if the roots do not reach it
+    inputs: np.ndarray    # each input's position, likewise
+    ops: list             # each node's ops.Op (None for a leaf)
+    codes: np.ndarray     # each node's op as a number: 0 for a leaf, else 1 + its place in op_table
+    op_table: list        # the distinct ops, sorted by their repr
+
+    def is_op(self, op):
+        """A boolean array: which nodes apply `op` (None: which are leaves)."""
+        if op is None:
+            return self.codes == 0
+        found = [code for code, o in enumerate(self.op_table, 1) if o is op]
+        return self.codes == found[0] if found else np.zeros(len(self.order), dtype=bool)
+
+    @property
+    def role(self):
+        """Per node: CONST, PARAM or INPUT for a leaf (computed nodes: CONST, unused)."""
+        role = np.zeros(len(self.order), dtype=np.int8)
+        role[self.params[self.params >= 0]] = PARAM
+        role[self.inputs[self.inputs >= 0]] = INPUT
+        return role
+
+    def leaves_listed_once(self, inputs, params):
+        """Whether no Value is among the inputs and params twice: by position where the roots
+        reach them (a count per node, at C speed), by identity for the others (usually none)."""
+        positions = np.concatenate([self.inputs, self.params])
+        reached = positions[positions >= 0]
+        if len(reached) and np.bincount(reached).max() > 1:
+            return False
+        if not (positions < 0).any():
+            return True
+        unreached = [v for v, i in zip(chain(inputs, params), positions.tolist()) if i < 0]
+        return len(set(map(id, unreached))) == len(unreached)
+
+    def children(self, i):
+        """Node i's children's positions."""
+        return self.kids[self.starts[i]:self.starts[i + 1]].tolist()
+
+    def uses(self):
+        """How many times each node is read by another (an edge per use: x*x reads x twice)."""
+        return np.bincount(self.kids, minlength=len(self.order))
+
+
+def read(loss, inputs, params, outputs):
+    """The Graph of `loss` and `outputs` (Values), with the positions of `inputs` and `params`."""
+    roots = [*outputs, loss]
+    # The numbers hold until another walk renumbers these Values (a thread's backward()): taken
+    # out into arrays under the lock the walk takes.
+    with NUMBERING:
+        order, base = numbered_order(*roots, starts=(starts := []))
+        n = len(order)
+        arity = np.fromiter(map(len, map(_children, order)), dtype=np.int64, count=n)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(arity, out=offsets[1:])
+        kids = np.fromiter(map(_number, chain.from_iterable(map(_children, order))), dtype=np.int64,
+                           count=int(offsets[-1])) - base
+        root_positions = np.fromiter(map(_number, roots), dtype=np.int64, count=len(roots)) - base
+
+        def positions(values):
+            found = np.fromiter(map(_number, values), dtype=np.int64, count=len(values)) - base
+            found[found < 0] = -1
+            return found
+        param_positions, input_positions = positions(params), positions(inputs)
+        ops = list(map(_kind, order))
+        # The numbers are out in arrays: back to the one shared -1 ("not visited" for any later
+        # walk), so that the Values do not keep an int object each (32 bytes per Value).
+        for v in order:  # (a specialised store: faster than any map of setattr)
+            v._n = -1
+    # Each node's op as a small number: 0 for a leaf, else 1 + the op's place in `op_table`,
+    # sorted by the ops' full descriptions (formulas, arity), so that the numbers do not depend
+    # on which op the walk met first and two tables' "add" differ if their formulas do.
+    ids = list(map(id, ops))
+    distinct = dict(zip(ids, ops))
+    distinct.pop(id(None), None)
+    table = sorted(distinct.values(), key=repr)
+    code_of = {id(op): code for code, op in enumerate(table, 1)}
+    code_of[id(None)] = 0
+    codes = np.frombuffer(array("H", map(code_of.__getitem__, ids)), dtype=np.uint16)
+    return Graph(order, starts[-1], root_positions, offsets, kids, param_positions, input_positions, ops, codes,
+                 table)
+
+
+def structural_key(graph, params, options):
+    """A SHA-256 of everything lowering and emission read from the graph: per node its op (the
+    whole Op: formulas, arity), its constant attribute, its children, a constant leaf's value,
+    the params' and inputs' positions, the roots; and `options` (a string: everything else the C
+    depends on). Graphs that differ anywhere get different keys; a graph built twice the same way
+    gets the same key (positions, not identities). With embed_params in `options`, the caller
+    passes the params whose values the C holds."""
+    digest = hashlib.sha256()
+
+    def part(tag, data):  # length-prefixed: the parts' boundaries are part of what is hashed
+        data = data if isinstance(data, (bytes, bytearray, memoryview)) else str(data).encode()
+        digest.update(tag.encode() + len(data).to_bytes(8, "little"))
+        digest.update(data)
+
+    order = graph.order
+    part("ops", "\n".join(map(repr, graph.op_table)))
+    part("codes", graph.codes.tobytes())
+    ks = list(map(_k, order))
+    with_k = list(compress(range(len(order)), map(is_not, ks, repeat(None))))
+    part("k", repr([(i, ks[i]) for i in with_k]))
+    part("starts", graph.starts.tobytes())
+    part("kids", graph.kids.tobytes())
+    part("params", graph.params.tobytes())
+    part("inputs", graph.inputs.tobytes())
+    part("roots", graph.roots.tobytes())
+    part("outputs", str(graph.n_output_values))
+    leaves = np.flatnonzero(graph.codes == 0)
+    constants = leaves[graph.role[leaves] == CONST]
+    part("constants", constants.tobytes())
+    part("values", _floats(order[i].data for i in constants.tolist()))
+    if params is not None:
+        part("param values", _floats(map(_data, params)))
+    part("options", options)
+    part("code", code_fingerprint())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def code_fingerprint():
+    """A SHA-256 of the sources that turn a graph into C (codegen, the templates, the op table):
+    part of every structural key, so that a module built by another version of them is not
+    found by structure (the build cache's own key is the C itself)."""
+    import templates
+    from micrograd_c import ops
+    digest = hashlib.sha256()
+    roots = [pathlib.Path(__file__).parent, pathlib.Path(templates.__file__).parent]
+    files = sorted(p for root in roots for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".c", ".h"))
+    for path in files + [pathlib.Path(ops.__file__)]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _floats(values):
+    """The values' float64 bytes (what the C reads of them: float(value))."""
+    return array("d", map(float, values)).tobytes()
+
