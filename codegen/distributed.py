@@ -50,7 +50,7 @@ def broadcast_state(net, comm, root=0, timeout=None):
         _wait(comm, comm.Ibcast(np.asarray(view), root=root), timeout, "the parameters' broadcast", MPI)
 
 
-def train(net, X, Y, lr, batch_size, comm, scale=1.0, seed=-1, threads=None, timeout=None):
+def train(net, X, Y, lr, batch_size, comm, scale=1.0, seed=-1, threads=None, timeout=None, timings=None):
     """One pass over the rows of X, Y (as net.train takes them) in global batches of batch_size
     rows shared by comm's ranks; returns the mean loss over every row (the same on every rank).
 
@@ -58,6 +58,8 @@ def train(net, X, Y, lr, batch_size, comm, scale=1.0, seed=-1, threads=None, tim
     from rank 0's (broadcast first), so ranks that initialised differently still train as one.
     seed >= 0 shuffles the rows (visiting_order). timeout: seconds a rank waits for the others'
     gradients before it aborts the run (None: no bound; a rank that dies ends the run anyway).
+    timings: a dict to add the seconds of each part of the steps to: "gradients" (this rank's
+    rows), "allreduce" (the sum, with the wait for the slowest rank), "step" (the optimizer).
     """
     from mpi4py import MPI  # here: importing codegen must not need mpi4py
 
@@ -74,10 +76,17 @@ def train(net, X, Y, lr, batch_size, comm, scale=1.0, seed=-1, threads=None, tim
         for step, first in enumerate(range(0, n_rows, batch_size)):
             batch = order[first:first + batch_size]
             mine = batch[rank::ranks]  # rank r: the batch's rows r, r + n, ...
+            started = time.perf_counter()
             if len(mine):
                 loss_sum += net.gradients(X[mine], Y[mine], scale=scale, threads=threads)
+            computed = time.perf_counter()
             _sum_in_place(comm, grads, timeout, f"the gradients of step {step}", MPI)
+            reduced = time.perf_counter()
             net.step(lr, len(batch))
+            if timings is not None:
+                for part, seconds in (("gradients", computed - started), ("allreduce", reduced - computed),
+                                      ("step", time.perf_counter() - reduced)):
+                    timings[part] = timings.get(part, 0.0) + seconds
     finally:
         del grads
     _sum_in_place(comm, loss_sum, timeout, "the losses", MPI)

@@ -19,18 +19,20 @@ import codegen
 from codegen import distributed
 from conftest import requires
 from tests.test_batch import classifier, data
+from tests.test_train import mnist_dir  # noqa: F401 (a fixture)
 
 WORKER = Path(__file__).with_name("mpi_worker.py")
 REPO = WORKER.parents[1]
 BOUND_SECONDS = 30  # a failed run must end within this (it ends in ~3 s)
 
 
-def run_ranks(ranks, *args, timeout=120):
-    """`mpiexec -n ranks python tests/mpi_worker.py args`: (exit status, stdout, stderr, seconds)."""
+def run_ranks(ranks, *args, timeout=120, program=(str(WORKER),)):
+    """`mpiexec -n ranks python tests/mpi_worker.py args` (or python `program` args): (exit status,
+    stdout, stderr, seconds)."""
     mpiexec = requires("mpiexec")
     env = {**os.environ, "PYTHONPATH": str(REPO), "MICROGRAD_C_THREADS": "1"}
     started = time.monotonic()
-    done = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, str(WORKER), *map(str, args)],
+    done = subprocess.run([mpiexec, "-n", str(ranks), sys.executable, *program, *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     return done.returncode, done.stdout, done.stderr, time.monotonic() - started
 
@@ -113,3 +115,19 @@ def test_step_refuses_a_bad_count():
     net = codegen.compile(loss, xs + ys, model.parameters(), outputs=logits)
     with pytest.raises(ValueError, match="n"):
         net.step(0.1, 0)
+
+
+def test_mnist_trains_distributed_and_rank_0_alone_speaks_and_saves(mnist_dir, tmp_path):
+    """`mpiexec -n 2 python -m mnist.train --distributed`: one summary, one epoch line, one file
+    saved (and no temporary one left), the same test accuracy as one process on the same batches."""
+    options = ["--data-dir", mnist_dir, "--limit", 600, "--batch-size", 20, "--no-download"]
+    status, out, err, _ = run_ranks(2, "--distributed", "--save", tmp_path / "p.npz", *options,
+                                    program=("-m", "mnist.train"))
+    assert status == 0, out + err
+    assert out.count("\nsummary\n") == 1 and out.count("epoch 1/1:") == 1, out
+    assert "processes      2 (MPI)" in out
+    assert [p.name for p in tmp_path.iterdir()] == ["p.npz"]
+    single = subprocess.run([sys.executable, "-m", "mnist.train", *map(str, options)], capture_output=True,
+                            text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    accuracy = [line for line in out.splitlines() if "test accuracy" in line and "epoch" in line]
+    assert accuracy[0].split("test accuracy")[1].split(",")[0] in single.stdout, (out, single.stdout)

@@ -1,0 +1,108 @@
+"""`make bench-mpi`: data-parallel training (codegen/distributed.py) on 1 and 2 ranks, one thread
+each, MLP(784, [512, 256, 10]) float32 at a global batch of 128 on MNIST's training images:
+images per second, their ratio, and each part's share of the step (this rank's gradients, the
+Allreduce with its wait for the slower rank, the optimizer step). Each rank count is its own
+`mpiexec -n k python -m bench.mpi --worker` run; the figures are rank 0's, the median of
+--repeats passes over --images images after one warm-up pass.
+
+    python -m bench.mpi [--ranks 1 2] [--images 7680] [--repeats 3] [--hidden 512 256]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from codegen import distributed
+from mnist.data import load_mnist
+from mnist.model import PIXEL_SCALE, build_graph
+
+BATCH = 128
+LR = 0.01
+PARTS = ("gradients", "allreduce", "step")
+
+def worker(args):
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    X, y, _, _ = load_mnist()
+    X, y = X[:args.images], y[:args.images]
+    graph = build_graph(hidden=args.hidden, init="he")
+    options = dict(compiler="gcc", opt=3, native=True, dtype="float32")
+    if comm.Get_rank() == 0:  # one build: the other ranks load it from the cache
+        net = graph.compile(**options)
+    comm.Barrier()
+    if comm.Get_rank() != 0:
+        net = graph.compile(**options)
+    net.set_threads(1)
+    distributed.train(net, X, y, LR, batch_size=BATCH, comm=comm, scale=PIXEL_SCALE)  # warm-up
+    runs = []
+    for _ in range(args.repeats):
+        timings = {}
+        comm.Barrier()
+        started = time.perf_counter()
+        distributed.train(net, X, y, LR, batch_size=BATCH, comm=comm, scale=PIXEL_SCALE, timings=timings)
+        runs.append((time.perf_counter() - started, timings))
+    seconds, timings = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
+    alone = allreduce_alone(comm, np.zeros(net.n_params, np.float32))
+    if comm.Get_rank() == 0:
+        print(json.dumps({"ranks": comm.Get_size(), "seconds": seconds, "images": len(X), "n_params": net.n_params,
+                          "steps": -(-len(X) // BATCH), "allreduce_alone": alone,
+                          **{part: timings[part] for part in PARTS}}))
+
+
+def allreduce_alone(comm, grads, count=50):
+    """The median seconds of an Allreduce of the gradient's size with no compute around it (each
+    after a Barrier): its cost without the wait for a slower rank."""
+    from mpi4py import MPI
+    seconds = []
+    for _ in range(count):
+        comm.Barrier()
+        started = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, grads, op=MPI.SUM)
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+def run(ranks, args):
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    command = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(ranks), sys.executable, "-m", "bench.mpi",
+               "--worker", "--images", str(args.images), "--repeats", str(args.repeats),
+               "--hidden", *map(str, args.hidden)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "MICROGRAD_C_THREADS": "1"})
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed:\n{done.stdout}{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--images", type=int, default=60 * BATCH)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hidden", type=int, nargs="+", default=[512, 256])
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args)
+    print(f"MLP(784, [{', '.join(map(str, args.hidden))}, 10]) float32, global batch {BATCH}, one thread per rank, "
+          f"{args.images:,} images, median of {args.repeats}")
+    print(f"{'ranks':>5}  {'images/s':>9}  {'vs 1':>5}  {'µs/image':>9}  {'ms/step':>8}  "
+          + "  ".join(f"{part:>9}" for part in PARTS))
+    first = None
+    for ranks in args.ranks:
+        result = run(ranks, args)
+        rate = result["images"] / result["seconds"]
+        first = first or rate
+        shares = "  ".join(f"{result[part] / result['seconds']:>9.1%}" for part in PARTS)
+        print(f"{ranks:>5}  {rate:>9,.0f}  {rate / first:>5.2f}  {1e6 / rate:>9.1f}  "
+              f"{1e3 * result['seconds'] / result['steps']:>8.2f}  {shares}", flush=True)
+    print(f"one Allreduce of the gradient ({result['n_params']:,} float32 = {result['n_params'] * 4 / 2**20:.2f} MiB) "
+          f"alone, {result['ranks']} ranks: {1e3 * result['allreduce_alone']:.2f} ms")
+    print(f"load average while measuring: {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())
