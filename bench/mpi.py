@@ -26,6 +26,38 @@ BATCH = 128
 LR = 0.01
 PARTS = ("gradients", "allreduce", "step")
 
+# The step-time model of docs/distributed.md: n machines on Ethernet, a ring Allreduce
+BANDWIDTH = 10e9 / 8   # bytes/s: 10 Gb/s
+LATENCY = 50e-6        # s per message: MPI over TCP on 10 Gb/s Ethernet (20-50 µs measured commonly; the high end)
+MACHINES = (4, 16)
+
+
+def allreduce_seconds(n, gradient_bytes, bandwidth=BANDWIDTH, latency=LATENCY):
+    """A ring Allreduce among n: a reduce-scatter and an allgather, each n - 1 messages of
+    bytes / n per rank."""
+    return 2 * (n - 1) / n * gradient_bytes / bandwidth + 2 * (n - 1) * latency
+
+
+def step_seconds(n, batch, seconds_per_image, gradient_bytes):
+    """One global batch's step on n machines: each computes batch / n images, then the Allreduce."""
+    return seconds_per_image * batch / n + (allreduce_seconds(n, gradient_bytes) if n > 1 else 0.0)
+
+
+def payoff_batches(n, seconds_per_image, gradient_bytes):
+    """(the batch from which n machines beat one, from which they run at least half n times as fast)."""
+    reduce = allreduce_seconds(n, gradient_bytes)
+    return reduce / (seconds_per_image * (1 - 1 / n)), n * reduce / seconds_per_image
+
+
+def payoff_row(label, seconds_per_image, n_params, dtype_bytes=4):
+    gradient_bytes = n_params * dtype_bytes
+    cells = [f"{label}", f"{n_params:,}", f"{1e6 * seconds_per_image:.1f}"]
+    for n in MACHINES:
+        even, half = payoff_batches(n, seconds_per_image, gradient_bytes)
+        cells += [f"{1e3 * allreduce_seconds(n, gradient_bytes):.2f}", f"{even:,.0f}", f"{half:,.0f}"]
+    return "| " + " | ".join(cells) + " |"
+
+
 def worker(args):
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
@@ -101,6 +133,9 @@ def main(argv=None):
               f"{1e3 * result['seconds'] / result['steps']:>8.2f}  {shares}", flush=True)
     print(f"one Allreduce of the gradient ({result['n_params']:,} float32 = {result['n_params'] * 4 / 2**20:.2f} MiB) "
           f"alone, {result['ranks']} ranks: {1e3 * result['allreduce_alone']:.2f} ms")
+    label = f"MLP(784, [{', '.join(map(str, args.hidden))}, 10])"
+    print("the model for more machines (docs/distributed.md), from one rank's µs/image:")
+    print(payoff_row(label, 1 / first, result["n_params"]))
     print(f"load average while measuring: {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     return 0
 
