@@ -98,9 +98,9 @@ export: $(VENV)/.installed
 	$(PY) -m mnist.export --load $(BUILD)/mnist_params.npz --out $(BUILD)/export
 
 # data-parallel training over MPI (docs/distributed.md): 1 vs 2 ranks, one thread each, MLP(784, [512, 256, 10])
-# float32 at a global batch of 128; installs the mpi extra first
+# float32 at a global batch of 128; installs the mpi extra first when mpi4py is missing
 bench-mpi: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[mpi]'
+	$(PY) -c 'import mpi4py' 2>/dev/null || $(PY) -m pip install -q -e '.[mpi]'
 	$(PY) -m bench.mpi $(ARGS)
 
 # codegen.jit against the interpreter, per-call use, symengine and JAX (when installed)

@@ -49,6 +49,11 @@ def payoff_batches(n, seconds_per_image, gradient_bytes):
     return reduce / (seconds_per_image * (1 - 1 / n)), n * reduce / seconds_per_image
 
 
+PAYOFF_HEADER = ("| model | parameters | µs/image | " + " | ".join(
+    f"{n} machines: Allreduce ms | beat 1 from B | half of {n}x from B" for n in MACHINES) + " |\n|"
+    + "---|" * (3 + 3 * len(MACHINES)))
+
+
 def payoff_row(label, seconds_per_image, n_params, dtype_bytes=4):
     gradient_bytes = n_params * dtype_bytes
     cells = [f"{label}", f"{n_params:,}", f"{1e6 * seconds_per_image:.1f}"]
@@ -134,7 +139,9 @@ def main(argv=None):
     print(f"one Allreduce of the gradient ({result['n_params']:,} float32 = {result['n_params'] * 4 / 2**20:.2f} MiB) "
           f"alone, {result['ranks']} ranks: {1e3 * result['allreduce_alone']:.2f} ms")
     label = f"MLP(784, [{', '.join(map(str, args.hidden))}, 10])"
-    print("the model for more machines (docs/distributed.md), from one rank's µs/image:")
+    print(f"the model for more machines (docs/distributed.md), from one rank's µs/image, {BANDWIDTH * 8 / 1e9:g} Gb/s, "
+          f"{LATENCY * 1e6:g} µs:")
+    print(PAYOFF_HEADER)
     print(payoff_row(label, 1 / first, result["n_params"]))
     print(f"load average while measuring: {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     return 0
