@@ -76,13 +76,14 @@ def worker(args):
     if comm.Get_rank() != 0:
         net = graph.compile(**options)
     net.set_threads(1)
-    distributed.train(net, X, y, LR, batch_size=BATCH, comm=comm, scale=PIXEL_SCALE)  # warm-up
+    distributed.train(net, X, y, LR, batch_size=BATCH, comm=comm, scale=PIXEL_SCALE, timeout=args.timeout)  # warm-up
     runs = []
     for _ in range(args.repeats):
         timings = {}
         comm.Barrier()
         started = time.perf_counter()
-        distributed.train(net, X, y, LR, batch_size=BATCH, comm=comm, scale=PIXEL_SCALE, timings=timings)
+        distributed.train(net, X, y, LR, batch_size=BATCH, comm=comm, scale=PIXEL_SCALE, timings=timings,
+                          timeout=args.timeout)
         runs.append((time.perf_counter() - started, timings))
     seconds, timings = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
     alone = allreduce_alone(comm, np.zeros(net.n_params, np.float32))
@@ -108,7 +109,7 @@ def run(ranks, args):
     mpiexec = Path(sys.executable).with_name("mpiexec")
     command = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(ranks), sys.executable, "-m", "bench.mpi",
                "--worker", "--images", str(args.images), "--repeats", str(args.repeats),
-               "--hidden", *map(str, args.hidden)]
+               "--hidden", *map(str, args.hidden), *(["--timeout", str(args.timeout)] if args.timeout else [])]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "MICROGRAD_C_THREADS": "1"})
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed:\n{done.stdout}{done.stderr}")
@@ -120,6 +121,8 @@ def main(argv=None):
     parser.add_argument("--images", type=int, default=60 * BATCH)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--hidden", type=int, nargs="+", default=[512, 256])
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="distributed.train's timeout: its polled collectives instead of blocking ones")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
