@@ -82,11 +82,11 @@ def test_one_process_gives_train_bits(capacity):
     assert np.array_equal(np.asarray(nets[0].params), np.asarray(nets[1].params))
 
 
-def test_gradients_add_to_backward_and_step_takes_their_mean():
+def test_gradients_add_to_backward_and_step_takes_their_mean(compiler):
     """gradients() adds to what backward() accumulated, as backward() would; step(lr, n) is update()
-    on the gradients divided by n, after which they are 0."""
+    on the gradients divided by n, after which they are 0. Every compiler (the C of both)."""
     model, xs, ys, logits, loss = classifier()
-    net, reference = (codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, name=name)
+    net, reference = (codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, name=name, compiler=compiler)
                       for name in ("nn", "nn_reference"))
     X, y = data(n=6)
     one_hot = np.eye(4)[y]
