@@ -95,12 +95,18 @@ bench-minibatch: torch
 clean:
 	rm -rf build $(VENV) *.egg-info .pytest_cache
 
-.PHONY: export bench-jit bench-minibatch
+.PHONY: export bench-jit bench-minibatch bench-mpi
 # The trained MNIST classifier as plain C with no Python: build/export/mnist.c, .h (frozen) and
 # mnist_train.c, .h (trainable), checked against the module on the test set
 export: $(VENV)/.installed
 	$(PY) -m mnist.train $(FLAGS) --module-dir $(BUILD) --save $(BUILD)/mnist_params.npz $(ARGS)
 	$(PY) -m mnist.export --load $(BUILD)/mnist_params.npz --out $(BUILD)/export
+
+# data-parallel training over MPI (docs/distributed.md): 1 vs 2 ranks, one thread each, MLP(784, [512, 256, 10])
+# float32 at a global batch of 128; installs the mpi extra first when mpi4py is missing
+bench-mpi: $(VENV)/.installed
+	$(PY) -c 'import mpi4py' 2>/dev/null || $(PY) -m pip install -q -e '.[mpi]'
+	$(PY) -m bench.mpi $(ARGS)
 
 # codegen.jit against the interpreter, per-call use, symengine and JAX (when installed)
 bench-jit: $(VENV)/.installed

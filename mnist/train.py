@@ -2,6 +2,7 @@
 
     python -m mnist.train [--epochs 1] [--lr 0.03] [--compiler gcc] [--opt 2] [--limit N] ...
     python -m mnist.train --hidden 128 64 --optimizer adam --epochs 3 --plot loss.png
+    mpiexec -n 4 python -m mnist.train --distributed --batch-size 128 ...   (docs/distributed.md)
 
 The images go to the compiled module's train() in chunks, so that a progress bar can follow;
 the test accuracy is measured after every epoch and a summary of the timings ends the run.
@@ -9,6 +10,7 @@ the test accuracy is measured after every epoch and a summary of the timings end
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -20,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 import codegen
-from codegen import loader, toolchain
+from codegen import distributed, loader, toolchain
 
 from .data import DataError, load_mnist
 from .model import (DEFAULT_LR, MODEL_DEFAULTS, PIXEL_SCALE, add_model_arguments, at_least, build_graph,
@@ -68,6 +70,14 @@ def parse_args(argv):
                              "chunk of %d images; constant: --lr throughout" % CHUNK)
     parser.add_argument("--batch-size", type=at_least(1), default=1,
                         help="images per optimizer step, which follows their mean gradient (default 1)")
+    parser.add_argument("--distributed", action="store_true",
+                        help="data-parallel over the MPI processes this runs in (mpiexec -n N python -m mnist.train "
+                             "--distributed ...): each takes its share of every batch; rank 0 alone prints, "
+                             "evaluates and saves (needs mpi4py: pip install micrograd-c[mpi])")
+    parser.add_argument("--rank-timeout", type=float, default=None, metavar="S",
+                        help="with --distributed: seconds a process waits for the others before it aborts the run "
+                             "(default: no bound; a process that dies ends the run anyway). Rank 0's evaluation "
+                             "after each epoch keeps the others waiting: leave room for it")
     parser.add_argument("--threads", type=at_least(1), default=None,
                         help="threads a batch's matrix products run on (default: every core this process may use)")
     parser.add_argument("--seed", type=at_least(0), default=0,
@@ -95,6 +105,10 @@ def parse_args(argv):
 
 
 def run(args):
+    args.comm = mpi_world() if args.distributed else None
+    args.leader = args.comm is None or args.comm.Get_rank() == 0
+    if not args.leader:  # the other ranks stay quiet: their output would repeat rank 0's
+        sys.stdout = open(os.devnull, "w")
     # Cheap checks first: a bad --load or --plot, or a missing compiler, fails before any download.
     saved = read_saved(args.load) if args.load else None
     optimizer = resolve_model_options(args, saved)
@@ -105,8 +119,15 @@ def run(args):
     graph = build_graph(args.seed, hidden=args.hidden, init=args.init, activation=args.activation)
     if saved:
         check_saved_size(saved, graph.model)
-    net, origin = compiled_module(graph, args, optimizer)
-    net.set_threads(args.threads)
+    if args.comm is None:
+        net, origin = compiled_module(graph, args, optimizer)
+    else:  # rank 0 builds; then the others find its build in the cache instead of compiling it too
+        if args.leader:
+            net, origin = compiled_module(graph, args, optimizer)
+        args.comm.Barrier()
+        if not args.leader:
+            net, origin = compiled_module(graph, args, optimizer)
+    net.set_threads(args.threads if args.threads or not args.comm else threads_per_process(args.comm))
     epochs_before = restore(saved, net) if saved else 0
     codegen.copy_to_values(net, graph.model.parameters())  # --interpreted starts where the module does
     print(f"module: {origin.how}; codegen {origin.codegen_seconds:.2f} s, compile {origin.compile} ({origin.compiler})")
@@ -114,6 +135,7 @@ def run(args):
         ("model", f"{describe(graph.model)}, {args.activation}, {net.n_params:,} parameters, {args.dtype}, seed {args.seed}"),
         ("optimizer", net.optimizer),
         ("module", origin.how),
+        *([("processes", f"{args.comm.Get_size()} (MPI), each batch shared")] if args.comm else []),
         ("codegen", f"{origin.codegen_seconds:.2f} s"),
         ("compile", origin.compile),
         ("compiler", origin.compiler),
@@ -124,7 +146,7 @@ def run(args):
 
     epochs_trained, per_epoch = 0, None
     if args.eval_only:
-        accuracy = test_accuracy(net, test_images, test_labels)
+        accuracy = test_accuracy(net, test_images, test_labels) if args.leader else None
     else:
         epoch_seconds, accuracy, history = train(net, args, train_images, train_labels, test_images, test_labels)
         epochs_trained, per_epoch = len(epoch_seconds), statistics.median(epoch_seconds)
@@ -135,6 +157,8 @@ def run(args):
             ("s/epoch", f"{per_epoch:.2f} (median of {args.epochs})"),
             ("images/s", f"{n_train / per_epoch:,.0f}"),
         ]
+    if not args.leader:
+        return
     summary.append(("test accuracy", f"{accuracy:.2%} of {len(test_images):,} images"))
     if args.save:
         save_params(args.save, net, args, epochs_before + epochs_trained)
@@ -202,23 +226,46 @@ def train(net, args, train_images, train_labels, test_images, test_labels):
     for epoch in range(args.epochs):
         order = shuffle.permutation(n)
         loss_sum = 0.0
-        with tqdm(total=n, unit="img", desc=f"epoch {epoch + 1}/{args.epochs}") as bar:
+        with tqdm(total=n, unit="img", desc=f"epoch {epoch + 1}/{args.epochs}", disable=not args.leader) as bar:
             started = time.perf_counter()
             for start in range(0, n, CHUNK):
                 rows = order[start:start + CHUNK]
                 lr = learning_rate(args, done=epoch * n + start, total=args.epochs * n)
-                chunk_loss = net.train(train_images[rows], train_labels[rows], lr, scale=PIXEL_SCALE,
-                                       batch_size=args.batch_size)
+                if args.comm is None:
+                    chunk_loss = net.train(train_images[rows], train_labels[rows], lr, scale=PIXEL_SCALE,
+                                           batch_size=args.batch_size)
+                else:
+                    chunk_loss = distributed.train(net, train_images[rows], train_labels[rows], lr,
+                                                   batch_size=args.batch_size, comm=args.comm, scale=PIXEL_SCALE,
+                                                   timeout=args.rank_timeout)
                 loss_sum += len(rows) * chunk_loss
                 history["chunks"].append((epoch * n + start + len(rows), chunk_loss))
                 bar.set_postfix(loss=f"{loss_sum / (start + len(rows)):.4f}", refresh=False)
                 bar.update(len(rows))
             epoch_seconds.append(time.perf_counter() - started)
-        accuracy = test_accuracy(net, test_images, test_labels)
+        accuracy = test_accuracy(net, test_images, test_labels) if args.leader else None  # rank 0's to measure
         history["epochs"].append((epoch + 1, accuracy))
-        print(f"epoch {epoch + 1}/{args.epochs}: loss {loss_sum / n:.4f}, test accuracy {accuracy:.2%}, "
-              f"{epoch_seconds[-1]:.2f} s")
+        if args.leader:
+            print(f"epoch {epoch + 1}/{args.epochs}: loss {loss_sum / n:.4f}, test accuracy {accuracy:.2%}, "
+                  f"{epoch_seconds[-1]:.2f} s")
     return epoch_seconds, accuracy, history
+
+
+def mpi_world():
+    """MPI's world communicator, for --distributed."""
+    try:
+        from mpi4py import MPI
+    except ImportError as error:
+        raise UsageError(f"--distributed needs mpi4py and an MPI (pip install micrograd-c[mpi]): {error}") from None
+    return MPI.COMM_WORLD
+
+
+def threads_per_process(comm):
+    """--distributed's default threads: this machine's cores shared among its processes (more
+    threads than cores would only wait for each other)."""
+    from mpi4py import MPI
+    on_this_machine = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+    return max(1, len(os.sched_getaffinity(0)) // on_this_machine)
 
 
 def learning_rate(args, done, total):
@@ -290,14 +337,20 @@ def plot(path, history, n_train, title):
 
 
 def save_params(path, net, args, epochs):
-    """The parameters, the architecture, the optimizer and its state, the seed and the epochs."""
+    """The parameters, the architecture, the optimizer and its state, the seed and the epochs.
+    Written atomically (a temporary file beside it, renamed over it): a run killed while saving
+    leaves the previous file whole."""
     state = {f"state_{name}": np.asarray(view) for name, view in net.optimizer_state.items()}
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, params=np.asarray(net.params), seed=args.seed, hidden=args.hidden,
-                 activation=args.activation, optimizer=args.optimizer, optimizer_repr=net.optimizer,
-                 epochs=epochs, **state)
+        with open(partial, "wb") as file:  # a file object: np.savez would add .npz to a name
+            np.savez(file, params=np.asarray(net.params), seed=args.seed, hidden=args.hidden,
+                     activation=args.activation, optimizer=args.optimizer, optimizer_repr=net.optimizer,
+                     epochs=epochs, **state)
+        os.replace(partial, path)
     except OSError as error:
+        partial.unlink(missing_ok=True)
         raise UsageError(f"cannot save the parameters: {error}") from error
     print(f"saved the parameters and the optimizer state ({epochs} epoch(s) of training) to {path}")
 

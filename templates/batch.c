@@ -103,6 +103,29 @@ static void step_after_batch(State *st, real *d, real *g, double lr, long long n
         parallel_rows(sgd_rows, &args, N_PARAMS, 4096);
 }
 
+/* The rows order[0..count) forward and backward in pieces of at most BATCH_CAPACITY samples on the
+ * batch buffers d, g (the parameters copied in), their parameter gradients added to g[0..N_PARAMS),
+ * their losses to *loss_sum: a batch of train(), or gradients()'s rows. */
+static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *order, Py_ssize_t count,
+                                double *loss_sum)
+{
+    real *d = st->bd, *g = st->bg;
+    for (Py_ssize_t first = 0; first < count; first += BATCH_CAPACITY) {
+        const long nb = count - first < BATCH_CAPACITY ? (long)(count - first) : BATCH_CAPACITY;
+        load_batch(s, order + first, nb, st->d + INPUT_BASE, d);
+        scan_batch_rows(d, nb);
+        forward_outputs_batch(d, nb);
+        forward_rest_batch(d, nb);
+        for (long b = 0; b < nb; b++)
+            *loss_sum += d[BATCH_LOSS_SLOT + b];
+        /* every sample's loss has gradient 1; the other per-sample gradients restart from 0 */
+        clear_batch_gradients(g, nb);
+        for (long b = 0; b < nb; b++)
+            g[BATCH_LOSS_SLOT + b] = 1;
+        backward_batch(d, g, nb);
+    }
+}
+
 /* train_rows (templates/driver.c) over batches of `batch` rows, each run in pieces of at most
  * BATCH_CAPACITY samples whose parameter gradients add up before the batch's step. */
 static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, double lr, long long batch,
@@ -116,20 +139,7 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, d
     pool_hold(1);
     for (Py_ssize_t i = 0; i < s->n && !interrupted;) {
         const Py_ssize_t end = s->n - i < batch ? s->n : i + (Py_ssize_t)batch;
-        for (Py_ssize_t first = i; first < end; first += BATCH_CAPACITY) {
-            const long nb = end - first < BATCH_CAPACITY ? (long)(end - first) : BATCH_CAPACITY;
-            load_batch(s, order + first, nb, st->d + INPUT_BASE, d);
-            scan_batch_rows(d, nb);
-            forward_outputs_batch(d, nb);
-            forward_rest_batch(d, nb);
-            for (long b = 0; b < nb; b++)
-                *loss_sum += d[BATCH_LOSS_SLOT + b];
-            /* every sample's loss has gradient 1; the other per-sample gradients restart from 0 */
-            clear_batch_gradients(g, nb);
-            for (long b = 0; b < nb; b++)
-                g[BATCH_LOSS_SLOT + b] = 1;
-            backward_batch(d, g, nb);
-        }
+        add_batch_gradients(st, s, order + i, end - i, loss_sum);
         step_after_batch(st, d, g, lr, end - i);
         interrupted = interrupted_now(&next_check, save);
         i = end;
@@ -138,6 +148,26 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, d
     memcpy(st->d, d, N_PARAMS * sizeof(real));
     memcpy(st->g, g, N_PARAMS * sizeof(real));
     return interrupted;
+}
+
+/* gradients()'s pass: every row of s (in order) forward and backward, their parameter gradients
+ * added to the module's g[0..N_PARAMS), no step. The parameters and those gradients go into the
+ * batch buffers and the gradients come back (a copy of 3 N_PARAMS reals per call: the batched
+ * program addresses the parameters inside its own buffers). */
+static void gradient_batches(State *st, const Samples *s, double *loss_sum)
+{
+    Py_ssize_t rows[BATCH_CAPACITY];
+    memcpy(st->bd, st->d, N_PARAMS * sizeof(real));
+    memcpy(st->bg, st->g, N_PARAMS * sizeof(real));
+    pool_hold(1);
+    for (Py_ssize_t first = 0; first < s->n; first += BATCH_CAPACITY) {
+        const Py_ssize_t count = s->n - first < BATCH_CAPACITY ? s->n - first : BATCH_CAPACITY;
+        for (Py_ssize_t b = 0; b < count; b++)
+            rows[b] = first + b;
+        add_batch_gradients(st, s, rows, count, loss_sum);
+    }
+    pool_hold(0);
+    memcpy(st->g, st->bg, N_PARAMS * sizeof(real));
 }
 
 /* predict_rows over pieces of BATCH_CAPACITY rows. */
@@ -178,5 +208,9 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, PyTh
 {
     (void)st, (void)s, (void)out, (void)save;
     return 0;
+}
+static void gradient_batches(State *st, const Samples *s, double *loss_sum)
+{
+    (void)st, (void)s, (void)loss_sum;
 }
 #endif

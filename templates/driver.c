@@ -32,6 +32,16 @@ static void batch_step(State *s, real *restrict d, real *restrict g, double lr, 
     optimizer_step(d, g, s->opt_m, s->opt_v, s->opt_step, lr, 1);
 }
 
+/* The sample `row` of s into the input slots of d, forward; returns its loss. */
+static double forward_sample(const Samples *s, Py_ssize_t row, real *restrict d)
+{
+    load_sample(s, row, d + INPUT_BASE);
+    scan_nonzeros(d);
+    forward_outputs(d);
+    forward_rest(d);
+    return d[LOSS_SLOT];
+}
+
 /* One pass of train() over the rows in `order` (the samples s, loaded one at a time), without the
  * GIL (`save`: the caller's Py_BEGIN_ALLOW_THREADS state), from zero parameter gradients (the
  * caller zeroes them: templates/step.c's zero_all_gradients). Adds each row's loss to *loss_sum;
@@ -43,11 +53,7 @@ static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, doub
     double next_check = now_ms() + SIGNAL_CHECK_MS;
     Py_ssize_t in_batch = 0;
     for (Py_ssize_t i = 0; i < s->n; i++) {
-        load_sample(s, order[i], d + INPUT_BASE);
-        scan_nonzeros(d);
-        forward_outputs(d);
-        forward_rest(d);
-        *loss_sum += d[LOSS_SLOT];
+        *loss_sum += forward_sample(s, order[i], d);
         if (SGD_IN_BACKWARD && PLAIN_SGD && batch == 1) {
             seed_gradients(g);
             backward_sgd_body(d, g, lr);
@@ -65,6 +71,16 @@ static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, doub
     if (in_batch)
         batch_step(st, d, g, lr, in_batch);
     return 0;
+}
+
+/* gradients()'s pass sample by sample: every row of s forward and backward, the parameter
+ * gradients accumulating in the module's g as backward() does, no step. */
+static void gradient_rows(State *st, const Samples *s, double *loss_sum)
+{
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        *loss_sum += forward_sample(s, i, st->d);
+        backward_all(st->d, st->g);
+    }
 }
 
 /* predict()'s pass: the outputs of every row of s into out (rows x N_OUTPUTS), without the GIL

@@ -224,6 +224,65 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     return PyFloat_FromDouble(s.n ? loss_sum / (double)s.n : 0.0);
 }
 
+/* gradients(X, Y, scale=1.0, threads=None) -> the rows' summed loss. The rows' parameter gradients
+ * added to the accumulated ones (the `grad` view's memory), summed over the rows, no step: one
+ * process's share of a batch that several processes train on (codegen/distributed.py), which
+ * step() then takes. Runs the batched program when there is one, as train() does. */
+static PyObject *fn_gradients(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *const names[] = {"X", "Y", "scale", "threads"};
+    PyObject *a[4];
+    double scale = 1.0;
+    long long threads = 0;
+    if (parse_args("gradients", args, nargs, kwnames, names, 4, 2, a) < 0 ||
+        (a[2] && get_finite("gradients", "scale", a[2], &scale) < 0) ||
+        (a[3] && a[3] != Py_None && get_int("gradients", "threads", a[3], 1, &threads) < 0))
+        return NULL;
+    Samples s;
+    if (get_samples("gradients", a[0], a[1], scale, &s) < 0)
+        return NULL;
+    State *st = lock_state(module, "gradients");
+    const int batched = HAVE_BATCH && s.n > 1;
+    if (!st || (batched && batch_buffers(st) < 0)) {
+        if (st)
+            unlock_state(st);
+        release_samples(&s);
+        return NULL;
+    }
+    double loss_sum = 0.0;
+    write_out_rows(st, 1); /* every gradient row exact in g, to be added to */
+    pool_threads = threads ? (int)(threads < POOL_MAX ? threads : POOL_MAX) : st->threads;
+    Py_BEGIN_ALLOW_THREADS
+    if (batched)
+        gradient_batches(st, &s, &loss_sum);
+    else
+        gradient_rows(st, &s, &loss_sum);
+    Py_END_ALLOW_THREADS
+    stamp_all_rows(st); /* g holds every row's gradient */
+    unlock_state(st);
+    release_samples(&s);
+    return PyFloat_FromDouble(loss_sum);
+}
+
+/* step(lr, n): train()'s step after a batch of n rows, on the accumulated gradients: one optimizer
+ * step on their mean (the sum divided by n), then the gradients zeroed. */
+static PyObject *fn_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    double lr;
+    long long n;
+    if (check_nargs("step", nargs, 2, 2) < 0 || get_finite("step", "lr", args[0], &lr) < 0 ||
+        get_int("step", "n", args[1], 1, &n) < 0)
+        return NULL;
+    State *s = lock_state(module, "step");
+    if (!s)
+        return NULL;
+    write_out_rows(s, 1);
+    batch_step(s, s->d, s->g, lr, n); /* zeroes the gradients as it steps */
+    stamp_all_rows(s);
+    unlock_state(s);
+    Py_RETURN_NONE;
+}
+
 static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"X", "scale", "threads"};
@@ -334,6 +393,13 @@ static PyMethodDef methods[] = {
      "seed >= 0 shuffles the order. Parameter gradients are zeroed first. A batch_size > 1 runs each\n"
      "batch at once (a layer's products over the batch on `threads` threads, default set_threads())\n"
      "where the model has a batched form; its numbers equal sample-by-sample passes to rounding."},
+    {"gradients", (PyCFunction)(void (*)(void))fn_gradients, METH_FASTCALL | METH_KEYWORDS,
+     "gradients(X, Y, scale=1.0, threads=None) -> the rows' summed loss.\n"
+     "Every row of X, Y (as train() takes them) forward and backward, its parameter gradients added to\n"
+     "the accumulated ones (`grad`), no step: one process's share of a batch (codegen.distributed)."},
+    {"step", (PyCFunction)(void (*)(void))fn_step, METH_FASTCALL,
+     "step(lr, n): one step of the compiled optimizer on the mean of the accumulated gradients\n"
+     "(their sum divided by n, as train() after a batch of n rows), then the gradients zeroed"},
     {"set_threads", fn_set_threads, METH_O,
      "set_threads(n) -> n: the threads train() and predict() run a batch's matrix products on\n"
      "(None: every core this process may use, the default). The results are the same bits with any number."},

@@ -1,5 +1,5 @@
 """What every test module shares: requires(tool), the one way a test asks for an optional tool (a
-compiler, dot, wasm-ld, wasmtime, torch), and the build cache of the run.
+compiler, dot, wasm-ld, wasmtime, mpiexec, torch), and the build cache of the run.
 
 A tool the machine lacks skips the test with the reason "needs <tool>, not found: <how to get it>";
 with MICROGRAD_C_REQUIRE_COMPILERS=1 (CI, .ci/run) it fails it instead, except for the tools CI
@@ -9,6 +9,7 @@ import importlib
 import os
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -51,6 +52,17 @@ def _package(name):
     return find
 
 
+def _mpi():
+    """mpiexec beside this Python (the mpich wheel puts it in the virtualenv's bin), else on PATH,
+    and mpi4py importable: what tests/test_mpi.py runs."""
+    _package('mpi4py')()
+    beside = os.path.join(os.path.dirname(sys.executable), 'mpiexec')
+    path = beside if os.access(beside, os.X_OK) else shutil.which('mpiexec')
+    if path is None:
+        raise ToolMissing('mpiexec is neither beside this Python nor on PATH')
+    return path
+
+
 @dataclass(frozen=True)
 class Tool:
     find: Callable[[], object]   # what requires() returns; raises ToolMissing
@@ -63,6 +75,7 @@ TOOLS = {
     'dot': Tool(_program('dot'), 'graphviz draws graphs: `apt-get install graphviz`'),
     'wasm-ld': Tool(_program('wasm-ld'), 'links WebAssembly for clang: `apt-get install lld`'),
     'wasmtime': Tool(_package('wasmtime'), 'runs WebAssembly: `pip install wasmtime` (the test extra)'),
+    'mpiexec': Tool(_mpi, 'MPI for data-parallel training: `pip install micrograd-c[mpi]` (mpi4py, mpich)'),
     'torch': Tool(_package('torch'), 'PyTorch, a peer in the comparisons: `make torch`', in_ci=False),
 }
 SKIP_REASON = re.compile(r'needs ([\w.-]+), not found')

@@ -73,6 +73,14 @@ def test_make_bench_jit(make):
     assert "codegen.jit(compiler='libtcc'), batched" in out
 
 
+def test_make_bench_mpi(make, mnist_dir):  # noqa: F811
+    requires("mpiexec")
+    requires("gcc")
+    out = make("bench-mpi", "ARGS=--images 512 --repeats 1 --hidden 16", env={"MNIST_DIR": str(mnist_dir)})
+    assert re.search(r"^ +1 +[\d,]+ +1\.00 ", out, re.M) and re.search(r"^ +2 +[\d,]+ +[\d.]+ ", out, re.M), out
+    assert "| MLP(784, [16, 10]) | 12,730 |" in out
+
+
 def test_make_roofline(make):
     if not any(map(have, ("gcc", "clang", "zig"))):
         requires("gcc")  # a compiler taking -march=native
