@@ -122,6 +122,17 @@ def progression(offsets):
     return step if all(b - a == step for a, b in zip(offsets, offsets[1:])) else None
 
 
+def kernel_loops(shape):
+    """How many of a loop nest's innermost loops a layer kernel runs itself: the neurons' and the
+    batch's, or the batch's alone."""
+    return 2 if len(shape) >= 2 else 1
+
+
+def per_pass(shape, call):
+    """The kernel call once per pass of the loops outside those it runs itself."""
+    return "\n    ".join(loop_headers(shape[:-kernel_loops(shape)]) + [call])
+
+
 @dataclass(frozen=True)
 class Matmul:
     """A layer's inputs' gradients over a batch, `g[wrt + i] += go * d[weights + j]` for the pairs
@@ -134,17 +145,16 @@ class Matmul:
     out: object      # Affine: the group's gradients (go)
 
     def render(self, shape):
-        batched = len(shape) >= 2
+        last = kernel_loops(shape)
+        batched = last == 2
         neurons, samples = (shape[-2] if batched else 1), shape[-1]
-        last = 2 if batched else 1
         wrt, weights = self.wrt, self.weights
         call = (f"matmul_acc({loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
                 f"{progression(wrt.offsets)}, {loop_start(weights.start, last, weights.offsets[0])}, "
                 f"{weights.start.strides[-2] if batched else 0}, {progression(weights.offsets)}, "
                 f"{loop_start(self.out, last, grad=True)}, {self.out.strides[-2] if batched else 0}, "
                 f"{neurons}, {samples}, {len(wrt.offsets)});")
-        outer = loop_headers(shape[:-last])
-        return "\n    ".join(outer + [call])
+        return per_pass(shape, call)
 
     @staticmethod
     def fits(shape, wrt, other, out):
@@ -168,15 +178,15 @@ class WeightGradient:
     rows: str = "NULL"  # C: the list of the inputs' rows that hold a nonzero (sparse inputs), or NULL
 
     def render(self, shape):
-        batched = len(shape) >= 2
-        last = 2 if batched else 1
+        last = kernel_loops(shape)
+        batched = last == 2
         wrt, x = self.wrt, self.inputs
         call = (f"matmul_nt({loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
                 f"{wrt.start.strides[-2] if batched else 0}, {loop_start(self.out, last, grad=True)}, "
                 f"{self.out.strides[-2] if batched else 0}, {loop_start(x.start, last, x.offsets[0])}, "
                 f"{progression(x.offsets)}, {shape[-2] if batched else 1}, {len(wrt.offsets)}, {shape[-1]}, "
                 f"{self.rows});")
-        return "\n    ".join(loop_headers(shape[:-last]) + [call])
+        return per_pass(shape, call)
 
     @staticmethod
     def fits(shape, wrt, other, out):
@@ -197,7 +207,8 @@ def layer_over_batch(g, row_list=lambda rows: "NULL"):
             or ops.constants or ops.out.strides[-1] != 1
             or (ops.terms and (len(ops.terms.offsets) != 1 or ops.terms.start.strides[-1] != 0))):
         return None
-    batched = len(shape) >= 2
+    last = kernel_loops(shape)
+    batched = last == 2
     for weights, rows in ((ops.a, ops.b), (ops.b, ops.a)):
         if (weights.start.strides[-1] == 0 and rows.start.strides[-1] == 1
                 and (not batched or rows.start.strides[-2] == 0)
@@ -205,7 +216,6 @@ def layer_over_batch(g, row_list=lambda rows: "NULL"):
             break
     else:
         return None
-    last = 2 if batched else 1
 
     def along_neurons(affine):
         return affine.strides[-2] if batched else 0
@@ -215,7 +225,7 @@ def layer_over_batch(g, row_list=lambda rows: "NULL"):
             f"{progression(weights.offsets)}, {loop_start(rows.start, last, rows.offsets[0])}, "
             f"{progression(rows.offsets)}, {shape[-2] if batched else 1}, {shape[-1]}, {len(weights.offsets)}, "
             f"{row_list(rows)});")
-    return "\n    ".join(loop_headers(shape[:-last]) + [call])
+    return per_pass(shape, call)
 
 
 def loop_nest(shape, body, dots=True, independent=False):

@@ -173,6 +173,18 @@ static PyObject *fn_outputs(PyObject *module, PyObject *unused)
     return out;
 }
 
+/* A call's threads= (None or absent: 0, the module's own count); -1 with an exception set. */
+static int get_threads(const char *fn, PyObject *obj, long long *threads)
+{
+    return obj && obj != Py_None ? get_int(fn, "threads", obj, 1, threads) : 0;
+}
+
+/* The threads this call's products run on: threads= if given, else the module's (set_threads). */
+static void use_threads(State *st, long long threads)
+{
+    pool_threads = threads ? (int)(threads < POOL_MAX ? threads : POOL_MAX) : st->threads;
+}
+
 static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     static const char *const names[] = {"X", "Y", "lr", "scale", "batch_size", "seed", "threads"};
@@ -184,7 +196,7 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
         (a[3] && get_finite("train", "scale", a[3], &scale) < 0) ||
         (a[4] && get_int("train", "batch_size", a[4], 1, &batch) < 0) ||
         (a[5] && get_int("train", "seed", a[5], -1, &seed) < 0) ||
-        (a[6] && a[6] != Py_None && get_int("train", "threads", a[6], 1, &threads) < 0))
+        get_threads("train", a[6], &threads) < 0)
         return NULL;
     Samples s;
     if (get_samples("train", a[0], a[1], scale, &s) < 0)
@@ -211,7 +223,7 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     zero_all_gradients(st); /* train() starts from zero gradients, every row holding its own */
-    pool_threads = threads ? (int)(threads < POOL_MAX ? threads : POOL_MAX) : st->threads;
+    use_threads(st, threads);
     Py_BEGIN_ALLOW_THREADS /* the buffers stay held (release_samples below), the state locked */
     interrupted = batched ? train_batches(st, &s, order, lr, batch, &loss_sum, &_save)
                           : train_rows(st, &s, order, lr, batch, &loss_sum, &_save);
@@ -236,7 +248,7 @@ static PyObject *fn_gradients(PyObject *module, PyObject *const *args, Py_ssize_
     long long threads = 0;
     if (parse_args("gradients", args, nargs, kwnames, names, 4, 2, a) < 0 ||
         (a[2] && get_finite("gradients", "scale", a[2], &scale) < 0) ||
-        (a[3] && a[3] != Py_None && get_int("gradients", "threads", a[3], 1, &threads) < 0))
+        get_threads("gradients", a[3], &threads) < 0)
         return NULL;
     Samples s;
     if (get_samples("gradients", a[0], a[1], scale, &s) < 0)
@@ -251,7 +263,7 @@ static PyObject *fn_gradients(PyObject *module, PyObject *const *args, Py_ssize_
     }
     double loss_sum = 0.0;
     write_out_rows(st, 1); /* every gradient row exact in g, to be added to */
-    pool_threads = threads ? (int)(threads < POOL_MAX ? threads : POOL_MAX) : st->threads;
+    use_threads(st, threads);
     Py_BEGIN_ALLOW_THREADS
     if (batched)
         gradient_batches(st, &s, &loss_sum);
@@ -291,7 +303,7 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     long long threads = 0;
     if (parse_args("predict", args, nargs, kwnames, names, 3, 1, a) < 0 ||
         (a[1] && get_finite("predict", "scale", a[1], &scale) < 0) ||
-        (a[2] && a[2] != Py_None && get_int("predict", "threads", a[2], 1, &threads) < 0))
+        get_threads("predict", a[2], &threads) < 0)
         return NULL;
     if (N_OUTPUTS == 0) {
         PyErr_SetString(PyExc_ValueError, "predict(): the model has no outputs to predict; compile it "
@@ -324,7 +336,7 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
         release_samples(&s);
         return NULL;
     }
-    pool_threads = threads ? (int)(threads < POOL_MAX ? threads : POOL_MAX) : st->threads;
+    use_threads(st, threads);
     Py_BEGIN_ALLOW_THREADS
     interrupted = batched ? predict_batches(st, &s, out, &_save) : predict_rows(st, &s, out, &_save);
     Py_END_ALLOW_THREADS
