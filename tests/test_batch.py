@@ -29,8 +29,9 @@ def classifier(n_in=12, hidden=(20, 9), n_classes=4, seed=0):
     return model, xs, ys, logits, cross_entropy(logits, ys)
 
 
-def twins(compiler="gcc", batch=128, case=None, **options):
-    """The same model compiled with a batched program and without one (batch=1), from the same values."""
+def twins(compiler=None, batch=128, case=None, **options):
+    """The same model compiled with a batched program and without one (batch=1), from the same
+    values (compiler None: the default one, whichever this machine has)."""
     model, xs, ys, logits, loss = case or classifier()
     init = [p.data for p in model.parameters()]
     nets = []
@@ -88,7 +89,7 @@ def test_the_same_bits_with_any_number_of_threads():
     X, y = data(300, 64, 10)
     results = []
     for threads in (1, 2, 3):
-        net = twins(case=case, native=True, threads=threads)[0]
+        net = twins(case=case, threads=threads)[0]
         assert net.threads() == threads
         net.train(X, y, 0.05, batch_size=64, seed=1)
         results.append((np.asarray(net.params).copy(), np.asarray(net.predict(X, threads=threads)).copy()))
@@ -119,7 +120,7 @@ def test_a_convolution_over_a_batch():
     for capacity in (32, 1):
         model.reset()
         nets.append(codegen.compile(model.loss, model.inputs, model.params, outputs=model.outputs,
-                                    compiler="gcc", batch=capacity))
+                                    batch=capacity))
     X, y = model.X[:40], model.Y[:40]
     losses = [net.train(X, y, 0.02, scale=model.scale, batch_size=16) for net in nets]
     assert_close(losses[0], losses[1], "float64")
@@ -142,12 +143,13 @@ def test_no_batched_form_falls_back_and_explain_says_so():
     for fuse in (False, True):
         for p, v in zip(model.parameters(), init):
             p.data = v
-        nets.append(codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler="gcc", fuse=fuse))
+        nets.append(codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, fuse=fuse))
     X, y = data()
     assert_close(nets[0].train(X, y, 0.1, batch_size=6), nets[1].train(X, y, 0.1, batch_size=6), "float64")
     assert_close(nets[0].params, nets[1].params, "float64")
 
 
+@pytest.mark.requires("gcc")  # the table's micrograd-c is gcc -O3 -march=native
 def test_the_minibatch_benchmark_runs(mnist_dir, capsys):
     """`make bench`'s minibatch table (bench/minibatch.py) at a small size: our rows measured in
     their own processes, the table printed with every run it promises."""

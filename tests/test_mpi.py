@@ -69,8 +69,8 @@ def test_a_stopped_rank_times_the_others_out():
 def test_one_process_gives_train_bits(capacity):
     """With one rank, distributed.train is train(): gradients() then step() per batch take the same
     arithmetic as train()'s batches (the batched program, or sample by sample)."""
-    from mpi4py import MPI
     requires("mpiexec")
+    from mpi4py import MPI
     model, xs, ys, logits, loss = classifier()
     nets = [codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, batch=capacity,
                             optimizer=codegen.Adam(), name=name) for name in ("nn", "nn_distributed")]

@@ -166,7 +166,7 @@ def _same_graph(a, b):
 # ---- the cache's index by structure ---------------------------------------------------------------
 def compile_mlp(cache, **options):
     loss, inputs, params, outputs = mlp_graph()
-    return codegen.compile(loss, inputs, params, outputs, compiler="gcc", cache=cache, **options)
+    return codegen.compile(loss, inputs, params, outputs, cache=cache, **options)  # the default compiler: a file build
 
 
 def test_a_rebuilt_graph_loads_without_codegen(tmp_path, monkeypatch):
@@ -208,7 +208,7 @@ def test_a_damaged_entry_or_index_falls_back_to_codegen(tmp_path, damage):
 def test_a_graph_of_a_different_shape_is_not_found(tmp_path):
     compile_mlp(tmp_path)
     loss, inputs, params, outputs = mlp_graph(hidden=(5,))
-    net = codegen.compile(loss, inputs, params, outputs, compiler="gcc", cache=tmp_path)
+    net = codegen.compile(loss, inputs, params, outputs, cache=tmp_path)
     assert not net.build.cached and net.n_params == len(params)
 
 
