@@ -133,6 +133,16 @@ def per_pass(shape, call):
     return "\n    ".join(loop_headers(shape[:-kernel_loops(shape)]) + [call])
 
 
+def neurons(shape):
+    """How many neurons a layer kernel runs over: the loop outside the batch's, or one."""
+    return shape[-2] if kernel_loops(shape) == 2 else 1
+
+
+def along_neurons(affine, shape):
+    """An operand's step from one neuron to the next (0 when the kernel runs one neuron)."""
+    return affine.strides[-2] if kernel_loops(shape) == 2 else 0
+
+
 @dataclass(frozen=True)
 class Matmul:
     """A layer's inputs' gradients over a batch, `g[wrt + i] += go * d[weights + j]` for the pairs
@@ -146,14 +156,12 @@ class Matmul:
 
     def render(self, shape):
         last = kernel_loops(shape)
-        batched = last == 2
-        neurons, samples = (shape[-2] if batched else 1), shape[-1]
         wrt, weights = self.wrt, self.weights
         call = (f"matmul_acc({loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
                 f"{progression(wrt.offsets)}, {loop_start(weights.start, last, weights.offsets[0])}, "
-                f"{weights.start.strides[-2] if batched else 0}, {progression(weights.offsets)}, "
-                f"{loop_start(self.out, last, grad=True)}, {self.out.strides[-2] if batched else 0}, "
-                f"{neurons}, {samples}, {len(wrt.offsets)});")
+                f"{along_neurons(weights.start, shape)}, {progression(weights.offsets)}, "
+                f"{loop_start(self.out, last, grad=True)}, {along_neurons(self.out, shape)}, "
+                f"{neurons(shape)}, {shape[-1]}, {len(wrt.offsets)});")
         return per_pass(shape, call)
 
     @staticmethod
@@ -179,12 +187,11 @@ class WeightGradient:
 
     def render(self, shape):
         last = kernel_loops(shape)
-        batched = last == 2
         wrt, x = self.wrt, self.inputs
         call = (f"matmul_nt({loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
-                f"{wrt.start.strides[-2] if batched else 0}, {loop_start(self.out, last, grad=True)}, "
-                f"{self.out.strides[-2] if batched else 0}, {loop_start(x.start, last, x.offsets[0])}, "
-                f"{progression(x.offsets)}, {shape[-2] if batched else 1}, {len(wrt.offsets)}, {shape[-1]}, "
+                f"{along_neurons(wrt.start, shape)}, {loop_start(self.out, last, grad=True)}, "
+                f"{along_neurons(self.out, shape)}, {loop_start(x.start, last, x.offsets[0])}, "
+                f"{progression(x.offsets)}, {neurons(shape)}, {len(wrt.offsets)}, {shape[-1]}, "
                 f"{self.rows});")
         return per_pass(shape, call)
 
@@ -216,14 +223,11 @@ def layer_over_batch(g, row_list=lambda rows: "NULL"):
             break
     else:
         return None
-
-    def along_neurons(affine):
-        return affine.strides[-2] if batched else 0
-    bias = bias_argument(ops.terms, last, along_neurons)
-    call = (f"matmul_set({loop_start(ops.out, last)}, {along_neurons(ops.out)}, {bias}, "
-            f"{loop_start(weights.start, last, weights.offsets[0])}, {along_neurons(weights.start)}, "
+    bias = bias_argument(ops.terms, last, lambda affine: along_neurons(affine, shape))
+    call = (f"matmul_set({loop_start(ops.out, last)}, {along_neurons(ops.out, shape)}, {bias}, "
+            f"{loop_start(weights.start, last, weights.offsets[0])}, {along_neurons(weights.start, shape)}, "
             f"{progression(weights.offsets)}, {loop_start(rows.start, last, rows.offsets[0])}, "
-            f"{progression(rows.offsets)}, {shape[-2] if batched else 1}, {shape[-1]}, {len(weights.offsets)}, "
+            f"{progression(rows.offsets)}, {neurons(shape)}, {shape[-1]}, {len(weights.offsets)}, "
             f"{row_list(rows)});")
     return per_pass(shape, call)
 
