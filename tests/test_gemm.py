@@ -4,7 +4,8 @@ batch, from its bias), matmul_acc (its inputs' gradients) and matmul_nt (its wei
 gradients), at sizes that leave tails in every direction (rows after the last block of six,
 columns after the last pair of vectors and the last vector), with strides as the generated code
 passes them, over all input rows and over the list scan_rows makes of those that hold a nonzero
-(sparse inputs, a third of the rows zero); each kernel built (GEMM_VECTOR_BYTES: the plain loops,
+(sparse inputs, a third of the rows zero; and a quarter of the gradient rows 0, which matmul_acc
+leaves out); each kernel built (GEMM_VECTOR_BYTES: the plain loops,
 AVX2, AVX-512), those this CPU has run."""
 
 import itertools
@@ -77,6 +78,8 @@ def check(compiler, dtype, width=None):
             rows = ffi.cast("int *", listed.ctypes.data)
         go = np.zeros((J, 128), np_type)
         go[:, :S] = rng.standard_normal((J, S))
+        if sparse:  # and every fourth neuron's gradient row 0 (a ReLU that is off): matmul_acc leaves it out
+            go[1::4] = 0
         W, X, G, bias = w[:, :K].astype(np.float64), x[:, :S].astype(np.float64), go[:, :S].astype(np.float64), w[:, K]
         out = np.zeros((J, 128), np_type)
         lib.call_set(ptr(out), 128, ptr(w[:, K:].copy()), 1, ptr(w), K + 1, 1, ptr(x), 128, J, S, K, rows)

@@ -226,12 +226,27 @@ KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias
 
 /* out[k * out_k + s] += sum over j < J of w[j * w_j + k * w_k] * go[j * go_j + s], for k < K and
  * s < S: a layer's inputs' gradients over a batch of S (go: its J neurons' gradient rows, w: its
- * weights, K inputs each). */
+ * weights, K inputs each). Neurons whose gradient row is 0 over the whole batch (a ReLU that is
+ * off, a hinge that is flat) are left out of the sums: what they would add is 0. */
+#define GEMM_ACC_LISTED 4096 /* neurons a list is kept for (on the stack); more run dense */
 KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
                        const real *restrict go, long go_j, long J, long S, long K)
 {
-    const GemmArgs g = {out, w, go, 0, out_k, w_k, w_j, go_j, 0, S, J, 1, 0};
-    gemm(&g, K);
+    int32_t active[GEMM_ACC_LISTED];
+    long count = J;
+    if (J <= GEMM_ACC_LISTED) {
+        count = 0;
+        for (long j = 0; j < J; j++) {
+            int nonzero = 0;
+            for (long s = 0; s < S; s++)
+                nonzero |= go[j * go_j + s] != 0;
+            if (nonzero)
+                active[count++] = (int32_t)j;
+        }
+    }
+    const GemmArgs g = {out, w, go, 0, out_k, w_k, w_j, go_j, 0, S, count, 1, count < J ? active : 0};
+    if (count > 0)
+        gemm(&g, K);
 }
 
 /* out[j * out_j + k] += sum over s < S of go[j * go_j + s] * x[k * x_k + s], for j < J and k < K:
