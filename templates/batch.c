@@ -37,24 +37,46 @@ static void free_batch_buffers(State *st)
 /* The nb samples rows[0..nb) into the batch's input slots, converted as load_sample does: X's
  * (and Y's) columns from the rows, column by column (each input's slots written in order, the
  * rows' cache lines read across consecutive columns), the other inputs (predict() without them)
- * from the module's input slots. */
+ * from the module's input slots. X's columns are shared between the module's threads. */
+typedef struct {
+    const Samples *s;
+    const Py_ssize_t *rows;
+    long nb;
+    real *in;
+} LoadArgs;
+
 #define LOAD_COLUMNS(type)                                                                         \
-    for (Py_ssize_t k = 0; k < s->n_x; k++) {                                                      \
+    for (long k = first; k < last; k++) {                                                          \
         const type *x = (const type *)s->x.buf + k;                                                \
-        real *restrict to = in + k * BATCH_CAPACITY;                                               \
-        for (long b = 0; b < nb; b++)                                                              \
-            to[b] = (real)(x[rows[b] * s->n_x] * s->scale);                                        \
+        real *restrict to = a->in + k * BATCH_CAPACITY;                                            \
+        for (long b = 0; b < a->nb; b++)                                                           \
+            to[b] = (real)(x[a->rows[b] * s->n_x] * s->scale);                                     \
     }
-static void load_batch(const Samples *s, const Py_ssize_t *rows, long nb, const real *restrict inputs,
-                       real *restrict bd)
+static void load_columns(void *args, long first, long last)
 {
-    real *in = bd + BATCH_INPUT_BASE;
+    const LoadArgs *a = (const LoadArgs *)args;
+    const Samples *s = a->s;
     if (element_type(&s->x) == 'B')
         LOAD_COLUMNS(unsigned char)
     else if (s->x.itemsize == 4)
         LOAD_COLUMNS(float)
     else
         LOAD_COLUMNS(double)
+}
+#undef LOAD_COLUMNS
+
+/* work (reals read or written) below which a pass stays on the caller's thread */
+#define BATCH_PARALLEL_MIN 16384
+
+static void load_batch(const Samples *s, const Py_ssize_t *rows, long nb, const real *restrict inputs,
+                       real *restrict bd)
+{
+    real *in = bd + BATCH_INPUT_BASE;
+    LoadArgs args = {s, rows, nb, in};
+    if (s->n_x * nb < BATCH_PARALLEL_MIN)
+        load_columns(&args, 0, s->n_x);
+    else
+        parallel_rows(load_columns, &args, s->n_x, 16);
     for (Py_ssize_t k = s->n_x; k < N_INPUTS; k++) {
         real *restrict to = in + k * BATCH_CAPACITY;
         for (long b = 0; b < nb; b++)
@@ -66,15 +88,32 @@ static void load_batch(const Samples *s, const Py_ssize_t *rows, long nb, const 
             in[(s->n_x + read_int(&s->y, rows[b])) * BATCH_CAPACITY + b] = 1;
 }
 
-/* The per-sample gradients (all but the parameters') of the first nb samples back to 0. */
+/* The per-sample gradients (all but the parameters') of the first nb samples back to 0, on the
+ * module's threads: a slot's BATCH_CAPACITY values at a time. */
+typedef struct {
+    real *g;
+    long nb;
+} ClearArgs;
+
+static void clear_slots(void *args, long first, long last)
+{
+    const ClearArgs *a = (const ClearArgs *)args;
+    real *from = a->g + N_PARAMS + first * BATCH_CAPACITY;
+    if (a->nb == BATCH_CAPACITY)
+        memset(from, 0, (size_t)(last - first) * BATCH_CAPACITY * sizeof(real));
+    else
+        for (long slot = first; slot < last; slot++)
+            memset(from + (slot - first) * BATCH_CAPACITY, 0, (size_t)a->nb * sizeof(real));
+}
+
 static void clear_batch_gradients(real *g, long nb)
 {
-    if (nb == BATCH_CAPACITY) {
-        memset(g + N_PARAMS, 0, (size_t)(N_BATCH_SLOTS - N_PARAMS) * sizeof(real));
-        return;
-    }
-    for (long slot = N_PARAMS; slot < BATCH_CONSTANTS_BASE; slot += BATCH_CAPACITY)
-        memset(g + slot, 0, (size_t)nb * sizeof(real));
+    const long slots = (BATCH_CONSTANTS_BASE - N_PARAMS) / BATCH_CAPACITY;
+    ClearArgs args = {g, nb};
+    if (slots * nb < BATCH_PARALLEL_MIN)
+        clear_slots(&args, 0, slots);
+    else
+        parallel_rows(clear_slots, &args, slots, 16);
 }
 
 /* Plain SGD's step after a batch, on the module's threads (each parameter's update is its own:

@@ -1,32 +1,36 @@
 /* ---- the module's threads ------------------------------------------------------------------
  * parallel_rows(task, args, M, align) runs task(args, first, last) over rows [0, M) cut into
- * `pool_threads` ranges of whole blocks of `align` rows, one per thread, the caller's thread
- * taking the first: the matrix products of a batch (templates/kernels/gemm.c) run on every core. The
- * cut depends on the thread count, but no row's result does (each row is computed whole by one
- * thread), so the numbers are the same with any count. The workers are started on first use and
- * wait on a condition variable between products, spinning a little first, and only spin while
- * train() or predict() holds them (pool_hold): a batch's products follow each other within
- * microseconds, and waking a sleeping thread takes tens of them. One pool serves every load of
- * this code: a caller that finds it busy (another module of the same build on another thread)
- * runs its rows alone. */
+ * chunks of whole blocks of `align` rows (POOL_CHUNKS per thread), which the caller's thread and
+ * the workers take in turn until none is left: the matrix products of a batch
+ * (templates/kernels/gemm.c) run on every core, and a thread that is slower (a core busy with
+ * another process, data in the other core's cache, a late wake-up) takes fewer chunks instead of
+ * holding the others up. Which thread takes a chunk varies, but no row's result does (each row
+ * is computed whole, in one chunk), so the numbers are the same with any count. The workers are
+ * started on first use and wait on a condition variable between products, spinning a little
+ * first, and only spin while train() or predict() holds them (pool_hold): a batch's products
+ * follow each other within microseconds, and waking a sleeping thread takes tens of them. One
+ * pool serves every load of this code: a caller that finds it busy (another module of the same
+ * build on another thread) runs its rows alone. */
 #define POOL_MAX 64
 #define POOL_SPIN 256 /* pauses (~10 us) before a waiting thread yields or sleeps */
 #define POOL_HOLD_YIELDS 2000 /* then, while held, sched_yield()s (~2 ms) before it sleeps */
+#define POOL_CHUNKS 8 /* chunks per thread */
 
 typedef struct {
     pthread_mutex_t user;  /* held by the caller of parallel_rows that has the workers */
     pthread_mutex_t lock;  /* guards the fields below */
     pthread_cond_t wake, done;
     pthread_t threads[POOL_MAX];
-    int started, stopping, parts;
-    volatile int pending;  /* workers still on the current generation */
+    int started, stopping, parts; /* parts: the threads that take chunks of this product */
     volatile int holding;  /* pool_hold: spin between products instead of sleeping */
     pid_t pid;             /* the process that started the workers (a fork has none) */
     volatile unsigned long generation;
     unsigned long birth;   /* the generation before the one a new worker is started for */
     RowTask task;
     void *args;
-    long rows, align;
+    long rows, align, chunks;
+    long first[POOL_MAX], end[POOL_MAX]; /* the chunks [first, end) of each thread's share not yet taken */
+    volatile long finished; /* and its chunks done */
 } Pool;
 
 static Pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
@@ -49,12 +53,38 @@ static void pool_hold(int on)
     pool.holding = on;
 }
 
-static void pool_part(int part, int parts, RowTask task, void *args, long rows, long align)
+/* The next chunk of product `generation` for thread `part`: the first of its own share, else
+ * the last of the largest share left (a thread that is slower, or woke late, is helped from the
+ * end of its share); -1 when none is left, or the product is over (a worker that wakes late finds
+ * the next product's shares, and leaves them alone). Called with the lock held. */
+static long pool_next_chunk(unsigned long generation, int part)
+{
+    if (pool.generation != generation)
+        return -1;
+    if (pool.first[part] < pool.end[part])
+        return pool.first[part]++;
+    int most = 0;
+    for (int q = 1; q < pool.parts; q++)
+        if (pool.end[q] - pool.first[q] > pool.end[most] - pool.first[most])
+            most = q;
+    return pool.first[most] < pool.end[most] ? --pool.end[most] : -1;
+}
+
+/* Runs chunks of product `generation` until none is left. */
+static void pool_run_chunks(unsigned long generation, int part, RowTask task, void *args, long rows, long align,
+                            long chunks)
 {
     const long blocks = (rows + align - 1) / align;
-    const long first = blocks * part / parts * align, last = blocks * (part + 1) / parts * align;
-    if (first < rows)
+    pthread_mutex_lock(&pool.lock);
+    for (long chunk; (chunk = pool_next_chunk(generation, part)) >= 0;) {
+        pthread_mutex_unlock(&pool.lock);
+        const long first = blocks * chunk / chunks * align, last = blocks * (chunk + 1) / chunks * align;
         task(args, first, last < rows ? last : rows);
+        pthread_mutex_lock(&pool.lock);
+        if (++pool.finished == chunks)
+            pthread_cond_signal(&pool.done);
+    }
+    pthread_mutex_unlock(&pool.lock);
 }
 
 static void *pool_worker(void *arg)
@@ -81,13 +111,11 @@ static void *pool_worker(void *arg)
         const int parts = pool.parts;
         RowTask task = pool.task;
         void *args = pool.args;
-        const long rows = pool.rows, align = pool.align;
+        const long rows = pool.rows, align = pool.align, chunks = pool.chunks;
         pthread_mutex_unlock(&pool.lock);
         if (part < parts)
-            pool_part(part, parts, task, args, rows, align);
+            pool_run_chunks(seen, part, task, args, rows, align, chunks);
         pthread_mutex_lock(&pool.lock);
-        if (--pool.pending == 0)
-            pthread_cond_signal(&pool.done);
     }
     pthread_mutex_unlock(&pool.lock);
     return NULL;
@@ -125,9 +153,14 @@ static int pool_start(int threads)
     return pool.started;
 }
 
+SHARED int pool_parts(void)
+{
+    return pool_threads < 1 ? 1 : pool_threads > POOL_MAX ? POOL_MAX : pool_threads;
+}
+
 SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
 {
-    int threads = pool_threads < 1 ? 1 : pool_threads > POOL_MAX ? POOL_MAX : pool_threads;
+    int threads = pool_parts();
     if (threads > (rows + align - 1) / align)
         threads = (int)((rows + align - 1) / align);
     if (threads <= 1 || pthread_mutex_trylock(&pool.user) != 0) {
@@ -136,19 +169,27 @@ SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
     }
     pthread_mutex_lock(&pool.lock);
     const int parts = pool_start(threads) < threads ? pool.started : threads;
-    pool.task = task, pool.args = args, pool.rows = rows, pool.align = align, pool.parts = parts;
-    pool.pending = pool.started - 1;
-    pool.generation++;
+    const long blocks = (rows + align - 1) / align;
+    const long chunks = blocks < (long)parts * POOL_CHUNKS ? blocks : (long)parts * POOL_CHUNKS;
+    pool.task = task, pool.args = args, pool.rows = rows, pool.align = align, pool.chunks = chunks;
+    pool.parts = parts;
+    for (int part = 0; part < parts; part++) {
+        pool.first[part] = chunks * part / parts;
+        pool.end[part] = chunks * (part + 1) / parts;
+    }
+    pool.finished = 0;
+    const unsigned long generation = ++pool.generation;
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
-    pool_part(0, parts, task, args, rows, align);
-    for (long spin = 0; pool.pending > 0; spin++) /* the workers finish within microseconds of each other */
+    pool_run_chunks(generation, 0, task, args, rows, align, chunks);
+    /* the chunks the workers took end within microseconds of this thread's last */
+    for (long spin = 0; pool.finished < chunks; spin++)
         if (spin < POOL_SPIN)
             cpu_relax();
         else
             sched_yield();
     pthread_mutex_lock(&pool.lock);
-    while (pool.pending > 0)
+    while (pool.finished < chunks)
         pthread_cond_wait(&pool.done, &pool.lock);
     pthread_mutex_unlock(&pool.lock);
     pthread_mutex_unlock(&pool.user);

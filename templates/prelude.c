@@ -65,7 +65,13 @@ typedef double real;
 typedef void (*RowTask)(void *args, long first, long last);
 #if HAVE_THREAD_POOL
 SHARED void parallel_rows(RowTask task, void *args, long rows, long align);
+SHARED int pool_parts(void); /* the threads a product runs on */
 #else
+static int pool_parts(void)
+{
+    return 1;
+}
+
 static void parallel_rows(RowTask task, void *args, long rows, long align)
 {
     (void)align;

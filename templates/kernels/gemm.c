@@ -256,8 +256,7 @@ KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, l
  * the value it stored, so the same bits as in one go). With a list of the input rows that hold a
  * nonzero (rows: see above), a block that holds none is skipped: what it would add is 0 (gathering
  * the listed columns of the others cost more than it saved, measured on MNIST's first layer).
- * The blocks are what the threads share: each weight's sum runs in one block, the same way for
- * any thread count. */
+ * Each weight's sum runs whole in one thread, the same way for any thread count. */
 #if HAVE_THREAD_POOL
 #define GEMM_NT_COLUMNS 64
 #define GEMM_NT_SAMPLES 128
@@ -286,12 +285,12 @@ static int listed_between(const int32_t *rows, long first, long last)
     return lo < rows[0] && rows[1 + lo] < last;
 }
 
-static void matmul_nt_blocks(void *args, long first, long last)
+/* Blocks [first_block, last_block) of columns, rows [first, last) of the weights. */
+static void matmul_nt_part(const WeightGradientArgs *a, long first_block, long last_block, long first, long last)
 {
-    const WeightGradientArgs *a = (const WeightGradientArgs *)args;
     const GemmRows kernel = gemm_kernel();
     real xt[GEMM_NT_SAMPLES * GEMM_NT_COLUMNS];
-    for (long block = first; block < last; block++) {
+    for (long block = first_block; block < last_block; block++) {
         const long k0 = block * GEMM_NT_COLUMNS, n = a->K - k0 < GEMM_NT_COLUMNS ? a->K - k0 : GEMM_NT_COLUMNS;
         if (a->rows && !listed_between(a->rows, k0, k0 + n))
             continue;
@@ -303,9 +302,28 @@ static void matmul_nt_blocks(void *args, long first, long last)
                     xt[s * n + k] = row[s];
             }
             const GemmArgs g = {a->out + k0, a->go + s0, xt, 0, a->out_j, a->go_j, 1, n, 0, n, p, 1, 0};
-            kernel(&g, 0, a->J);
+            kernel(&g, first, last);
         }
     }
+}
+
+static long matmul_nt_blocks(const WeightGradientArgs *a)
+{
+    return (a->K + GEMM_NT_COLUMNS - 1) / GEMM_NT_COLUMNS;
+}
+
+/* The threads' shares: column blocks, each packed once; or, with too few of them to go round,
+ * one share of weights' rows per thread, each thread packing every block. */
+static void matmul_nt_columns(void *args, long first, long last)
+{
+    const WeightGradientArgs *a = (const WeightGradientArgs *)args;
+    matmul_nt_part(a, first, last, 0, a->J);
+}
+
+static void matmul_nt_rows(void *args, long first, long last)
+{
+    const WeightGradientArgs *a = (const WeightGradientArgs *)args;
+    matmul_nt_part(a, 0, matmul_nt_blocks(a), first, last);
 }
 
 KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, long go_j,
@@ -314,9 +332,11 @@ KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, l
     WeightGradientArgs args = {out, go, x, out_j, go_j, x_k, J, K, S, rows};
     if (J <= 0 || K <= 0 || S <= 0)
         return;
-    const long blocks = (K + GEMM_NT_COLUMNS - 1) / GEMM_NT_COLUMNS;
+    const long blocks = matmul_nt_blocks(&args), threads = pool_parts();
     if ((double)J * (double)K * (double)S < GEMM_PARALLEL_MIN)
-        matmul_nt_blocks(&args, 0, blocks);
+        matmul_nt_part(&args, 0, blocks, 0, J);
+    else if (blocks >= 2 * threads)
+        parallel_rows(matmul_nt_columns, &args, blocks, 1);
     else
-        parallel_rows(matmul_nt_blocks, &args, blocks, 1);
+        parallel_rows(matmul_nt_rows, &args, J, GEMM_MR * ((J + GEMM_MR * threads - 1) / (GEMM_MR * threads)));
 }
