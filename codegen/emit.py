@@ -98,9 +98,9 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
     dtype = dtypes.lookup(dtype)
     e = Emitter(program, dtype, bool(sparse_inputs))
     # the batched program's emitter: the same offset tables; the inputs' row lists with sparse inputs
-    eb = Emitter(batched, dtype, offsets=e.offsets, row_lists=bool(sparse_inputs)) if batched else None
-    forward_outputs = [s for g in program.forward[:program.n_output_groups] for s in e.forward(g)]
-    forward_rest = [s for g in program.forward[program.n_output_groups:] for s in e.forward(g)]
+    eb = Emitter(batched, dtype, shared=e, row_lists=bool(sparse_inputs)) if batched else None
+    forward_outputs = e.forward_pass(program.forward[:program.n_output_groups])
+    forward_rest = e.forward_pass(program.forward[program.n_output_groups:])
     backward = [s for g in program.backward for s in e.backward(g)]
     backward_sgd = [s for g in program.backward for s in e.backward(g, sgd=True)] if program.sgd_in_backward else []
     # The step-by-step API's backward (modules only; the same as backward_body when no row is tracked)
@@ -142,11 +142,11 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
         *([_batch_layout(eb, dtype)] if sparse_inputs is not None else []),
     ])
     if not unit or (len(units) == 1 and sum(p[2] for p in pieces) < PARALLEL_MIN_STATEMENTS):
-        graph = [prelude, layout, e.offsets.render(), *(p[0] for p in pieces), *drivers]
+        graph = [prelude, layout, e.offsets.render(), e.epilogue_definitions(), *(p[0] for p in pieces), *drivers]
         return "\n".join(graph), []
     graph = [prelude, layout, e.offsets.render(), *(p[1] for p in pieces), *drivers]
-    extra = [prelude + "\n" + e.offsets.render(declare=True) + "\n" + "\n".join(p[0] for p in group)
-             for group in units]
+    extra = [prelude + "\n" + e.offsets.render(declare=True) + "\n" + e.epilogue_definitions() + "\n"
+             + "\n".join(p[0] for p in group) for group in units]
     return "\n".join(graph), extra
 
 
@@ -169,8 +169,8 @@ def _batched_functions(eb):
     batched = eb.program
     outputs, rest = batched.forward[:batched.n_output_groups], batched.forward[batched.n_output_groups:]
     d, dg = ["real *restrict d", "long nb"], ["real *restrict d", "real *restrict g", "long nb"]
-    return [("forward_outputs_batch", d, [s for g in outputs for s in eb.forward(g)]),
-            ("forward_rest_batch", d, [s for g in rest for s in eb.forward(g)]),
+    return [("forward_outputs_batch", d, eb.forward_pass(outputs)),
+            ("forward_rest_batch", d, eb.forward_pass(rest)),
             ("backward_batch", dg, [s for g in batched.backward for s in eb.backward(g)])]
 
 

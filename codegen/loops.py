@@ -7,7 +7,10 @@ templates/kernels/gemm.c). codegen/statements.py writes the statements, codegen/
 them into functions and files.
 """
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from .dtypes import c_literal
 
@@ -203,12 +206,14 @@ class WeightGradient:
                 and (len(shape) < 2 or other.start.strides[-2] == 0) and progression(other.offsets) is not None)
 
 
-def layer_over_batch(g, row_list=lambda rows: "NULL"):
+def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
     """A dot group that is a layer over a batch, as one matmul_set call per pass of the loops
     outside the neurons' and samples': the results move with the batch (innermost) and with the
     neurons; one factor list (the weights) stays put over the batch, the other (the inputs'
     rows) moves with it and stays put over the neurons, each at a constant step along the list;
-    at most one loose term (the bias), which stays put over the batch. Else None."""
+    at most one loose term (the bias), which stays put over the batch. Else None. epilogue: (the
+    C function, the Affine of its results) of an activation the kernel applies to each row as it
+    finishes it (see fused_activation)."""
     ops, shape = g.operands, g.shape
     if (g.first.kind != "dot" or not shape or shape[-1] < UNROLL_MAX_CONTIGUOUS // 2 or not ops.a
             or ops.constants or ops.out.strides[-1] != 1
@@ -228,8 +233,46 @@ def layer_over_batch(g, row_list=lambda rows: "NULL"):
             f"{loop_start(weights.start, last, weights.offsets[0])}, {along_neurons(weights.start, shape)}, "
             f"{progression(weights.offsets)}, {loop_start(rows.start, last, rows.offsets[0])}, "
             f"{progression(rows.offsets)}, {neurons(shape)}, {shape[-1]}, {len(weights.offsets)}, "
-            f"{row_list(rows)});")
+            f"{row_list(rows)}, {_epilogue_arguments(epilogue, shape)});")
     return per_pass(shape, call)
+
+
+def _epilogue_arguments(epilogue, shape):
+    if epilogue is None:
+        return "NULL, NULL, 0"
+    function, y = epilogue
+    return f"{function}, {loop_start(y, kernel_loops(shape))}, {along_neurons(y, shape)}"
+
+
+def fused_activation(g, h):
+    """Where group h (later in the same forward pass) writes, as an Affine over layer group g's
+    loop nest, when h is an activation of g's results that g's product can apply as its epilogue:
+    a one-argument op over exactly g's results, in g's order (in g's loop nest, or in one loop
+    over the same contiguous slots), its own results contiguous along the batch; else None.
+    Computing h early is safe: it reads nothing but g's results, and nothing before it reads
+    its own."""
+    ops, out = h.operands, g.operands.out
+    if h.first.kind != "op" or h.first.op.arity != 1 or len(ops.args) != 1 or not hasattr(ops.args[0], "base"):
+        return None
+    if h.shape == g.shape:
+        return ops.out if ops.args[0] == out and ops.out.strides[-1] == 1 else None
+    fixed = all(type(n) is int for n in g.shape + h.shape)  # (a batch's extent varies: loops alike only)
+    if not fixed or len(g.shape) != 2 or math.prod(h.shape) != math.prod(g.shape):
+        return None
+    if not np.array_equal(_positions(ops.args[0], h.shape), _positions(out, g.shape)):
+        return None
+    y = _positions(ops.out, h.shape).reshape(g.shape)
+    along = int(y[1, 0] - y[0, 0]) if g.shape[0] > 1 else 0
+    laid = type(out)(int(y[0, 0]), (along, 1))
+    return laid if np.array_equal(_positions(laid, g.shape), y.ravel()) else None
+
+
+def _positions(affine, shape):
+    """The slots an Affine reaches over a loop nest, in loop order."""
+    positions = np.full((), affine.base, dtype=np.int64)
+    for n, stride in zip(shape, affine.strides):
+        positions = positions[..., None] + stride * np.arange(n)
+    return positions.ravel()
 
 
 def loop_nest(shape, body, dots=True, independent=False):

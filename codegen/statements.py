@@ -10,7 +10,7 @@ import math
 
 from . import dtypes, ir
 from .dtypes import c_literal
-from .loops import (Accumulate, GO, Matmul, OffsetTables, WeightGradient, bias_argument, data_at,
+from .loops import (Accumulate, GO, Matmul, OffsetTables, WeightGradient, bias_argument, data_at, fused_activation,
                     grad_at, layer_over_batch, loop_headers, loop_nest, loop_start, operand,
                     progression, slot_index, tree_sum, unrolled)
 
@@ -21,14 +21,17 @@ def nonzero_words(n):
 
 
 class Emitter:
-    def __init__(self, program, dtype=dtypes.DEFAULT, sparse_inputs=False, offsets=None, row_lists=False):
+    def __init__(self, program, dtype=dtypes.DEFAULT, sparse_inputs=False, shared=None, row_lists=False):
+        """shared: the one-sample program's Emitter, whose offset tables and epilogues the
+        batched program's shares (they are defined once for both)."""
         self.program = program
         self.row_lists = {} if row_lists else None  # the batched program's (first input, count): offset in words
         self.dtype = dtype  # a dtypes.Dtype
-        self.offsets = offsets or OffsetTables()  # shared by the batched program's emitter
+        self.offsets = shared.offsets if shared else OffsetTables()
         self.sparse_inputs = sparse_inputs
         self.nonzero_lists = {}  # (first slot, length) of an input range: its list's offset in words
         self.tracked_rows = []  # backward(tracked=True)'s parameter rows: (start, length, loop shape, other's start)
+        self.epilogues = shared.epilogues if shared else {}  # a layer kernel's epilogue: the C of its value -> its function's name
 
     def _nonzeros(self, v):
         """For a factor list that is one input range, the same in every iteration (a first
@@ -105,10 +108,41 @@ class Emitter:
         return [f"dot_offsets(d + {slot_index(a.start)}, {self.offsets(a.offsets)}, "
                 f"d + {slot_index(b.start)}, {self.offsets(b.offsets)}, {n})"]
 
-    def forward(self, g):
+    def forward_pass(self, groups):
+        """The statements of a forward pass over `groups`; an activation of a layer's results
+        (loops.fused_activation) becomes the epilogue of the layer's product instead of a pass of
+        its own over them."""
+        statements, folded = [], set()
+        for i, g in enumerate(groups):
+            if id(g) in folded:
+                continue
+            epilogue = None
+            if layer_over_batch(g) is not None:
+                for h in groups[i + 1:]:
+                    y = fused_activation(g, h)
+                    if y is not None:
+                        folded.add(id(h))
+                        epilogue = (self._epilogue(h.first), y)
+                        break
+            statements += self.forward(g, epilogue)
+        return statements
+
+    def _epilogue(self, node):
+        """The name of a C function applying node's op (one argument) to a row of values."""
+        names = {"a": "x[n]", **({"k": c_literal(node.k, self.dtype)} if node.k is not None else {})}
+        value = self._op_c(node, node.op.value, names)
+        return self.epilogues.setdefault(value, f"epilogue_{len(self.epilogues)}")
+
+    def epilogue_definitions(self):
+        """The epilogues' C (static: each unit that calls one defines it)."""
+        return "\n".join(f"EPILOGUE void {name}(const real *restrict x, real *restrict y, long count)\n{{\n"
+                         f"    INDEPENDENT for (long n = 0; n < count; n++)\n        y[n] = {value};\n}}"
+                         for value, name in self.epilogues.items())
+
+    def forward(self, g, epilogue=None):
         ops = g.operands
         node = g.first
-        layer = layer_over_batch(g, self._row_list) or self._layer_on_one_sample(g)
+        layer = layer_over_batch(g, self._row_list, epilogue) or self._layer_on_one_sample(g)
         if layer:
             return [layer]
         if node.kind == "op":

@@ -35,10 +35,12 @@ typedef double real;
 #define SHARED __attribute__((visibility("hidden")))
 #define CHUNK __attribute__((noinline, visibility("hidden")))
 #define KERNEL __attribute__((noinline, aligned(64))) static
+#define EPILOGUE __attribute__((unused)) static /* (defined in every unit, called in some) */
 #else
 #define SHARED
 #define CHUNK
 #define KERNEL static
+#define EPILOGUE static
 #endif
 
 /* Before a generated loop whose iterations are independent (a group's forward): vectorise it

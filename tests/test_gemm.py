@@ -5,7 +5,7 @@ gradients), at sizes that leave tails in every direction (rows after the last bl
 columns after the last pair of vectors and the last vector), with strides as the generated code
 passes them, over all input rows and over the list scan_rows makes of those that hold a nonzero
 (sparse inputs, a third of the rows zero; and a quarter of the gradient rows 0, which matmul_acc
-leaves out); each kernel built (GEMM_VECTOR_BYTES: the plain loops,
+leaves out; and matmul_set with an epilogue, a ReLU); each kernel built (GEMM_VECTOR_BYTES: the plain loops,
 AVX2, AVX-512), those this CPU has run."""
 
 import itertools
@@ -19,9 +19,11 @@ from codegen import toolchain
 from pathlib import Path
 
 HARNESS = """
+static void relu_rows(const real *restrict x, real *restrict y, long count)
+{ for (long n = 0; n < count; n++) y[n] = where(x[n] < 0, 0, x[n]); }
 void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
-              const real *x, long x_k, long J, long S, long K, const int32_t *rows)
-{ matmul_set(out, out_j, bias, bias_j, w, w_j, w_k, x, x_k, J, S, K, rows); }
+              const real *x, long x_k, long J, long S, long K, const int32_t *rows, real *y)
+{ matmul_set(out, out_j, bias, bias_j, w, w_j, w_k, x, x_k, J, S, K, rows, y ? relu_rows : 0, y, 128); }
 void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
               long J, long S, long K)
 { matmul_acc(out, out_k, w, w_j, w_k, go, go_j, J, S, K); }
@@ -32,7 +34,7 @@ void call_scan(const real *x, long stride, long nb, long n, int32_t *list) { sca
 """
 DECLARATIONS = """
 void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
-              const real *x, long x_k, long J, long S, long K, const int *rows);
+              const real *x, long x_k, long J, long S, long K, const int *rows, real *y);
 void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
               long J, long S, long K);
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
@@ -81,11 +83,15 @@ def check(compiler, dtype, width=None):
         if sparse:  # and every fourth neuron's gradient row 0 (a ReLU that is off): matmul_acc leaves it out
             go[1::4] = 0
         W, X, G, bias = w[:, :K].astype(np.float64), x[:, :S].astype(np.float64), go[:, :S].astype(np.float64), w[:, K]
-        out = np.zeros((J, 128), np_type)
-        lib.call_set(ptr(out), 128, ptr(w[:, K:].copy()), 1, ptr(w), K + 1, 1, ptr(x), 128, J, S, K, rows)
+        out, relu = np.zeros((J, 128), np_type), np.zeros((J, 128), np_type)
+        lib.call_set(ptr(out), 128, ptr(w[:, K:].copy()), 1, ptr(w), K + 1, 1, ptr(x), 128, J, S, K, rows,
+                     ptr(relu) if sparse else ffi.NULL)
         expected = W @ X + bias[:, None]
         worst = max(worst, compare(out[:, :S], expected, rtol, "matmul_set", J, S, K, sparse))
         assert not out[:, S:].any()  # nothing past the batch
+        if sparse:  # with an epilogue (a ReLU): applied to every row, exactly, and nothing past the batch
+            np.testing.assert_array_equal(relu[:, :S], np.where(out[:, :S] < 0, 0, out[:, :S]))
+            assert not relu[:, S:].any()
         start = rng.standard_normal((K, 128)).astype(np_type)
         dx = start.copy()
         lib.call_acc(ptr(dx), 128, ptr(w), K + 1, 1, ptr(go), 128, J, S, K)

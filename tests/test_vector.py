@@ -209,8 +209,9 @@ def test_layer_over_a_batch_kernels(compiler, mode, loss):
     assert "dot_rows(g + " in source and ", 37, 6, g + " in source  # the second layer: 6 rows of 37
     assert "matmul_acc(g + " in source and ", 5, 37, 6);" in source and ", 1, 37, 5);" in source
     # forward: the hidden layers one matmul_set each (6 neurons of 3 inputs, 5 of 6) over 37
-    # samples (the last neuron, with two loose terms, is a loop)
-    assert all(f", {shape}, NULL);" in source for shape in ("6, 37, 3", "5, 37, 6"))
+    # samples, their ReLU its epilogue (the last neuron, with two loose terms, is a loop)
+    assert all(f", {shape}, NULL, epilogue_0, d + " in source for shape in ("6, 37, 3", "5, 37, 6"))
+    assert "y[n] = where(x[n] < 0, 0, x[n]);" in source
 
 
 def test_shared_constant_in_a_moving_list(compiler):

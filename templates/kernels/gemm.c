@@ -16,13 +16,27 @@
  * it runs (with -march=native, only the CPU's own width is built); TCC runs a plain loop. */
 #define GEMM_MR 6
 
+/* A function of each value of a row of the product, applied as soon as the row is done (while it
+ * is in the cache, and on the thread that made it): y[n] = f(x[n]) for n < count, a layer's
+ * activation (codegen/statements.py writes it from the op table). */
+typedef void (*Epilogue)(const real *restrict x, real *restrict y, long count);
+
 typedef struct {
     real *C;
     const real *A, *B, *bias;
     long c_i, a_i, a_p, b_p, bias_i, N, P;
     int accumulate;
     const int32_t *p_list; /* 0: p runs over 0..P-1; else over p_list[0..P-1] (increasing) */
+    Epilogue epilogue;     /* 0, or f: row i's f(C) into y + i * y_i */
+    real *y;
+    long y_i;
 } GemmArgs;
+
+/* rows [i, i + count) of C done: their epilogue */
+#define GEMM_EPILOGUE(g, i, count)                                                                 \
+    if ((g)->epilogue)                                                                             \
+        for (long r_ = (i); r_ < (i) + (count); r_++)                                              \
+            (g)->epilogue((g)->C + r_ * (g)->c_i, (g)->y + r_ * (g)->y_i, (g)->N);
 
 /* the initial value of row i's sums */
 #define GEMM_INIT(g, i) ((g)->accumulate ? 0 : (g)->bias ? (g)->bias[(i) * (g)->bias_i] : (real)0)
@@ -41,6 +55,7 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
             for (long n = 0; n < g->N; n++)
                 c[n] += a * b[n];
         }
+        GEMM_EPILOGUE(g, i, 1)
     }
 }
 
@@ -81,6 +96,7 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
                 GEMM_OVER_P(const real b0 = B[p * b_p + n]; GEMM_ROW6(GEMM_FMA_SCALAR))          \
                 GEMM_ROW6(GEMM_STORE_SCALAR)                                                       \
             }                                                                                      \
+            GEMM_EPILOGUE(g, i, GEMM_MR)                                                           \
         }                                                                                          \
         for (; i < last; i++) { /* single rows: the same sums, one row of accumulators */           \
             real *restrict c = g->C + i * c_i;                                                     \
@@ -98,6 +114,7 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
                 GEMM_OVER_P(const real b0 = B[p * b_p + n]; GEMM_FMA_SCALAR(0))                  \
                 GEMM_STORE_SCALAR(0)                                                               \
             }                                                                                      \
+            GEMM_EPILOGUE(g, i, 1)                                                                 \
         }                                                                                          \
     }
 /* the sum's loop over p, written twice: the dense one counts, the listed one reads the list */
@@ -214,13 +231,14 @@ KERNEL void scan_rows(const real *restrict x, long stride, long nb, long n, int3
 
 /* out[j * out_j + s] = bias[j * bias_j] + sum over k < K of w[j * w_j + k * w_k] * x[k * x_k + s],
  * for j < J and s < S (bias 0: no bias), over the listed k only (rows: see above): a layer's J
- * neurons over a batch of S (x: its K inputs' rows). */
+ * neurons over a batch of S (x: its K inputs' rows); with an epilogue f (else 0), also
+ * y[j * y_j + s] = f(out[j * out_j + s]): the layer's activation. */
 KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
                        const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
-                       long J, long S, long K, const int32_t *rows)
+                       long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j)
 {
     const GemmArgs g = {out, w, x, bias, out_j, w_j, w_k, x_k, bias_j, S, LISTED_COUNT(rows, K), 0,
-                        LISTED_INDEX(rows)};
+                        LISTED_INDEX(rows), epilogue, y, y_j};
     gemm(&g, J);
 }
 
@@ -244,7 +262,7 @@ KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, l
                 active[count++] = (int32_t)j;
         }
     }
-    const GemmArgs g = {out, w, go, 0, out_k, w_k, w_j, go_j, 0, S, count, 1, count < J ? active : 0};
+    const GemmArgs g = {out, w, go, 0, out_k, w_k, w_j, go_j, 0, S, count, 1, count < J ? active : 0, 0, 0, 0};
     if (count > 0)
         gemm(&g, K);
 }
@@ -301,7 +319,7 @@ static void matmul_nt_part(const WeightGradientArgs *a, long first_block, long l
                 for (long s = 0; s < p; s++)
                     xt[s * n + k] = row[s];
             }
-            const GemmArgs g = {a->out + k0, a->go + s0, xt, 0, a->out_j, a->go_j, 1, n, 0, n, p, 1, 0};
+            const GemmArgs g = {a->out + k0, a->go + s0, xt, 0, a->out_j, a->go_j, 1, n, 0, n, p, 1, 0, 0, 0, 0};
             kernel(&g, first, last);
         }
     }
