@@ -62,8 +62,12 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__) /* GCC, Clang */
 #define GEMM_VECTOR_KERNELS 1
 #define GEMM_ROW6(op) op(0) op(1) op(2) op(3) op(4) op(5)
-/* rows [first, last) with vectors of vec_t: GEMM_MR rows at a time by two vectors of columns,
- * then one vector, then single columns; the rows after the last whole block one at a time */
+#define GEMM_ROW4(op) op(0) op(1) op(2) op(3)
+#define GEMM_ROW2(op) op(0) op(1)
+#define GEMM_ROW1(op) op(0)
+/* rows [first, last) with vectors of vec_t: GEMM_MR rows at a time, then a block of 4, of 2 and
+ * a single row for the rest (each block streams B once), each by two vectors of columns, then
+ * one vector, then single columns */
 #define GEMM_KERNEL(name, attributes, vec_t)                                                        \
     static attributes void name(const GemmArgs *g, long first, long last)                          \
     {                                                                                              \
@@ -73,49 +77,45 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
         const long a_i = g->a_i, a_p = g->a_p, b_p = g->b_p, c_i = g->c_i, N = g->N, P = g->P;    \
         const int32_t *restrict p_list = g->p_list;                                                \
         long i = first;                                                                            \
-        for (; i + GEMM_MR <= last; i += GEMM_MR) {                                                \
-            real *restrict c = g->C + i * c_i;                                                     \
-            const real *restrict a = A + i * a_i;                                                  \
-            long n = 0;                                                                            \
-            for (; n + 2 * V <= N; n += 2 * V) {                                                   \
-                GEMM_ROW6(GEMM_DECLARE2)                                                    \
-                GEMM_ROW6(GEMM_INIT2)                                                              \
-                GEMM_OVER_P(vec b0; vec b1; memcpy(&b0, B + p * b_p + n, sizeof b0);              \
-                            memcpy(&b1, B + p * b_p + n + V, sizeof b1); GEMM_ROW6(GEMM_FMA2))     \
-                GEMM_ROW6(GEMM_STORE2)                                                             \
-            }                                                                                      \
-            for (; n + V <= N; n += V) {                                                           \
-                GEMM_ROW6(GEMM_DECLARE1)                                                    \
-                GEMM_ROW6(GEMM_INIT1)                                                              \
-                GEMM_OVER_P(vec b0; memcpy(&b0, B + p * b_p + n, sizeof b0); GEMM_ROW6(GEMM_FMA1)) \
-                GEMM_ROW6(GEMM_STORE1)                                                             \
-            }                                                                                      \
-            for (; n < N; n++) {                                                                   \
-                GEMM_ROW6(GEMM_DECLARE_SCALAR)                                               \
-                GEMM_ROW6(GEMM_INIT_SCALAR)                                                        \
-                GEMM_OVER_P(const real b0 = B[p * b_p + n]; GEMM_ROW6(GEMM_FMA_SCALAR))          \
-                GEMM_ROW6(GEMM_STORE_SCALAR)                                                       \
-            }                                                                                      \
-            GEMM_EPILOGUE(g, i, GEMM_MR)                                                           \
+        for (; i + GEMM_MR <= last; i += GEMM_MR)                                                  \
+            GEMM_BLOCK(GEMM_ROW6, GEMM_MR)                                                         \
+        if (i + 4 <= last) {                                                                       \
+            GEMM_BLOCK(GEMM_ROW4, 4)                                                               \
+            i += 4;                                                                                \
         }                                                                                          \
-        for (; i < last; i++) { /* single rows: the same sums, one row of accumulators */           \
-            real *restrict c = g->C + i * c_i;                                                     \
-            const real *restrict a = A + i * a_i;                                                  \
-            long n = 0;                                                                            \
-            for (; n + V <= N; n += V) {                                                           \
-                vec s0;                                                                          \
-                GEMM_INIT1(0)                                                                      \
-                GEMM_OVER_P(vec b0; memcpy(&b0, B + p * b_p + n, sizeof b0); GEMM_FMA1(0))         \
-                GEMM_STORE1(0)                                                                     \
-            }                                                                                      \
-            for (; n < N; n++) {                                                                   \
-                real t0;                                                                           \
-                GEMM_INIT_SCALAR(0)                                                                \
-                GEMM_OVER_P(const real b0 = B[p * b_p + n]; GEMM_FMA_SCALAR(0))                  \
-                GEMM_STORE_SCALAR(0)                                                               \
-            }                                                                                      \
-            GEMM_EPILOGUE(g, i, 1)                                                                 \
+        if (i + 2 <= last) {                                                                       \
+            GEMM_BLOCK(GEMM_ROW2, 2)                                                               \
+            i += 2;                                                                                \
         }                                                                                          \
+        if (i < last)                                                                              \
+            GEMM_BLOCK(GEMM_ROW1, 1)                                                               \
+    }
+/* rows [i, i + count) of C, ROWS(op) expanding op for each */
+#define GEMM_BLOCK(ROWS, count)                                                                    \
+    {                                                                                              \
+        real *restrict c = g->C + i * c_i;                                                         \
+        const real *restrict a = A + i * a_i;                                                      \
+        long n = 0;                                                                                \
+        for (; n + 2 * V <= N; n += 2 * V) {                                                       \
+            ROWS(GEMM_DECLARE2)                                                                    \
+            ROWS(GEMM_INIT2)                                                                       \
+            GEMM_OVER_P(vec b0; vec b1; memcpy(&b0, B + p * b_p + n, sizeof b0);                  \
+                        memcpy(&b1, B + p * b_p + n + V, sizeof b1); ROWS(GEMM_FMA2))              \
+            ROWS(GEMM_STORE2)                                                                      \
+        }                                                                                          \
+        for (; n + V <= N; n += V) {                                                               \
+            ROWS(GEMM_DECLARE1)                                                                    \
+            ROWS(GEMM_INIT1)                                                                       \
+            GEMM_OVER_P(vec b0; memcpy(&b0, B + p * b_p + n, sizeof b0); ROWS(GEMM_FMA1))          \
+            ROWS(GEMM_STORE1)                                                                      \
+        }                                                                                          \
+        for (; n < N; n++) {                                                                       \
+            ROWS(GEMM_DECLARE_SCALAR)                                                              \
+            ROWS(GEMM_INIT_SCALAR)                                                                 \
+            GEMM_OVER_P(const real b0 = B[p * b_p + n]; ROWS(GEMM_FMA_SCALAR))                     \
+            ROWS(GEMM_STORE_SCALAR)                                                                \
+        }                                                                                          \
+        GEMM_EPILOGUE(g, i, count)                                                                 \
     }
 /* the sum's loop over p, written twice: the dense one counts, the listed one reads the list */
 #define GEMM_OVER_P(...)                                                                           \
