@@ -101,10 +101,10 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
     eb = Emitter(batched, dtype, shared=e, row_lists=bool(sparse_inputs)) if batched else None
     forward_outputs = e.forward_pass(program.forward[:program.n_output_groups])
     forward_rest = e.forward_pass(program.forward[program.n_output_groups:])
-    backward = [s for g in program.backward for s in e.backward(g)]
-    backward_sgd = [s for g in program.backward for s in e.backward(g, sgd=True)] if program.sgd_in_backward else []
+    backward = e.backward_pass(program.backward)
+    backward_sgd = e.backward_pass(program.backward, sgd=True) if program.sgd_in_backward else []
     # The step-by-step API's backward (modules only; the same as backward_body when no row is tracked)
-    backward_tracked = [s for g in program.backward for s in e.backward(g, tracked=True)] \
+    backward_tracked = e.backward_pass(program.backward, tracked=True) \
         if sparse_inputs is not None and program.sgd_in_backward else []
     d, dg = ["real *restrict d"], ["real *restrict d", "real *restrict g"]
     tracking = ["uint64_t *restrict stamp", "real *restrict rank1", "real *restrict snap", "uint32_t *restrict live",
@@ -171,7 +171,7 @@ def _batched_functions(eb):
     d, dg = ["real *restrict d", "long nb"], ["real *restrict d", "real *restrict g", "long nb"]
     return [("forward_outputs_batch", d, eb.forward_pass(outputs)),
             ("forward_rest_batch", d, eb.forward_pass(rest)),
-            ("backward_batch", dg, [s for g in batched.backward for s in eb.backward(g)])]
+            ("backward_batch", dg, eb.backward_pass(batched.backward))]
 
 
 def _batch_layout(eb, dtype):

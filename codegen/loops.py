@@ -156,15 +156,22 @@ class Matmul:
     wrt: object      # Vector: the inputs' gradients
     weights: object  # Vector
     out: object      # Affine: the group's gradients (go)
+    epilogue: tuple = None  # (the C function, Affines of its y, a, o over the rows: fused_gradient)
 
     def render(self, shape):
         last = kernel_loops(shape)
         wrt, weights = self.wrt, self.weights
+        if self.epilogue:
+            function, y, a, o = self.epilogue
+            epilogue = ", ".join([function] + [f"{where} + {at.base}, {at.strides[0] if len(at.strides) > 1 else 0}"
+                                                for where, at in (("g", y), ("d", a), ("d", o))])
+        else:
+            epilogue = "NULL, NULL, 0, NULL, 0, NULL, 0"
         call = (f"matmul_acc({loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
                 f"{progression(wrt.offsets)}, {loop_start(weights.start, last, weights.offsets[0])}, "
                 f"{along_neurons(weights.start, shape)}, {progression(weights.offsets)}, "
                 f"{loop_start(self.out, last, grad=True)}, {along_neurons(self.out, shape)}, "
-                f"{neurons(shape)}, {shape[-1]}, {len(wrt.offsets)});")
+                f"{neurons(shape)}, {shape[-1]}, {len(wrt.offsets)}, {epilogue});")
         return per_pass(shape, call)
 
     @staticmethod
@@ -251,20 +258,50 @@ def fused_activation(g, h):
     over the same contiguous slots), its own results contiguous along the batch; else None.
     Computing h early is safe: it reads nothing but g's results, and nothing before it reads
     its own."""
-    ops, out = h.operands, g.operands.out
-    if h.first.kind != "op" or h.first.op.arity != 1 or len(ops.args) != 1 or not hasattr(ops.args[0], "base"):
+    if not _activation(h) or _laid(h.operands.args[0], h.shape, g.shape) != g.operands.out:
         return None
-    if h.shape == g.shape:
-        return ops.out if ops.args[0] == out and ops.out.strides[-1] == 1 else None
-    fixed = all(type(n) is int for n in g.shape + h.shape)  # (a batch's extent varies: loops alike only)
-    if not fixed or len(g.shape) != 2 or math.prod(h.shape) != math.prod(g.shape):
+    return _laid(h.operands.out, h.shape, g.shape)
+
+
+def fused_gradient(wrt, shape, h):
+    """For a layer's inputs' gradients (a Matmul of wrt over a loop nest of `shape`) and the
+    group h after it in backward order: when the inputs are h's results, h an activation, as
+    (where its argument's gradient, its argument and its results are), Affines over the product's
+    rows (inputs by samples), what the product's epilogue needs to add h's gradient to its
+    argument's (templates/kernels/gemm.c); else None. The product is the last to add to the
+    inputs' gradients: h reads them next."""
+    if not _activation(h) or len(shape) > 2:
         return None
-    if not np.array_equal(_positions(ops.args[0], h.shape), _positions(out, g.shape)):
+    x, node = h.operands.args[0], h.first.args[0]
+    if not node.needs_grad or node.shares_grad or wrt.start.grad_base is not None:
         return None
-    y = _positions(ops.out, h.shape).reshape(g.shape)
-    along = int(y[1, 0] - y[0, 0]) if g.shape[0] > 1 else 0
-    laid = type(out)(int(y[0, 0]), (along, 1))
-    return laid if np.array_equal(_positions(laid, g.shape), y.ravel()) else None
+    rows = (len(wrt.offsets), shape[-1])
+    if _laid(h.operands.out, h.shape, rows) != type(x)(wrt.start.base + wrt.offsets[0], (progression(wrt.offsets), 1)):
+        return None
+    laid = (_laid(x, h.shape, rows), _laid(x, h.shape, rows), _laid(h.operands.out, h.shape, rows))
+    return None if None in laid or x.grad_base is not None else laid
+
+
+def _activation(h):
+    """Whether group h applies a one-argument op to slots (not constants)."""
+    return (h.first.kind == "op" and h.first.op.arity == 1 and len(h.operands.args) == 1
+            and hasattr(h.operands.args[0], "base"))
+
+
+def _laid(affine, along, shape):
+    """The Affine over a two-loop nest `shape` (or one loop) that reaches the slots `affine`
+    reaches over the loop nest `along`, in the same order, contiguous along the last loop; or
+    None. Nests of a fixed size compare slot by slot (a group's loops may have been merged into
+    one); a batch's (whose extent varies) only as they are."""
+    if along == shape:
+        return affine if affine.strides and affine.strides[-1] == 1 else None
+    fixed = all(type(n) is int for n in along + shape)
+    if not fixed or not 1 <= len(shape) <= 2 or math.prod(along) != math.prod(shape):
+        return None
+    positions = _positions(affine, along).reshape((1,) * (2 - len(shape)) + tuple(shape))
+    step = int(positions[1, 0] - positions[0, 0]) if positions.shape[0] > 1 else 0
+    laid = type(affine)(int(positions[0, 0]), (step, 1)[-len(shape):])
+    return laid if np.array_equal(_positions(laid, shape), positions.ravel()) else None
 
 
 def _positions(affine, shape):

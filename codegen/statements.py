@@ -11,6 +11,7 @@ import math
 from . import dtypes, ir
 from .dtypes import c_literal
 from .loops import (Accumulate, GO, Matmul, OffsetTables, WeightGradient, bias_argument, data_at, fused_activation,
+                    fused_gradient,
                     grad_at, layer_over_batch, loop_headers, loop_nest, loop_start, operand,
                     progression, slot_index, tree_sum, unrolled)
 
@@ -31,6 +32,7 @@ class Emitter:
         self.sparse_inputs = sparse_inputs
         self.nonzero_lists = {}  # (first slot, length) of an input range: its list's offset in words
         self.tracked_rows = []  # backward(tracked=True)'s parameter rows: (start, length, loop shape, other's start)
+        self._folded = None  # the group whose gradient backward()'s product finished (backward_pass)
         self.epilogues = shared.epilogues if shared else {}  # a layer kernel's epilogue: the C of its value -> its function's name
 
     def _nonzeros(self, v):
@@ -127,17 +129,40 @@ class Emitter:
             statements += self.forward(g, epilogue)
         return statements
 
-    def _epilogue(self, node):
-        """The name of a C function applying node's op (one argument) to a row of values."""
-        names = {"a": "x[n]", **({"k": c_literal(node.k, self.dtype)} if node.k is not None else {})}
-        value = self._op_c(node, node.op.value, names)
-        return self.epilogues.setdefault(value, f"epilogue_{len(self.epilogues)}")
+    def _epilogue(self, node, gradient=False):
+        """The name of a C function (see templates/kernels/gemm.c's Epilogue) applying node's op
+        (one argument) to a row of values x: its value; or, with gradient, its gradient x times
+        its derivative, added to its argument's gradient."""
+        names = {"a": "a[n]", "out": "o[n]", **({"k": c_literal(node.k, self.dtype)} if node.k is not None else {})}
+        if gradient:
+            local = self._op_c(node, node.op.grads[0], names)
+            statement = "y[n] += x[n];" if local == "1" else f"y[n] += ({local}) * x[n];"
+        else:
+            statement = f"y[n] = {self._op_c(node, node.op.value, dict(names, a='x[n]'))};"
+        return self.epilogues.setdefault(statement, f"epilogue_{len(self.epilogues)}")
 
     def epilogue_definitions(self):
         """The epilogues' C (static: each unit that calls one defines it)."""
-        return "\n".join(f"EPILOGUE void {name}(const real *restrict x, real *restrict y, long count)\n{{\n"
-                         f"    INDEPENDENT for (long n = 0; n < count; n++)\n        y[n] = {value};\n}}"
-                         for value, name in self.epilogues.items())
+        return "\n".join("EPILOGUE void {name}(const real *restrict x, real *restrict y, const real *restrict a,\n"
+                         "                    const real *restrict o, long count)\n{{\n"
+                         "    (void)a;\n    (void)o;\n"
+                         "    INDEPENDENT for (long n = 0; n < count; n++)\n        {statement}\n}}".format(name=name, statement=statement)
+                         for statement, name in self.epilogues.items())
+
+    def backward_pass(self, groups, **options):
+        """The statements of backward(g, **options) for each group of `groups` (in backward
+        order); an activation's gradient, when the group just before it finishes the
+        activation's gradient with a product (its inputs' gradients, matmul_acc), becomes that
+        product's epilogue (loops.fused_gradient): nothing between them adds to it."""
+        statements, skip = [], None
+        for i, g in enumerate(groups):
+            if g is skip:
+                continue
+            after = groups[i + 1] if i + 1 < len(groups) else None
+            self._folded = None
+            statements += self.backward(g, activation=after, **options)
+            skip = self._folded
+        return statements
 
     def forward(self, g, epilogue=None):
         ops = g.operands
@@ -183,12 +208,14 @@ class Emitter:
                 f"{loop_start(inputs.start, 1)}, {len(inputs.offsets)}, {shape[-1]}, {nonzeros});")
         return "\n    ".join(loop_headers(shape[:-1]) + [call])
 
-    def backward(self, g, sgd=False, tracked=False):
+    def backward(self, g, sgd=False, tracked=False, activation=None):
         """Statements adding the group's gradients into its operands' gradients. With sgd (see
         ir.sgd_in_backward) a contribution to a parameter marked sgd_fused instead applies
         `param -= lr * contribution`, placed after the statements that still read the parameter's
         old value. With tracked (the step-by-step API's backward), a dot's contribution to a row
-        of such parameters by a kernel goes through the row's stamp (see _track)."""
+        of such parameters by a kernel goes through the row's stamp (see _track). activation: the
+        group after g in backward order, whose gradient g's product may finish as its epilogue
+        (then self._folded is that group: see backward_pass)."""
         ops, node = g.operands, g.first
         grads, updates, snapshots = [], [], []
         out_grad = grad_at(ops.out)
@@ -219,7 +246,7 @@ class Emitter:
             self._add_terms(ops.terms, [node.args[i] for i in ops.term_positions], go, contribute, ops.out)
         if ops.a:
             for wrt, other, factors in ((ops.b, ops.a, node.b), (ops.a, ops.b, node.a)):
-                self._add_products(wrt, other, factors, go, contribute, ops.out, g.shape)
+                self._add_products(wrt, other, factors, go, contribute, ops.out, g.shape, activation)
         if not grads and not updates:
             return []
         # Every contribution is go times something: none when go is 0 (a ReLU that is off), which
@@ -340,14 +367,19 @@ class Emitter:
             contribute(to_param, f"add_offsets(g + {slot_index(v.start, grad=True)}, {table}, {go}, {n});",
                        f"add_offsets(d + {slot_index(v.start)}, {table}, -(lr * {go}), {n});")
 
-    def _add_products(self, wrt, other, factors, go, contribute, out, shape=()):
+    def _add_products(self, wrt, other, factors, go, contribute, out, shape=(), activation=None):
         """Factor list `wrt` of a dot gets go times the other list's values."""
         needs = [f.needs_grad for f in factors]
         if not any(needs):
             return
         n = len(factors)
         if all(needs) and not any(f.sgd_fused for f in factors) and Matmul.fits(shape, wrt, other, out):
-            contribute(False, Matmul(wrt, other, out), None)
+            laid = fused_gradient(wrt, shape, activation) if activation is not None else None
+            epilogue = None
+            if laid is not None:
+                self._folded = activation
+                epilogue = (self._epilogue(activation.first, gradient=True), *laid)
+            contribute(False, Matmul(wrt, other, out, epilogue), None)
             return
         # (a loop whose weights stay put over its innermost loop gives them several contributions:
         # batch-1 SGD never updates them in backward, and the batched program never does)

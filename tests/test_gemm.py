@@ -5,7 +5,7 @@ gradients), at sizes that leave tails in every direction (rows after the last bl
 columns after the last pair of vectors and the last vector), with strides as the generated code
 passes them, over all input rows and over the list scan_rows makes of those that hold a nonzero
 (sparse inputs, a third of the rows zero; and a quarter of the gradient rows 0, which matmul_acc
-leaves out; and matmul_set with an epilogue, a ReLU); each kernel built (GEMM_VECTOR_BYTES: the plain loops,
+leaves out; and matmul_set and matmul_acc with an epilogue, a ReLU and its gradient); each kernel built (GEMM_VECTOR_BYTES: the plain loops,
 AVX2, AVX-512), those this CPU has run."""
 
 import itertools
@@ -19,14 +19,18 @@ from codegen import toolchain
 from pathlib import Path
 
 HARNESS = """
-static void relu_rows(const real *restrict x, real *restrict y, long count)
-{ for (long n = 0; n < count; n++) y[n] = where(x[n] < 0, 0, x[n]); }
+static void relu_rows(const real *restrict x, real *restrict y, const real *restrict a, const real *restrict o,
+                      long count)
+{ (void)a; (void)o; for (long n = 0; n < count; n++) y[n] = where(x[n] < 0, 0, x[n]); }
+static void relu_gradient_rows(const real *restrict x, real *restrict y, const real *restrict a,
+                               const real *restrict o, long count)
+{ (void)a; for (long n = 0; n < count; n++) y[n] += (o[n] > 0) * x[n]; }
 void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
               const real *x, long x_k, long J, long S, long K, const int32_t *rows, real *y)
 { matmul_set(out, out_j, bias, bias_j, w, w_j, w_k, x, x_k, J, S, K, rows, y ? relu_rows : 0, y, 128); }
 void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
-              long J, long S, long K)
-{ matmul_acc(out, out_k, w, w_j, w_k, go, go_j, J, S, K); }
+              long J, long S, long K, real *y, const real *o)
+{ matmul_acc(out, out_k, w, w_j, w_k, go, go_j, J, S, K, y ? relu_gradient_rows : 0, y, 128, 0, 0, o, 128); }
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
              const int32_t *rows)
 { matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S, rows); }
@@ -36,7 +40,7 @@ DECLARATIONS = """
 void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
               const real *x, long x_k, long J, long S, long K, const int *rows, real *y);
 void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
-              long J, long S, long K);
+              long J, long S, long K, real *y, const real *o);
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
              const int *rows);
 void call_scan(const real *x, long stride, long nb, long n, int *list);
@@ -94,9 +98,17 @@ def check(compiler, dtype, width=None):
             assert not relu[:, S:].any()
         start = rng.standard_normal((K, 128)).astype(np_type)
         dx = start.copy()
-        lib.call_acc(ptr(dx), 128, ptr(w), K + 1, 1, ptr(go), 128, J, S, K)
+        # with an epilogue (sparse cases): a ReLU's gradient, from its results x (a third of them 0)
+        dy, relu_out = rng.standard_normal((K, 128)).astype(np_type), x.copy()
+        dy_before = dy.copy()
+        lib.call_acc(ptr(dx), 128, ptr(w), K + 1, 1, ptr(go), 128, J, S, K,
+                     *((ptr(dy), ptr(relu_out)) if sparse else (ffi.NULL, ffi.NULL)))
         worst = max(worst, compare(dx[:, :S], start[:, :S] + W.T @ G, rtol, "matmul_acc", J, S, K, sparse))
         np.testing.assert_array_equal(dx[:, S:], start[:, S:])
+        if sparse:  # exactly the loop's sums, from the finished inputs' gradients; nothing past the batch
+            expected_dy = dy_before[:, :S] + (relu_out[:, :S] > 0) * dx[:, :S]
+            np.testing.assert_array_equal(dy[:, :S], expected_dy)
+            np.testing.assert_array_equal(dy[:, S:], dy_before[:, S:])
         dw = rng.standard_normal((J, K + 1)).astype(np_type)
         before = dw.copy()
         lib.call_nt(ptr(dw), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows)

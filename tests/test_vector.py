@@ -207,7 +207,7 @@ def test_layer_over_a_batch_kernels(compiler, mode, loss):
     params, inputs = [Value(v) for v in init], [Value(0.0)]
     source = "\n".join(codegen.generate(build(params, inputs), inputs, params))
     assert "dot_rows(g + " in source and ", 37, 6, g + " in source  # the second layer: 6 rows of 37
-    assert "matmul_acc(g + " in source and ", 5, 37, 6);" in source and ", 1, 37, 5);" in source
+    assert "matmul_acc(g + " in source and ", 5, 37, 6, epilogue_" in source and ", 1, 37, 5, epilogue_" in source
     # forward: the hidden layers one matmul_set each (6 neurons of 3 inputs, 5 of 6) over 37
     # samples, their ReLU its epilogue (the last neuron, with two loose terms, is a loop)
     assert all(f", {shape}, NULL, epilogue_0, d + " in source for shape in ("6, 37, 3", "5, 37, 6"))

@@ -17,9 +17,12 @@
 #define GEMM_MR 6
 
 /* A function of each value of a row of the product, applied as soon as the row is done (while it
- * is in the cache, and on the thread that made it): y[n] = f(x[n]) for n < count, a layer's
- * activation (codegen/statements.py writes it from the op table). */
-typedef void (*Epilogue)(const real *restrict x, real *restrict y, long count);
+ * is in the cache, and on the thread that made it), for n < count: a layer's activation,
+ * y[n] = f(x[n]) (after matmul_set), or the activation's gradient, y[n] += f'(a[n], o[n]) * x[n]
+ * with a and o its argument's and its own values (after matmul_acc, which finished x, the
+ * activation's gradient). codegen/statements.py writes them from the op table. */
+typedef void (*Epilogue)(const real *restrict x, real *restrict y, const real *restrict a, const real *restrict o,
+                         long count);
 
 typedef struct {
     real *C;
@@ -27,16 +30,18 @@ typedef struct {
     long c_i, a_i, a_p, b_p, bias_i, N, P;
     int accumulate;
     const int32_t *p_list; /* 0: p runs over 0..P-1; else over p_list[0..P-1] (increasing) */
-    Epilogue epilogue;     /* 0, or f: row i's f(C) into y + i * y_i */
+    Epilogue epilogue;     /* 0, or f: row i's f(C) into y + i * y_i (reading arg + i * arg_i, res + i * res_i) */
     real *y;
-    long y_i;
+    const real *arg, *res;
+    long y_i, arg_i, res_i;
 } GemmArgs;
 
 /* rows [i, i + count) of C done: their epilogue */
 #define GEMM_EPILOGUE(g, i, count)                                                                 \
     if ((g)->epilogue)                                                                             \
         for (long r_ = (i); r_ < (i) + (count); r_++)                                              \
-            (g)->epilogue((g)->C + r_ * (g)->c_i, (g)->y + r_ * (g)->y_i, (g)->N);
+            (g)->epilogue((g)->C + r_ * (g)->c_i, (g)->y + r_ * (g)->y_i,                          \
+                          (g)->arg ? (g)->arg + r_ * (g)->arg_i : 0, (g)->res ? (g)->res + r_ * (g)->res_i : 0, (g)->N);
 
 /* the initial value of row i's sums */
 #define GEMM_INIT(g, i) ((g)->accumulate ? 0 : (g)->bias ? (g)->bias[(i) * (g)->bias_i] : (real)0)
@@ -238,17 +243,20 @@ KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias
                        long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j)
 {
     const GemmArgs g = {out, w, x, bias, out_j, w_j, w_k, x_k, bias_j, S, LISTED_COUNT(rows, K), 0,
-                        LISTED_INDEX(rows), epilogue, y, y_j};
+                        LISTED_INDEX(rows), epilogue, y, 0, 0, y_j, 0, 0};
     gemm(&g, J);
 }
 
 /* out[k * out_k + s] += sum over j < J of w[j * w_j + k * w_k] * go[j * go_j + s], for k < K and
  * s < S: a layer's inputs' gradients over a batch of S (go: its J neurons' gradient rows, w: its
  * weights, K inputs each). Neurons whose gradient row is 0 over the whole batch (a ReLU that is
- * off, a hinge that is flat) are left out of the sums: what they would add is 0. */
+ * off, a hinge that is flat) are left out of the sums: what they would add is 0. With an
+ * epilogue (else 0), the gradient of the activation whose results the inputs are, into
+ * y[k * y_k + s], from a[k * a_k + s] and o[k * o_k + s] (see Epilogue). */
 #define GEMM_ACC_LISTED 4096 /* neurons a list is kept for (on the stack); more run dense */
 KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
-                       const real *restrict go, long go_j, long J, long S, long K)
+                       const real *restrict go, long go_j, long J, long S, long K, Epilogue epilogue, real *y,
+                       long y_k, const real *a, long a_k, const real *o, long o_k)
 {
     int32_t active[GEMM_ACC_LISTED];
     long count = J;
@@ -262,9 +270,13 @@ KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, l
                 active[count++] = (int32_t)j;
         }
     }
-    const GemmArgs g = {out, w, go, 0, out_k, w_k, w_j, go_j, 0, S, count, 1, count < J ? active : 0, 0, 0, 0};
+    const GemmArgs g = {out, w, go, 0, out_k, w_k, w_j, go_j, 0, S, count, 1, count < J ? active : 0,
+                        epilogue, y, a, o, y_k, a_k, o_k};
     if (count > 0)
         gemm(&g, K);
+    else if (epilogue) /* the inputs' gradients are what they were: the epilogue still runs */
+        for (long k = 0; k < K; k++)
+            epilogue(out + k * out_k, y + k * y_k, a ? a + k * a_k : 0, o ? o + k * o_k : 0, S);
 }
 
 /* out[j * out_j + k] += sum over s < S of go[j * go_j + s] * x[k * x_k + s], for j < J and k < K:
@@ -319,7 +331,7 @@ static void matmul_nt_part(const WeightGradientArgs *a, long first_block, long l
                 for (long s = 0; s < p; s++)
                     xt[s * n + k] = row[s];
             }
-            const GemmArgs g = {a->out + k0, a->go + s0, xt, 0, a->out_j, a->go_j, 1, n, 0, n, p, 1, 0, 0, 0, 0};
+            const GemmArgs g = {a->out + k0, a->go + s0, xt, 0, a->out_j, a->go_j, 1, n, 0, n, p, 1, 0, 0, 0, 0, 0, 0, 0, 0};
             kernel(&g, first, last);
         }
     }
