@@ -8,7 +8,7 @@ compiles in parallel; the layout's #defines, the tables, and the templates fille
 
 import templates
 
-from . import dtypes, optim
+from . import dtypes, ir, optim
 from .dtypes import c_literal
 from .statements import Emitter
 
@@ -162,8 +162,8 @@ def _constants(constants, dtype, name="init_constants", table="CONSTANT_VALUES")
 
 def _batched_functions(eb):
     """(name, parameters, statements) of the batched program's functions (codegen/batch.py):
-    forward_outputs_batch(d, nb), forward_rest_batch(d, nb), backward_batch(d, g, nb); eb: its
-    emitter, or None."""
+    forward_outputs_batch(d, nb), forward_rest_batch(d, nb), backward_batch(d, g, nb, rate) (rate:
+    0, or the SGD step's, which it takes on eb.stepped); eb: its emitter, or None."""
     if eb is None:
         return []
     batched = eb.program
@@ -171,7 +171,7 @@ def _batched_functions(eb):
     d, dg = ["real *restrict d", "long nb"], ["real *restrict d", "real *restrict g", "long nb"]
     return [("forward_outputs_batch", d, eb.forward_pass(outputs)),
             ("forward_rest_batch", d, eb.forward_pass(rest)),
-            ("backward_batch", dg, eb.backward_pass(batched.backward))]
+            ("backward_batch", dg + ["real rate"], eb.backward_pass(batched.backward))]
 
 
 def _batch_layout(eb, dtype):
@@ -189,9 +189,18 @@ def _batch_layout(eb, dtype):
         f"#define BATCH_LOSS_SLOT {batched.loss_slot}",
         f"#define BATCH_CONSTANTS_BASE {batched.constants_base}",
         f"static const long BATCH_OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
+        *_stepped_runs(eb.stepped),
         _constants(batched.constants, dtype, "init_batch_constants", "BATCH_CONSTANT_VALUES"),
         eb.scan_batch_rows(),
     ])
+
+
+def _stepped_runs(slots):
+    """BATCH_STEPPED_RUNS: (first slot, count) of the weights backward_batch steps, ascending,
+    with a (N_PARAMS, 0) after them; N_BATCH_STEPPED_RUNS."""
+    runs = ir.slot_runs(sorted(slots)) + [("N_PARAMS", 0)]
+    return [f"#define N_BATCH_STEPPED_RUNS {len(runs) - 1}",
+            "static const long BATCH_STEPPED_RUNS[][2] = {" + ", ".join(f"{{{a}, {n}}}" for a, n in runs) + "};"]
 
 
 def _sgd_after_backward(runs):

@@ -194,16 +194,24 @@ class WeightGradient:
     inputs: object  # Vector
     out: object     # Affine: the group's gradients (go)
     rows: str = "NULL"  # C: the list of the inputs' rows that hold a nonzero (sparse inputs), or NULL
+    step: bool = False  # the batched program's SGD step on these weights, when `rate` is not 0
 
     def render(self, shape):
         last = kernel_loops(shape)
         wrt, x = self.wrt, self.inputs
+        step = f"rate ? {loop_start(wrt.start, last, wrt.offsets[0])} : NULL, rate" if self.step else "NULL, 0"
         call = (f"matmul_nt({loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
                 f"{along_neurons(wrt.start, shape)}, {loop_start(self.out, last, grad=True)}, "
                 f"{along_neurons(self.out, shape)}, {loop_start(x.start, last, x.offsets[0])}, "
                 f"{progression(x.offsets)}, {neurons(shape)}, {len(wrt.offsets)}, {shape[-1]}, "
-                f"{self.rows});")
+                f"{self.rows}, {step});")
         return per_pass(shape, call)
+
+    def weights(self, shape):
+        """The slots of the weights (all passes of the loops outside the batch's)."""
+        start = self.wrt.start
+        rows = _positions(type(start)(start.base, start.strides[:-1]), shape[:-1])
+        return (rows[:, None] + np.array(self.wrt.offsets)).ravel().tolist()
 
     @staticmethod
     def fits(shape, wrt, other, out):
@@ -320,7 +328,9 @@ def loop_nest(shape, body, dots=True, independent=False):
     C compiler is told, so that it vectorises without checking at run time."""
     if not shape:
         return [s.render() if isinstance(s, Accumulate) else s for s in body]
-    matmuls = [s.render(shape) for s in body if isinstance(s, (Matmul, WeightGradient))]
+    # the inputs' gradients first: they read the weights, which a weights' gradient may step
+    matmuls = [s.render(shape) for s in sorted((s for s in body if isinstance(s, (Matmul, WeightGradient))),
+                                                  key=lambda s: isinstance(s, WeightGradient))]
     if matmuls:
         body = [s for s in body if not isinstance(s, (Matmul, WeightGradient))]
         rest = loop_nest(shape, body, dots) if any(not (isinstance(s, str) and s.startswith(GO)) for s in body) else []

@@ -24,7 +24,8 @@ def nonzero_words(n):
 class Emitter:
     def __init__(self, program, dtype=dtypes.DEFAULT, sparse_inputs=False, shared=None, row_lists=False):
         """shared: the one-sample program's Emitter, whose offset tables and epilogues the
-        batched program's shares (they are defined once for both)."""
+        batched program's shares (they are defined once for both); that one's backward steps
+        weights (see stepped)."""
         self.program = program
         self.row_lists = {} if row_lists else None  # the batched program's (first input, count): offset in words
         self.dtype = dtype  # a dtypes.Dtype
@@ -33,6 +34,9 @@ class Emitter:
         self.nonzero_lists = {}  # (first slot, length) of an input range: its list's offset in words
         self.tracked_rows = []  # backward(tracked=True)'s parameter rows: (start, length, loop shape, other's start)
         self._folded = None  # the group whose gradient backward()'s product finished (backward_pass)
+        # the batched program's: slots of the weights whose SGD step its backward takes (matmul_nt
+        # with `rate`: parameters with one gradient contribution, ir.sgd_in_backward)
+        self.stepped = [] if shared else None
         self.epilogues = shared.epilogues if shared else {}  # a layer kernel's epilogue: the C of its value -> its function's name
 
     def _nonzeros(self, v):
@@ -384,7 +388,11 @@ class Emitter:
         # (a loop whose weights stay put over its innermost loop gives them several contributions:
         # batch-1 SGD never updates them in backward, and the batched program never does)
         if all(needs) and not unrolled(wrt, other) and WeightGradient.fits(shape, wrt, other, out):
-            contribute(False, WeightGradient(wrt, other, out, self._row_list(other)), None)
+            step = self.stepped is not None and all(f.kind == "param" and f.sgd_fused for f in factors)
+            product = WeightGradient(wrt, other, out, self._row_list(other), step)
+            if step:
+                self.stepped += product.weights(shape)
+            contribute(False, product, None)
             return
         if unrolled(wrt, other) or not all(needs):
             for f, i, j, need in zip(factors, wrt.offsets, other.offsets, needs):

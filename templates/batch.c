@@ -117,36 +117,64 @@ static void clear_batch_gradients(real *g, long nb)
 }
 
 /* Plain SGD's step after a batch, on the module's threads (each parameter's update is its own:
- * the same bits for any count); other optimizers take batch_step's. */
+ * the same bits for any count); other optimizers take batch_step's. With `stepped`, the weights
+ * that backward_batch stepped itself (BATCH_STEPPED_RUNS) are left alone. */
 typedef struct {
     real *d, *g;
     real rate;
+    int stepped;
 } SgdArgs;
 
 static void sgd_rows(void *args, long first, long last)
 {
     const SgdArgs *a = (const SgdArgs *)args;
-    sgd_step(a->d + first, a->g + first, a->rate, last - first);
+    if (!a->stepped) {
+        sgd_step(a->d + first, a->g + first, a->rate, last - first);
+        return;
+    }
+    long at = first; /* the runs ascend; the last, (N_PARAMS, 0), closes the last gap */
+    for (int r = 0; r <= N_BATCH_STEPPED_RUNS && at < last; r++) {
+        const long run = BATCH_STEPPED_RUNS[r][0], end = run + BATCH_STEPPED_RUNS[r][1];
+        const long gap_end = run < last ? run : last;
+        if (gap_end > at)
+            sgd_step(a->d + at, a->g + at, a->rate, gap_end - at);
+        if (end > at)
+            at = end;
+    }
 }
 
-static void step_after_batch(State *st, real *d, real *g, double lr, long long n)
+/* The SGD step's rate for a batch of n (backward_batch's `rate` and sgd_rows'). */
+static real sgd_rate(double lr, long long n)
+{
+    return (real)(lr / (double)n);
+}
+
+static void step_after_batch(State *st, real *d, real *g, double lr, long long n, int stepped)
 {
     if (!PLAIN_SGD) {
         batch_step(st, d, g, lr, n);
         return;
     }
-    SgdArgs args = {d, g, (real)(lr / (double)n)};
+    SgdArgs args = {d, g, sgd_rate(lr, n), stepped};
     if (N_PARAMS < 65536)
         sgd_rows(&args, 0, N_PARAMS);
     else
         parallel_rows(sgd_rows, &args, N_PARAMS, 4096);
 }
 
+/* Whether backward_batch can take train()'s SGD steps on the weights of BATCH_STEPPED_RUNS (see
+ * matmul_nt): plain SGD, and batches of one piece (train() starts from zero gradients). */
+static int backward_steps(long long batch)
+{
+    return PLAIN_SGD && N_BATCH_STEPPED_RUNS > 0 && batch <= BATCH_CAPACITY;
+}
+
 /* The rows order[0..count) forward and backward in pieces of at most BATCH_CAPACITY samples on the
  * batch buffers d, g (the parameters copied in), their parameter gradients added to g[0..N_PARAMS),
- * their losses to *loss_sum: a batch of train(), or gradients()'s rows. */
+ * their losses to *loss_sum: a batch of train(), or gradients()'s rows. rate: 0, or (one piece)
+ * the SGD step's, which backward_batch takes on the weights of BATCH_STEPPED_RUNS. */
 static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *order, Py_ssize_t count,
-                                double *loss_sum)
+                                double *loss_sum, real rate)
 {
     real *d = st->bd, *g = st->bg;
     for (Py_ssize_t first = 0; first < count; first += BATCH_CAPACITY) {
@@ -161,7 +189,7 @@ static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *o
         clear_batch_gradients(g, nb);
         for (long b = 0; b < nb; b++)
             g[BATCH_LOSS_SLOT + b] = 1;
-        backward_batch(d, g, nb);
+        backward_batch(d, g, nb, rate);
     }
 }
 
@@ -175,11 +203,13 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, d
     int interrupted = 0;
     memcpy(d, st->d, N_PARAMS * sizeof(real));
     memcpy(g, st->g, N_PARAMS * sizeof(real));
+    const int stepping = backward_steps(batch);
     pool_hold(1);
     for (Py_ssize_t i = 0; i < s->n && !interrupted;) {
         const Py_ssize_t end = s->n - i < batch ? s->n : i + (Py_ssize_t)batch;
-        add_batch_gradients(st, s, order + i, end - i, loss_sum);
-        step_after_batch(st, d, g, lr, end - i);
+        const real rate = stepping ? sgd_rate(lr, end - i) : 0; /* (0 when lr is) */
+        add_batch_gradients(st, s, order + i, end - i, loss_sum, rate);
+        step_after_batch(st, d, g, lr, end - i, rate != 0);
         interrupted = interrupted_now(&next_check, save);
         i = end;
     }
@@ -203,7 +233,7 @@ static void gradient_batches(State *st, const Samples *s, double *loss_sum)
         const Py_ssize_t count = s->n - first < BATCH_CAPACITY ? s->n - first : BATCH_CAPACITY;
         for (Py_ssize_t b = 0; b < count; b++)
             rows[b] = first + b;
-        add_batch_gradients(st, s, rows, count, loss_sum);
+        add_batch_gradients(st, s, rows, count, loss_sum, 0);
     }
     pool_hold(0);
     memcpy(st->g, st->bg, N_PARAMS * sizeof(real));

@@ -111,6 +111,33 @@ def test_threads_option_checks_its_value():
         twins(batch=0)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_backward_steps_the_weights_of_plain_sgd(compiler, dtype):
+    """With plain SGD and batches of one piece, the batched backward takes the step on the weights
+    of its weights' gradient products (matmul_nt with a rate): the same training as sample by
+    sample, with batches of 16 (a last one of 6) and of the whole set (70, two pieces of the
+    buffers: no step in backward then); lr 0 changes nothing; gradients() gives the gradients,
+    no step."""
+    case = classifier(n_in=40, hidden=(24, 18), n_classes=5)
+    batched, single = twins(compiler, batch=64, case=case, dtype=dtype)
+    source = "\n".join(codegen.generate(case[-1], case[1] + case[2], case[0].parameters()))
+    assert "rate ? d + " in source  # the first two layers' weights (40 and 24 inputs)
+    X, y = data(70, 40, 5)
+    for epoch, batch_size in enumerate((16, 16, 70)):
+        assert_close(batched.train(X, y, 0.05, batch_size=batch_size, seed=epoch),
+                     single.train(X, y, 0.05, batch_size=batch_size, seed=epoch), dtype)
+    assert_close(batched.params, single.params, dtype)
+    before = np.asarray(batched.params).copy()
+    batched.train(X, y, 0.0, batch_size=16)
+    np.testing.assert_array_equal(batched.params, before)
+    for net in (batched, single):
+        net.zero_grad()
+        net.gradients(X, y)
+    n = batched.n_params
+    assert_close(np.asarray(batched.grad)[:n], np.asarray(single.grad)[:n], dtype)
+    np.testing.assert_array_equal(batched.params, before)
+
+
 def test_a_convolution_over_a_batch():
     """The zoo's CNN (a 3x3 convolution's windows, then a dense layer) batched: the same as one
     image at a time, training and predicting."""

@@ -5,7 +5,8 @@ gradients), at sizes that leave tails in every direction (rows after the last bl
 columns after the last pair of vectors and the last vector), with strides as the generated code
 passes them, over all input rows and over the list scan_rows makes of those that hold a nonzero
 (sparse inputs, a third of the rows zero; and a quarter of the gradient rows 0, which matmul_acc
-leaves out; and matmul_set and matmul_acc with an epilogue, a ReLU and its gradient); each kernel built (GEMM_VECTOR_BYTES: the plain loops,
+leaves out; matmul_set and matmul_acc with an epilogue, a ReLU and its gradient; matmul_nt
+stepping the weights); each kernel built (GEMM_VECTOR_BYTES: the plain loops,
 AVX2, AVX-512), those this CPU has run."""
 
 import itertools
@@ -32,8 +33,8 @@ void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const re
               long J, long S, long K, real *y, const real *o)
 { matmul_acc(out, out_k, w, w_j, w_k, go, go_j, J, S, K, y ? relu_gradient_rows : 0, y, 128, 0, 0, o, 128); }
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
-             const int32_t *rows)
-{ matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S, rows); }
+             const int32_t *rows, real *w, real rate)
+{ matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S, rows, w, rate); }
 void call_scan(const real *x, long stride, long nb, long n, int32_t *list) { scan_rows(x, stride, nb, n, list); }
 """
 DECLARATIONS = """
@@ -42,7 +43,7 @@ void call_set(real *out, long out_j, const real *bias, long bias_j, const real *
 void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
               long J, long S, long K, real *y, const real *o);
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
-             const int *rows);
+             const int *rows, real *w, real rate);
 void call_scan(const real *x, long stride, long nb, long n, int *list);
 """
 DTYPES = {"float64": ("double", np.float64, 1e-12), "float32": ("float", np.float32, 2e-5)}
@@ -111,11 +112,18 @@ def check(compiler, dtype, width=None):
             np.testing.assert_array_equal(dy[:, S:], dy_before[:, S:])
         dw = rng.standard_normal((J, K + 1)).astype(np_type)
         before = dw.copy()
-        lib.call_nt(ptr(dw), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows)
+        lib.call_nt(ptr(dw), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows, ffi.NULL, 0)
         worst = max(worst, compare(dw[:, :K], before[:, :K] + G @ X.T, rtol, "matmul_nt", J, S, K, sparse))
         np.testing.assert_array_equal(dw[:, K], before[:, K])  # the bias column untouched
         if sparse:  # an unlisted row adds nothing to its weights' gradients
             np.testing.assert_array_equal(dw[:, :K:3], before[:, :K:3])
+        # stepping the weights instead (SGD after a batch, from zero gradients), in pieces of 32
+        # samples (HAVE_THREAD_POOL 0): the gradients stay (or end) 0
+        weights, zero = w.copy(), np.zeros((J, K + 1), np_type)
+        lib.call_nt(ptr(zero), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows, ptr(weights), 0.25)
+        worst = max(worst, compare(weights[:, :K], W - 0.25 * (G @ X.T), rtol, "matmul_nt stepping", J, S, K, sparse))
+        np.testing.assert_array_equal(weights[:, K], w[:, K])
+        assert not zero.any()
     print(f"{compiler} {dtype} width {width}: max relative difference {worst:.2e}")
 
 

@@ -34,6 +34,9 @@ typedef struct {
     real *y;
     const real *arg, *res;
     long y_i, arg_i, res_i;
+    real *step;            /* 0, or parameters laid out as C: step[...] -= rate * sum instead of C = sum */
+    real rate;
+    int clear;             /* with step: C (which held part of the sums) back to 0 */
 } GemmArgs;
 
 /* rows [i, i + count) of C done: their epilogue */
@@ -60,6 +63,13 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
             for (long n = 0; n < g->N; n++)
                 c[n] += a * b[n];
         }
+        if (g->step) {
+            real *w = g->step + i * g->c_i;
+            for (long n = 0; n < g->N; n++) {
+                w[n] -= g->rate * c[n];
+                c[n] = 0;
+            }
+        }
         GEMM_EPILOGUE(g, i, 1)
     }
 }
@@ -81,6 +91,7 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
         const real *restrict A = g->A, *restrict B = g->B;                                         \
         const long a_i = g->a_i, a_p = g->a_p, b_p = g->b_p, c_i = g->c_i, N = g->N, P = g->P;    \
         const int32_t *restrict p_list = g->p_list;                                                \
+        const real rate = g->rate;                                                                 \
         long i = first;                                                                            \
         for (; i + GEMM_MR <= last; i += GEMM_MR)                                                  \
             GEMM_BLOCK(GEMM_ROW6, GEMM_MR)                                                         \
@@ -99,6 +110,7 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
 #define GEMM_BLOCK(ROWS, count)                                                                    \
     {                                                                                              \
         real *restrict c = g->C + i * c_i;                                                         \
+        real *restrict w = g->step ? g->step + i * c_i : 0;                                        \
         const real *restrict a = A + i * a_i;                                                      \
         long n = 0;                                                                                \
         for (; n + 2 * V <= N; n += 2 * V) {                                                       \
@@ -158,11 +170,28 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
     }
 #define GEMM_FMA1(r) s##r += a[r * a_i + p * a_p] * b0;
 #define GEMM_FMA_SCALAR(r) t##r += a[r * a_i + p * a_p] * b0;
-#define GEMM_STORE2(r)                                                                             \
-    memcpy(c + r * c_i + n, &s##r, sizeof s##r);                                                   \
-    memcpy(c + r * c_i + n + V, &u##r, sizeof u##r);
-#define GEMM_STORE1(r) memcpy(c + r * c_i + n, &s##r, sizeof s##r);
-#define GEMM_STORE_SCALAR(r) c[r * c_i + n] = t##r;
+#define GEMM_STORE2(r) GEMM_STORE_VECTOR(r * c_i + n, s##r) GEMM_STORE_VECTOR(r * c_i + n + V, u##r)
+#define GEMM_STORE1(r) GEMM_STORE_VECTOR(r * c_i + n, s##r)
+/* a sum into C at `at`, or (step) into the parameters' step, C cleared if asked */
+#define GEMM_STORE_VECTOR(at, sum)                                                                 \
+    if (w) {                                                                                       \
+        vec w0;                                                                                    \
+        memcpy(&w0, w + (at), sizeof w0);                                                          \
+        w0 -= rate * (sum);                                                                        \
+        memcpy(w + (at), &w0, sizeof w0);                                                          \
+        if (g->clear)                                                                              \
+            memset(c + (at), 0, sizeof w0);                                                        \
+    } else {                                                                                       \
+        memcpy(c + (at), &(sum), sizeof(sum));                                                     \
+    }
+#define GEMM_STORE_SCALAR(r)                                                                       \
+    if (w) {                                                                                       \
+        w[r * c_i + n] -= rate * t##r;                                                             \
+        if (g->clear)                                                                              \
+            c[r * c_i + n] = 0;                                                                    \
+    } else {                                                                                       \
+        c[r * c_i + n] = t##r;                                                                     \
+    }
 
 typedef real gemm_vec32 __attribute__((vector_size(32)));
 typedef real gemm_vec64 __attribute__((vector_size(64)));
@@ -243,7 +272,7 @@ KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias
                        long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j)
 {
     const GemmArgs g = {out, w, x, bias, out_j, w_j, w_k, x_k, bias_j, S, LISTED_COUNT(rows, K), 0,
-                        LISTED_INDEX(rows), epilogue, y, 0, 0, y_j, 0, 0};
+                        LISTED_INDEX(rows), epilogue, y, 0, 0, y_j, 0, 0, 0, 0, 0};
     gemm(&g, J);
 }
 
@@ -271,7 +300,7 @@ KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, l
         }
     }
     const GemmArgs g = {out, w, go, 0, out_k, w_k, w_j, go_j, 0, S, count, 1, count < J ? active : 0,
-                        epilogue, y, a, o, y_k, a_k, o_k};
+                        epilogue, y, a, o, y_k, a_k, o_k, 0, 0, 0};
     if (count > 0)
         gemm(&g, K);
     else if (epilogue) /* the inputs' gradients are what they were: the epilogue still runs */
@@ -286,7 +315,11 @@ KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, l
  * the value it stored, so the same bits as in one go). With a list of the input rows that hold a
  * nonzero (rows: see above), a block that holds none is skipped: what it would add is 0 (gathering
  * the listed columns of the others cost more than it saved, measured on MNIST's first layer).
- * Each weight's sum runs whole in one thread, the same way for any thread count. */
+ * Each weight's sum runs whole in one thread, the same way for any thread count. With w (else
+ * 0; out's gradients must then be 0), the batch's SGD step on the weights w (laid out as out)
+ * instead: w[j * out_j + k] -= rate * that sum, as the step after the batch would, bit for bit;
+ * out is left 0. The weights' gradients never go through memory, and the step's pass over
+ * them, reading and writing weights and gradients once more, is saved. */
 #if HAVE_THREAD_POOL
 #define GEMM_NT_COLUMNS 64
 #define GEMM_NT_SAMPLES 128
@@ -299,6 +332,8 @@ typedef struct {
     const real *go, *x;
     long out_j, go_j, x_k, J, K, S;
     const int32_t *rows; /* the list of nonzero rows (rows[0] of them), or 0 */
+    real *w;             /* 0, or the weights, stepped instead (see matmul_nt) */
+    real rate;
 } WeightGradientArgs;
 
 /* Whether the list holds a row in [first, last) (binary search: the list is increasing). */
@@ -331,7 +366,11 @@ static void matmul_nt_part(const WeightGradientArgs *a, long first_block, long l
                 for (long s = 0; s < p; s++)
                     xt[s * n + k] = row[s];
             }
-            const GemmArgs g = {a->out + k0, a->go + s0, xt, 0, a->out_j, a->go_j, 1, n, 0, n, p, 1, 0, 0, 0, 0, 0, 0, 0, 0};
+            /* stepping: the sums start from 0 (the gradients are 0) and step the weights at the end */
+            const int first_part = s0 == 0, last_part = s0 + p >= a->S;
+            const GemmArgs g = {a->out + k0, a->go + s0, xt, 0, a->out_j, a->go_j, 1, n, 0, n, p,
+                                !(a->w && first_part), 0, 0, 0, 0, 0, 0, 0, 0,
+                                a->w && last_part ? a->w + k0 : 0, a->rate, !first_part};
             kernel(&g, first, last);
         }
     }
@@ -357,9 +396,10 @@ static void matmul_nt_rows(void *args, long first, long last)
 }
 
 KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, long go_j,
-                      const real *restrict x, long x_k, long J, long K, long S, const int32_t *rows)
+                      const real *restrict x, long x_k, long J, long K, long S, const int32_t *rows, real *w,
+                      real rate)
 {
-    WeightGradientArgs args = {out, go, x, out_j, go_j, x_k, J, K, S, rows};
+    WeightGradientArgs args = {out, go, x, out_j, go_j, x_k, J, K, S, rows, w, rate};
     if (J <= 0 || K <= 0 || S <= 0)
         return;
     const long blocks = matmul_nt_blocks(&args), threads = pool_parts();
