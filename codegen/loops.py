@@ -163,7 +163,7 @@ class Matmul:
         wrt, weights = self.wrt, self.weights
         if self.epilogue:
             function, y, a, o = self.epilogue
-            epilogue = ", ".join([function] + [f"{where} + {at.base}, {at.strides[0] if len(at.strides) > 1 else 0}"
+            epilogue = ", ".join([function] + [f"{where} + {at.base}, {at.strides[0]}"
                                                 for where, at in (("g", y), ("d", a), ("d", o))])
         else:
             epilogue = "NULL, NULL, 0, NULL, 0, NULL, 0"
@@ -281,13 +281,13 @@ def fused_gradient(wrt, shape, h):
     if not _activation(h) or len(shape) > 2:
         return None
     x, node = h.operands.args[0], h.first.args[0]
-    if not node.needs_grad or node.shares_grad or wrt.start.grad_base is not None:
+    if not node.needs_grad or node.shares_grad or wrt.start.grad_base is not None or x.grad_base is not None:
         return None
     rows = (len(wrt.offsets), shape[-1])
-    if _laid(h.operands.out, h.shape, rows) != type(x)(wrt.start.base + wrt.offsets[0], (progression(wrt.offsets), 1)):
+    results, argument = _laid(h.operands.out, h.shape, rows), _laid(x, h.shape, rows)
+    if argument is None or results != type(x)(wrt.start.base + wrt.offsets[0], (progression(wrt.offsets), 1)):
         return None
-    laid = (_laid(x, h.shape, rows), _laid(x, h.shape, rows), _laid(h.operands.out, h.shape, rows))
-    return None if None in laid or x.grad_base is not None else laid
+    return argument, argument, results  # (gradients and values share slot numbers)
 
 
 def _activation(h):

@@ -11,8 +11,7 @@ import math
 from . import dtypes, ir
 from .dtypes import c_literal
 from .loops import (Accumulate, GO, Matmul, OffsetTables, WeightGradient, bias_argument, data_at, fused_activation,
-                    fused_gradient,
-                    grad_at, layer_over_batch, loop_headers, loop_nest, loop_start, operand,
+                    fused_gradient, grad_at, layer_over_batch, loop_headers, loop_nest, loop_start, operand,
                     progression, slot_index, tree_sum, unrolled)
 
 def nonzero_words(n):
@@ -386,7 +385,8 @@ class Emitter:
             contribute(False, Matmul(wrt, other, out, epilogue), None)
             return
         # (a loop whose weights stay put over its innermost loop gives them several contributions:
-        # batch-1 SGD never updates them in backward, and the batched program never does)
+        # batch-1 SGD never updates them in backward; the batched program steps them after the
+        # sum over its batch when they have no other, train()'s rate permitting)
         if all(needs) and not unrolled(wrt, other) and WeightGradient.fits(shape, wrt, other, out):
             step = self.stepped is not None and all(f.kind == "param" and f.sgd_fused for f in factors)
             product = WeightGradient(wrt, other, out, self._row_list(other), step)
