@@ -12,7 +12,7 @@ from array import array
 from operator import attrgetter
 
 from . import batch as batching
-from . import dtypes, emit, ir, optim, toolchain
+from . import dtypes, emit, ir, optim, toolchain, walker
 from . import graph as graph_arrays
 from .explain import explain
 from .export import export
@@ -28,9 +28,12 @@ def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=Fals
              graph=None):
     """The C sources compile() builds: the module, then any extra units of generated functions
     (big straight-line programs are split so that the files compile in parallel). `graph`: what
-    ir.read_graph returned for these arguments, when the caller has it already."""
+    read_graph returned for these arguments, when the caller has it already."""
     dtypes.lookup(dtype)  # before lowering: a bad name fails at once
     batch = _check_batch(batch)
+    inputs, params, outputs = list(inputs), list(params), ir.as_list(outputs)
+    if graph is None:
+        graph = read_graph(loss, inputs, params, outputs)
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, graph=graph)
     initial = [float(p.data) for p in params] if embed_params else None
     return emit.emit(program, name, optimizer=optimizer, initial_params=initial, dtype=dtype,
@@ -95,10 +98,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     batch = _check_batch(batch)
     started = time.perf_counter()
     spent = 0.0  # seconds of codegen inside build() (generating the C on a miss)
-    graph = None
-    if sources is None:
-        with ir.no_gc():
-            graph = ir.read_graph(loss, inputs, params, outputs)
+    graph = None if sources is not None else read_graph(loss, inputs, params, outputs)
 
     def generated():
         nonlocal sources, spent
@@ -133,11 +133,16 @@ def structural_key(loss, inputs=(), params=(), outputs=(), fuse=True, input_grad
     without generating it (codegen/graph.py): a SHA-256 of the graph's structure and the options.
     Equal for a graph built twice the same way; different wherever two graphs or options differ."""
     inputs, params, outputs = list(inputs), list(params), ir.as_list(outputs)
-    with ir.no_gc():
-        graph = ir.read_graph(loss, inputs, params, outputs)
+    graph = read_graph(loss, inputs, params, outputs)
     return _structural_key(graph, params, fuse=fuse, input_grads=input_grads, name=name, optimizer=optimizer,
                            embed_params=embed_params, dtype=dtype, sparse_inputs=sparse_inputs,
                            batch=_check_batch(batch))
+
+
+def read_graph(loss, inputs, params, outputs):
+    """ir.read_graph by the C walker where it builds (codegen/walker.py), else in Python."""
+    with ir.no_gc():
+        return ir.read_graph(loss, inputs, params, outputs, walker.module())
 
 
 def _structural_key(graph, params, **options):

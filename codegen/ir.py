@@ -101,11 +101,12 @@ def as_list(outputs):
     return [outputs] if isinstance(outputs, Value) else [] if outputs is None else list(outputs)
 
 
-def read_graph(loss, inputs, params, outputs):
-    """The user's graph, checked and read into arrays (codegen.graph.read)."""
+def read_graph(loss, inputs, params, outputs, walker=None):
+    """The user's graph, checked and read into arrays (codegen.graph.read; `walker`: the C walk,
+    codegen/walker.py's module, which codegen's entry points load: lowering builds nothing)."""
     if not _leaves_are_values(inputs, params, [loss] + outputs):
         _check_leaves(inputs, params, [loss] + outputs)
-    graph = graph_arrays.read(loss, inputs, params, outputs)
+    graph = graph_arrays.read(loss, inputs, params, outputs, walker)
     if not graph.leaves_listed_once(inputs, params):
         _check_leaves(inputs, params, [loss] + outputs)
     return graph
@@ -178,7 +179,7 @@ def build_nodes(graph, params, inputs, fuse):
     ancestors first, so predict() can stop early); with `fuse`, sums become dot nodes first (see
     find_sums) and the Values they absorb get no node. Returns (leaf nodes: params, inputs,
     constants in that order; computed nodes; roots: outputs then loss)."""
-    order, ops_ = graph.order, graph.ops
+    order, codes, op_table = graph.order, graph.codes, graph.op_table
     role = graph.role
     sums, absorbed = find_sums(graph) if fuse else ({}, np.zeros(len(order), dtype=bool))
     n_output_values = graph.n_output_values
@@ -187,9 +188,9 @@ def build_nodes(graph, params, inputs, fuse):
     at = nodes.__getitem__
     compute, constants = [], []
     kept = np.flatnonzero(~absorbed)  # in a model, its params and a few nodes per neuron
-    for i, r in zip(kept.tolist(), role[kept].tolist()):
-        v, op = order[i], ops_[i]
-        if op is None:
+    for i, r, code in zip(kept.tolist(), role[kept].tolist(), codes[kept].tolist()):
+        v = order[i]
+        if not code:
             node = Node(leaf_kinds[r], value=v.data)
             if r == CONST_ROLE:
                 constants.append(node)
@@ -199,7 +200,7 @@ def build_nodes(graph, params, inputs, fuse):
             node.a, node.b = tuple(map(at, a)), tuple(map(at, b))
             compute.append(node)
         else:
-            node = Node("op", op, tuple(map(at, graph.children(i))), v._k)
+            node = Node("op", op_table[code - 1], tuple(map(at, graph.children(i))), v._k)
             compute.append(node)
         node.for_outputs = i < n_output_values
         nodes[i] = node
