@@ -21,7 +21,6 @@ sum's gradient in place (``share_gradients``).
 
 from dataclasses import dataclass, field
 from itertools import chain, repeat
-from collections import Counter
 from operator import attrgetter, itemgetter
 
 import numpy as np
@@ -358,8 +357,8 @@ def sgd_in_backward(program):
     whether any parameter is updated in backward.
 
     Decided list by list (per group and operand position: the params there share one fate), at
-    C speed per element: a parameter with one contribution is in one list only, so no list's
-    fate depends on another's."""
+    C speed per element (contributions counted by slot): a parameter with one contribution is in
+    one list only, so no list's fate depends on another's."""
     lists = []  # (operand list, whether its group rules its params out)
     for g in program.backward:
         members, first = g.members, g.first
@@ -373,27 +372,33 @@ def sgd_in_backward(program):
         in_factors = [factors for factors in (_a, _b) if "param" in set(map(_kind, factors(first)))]
         for factors in in_factors:
             lists.append((list(chain.from_iterable(map(factors, members))), len(in_factors) == 2))
-    contributions = Counter()
-    for xs, _ in lists:
-        contributions.update(map(id, xs))
-    for r in [program.loss, *program.outputs]:  # read as a result: never updated early
-        contributions[id(r)] += 2
-    fused = False
+    # Per list with params: its params, their slots (a param's slot is its place in `params`) and
+    # whether its group lets them be updated together; then every param's count of contributions
+    # at C speed.
+    with_params = []
     for xs, ruled_out in lists:
         kinds = set(map(_kind, xs))
         if "param" not in kinds:
             continue
         only_params = kinds == {"param"}  # a layer's weights: the common case, without a check per element
-        graded = xs if only_params else [x for x in xs if x.needs_grad]  # params always need theirs
-        together = (not ruled_out and (only_params or all(x.kind == "param" for x in graded))
-                    and set(map(contributions.__getitem__, map(id, graded))) == {1})
-        for x in xs if only_params else [x for x in xs if x.kind == "param"]:
+        ps = xs if only_params else [x for x in xs if x.kind == "param"]
+        alike = not ruled_out and (only_params or all(x.kind == "param" for x in xs if x.needs_grad))
+        with_params.append((ps, np.fromiter(map(_slot, ps), dtype=np.int64, count=len(ps)), alike))
+    contributions = np.bincount(np.concatenate([slots for _, slots, _ in with_params] or [[]]).astype(np.int64),
+                                minlength=program.n_params)
+    for r in [program.loss, *program.outputs]:  # read as a result: never updated early
+        if r.kind == "param":
+            contributions[r.slot] += 2
+    fused = False
+    for ps, slots, alike in with_params:
+        together = alike and bool((contributions[slots] == 1).all())
+        for x in ps:
             x.sgd_fused = together
         fused |= together
     return fused
 
 
-_args, _a, _b, _kind = attrgetter("args"), attrgetter("a"), attrgetter("b"), attrgetter("kind")
+_args, _a, _b, _kind, _slot = (attrgetter(name) for name in ("args", "a", "b", "kind", "slot"))
 
 
 def unfused_params(program, params):
