@@ -96,8 +96,9 @@ def read(loss, inputs, params, outputs, walker=None):
 
 def _read_in_c(walker, roots, params, inputs):
     """read's parts by the C walker (codegen/walker.py)."""
-    order, starts, offsets, kids, kinds, codes, root_positions, param_positions, input_positions, k_positions, \
-        k_values = walker.walk(Value, roots, params, inputs)
+    with NUMBERING:  # it numbers the Values in place for the time of the call
+        order, starts, offsets, kids, kinds, codes, root_positions, param_positions, input_positions, \
+            k_positions, k_values = walker.walk(Value, roots, params, inputs)
     return (order, starts[-1], _int64(root_positions), _int64(offsets), _int64(kids), _int64(param_positions),
             _int64(input_positions), kinds, np.frombuffer(codes, dtype=np.uint16), _int64(k_positions), k_values)
 

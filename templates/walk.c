@@ -1,6 +1,6 @@
 /* The Value graph's reader at C speed (codegen/walker.py builds it once per machine): the walk of
  * engine.numbered_order and the arrays codegen/graph.py reads from it, in one pass over the
- * Values, without numbering them in place (a table of pointers holds their numbers).
+ * Values.
  *
  *   walk(value_type, roots, params, inputs) -> (order, starts, offsets, kids, kinds, codes,
  *                                               roots, params, inputs, k_positions, k_values)
@@ -16,7 +16,8 @@
 #include <stdint.h>
 #include <string.h>
 
-static Py_ssize_t prev_offset, kind_offset, k_offset;  /* of the Value's slots */
+static Py_ssize_t prev_offset, kind_offset, k_offset, n_offset;  /* of the Value's slots */
+#define SLOT(v, offset) (*(PyObject **)((char *)(v) + (offset)))
 
 typedef struct { char *data; size_t size, capacity; } Buffer;
 
@@ -42,52 +43,40 @@ static PyObject *as_bytearray(Buffer *b) {
     return PyByteArray_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)b->size);
 }
 
-/* Visited Values: open addressing on their addresses (a key and its number share a cache line:
- * a look-up is one miss); a number, or IN_PROGRESS while the walk is below it. */
+/* A Value's number is kept in its `_n` slot while the walk runs, where it reads the Value anyway
+ * (a table beside the Values cost a cache miss per look-up): -(number + 3), or -2 while the
+ * walk is below it. Every other value (-1, or a number an engine.numbered_order walk
+ * left) reads as not visited; the walk sets every `_n` it marked back to -1 before it returns,
+ * holding engine.NUMBERING (the caller) and the GIL throughout. */
+#define NOT_VISITED (-2)
 #define IN_PROGRESS (-1)
-typedef struct { PyObject *key; int64_t number; } Entry;
-typedef struct { Entry *entries; size_t mask, count; } Table;
+static PyObject *in_progress, *not_numbered;  /* the ints -2 and -1 */
 
-static size_t hash_of(const Table *t, PyObject *key) {
-    return (size_t)(((uintptr_t)key >> 4) * UINT64_C(0x9E3779B97F4A7C15) >> 20) & t->mask;
+static int64_t number_of(PyObject *v) {  /* NOT_VISITED, IN_PROGRESS or the number */
+    PyObject *n = SLOT(v, n_offset);
+    if (!n || !PyLong_CheckExact(n)) return NOT_VISITED;
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(n, &overflow);
+    return overflow ? NOT_VISITED : x <= -3 ? -(x + 3) : x == -2 ? IN_PROGRESS : NOT_VISITED;
 }
 
-static size_t slot_of(const Table *t, PyObject *key) {
-    size_t i = hash_of(t, key);
-    while (t->entries[i].key && t->entries[i].key != key) i = (i + 1) & t->mask;
-    return i;
+static void set_mark(PyObject *v, PyObject *mark) {  /* steals the reference to mark */
+    PyObject *old = SLOT(v, n_offset);
+    SLOT(v, n_offset) = mark;
+    Py_XDECREF(old);
 }
 
-static int table_init(Table *t, size_t capacity) {
-    t->entries = calloc(capacity, sizeof *t->entries);
-    t->mask = capacity - 1;
-    t->count = 0;
-    if (!t->entries) { PyErr_NoMemory(); return -1; }
+static int mark_number(PyObject *v, int64_t number) {
+    PyObject *mark = PyLong_FromLongLong(-(number + 3));
+    if (!mark) return -1;
+    set_mark(v, mark);
     return 0;
 }
 
-static int table_put(Table *t, PyObject *key, int64_t number) {
-    if ((t->count + 1) * 2 > t->mask + 1) {  /* over half full: double (a miss probes ~2.5 entries) */
-        Table bigger;
-        if (table_init(&bigger, (t->mask + 1) * 2)) return -1;
-        for (size_t i = 0; i <= t->mask; i++)
-            if (t->entries[i].key) bigger.entries[slot_of(&bigger, t->entries[i].key)] = t->entries[i];
-        bigger.count = t->count;
-        free(t->entries);
-        *t = bigger;
-    }
-    Entry *e = &t->entries[slot_of(t, key)];
-    if (!e->key) { e->key = key; t->count++; }
-    e->number = number;
-    return 0;
+static void unmark(PyObject *v) {
+    Py_INCREF(not_numbered);
+    set_mark(v, not_numbered);
 }
-
-static int64_t table_get(const Table *t, PyObject *key) {  /* -2: not visited */
-    const Entry *e = &t->entries[slot_of(t, key)];
-    return e->key ? e->number : -2;
-}
-
-#define SLOT(v, offset) (*(PyObject **)((char *)(v) + (offset)))
 
 static Py_ssize_t member_offset(PyTypeObject *type, const char *name) {
     PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
@@ -119,7 +108,6 @@ typedef struct { PyObject *node, *prev; Py_ssize_t next; size_t edges; } Frame;
 
 typedef struct {
     PyTypeObject *type;
-    Table table;
     PyObject *order, *kinds, *k_values;
     Buffer frames, edges, offsets, kids, codes, k_positions;
     int64_t number;
@@ -127,7 +115,7 @@ typedef struct {
 
 /* The node has its number: appended to the order with its children's numbers and op. */
 static int finish(Walk *w, PyObject *node, const int64_t *kid_numbers, Py_ssize_t n_kids) {
-    if (table_put(&w->table, node, w->number) || PyList_Append(w->order, node)) return -1;
+    if (PyList_Append(w->order, node) || mark_number(node, w->number)) return -1;
     if (grow(&w->kids, n_kids * sizeof(int64_t))) return -1;
     if (n_kids) memcpy(w->kids.data + w->kids.size, kid_numbers, n_kids * sizeof(int64_t));
     w->kids.size += n_kids * sizeof(int64_t);
@@ -155,22 +143,21 @@ static int finish(Walk *w, PyObject *node, const int64_t *kid_numbers, Py_ssize_
 #define PREFETCH(address) ((void)(address))
 #endif
 
-/* The walk is bound by memory latency (a miss per look-up): the children's entries and objects
- * are fetched while it finishes the node before them. */
-static void prefetch_children(const Table *t, PyObject *prev) {
-    for (Py_ssize_t i = PyTuple_GET_SIZE(prev) - 1; i >= 0; i--) {
-        PyObject *child = PyTuple_GET_ITEM(prev, i);
-        PREFETCH(&t->entries[hash_of(t, child)]);
-        PREFETCH((char *)child + prev_offset);
-    }
+/* The walk is bound by memory latency (a miss per Value): the children are fetched while it
+ * finishes the node before them. */
+static void prefetch_children(PyObject *prev) {
+    for (Py_ssize_t i = PyTuple_GET_SIZE(prev) - 1; i >= 0; i--)
+        PREFETCH((char *)PyTuple_GET_ITEM(prev, i) + prev_offset);
 }
 
 static int push_frame(Walk *w, PyObject *node, PyObject *prev) {
-    prefetch_children(&w->table, prev);
-    if (table_put(&w->table, node, IN_PROGRESS) || grow(&w->frames, sizeof(Frame))) return -1;
+    prefetch_children(prev);
+    if (grow(&w->frames, sizeof(Frame))) return -1;
     Frame f = {node, prev, 0, w->edges.size / sizeof(int64_t)};
     memcpy(w->frames.data + w->frames.size, &f, sizeof f);
     w->frames.size += sizeof f;
+    Py_INCREF(in_progress);
+    set_mark(node, in_progress);
     if (grow(&w->edges, PyTuple_GET_SIZE(prev) * sizeof(int64_t))) return -1;
     w->edges.size += PyTuple_GET_SIZE(prev) * sizeof(int64_t);  /* its children's numbers, to come */
     return 0;
@@ -187,7 +174,7 @@ static int walk_from(Walk *w, PyObject *root) {
         int64_t *edges = (int64_t *)w->edges.data + f->edges;
         if (f->next < PyTuple_GET_SIZE(f->prev)) {
             PyObject *child = PyTuple_GET_ITEM(f->prev, f->next);
-            int64_t number = table_get(&w->table, child);
+            int64_t number = number_of(child);
             if (number == IN_PROGRESS) {
                 PyErr_SetString(PyExc_ValueError, "the graph has a cycle");
                 return -1;
@@ -210,7 +197,10 @@ static int walk_from(Walk *w, PyObject *root) {
         Py_ssize_t n_kids = PyTuple_GET_SIZE(f->prev);
         size_t base = f->edges;
         w->frames.size -= sizeof(Frame);
-        if (finish(w, node, edges, n_kids)) return -1;
+        if (finish(w, node, edges, n_kids)) {
+            unmark(node);
+            return -1;
+        }
         w->edges.size = base * sizeof(int64_t);
         if (w->frames.size) {  /* the parent's pending child is this node */
             Frame *parent = (Frame *)(w->frames.data + w->frames.size) - 1;
@@ -231,7 +221,7 @@ static PyObject *positions(Walk *w, PyObject *values) {
             PyErr_Format(PyExc_TypeError, "every input and param must be a Value, got %s", Py_TYPE(v)->tp_name);
             goto fail;
         }
-        int64_t number = table_get(&w->table, v);
+        int64_t number = number_of(v);
         if (push_i64(&out, number >= 0 ? number : -1)) goto fail;
     }
     Py_DECREF(seq);
@@ -249,7 +239,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     PyObject *roots, *params, *inputs, *result = NULL;
     if (!PyArg_ParseTuple(args, "O!OOO", &PyType_Type, &type, &roots, &params, &inputs)) return NULL;
     if ((prev_offset = member_offset(type, "_prev")) < 0 || (kind_offset = member_offset(type, "_kind")) < 0
-        || (k_offset = member_offset(type, "_k")) < 0) return NULL;
+        || (k_offset = member_offset(type, "_k")) < 0 || (n_offset = member_offset(type, "_n")) < 0) return NULL;
     PyObject *root_seq = PySequence_Fast(roots, "roots must be a sequence");
     if (!root_seq) return NULL;
     Walk w = {type};
@@ -257,7 +247,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     w.order = PyList_New(0);
     w.kinds = PyList_New(0);
     w.k_values = PyList_New(0);
-    if (!starts || !w.order || !w.kinds || !w.k_values || table_init(&w.table, 1 << 16) || push_i64(&w.offsets, 0))
+    if (!starts || !w.order || !w.kinds || !w.k_values || push_i64(&w.offsets, 0))
         goto done;
     Buffer root_buffer = {0};
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(root_seq); i++) {
@@ -269,8 +259,8 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             free(root_buffer.data);
             goto done;
         }
-        if (table_get(&w.table, root) < 0 && walk_from(&w, root)) { free(root_buffer.data); goto done; }
-        if (push_i64(&root_buffer, table_get(&w.table, root))) { free(root_buffer.data); goto done; }
+        if (number_of(root) < 0 && walk_from(&w, root)) { free(root_buffer.data); goto done; }
+        if (push_i64(&root_buffer, number_of(root))) { free(root_buffer.data); goto done; }
     }
     root_positions = as_bytearray(&root_buffer);
     free(root_buffer.data);
@@ -283,10 +273,13 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                                param_positions, input_positions, k_positions, w.k_values);
     Py_XDECREF(offsets); Py_XDECREF(kids); Py_XDECREF(codes); Py_XDECREF(k_positions);
 done:
+    /* every mark back to -1: the order's, and on an error the nodes the walk was below */
+    for (Py_ssize_t i = 0; w.order && i < PyList_GET_SIZE(w.order); i++) unmark(PyList_GET_ITEM(w.order, i));
+    for (Frame *f = (Frame *)w.frames.data; w.frames.size && f < (Frame *)(w.frames.data + w.frames.size); f++)
+        unmark(f->node);
     Py_DECREF(root_seq);
     Py_XDECREF(starts); Py_XDECREF(w.order); Py_XDECREF(w.kinds); Py_XDECREF(w.k_values);
     Py_XDECREF(root_positions); Py_XDECREF(param_positions); Py_XDECREF(input_positions);
-    free(w.table.entries);
     free(w.frames.data); free(w.edges.data); free(w.offsets.data); free(w.kids.data); free(w.codes.data);
     free(w.k_positions.data);
     return result;
@@ -299,4 +292,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "graph_walk", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit_graph_walk(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit_graph_walk(void) {
+    if (!(in_progress = PyLong_FromLong(-2)) || !(not_numbered = PyLong_FromLong(-1))) return NULL;
+    return PyModule_Create(&module);
+}

@@ -12,6 +12,7 @@ import codegen
 from codegen import graph as graph_arrays
 from codegen import toolchain, walker
 from micrograd_c import Value
+from micrograd_c.engine import topological_order
 from conftest import requires
 
 
@@ -47,12 +48,15 @@ def parts_equal(c_parts, python_parts):
 @given(ops=st.lists(st.tuples(st.sampled_from(["add", "mul", "pow", "relu", "const"]), st.integers(0, 99),
                               st.integers(0, 99)), max_size=40),
        n_leaves=st.integers(1, 6), picks=st.lists(st.integers(0, 99), min_size=1, max_size=4),
-       n_params=st.integers(0, 3))
-def test_the_c_walk_reads_what_python_reads(walk_module, ops, n_leaves, picks, n_params):
+       n_params=st.integers(0, 3), walked_before=st.booleans())
+def test_the_c_walk_reads_what_python_reads(walk_module, ops, n_leaves, picks, n_params, walked_before):
     values = random_graph(ops, n_leaves)
     roots = [values[p % len(values)] for p in picks]  # repeated roots and leaf roots too
     params, inputs = values[:n_params], values[n_params:n_leaves]  # some unreached
+    if walked_before:  # backward() leaves its walk's numbers in the Values
+        topological_order(values[-1])
     c_parts = graph_arrays._read_in_c(walk_module, roots, params, inputs)
+    assert all(v._n == -1 for v in c_parts[0])  # the walk's marks are gone
     parts_equal(c_parts, graph_arrays._read_in_python(roots, params, inputs))
 
 
@@ -63,17 +67,21 @@ def test_a_long_chain_is_walked_without_recursion(walk_module):
     assert len(order) == 2 * len(xs) + 1 and order[-1] is total  # sum() starts from a constant 0
 
 
-def test_what_is_not_a_value_raises(walk_module):
+def test_what_is_not_a_value_raises_and_leaves_no_marks(walk_module):
     x = Value(1.0)
     y = x + 1
+    z = (y * 2) * x
     y._prev = (x, 3.0)
     with pytest.raises(TypeError, match="child must be a Value"):
-        walk_module.walk(Value, [y], [], [])
+        walk_module.walk(Value, [z], [], [])
     y._prev = [x]
     with pytest.raises(TypeError, match="_prev must be a tuple"):
-        walk_module.walk(Value, [y], [], [])
+        walk_module.walk(Value, [z], [], [])
     with pytest.raises(TypeError, match="must be a Value"):
         walk_module.walk(Value, [x], [x, 1.0], [])
+    assert all(v._n == -1 for v in (x, y, z, *z._prev, *z._prev[0]._prev))
+    y._prev = (x, Value(1))
+    assert len(topological_order(z)) == 6  # x, 1, y, 2, y * 2, z
 
 
 def test_without_a_compiler_graphs_are_read_in_python(monkeypatch):
