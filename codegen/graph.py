@@ -57,16 +57,19 @@ class Graph:
         return role
 
     def leaves_listed_once(self, inputs, params):
-        """Whether no Value is among the inputs and params twice: by position where the roots
-        reach them (a count per node, at C speed), by identity for the others (usually none)."""
+        """Whether every input and param is a leaf and no Value is among them twice: by position
+        where the roots reach them (a mark per node, at C speed), by identity for the others
+        (usually none)."""
         positions = np.concatenate([self.inputs, self.params])
         reached = positions[positions >= 0]
-        if len(reached) and np.bincount(reached).max() > 1:
+        listed = np.zeros(len(self.order), dtype=bool)
+        listed[reached] = True
+        if np.count_nonzero(listed) < len(reached) or (self.starts[reached + 1] != self.starts[reached]).any():
             return False
         if not (positions < 0).any():
             return True
         unreached = [v for v, i in zip(chain(inputs, params), positions.tolist()) if i < 0]
-        return len(set(map(id, unreached))) == len(unreached)
+        return len(set(map(id, unreached))) == len(unreached) and not any(map(_children, unreached))
 
     def children(self, i):
         """Node i's children's positions."""
@@ -154,23 +157,27 @@ def structural_key(graph, params, options):
     digest = hashlib.sha256()
 
     def part(tag, data):  # length-prefixed: the parts' boundaries are part of what is hashed
-        data = data if isinstance(data, (bytes, bytearray, memoryview)) else str(data).encode()
+        if isinstance(data, np.ndarray):  # its bytes as they lie (no copy), tagged with its type
+            tag, data = f"{tag} {data.dtype.str}", memoryview(np.ascontiguousarray(data)).cast("B")
+        elif not isinstance(data, (bytes, bytearray, memoryview)):
+            data = str(data).encode()
         digest.update(tag.encode() + len(data).to_bytes(8, "little"))
         digest.update(data)
 
     order = graph.order
     part("ops", "\n".join(map(repr, graph.op_table)))
-    part("codes", graph.codes.tobytes())
+    part("codes", graph.codes)
     part("k", repr(list(zip(graph.k_positions.tolist(), graph.k_values))))
-    part("starts", graph.starts.tobytes())
-    part("kids", graph.kids.tobytes())
-    part("params", graph.params.tobytes())
-    part("inputs", graph.inputs.tobytes())
-    part("roots", graph.roots.tobytes())
+    # the edges in the fewest bytes that hold them (half the int64 arrays' bytes to hash)
+    part("starts", _narrowest(graph.starts))
+    part("kids", _narrowest(graph.kids))
+    part("params", graph.params)
+    part("inputs", graph.inputs)
+    part("roots", graph.roots)
     part("outputs", str(graph.n_output_values))
     leaves = np.flatnonzero(graph.codes == 0)
     constants = leaves[graph.role[leaves] == CONST]
-    part("constants", constants.tobytes())
+    part("constants", constants)
     part("values", _floats(order[i].data for i in constants.tolist()))
     if params is not None:
         part("param values", _floats(map(_data, params)))
@@ -192,6 +199,12 @@ def code_fingerprint():
     for path in files + [pathlib.Path(ops.__file__)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
+
+
+def _narrowest(numbers):
+    """Non-negative integers in the narrowest unsigned type that holds them all."""
+    top = int(numbers.max()) if len(numbers) else 0
+    return numbers.astype(next(t for t in (np.uint8, np.uint16, np.uint32, np.uint64) if top <= np.iinfo(t).max))
 
 
 def _floats(values):

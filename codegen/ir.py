@@ -103,11 +103,16 @@ def as_list(outputs):
 def read_graph(loss, inputs, params, outputs, walker=None):
     """The user's graph, checked and read into arrays (codegen.graph.read; `walker`: the C walk,
     codegen/walker.py's module, which codegen's entry points load: lowering builds nothing)."""
-    if not _leaves_are_values(inputs, params, [loss] + outputs):
-        _check_leaves(inputs, params, [loss] + outputs)
-    graph = graph_arrays.read(loss, inputs, params, outputs, walker)
+    roots = [loss] + outputs
+    if walker is None and not _leaves_are_values(inputs, params, roots):  # (the walker checks what is a Value)
+        _check_leaves(inputs, params, roots)
+    try:
+        graph = graph_arrays.read(loss, inputs, params, outputs, walker)
+    except TypeError:
+        _check_leaves(inputs, params, roots)  # the message that names the input or param, if it is one
+        raise
     if not graph.leaves_listed_once(inputs, params):
-        _check_leaves(inputs, params, [loss] + outputs)
+        _check_leaves(inputs, params, roots)
     return graph
 
 

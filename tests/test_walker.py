@@ -115,3 +115,16 @@ def test_a_walker_that_does_not_build_warns_and_python_reads(monkeypatch):
         assert codegen.structural_key(x * x, [x], []) == codegen.structural_key(x * x, [x], [])
     finally:
         walker.module.cache_clear()
+
+
+def test_bad_leaves_get_their_messages_through_the_walker(walk_module):
+    x, p = Value(1.0), Value(2.0)
+    unreached = Value(3.0) * 2
+    with pytest.raises(TypeError, match="every param must be a Value, got float"):
+        codegen.structural_key(x * p, [x], [p, 1.0])
+    with pytest.raises(ValueError, match="inputs and params must be leaves"):
+        codegen.structural_key(x * p, [x], [p, unreached])  # not reached by the loss
+    with pytest.raises(ValueError, match="inputs and params must be leaves"):
+        codegen.structural_key(x * p, [x * p], [p])
+    with pytest.raises(ValueError, match="listed twice"):
+        codegen.structural_key(x * p, [x, unreached._prev[0]], [p, unreached._prev[0]])
