@@ -20,7 +20,8 @@ sum's gradient in place (``share_gradients``).
 """
 
 from dataclasses import dataclass, field
-from itertools import chain, repeat
+from collections import deque
+from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter
 
 import numpy as np
@@ -43,19 +44,25 @@ class Node:
     """One node of the lowered graph. kind: 'param', 'input', 'const', 'op' or 'dot'.
     A dot's value is sum(args) + sum(a[i] * b[i])."""
 
-    __slots__ = ("kind", "op", "args", "k", "value", "slot", "needs_grad", "a", "b", "grad_slot",
-                 "shares_grad", "for_outputs", "sgd_fused", "cls")
+    # A leaf (most nodes: a model's params) has the fields in slots; a computed node's own (op,
+    # args, k, a, b, shares_grad, for_outputs) go to its __dict__, and a leaf reads them as the
+    # class's defaults: a param's node is made with 7 stores, in 96 bytes.
+    __slots__ = ("kind", "value", "slot", "needs_grad", "grad_slot", "sgd_fused", "cls", "__dict__")
+    op = None
+    args = a = b = ()
+    k = None
+    shares_grad = False  # its gradient is its only consumer's, which passes it on unchanged
+    for_outputs = False  # a computed node the outputs need: predict() computes it
 
     def __init__(self, kind, op=None, args=(), k=None, value=None):
-        self.kind, self.op, self.args, self.k, self.value = kind, op, args, k, value
+        self.kind, self.value = kind, value
         self.slot = None
         self.needs_grad = False
         self.grad_slot = None     # where its gradient lives: its own slot, or its consumer's
-        self.shares_grad = False  # its gradient is its only consumer's, which passes it on unchanged
-        self.for_outputs = False  # the outputs need it: predict() computes it
         self.sgd_fused = False    # a parameter that batch-1 SGD updates inside backward
         self.cls = kind           # a leaf's kind; a computed node's class (vector.group)
-        self.a = self.b = ()
+        if kind in ("op", "dot"):
+            self.op, self.args, self.k = op, args, k
 
     def reads(self):
         return self.args + self.a + self.b
@@ -188,25 +195,27 @@ def build_nodes(graph, params, inputs, fuse):
     sums, absorbed = find_sums(graph) if fuse else ({}, np.zeros(len(order), dtype=bool))
     n_output_values = graph.n_output_values
     leaf_kinds = ("const", "param", "input")  # by graph.role
-    nodes = [None] * len(order)
-    at = nodes.__getitem__
-    compute, constants = [], []
     kept = np.flatnonzero(~absorbed)  # in a model, its params and a few nodes per neuron
-    for i, r, code in zip(kept.tolist(), role[kept].tolist(), codes[kept].tolist()):
-        v = order[i]
-        if not code:
-            node = Node(leaf_kinds[r], value=v.data)
-            if r == CONST_ROLE:
-                constants.append(node)
-        elif i in sums:
-            terms, a, b = sums[i]
+    is_leaf = codes[kept] == 0
+    leaf_at, computed_at = kept[is_leaf].tolist(), kept[~is_leaf]
+    # The leaves (most of a model's nodes: its params) made by C-speed maps, not a loop per param
+    leaf_roles = role[leaf_at].tolist()
+    leaf_nodes = list(map(Node, map(leaf_kinds.__getitem__, leaf_roles), repeat(None), repeat(()), repeat(None),
+                          map(_data, map(order.__getitem__, leaf_at))))
+    constants = list(compress(leaf_nodes, map(CONST_ROLE.__eq__, leaf_roles)))
+    nodes = [None] * len(order)
+    deque(map(nodes.__setitem__, leaf_at, leaf_nodes), maxlen=0)
+    at = nodes.__getitem__
+    compute = []
+    for i, code in zip(computed_at.tolist(), codes[computed_at].tolist()):
+        if i in sums:
+            terms, a, b = (positions.tolist() for positions in sums[i])
             node = Node("dot", args=tuple(map(at, terms)))
             node.a, node.b = tuple(map(at, a)), tuple(map(at, b))
-            compute.append(node)
         else:
-            node = Node("op", op_table[code - 1], tuple(map(at, graph.children(i))), v._k)
-            compute.append(node)
+            node = Node("op", op_table[code - 1], tuple(map(at, graph.children(i))), order[i]._k)
         node.for_outputs = i < n_output_values
+        compute.append(node)
         nodes[i] = node
     roots = [nodes[i] for i in graph.roots.tolist()]
     # A constant root needs a slot to be read from: compute it as a one-term dot.
@@ -215,10 +224,12 @@ def build_nodes(graph, params, inputs, fuse):
             roots[i] = Node("dot", args=(root,))
             roots[i].for_outputs = i < len(roots) - 1
             compute.append(roots[i])
-    # Params or inputs that the output does not reach still get their slot.
-    leaves = [nodes[i] if i >= 0 else Node(kind, value=v.data)
-              for kind, positions, values in (("param", graph.params, params), ("input", graph.inputs, inputs))
-              for i, v in zip(positions.tolist(), values)]
+
+    def listed(kind, positions, values):  # params or inputs the output does not reach still get their slot
+        if (positions >= 0).all():
+            return list(map(at, positions.tolist()))
+        return [nodes[i] if i >= 0 else Node(kind, value=v.data) for i, v in zip(positions.tolist(), values)]
+    leaves = listed("param", graph.params, params) + listed("input", graph.inputs, inputs)
     return leaves + constants, compute, roots
 
 
@@ -227,7 +238,7 @@ def find_sums(graph):
     terms becomes one dot: its products whose factors are both non-constant become the dot's
     factor lists, its other terms the dot's loose terms. Inner `+` (used once, by a `+`, and not
     a root) and products used nowhere else dissolve into it. Returns ({position of the sum:
-    (terms, a, b) as positions}, a boolean array: the positions of dissolved Values).
+    (terms, a, b) as arrays of positions}, a boolean array: the positions of dissolved Values).
 
     On arrays: a tree is its root and the inner `+` below it (found by pointer jumping to the
     root), its terms their other children. A tree whose inner `+` are all left children (a chain,
@@ -235,24 +246,25 @@ def find_sums(graph):
     children bottom up (children precede parents in the order). Other trees are walked in order,
     one by one. Trees are disjoint, so neither way depends on the other."""
     n = len(graph.order)
+    index = np.int32 if n < 2**30 else np.int64  # positions: half the bytes of the peak's arrays
     add, mul = ops.OPS["add"], ops.OPS["mul"]
     is_add, is_mul = graph.is_op(add), graph.is_op(mul)
     uses = graph.uses()
     uses[graph.roots] += 2  # values someone reads after forward must stay: never "used once"
     starts, kids = graph.starts, graph.kids
-    binary = np.flatnonzero(is_add | is_mul)
-    left = np.full(n, -1, dtype=np.int64)
-    right = np.full(n, -1, dtype=np.int64)
+    binary = np.flatnonzero(is_add | is_mul).astype(index)
+    left = np.full(n, -1, dtype=index)
+    right = np.full(n, -1, dtype=index)
     left[binary], right[binary] = kids[starts[binary]], kids[starts[binary] + 1]
     # The consumer of each Value used once (by the `+` or `*` that reads it)
-    parent = np.full(n, -1, dtype=np.int64)
+    parent = np.full(n, -1, dtype=index)
     for side in (left, right):
         once = binary[uses[side[binary]] == 1]
         parent[side[once]] = once
     inner = is_add & (uses == 1) & (parent >= 0)
     inner[inner] = is_add[parent[inner]]
-    adds = np.flatnonzero(is_add)
-    root = np.arange(n, dtype=np.int64)
+    adds = np.flatnonzero(is_add).astype(index)
+    root = np.arange(n, dtype=index)
     root[inner] = parent[inner]
     while True:  # pointer jumping: each round halves the distance to the tree's root
         jumped = root[root[adds]]
@@ -311,7 +323,7 @@ def _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorb
             continue
         ts, ps = term[begin:begin + count], product[begin:begin + count]
         products_here = ts[ps]
-        sums[tree] = (ts[~ps].tolist(), left[products_here].tolist(), right[products_here].tolist())
+        sums[tree] = (ts[~ps], left[products_here], right[products_here])  # arrays: 8 bytes a position
         absorbed[products_here] = True
 
 
@@ -403,7 +415,7 @@ def sgd_in_backward(program):
     return fused
 
 
-_args, _a, _b, _kind, _slot = (attrgetter(name) for name in ("args", "a", "b", "kind", "slot"))
+_args, _a, _b, _kind, _slot, _data = (attrgetter(name) for name in ("args", "a", "b", "kind", "slot", "data"))
 
 
 def unfused_params(program, params):
