@@ -34,12 +34,15 @@ def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=Fals
     dtypes.lookup(dtype)  # before lowering: a bad name fails at once
     batch = _check_batch(batch)
     inputs, params, outputs = list(inputs), list(params), ir.as_list(outputs)
-    if graph is None:
-        graph = read_graph(loss, inputs, params, outputs)
-    program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, graph=graph)
-    initial = [float(p.data) for p in params] if embed_params else None
-    return emit.emit(program, name, optimizer=optimizer, initial_params=initial, dtype=dtype,
-                     sparse_inputs=sparse_inputs, batched=batching.batched_form(program, batch)[0])
+    with ir.no_gc():  # (see read_graph)
+        if graph is None:
+            graph = read_graph(loss, inputs, params, outputs)
+        program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, graph=graph)
+        initial = [float(p.data) for p in params] if embed_params else None
+        sources = emit.emit(program, name, optimizer=optimizer, initial_params=initial, dtype=dtype,
+                            sparse_inputs=sparse_inputs, batched=batching.batched_form(program, batch)[0])
+        del graph, program  # garbage before the collector resumes
+    return sources
 
 
 def _check_batch(batch):
@@ -126,9 +129,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
                                                structure=structure)
         return build, module, read - started + spent
 
-    # The collector paused while the read graph lives: its lists are young and hold every Value,
-    # which a collection of the young generation would visit (0.15 s for 5.6M Values) for nothing.
-    with ir.no_gc():
+    with ir.no_gc():  # (see read_graph)
         build, module, codegen_seconds = build_and_load()
     copy_from_values(module, params)
     if threads is not None:
@@ -145,16 +146,19 @@ def structural_key(loss, inputs=(), params=(), outputs=(), fuse=True, input_grad
     without generating it (codegen/graph.py): a SHA-256 of the graph's structure and the options.
     Equal for a graph built twice the same way; different wherever two graphs or options differ."""
     inputs, params, outputs = list(inputs), list(params), ir.as_list(outputs)
-    graph = read_graph(loss, inputs, params, outputs)
-    return _structural_key(graph, params, fuse=fuse, input_grads=input_grads, name=name, optimizer=optimizer,
-                           embed_params=embed_params, dtype=dtype, sparse_inputs=sparse_inputs,
-                           batch=_check_batch(batch))
+    with ir.no_gc():  # (see read_graph)
+        key = _structural_key(read_graph(loss, inputs, params, outputs), params, fuse=fuse, input_grads=input_grads,
+                              name=name, optimizer=optimizer, embed_params=embed_params, dtype=dtype,
+                              sparse_inputs=sparse_inputs, batch=_check_batch(batch))
+    return key
 
 
 def read_graph(loss, inputs, params, outputs):
-    """ir.read_graph by the C walker where it builds (codegen/walker.py), else in Python."""
-    with ir.no_gc():
-        return ir.read_graph(loss, inputs, params, outputs, walker.module())
+    """ir.read_graph by the C walker where it builds (codegen/walker.py), else in Python. Callers
+    keep the cyclic collector paused (ir.no_gc) while the graph lives: its lists are young and
+    hold every Value, which a collection of the young generation would visit (0.15 s for 5.6M
+    Values) for nothing."""
+    return ir.read_graph(loss, inputs, params, outputs, walker.module())
 
 
 def _structural_key(graph, params, **options):
