@@ -124,11 +124,11 @@ def read_graph(loss, inputs, params, outputs, walker=None):
 
 
 def _lower(graph, inputs, params, fuse, input_grads):
-    leaves, compute, roots = build_nodes(graph, params, inputs, fuse)
+    leaves, compute, roots = build_nodes(graph, fuse)
     mark_gradients(leaves, compute, input_grads)
     groups = _outputs_first(vector.group(compute) if fuse else [Group([n]) for n in compute])
     if fuse:
-        placed = _place(groups, leaves, compute)
+        placed = _place(groups, leaves)
         orders = [list(g.members) for g in groups]
         moved = set()
         # A group whose batch moves inside shows the next one its batch: a few rounds, and the
@@ -136,18 +136,16 @@ def _lower(graph, inputs, params, fuse, input_grads):
         for _ in range(MAX_BATCH_ROUNDS):
             if not vector.batch_innermost(placed[0], moved):
                 break
-            placed = _place(groups, leaves, compute)
+            placed = _place(groups, leaves)
         if moved:
             batched = [list(g.members) for g in groups]
-            if _loop_count(_place_in(groups, orders, leaves, compute)[0]) <= _loop_count(placed[0]):
-                placed = _place_in(groups, batched, leaves, compute)
+            if _loop_count(_place_in(groups, orders, leaves)[0]) <= _loop_count(placed[0]):
+                placed = _place_in(groups, batched, leaves)
             else:
-                placed = _place(groups, leaves, compute)
+                placed = _place(groups, leaves)
         groups, constants, n_slots = placed
     else:
         n_slots = layout(groups, leaves)
-        for node in leaves + compute:
-            node.grad_slot = node.slot
         share_gradients(reversed(groups), compute, roots)  # straight-line code saves the copies
         groups, constants, n_slots = vector.vectorize(groups, n_slots)
     backward = [g for g in reversed(groups) if g.first.needs_grad]
@@ -161,22 +159,16 @@ def _lower(graph, inputs, params, fuse, input_grads):
     return program
 
 
-def _place(groups, leaves, compute):
+def _place(groups, leaves):
     """layout, then vectorize: (groups, constants, slot count)."""
-    for node in leaves:
-        if node.kind == "const":
-            node.slot = None
-    n_slots = layout(groups, leaves)
-    for node in leaves + compute:
-        node.grad_slot = node.slot
-    return vector.vectorize(groups, n_slots)
+    return vector.vectorize(groups, layout(groups, leaves))
 
 
-def _place_in(groups, orders, leaves, compute):
+def _place_in(groups, orders, leaves):
     """_place with the groups' members in the given orders."""
     for g, members in zip(groups, orders):
         g.members = members
-    return _place(groups, leaves, compute)
+    return _place(groups, leaves)
 
 
 def _loop_count(groups):
@@ -185,7 +177,7 @@ def _loop_count(groups):
 
 # ---- passes ------------------------------------------------------------------------------------
 
-def build_nodes(graph, params, inputs, fuse):
+def build_nodes(graph, fuse):
     """One node per Value of the graph (graph.read: one topological order that puts the outputs'
     ancestors first, so predict() can stop early); with `fuse`, sums become dot nodes first (see
     find_sums) and the Values they absorb get no node. Returns (leaf nodes: params, inputs,
@@ -200,9 +192,11 @@ def build_nodes(graph, params, inputs, fuse):
     leaf_at, computed_at = kept[is_leaf].tolist(), kept[~is_leaf]
     # The leaves (most of a model's nodes: its params) made by C-speed maps, not a loop per param
     leaf_roles = role[leaf_at].tolist()
-    leaf_nodes = list(map(Node, map(leaf_kinds.__getitem__, leaf_roles), repeat(None), repeat(()), repeat(None),
-                          map(_data, map(order.__getitem__, leaf_at))))
-    constants = list(compress(leaf_nodes, map(CONST_ROLE.__eq__, leaf_roles)))
+    leaf_nodes = list(map(Node, map(leaf_kinds.__getitem__, leaf_roles)))
+    is_constant = list(map(CONST_ROLE.__eq__, leaf_roles))
+    constants = list(compress(leaf_nodes, is_constant))
+    for node, i in zip(constants, compress(leaf_at, is_constant)):  # (a param's value is loaded, not compiled)
+        node.value = order[i].data
     nodes = [None] * len(order)
     deque(map(nodes.__setitem__, leaf_at, leaf_nodes), maxlen=0)
     at = nodes.__getitem__
@@ -225,11 +219,11 @@ def build_nodes(graph, params, inputs, fuse):
             roots[i].for_outputs = i < len(roots) - 1
             compute.append(roots[i])
 
-    def listed(kind, positions, values):  # params or inputs the output does not reach still get their slot
+    def listed(kind, positions):  # params or inputs the output does not reach still get their slot
         if (positions >= 0).all():
             return list(map(at, positions.tolist()))
-        return [nodes[i] if i >= 0 else Node(kind, value=v.data) for i, v in zip(positions.tolist(), values)]
-    leaves = listed("param", graph.params, params) + listed("input", graph.inputs, inputs)
+        return [nodes[i] if i >= 0 else Node(kind) for i in positions.tolist()]
+    leaves = listed("param", graph.params) + listed("input", graph.inputs)
     return leaves + constants, compute, roots
 
 
@@ -337,15 +331,19 @@ def mark_gradients(leaves, compute, input_grads):
 
 def layout(groups, leaves):
     """Slots: params, then inputs, in the user's order (they lead `leaves`); then each group's
-    results, consecutive in loop order. Returns the slot count."""
+    results, consecutive in loop order; constants none (vectorize gives one to those a loop
+    reads). Every gradient in its node's slot (grad_slot; share_gradients moves some). Returns
+    the slot count."""
     slot = 0
     for node in leaves:
-        if node.kind in ("param", "input"):
-            node.slot = slot
+        if node.kind == "const":
+            node.slot = node.grad_slot = None
+        else:
+            node.slot = node.grad_slot = slot
             slot += 1
     for g in groups:
         for node in g.members:
-            node.slot = slot
+            node.slot = node.grad_slot = slot
             slot += 1
     return slot
 
@@ -415,7 +413,7 @@ def sgd_in_backward(program):
     return fused
 
 
-_args, _a, _b, _kind, _slot, _data = (attrgetter(name) for name in ("args", "a", "b", "kind", "slot", "data"))
+_args, _a, _b, _kind, _slot = (attrgetter(name) for name in ("args", "a", "b", "kind", "slot"))
 
 
 def unfused_params(program, params):
