@@ -249,7 +249,11 @@ def find_sums(graph):
     binary = np.flatnonzero(is_add | is_mul).astype(index)
     left = np.full(n, -1, dtype=index)
     right = np.full(n, -1, dtype=index)
-    left[binary], right[binary] = kids[starts[binary]], kids[starts[binary] + 1]
+    first = starts[binary]  # (one temporary array of the size of the graph's edges, reused)
+    left[binary] = kids[first]
+    first += 1
+    right[binary] = kids[first]
+    del first
     # The consumer of each Value used once (by the `+` or `*` that reads it)
     parent = np.full(n, -1, dtype=index)
     for side in (left, right):
