@@ -19,15 +19,16 @@
 static Py_ssize_t prev_offset, kind_offset, k_offset, n_offset;  /* of the Value's slots */
 #define SLOT(v, offset) (*(PyObject **)((char *)(v) + (offset)))
 
-typedef struct { char *data; size_t size, capacity; } Buffer;
+/* A growing array of bytes, kept in a bytearray so that the result needs no copy. */
+typedef struct { PyObject *array; char *data; size_t size, capacity; } Buffer;
 
 static int grow(Buffer *b, size_t more) {
     if (b->size + more <= b->capacity) return 0;
     size_t capacity = b->capacity ? b->capacity : 4096;
     while (capacity < b->size + more) capacity *= 2;
-    char *data = realloc(b->data, capacity);
-    if (!data) { PyErr_NoMemory(); return -1; }
-    b->data = data;
+    if (b->array ? PyByteArray_Resize(b->array, (Py_ssize_t)capacity)
+                 : !(b->array = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)capacity))) return -1;
+    b->data = PyByteArray_AS_STRING(b->array);
     b->capacity = capacity;
     return 0;
 }
@@ -39,9 +40,14 @@ static int push_i64(Buffer *b, int64_t x) {
     return 0;
 }
 
-static PyObject *as_bytearray(Buffer *b) {
-    return PyByteArray_FromStringAndSize(b->data ? b->data : "", (Py_ssize_t)b->size);
+static PyObject *as_bytearray(Buffer *b) {  /* the bytes pushed, as a new reference */
+    if (!b->array) return PyByteArray_FromStringAndSize(NULL, 0);
+    if (PyByteArray_Resize(b->array, (Py_ssize_t)b->size)) return NULL;
+    Py_INCREF(b->array);
+    return b->array;
 }
+
+static void release(Buffer *b) { Py_CLEAR(b->array); }
 
 /* A Value's number is kept in its `_n` slot while the walk runs, where it reads the Value anyway
  * (a table beside the Values cost a cache miss per look-up): -(number + 3), or -2 while the
@@ -226,11 +232,11 @@ static PyObject *positions(Walk *w, PyObject *values) {
     }
     Py_DECREF(seq);
     PyObject *result = as_bytearray(&out);
-    free(out.data);
+    release(&out);
     return result;
 fail:
     Py_DECREF(seq);
-    free(out.data);
+    release(&out);
     return NULL;
 }
 
@@ -252,18 +258,18 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     Buffer root_buffer = {0};
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(root_seq); i++) {
         PyObject *root = PySequence_Fast_GET_ITEM(root_seq, i), *start = PyLong_FromLongLong(w.number);
-        if (!start || PyList_Append(starts, start)) { Py_XDECREF(start); free(root_buffer.data); goto done; }
+        if (!start || PyList_Append(starts, start)) { Py_XDECREF(start); release(&root_buffer); goto done; }
         Py_DECREF(start);
         if (!PyObject_TypeCheck(root, type)) {
             PyErr_Format(PyExc_TypeError, "compile() needs Values to compute, got %s", Py_TYPE(root)->tp_name);
-            free(root_buffer.data);
+            release(&root_buffer);
             goto done;
         }
-        if (number_of(root) < 0 && walk_from(&w, root)) { free(root_buffer.data); goto done; }
-        if (push_i64(&root_buffer, number_of(root))) { free(root_buffer.data); goto done; }
+        if (number_of(root) < 0 && walk_from(&w, root)) { release(&root_buffer); goto done; }
+        if (push_i64(&root_buffer, number_of(root))) { release(&root_buffer); goto done; }
     }
     root_positions = as_bytearray(&root_buffer);
-    free(root_buffer.data);
+    release(&root_buffer);
     if (!root_positions || !(param_positions = positions(&w, params)) || !(input_positions = positions(&w, inputs)))
         goto done;
     PyObject *offsets = as_bytearray(&w.offsets), *kids = as_bytearray(&w.kids), *codes = as_bytearray(&w.codes),
@@ -280,8 +286,8 @@ done:
     Py_DECREF(root_seq);
     Py_XDECREF(starts); Py_XDECREF(w.order); Py_XDECREF(w.kinds); Py_XDECREF(w.k_values);
     Py_XDECREF(root_positions); Py_XDECREF(param_positions); Py_XDECREF(input_positions);
-    free(w.frames.data); free(w.edges.data); free(w.offsets.data); free(w.kids.data); free(w.codes.data);
-    free(w.k_positions.data);
+    release(&w.frames); release(&w.edges); release(&w.offsets); release(&w.kids); release(&w.codes);
+    release(&w.k_positions);
     return result;
 }
 
