@@ -22,7 +22,7 @@ sum's gradient in place (``share_gradients``).
 from dataclasses import dataclass, field
 from collections import deque
 from itertools import chain, compress, repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter, itemgetter, not_
 
 import numpy as np
 
@@ -417,23 +417,22 @@ def sgd_in_backward(program):
     return fused
 
 
-_args, _a, _b, _kind, _slot = (attrgetter(name) for name in ("args", "a", "b", "kind", "slot"))
+_args, _a, _b, _kind, _slot, _sgd_fused = (attrgetter(name) for name in ("args", "a", "b", "kind", "slot", "sgd_fused"))
 
 
 def unfused_params(program, params):
     """Runs (first slot, count) of the parameters that SGD updates after backward."""
-    return slot_runs(p.slot for p in params if not p.sgd_fused)
+    return slot_runs(map(_slot, compress(params, map(not_, map(_sgd_fused, params)))))
 
 
 def slot_runs(slots):
-    """Ascending slots as runs of consecutive ones, (first slot, count)."""
-    runs = []
-    for slot in slots:
-        if runs and runs[-1][0] + runs[-1][1] == slot:
-            runs[-1][1] += 1
-        else:
-            runs.append([slot, 1])
-    return [tuple(r) for r in runs]
+    """Ascending slots (an iterable or an array) as runs of consecutive ones, (first slot, count)."""
+    slots = slots if isinstance(slots, np.ndarray) else np.fromiter(slots, dtype=np.int64)
+    if not len(slots):
+        return []
+    firsts = np.flatnonzero(np.diff(slots, prepend=slots[0] - 2) != 1)  # where a run starts
+    counts = np.diff(np.append(firsts, len(slots)))
+    return list(zip(slots[firsts].tolist(), counts.tolist()))
 
 
 # ---- helpers -----------------------------------------------------------------------------------
