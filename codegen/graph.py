@@ -48,7 +48,7 @@ class Graph:
         found = [code for code, o in enumerate(self.op_table, 1) if o is op]
         return self.codes == found[0] if found else np.zeros(len(self.order), dtype=bool)
 
-    @property
+    @functools.cached_property  # (the key, find_sums and build_nodes read it)
     def role(self):
         """Per node: CONST, PARAM or INPUT for a leaf (computed nodes: CONST, unused)."""
         role = np.zeros(len(self.order), dtype=np.int8)

@@ -284,7 +284,9 @@ def find_sums(graph):
     term_tree, term = term_tree[by_tree], term[by_tree]
     sums, absorbed = {}, np.zeros(n, dtype=bool)
     _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorbed)
-    absorbed[tree_nodes] |= inner[tree_nodes] & np.isin(root[tree_nodes], list(sums))
+    is_sum = np.zeros(n, dtype=bool)
+    is_sum[list(sums)] = True
+    absorbed[tree_nodes] |= inner[tree_nodes] & is_sum[root[tree_nodes]]
     # the other trees, walked one by one
     for v in np.flatnonzero(walked).tolist():
         terms, below, stack = [], [], [v]  # below: the tree's inner `+`
