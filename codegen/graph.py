@@ -17,7 +17,7 @@ from operator import attrgetter, is_not
 
 import numpy as np
 
-from micrograd_c.engine import NUMBERING, numbered_order
+from micrograd_c.engine import NUMBERING, Value, numbered_order
 
 _children, _number, _kind, _k, _data = (attrgetter(a) for a in ("_prev", "_n", "_kind", "_k", "data"))
 
@@ -36,9 +36,10 @@ class Graph:
     kids: np.ndarray      # children's positions, node by node, in _prev order
     params: np.ndarray    # each param's position; -1 if the roots do not reach it
     inputs: np.ndarray    # each input's position, likewise
-    ops: list             # each node's ops.Op (None for a leaf)
     codes: np.ndarray     # each node's op as a number: 0 for a leaf, else 1 + its place in op_table
-    op_table: list        # the distinct ops, sorted by their repr
+    op_table: list        # the distinct ops (ops.Op), sorted by their repr
+    k_positions: np.ndarray  # the nodes whose constant attribute (_k: the exponent of **) is not None
+    k_values: list           # those attributes
 
     def is_op(self, op):
         """A boolean array: which nodes apply `op` (None: which are leaves)."""
@@ -47,7 +48,7 @@ class Graph:
         found = [code for code, o in enumerate(self.op_table, 1) if o is op]
         return self.codes == found[0] if found else np.zeros(len(self.order), dtype=bool)
 
-    @property
+    @functools.cached_property  # (the key, find_sums and build_nodes read it)
     def role(self):
         """Per node: CONST, PARAM or INPUT for a leaf (computed nodes: CONST, unused)."""
         role = np.zeros(len(self.order), dtype=np.int8)
@@ -56,16 +57,19 @@ class Graph:
         return role
 
     def leaves_listed_once(self, inputs, params):
-        """Whether no Value is among the inputs and params twice: by position where the roots
-        reach them (a count per node, at C speed), by identity for the others (usually none)."""
+        """Whether every input and param is a leaf and no Value is among them twice: by position
+        where the roots reach them (a mark per node, at C speed), by identity for the others
+        (usually none)."""
         positions = np.concatenate([self.inputs, self.params])
         reached = positions[positions >= 0]
-        if len(reached) and np.bincount(reached).max() > 1:
+        listed = np.zeros(len(self.order), dtype=bool)
+        listed[reached] = True
+        if np.count_nonzero(listed) < len(reached) or (self.starts[reached + 1] != self.starts[reached]).any():
             return False
         if not (positions < 0).any():
             return True
         unreached = [v for v, i in zip(chain(inputs, params), positions.tolist()) if i < 0]
-        return len(set(map(id, unreached))) == len(unreached)
+        return len(set(map(id, unreached))) == len(unreached) and not any(map(_children, unreached))
 
     def children(self, i):
         """Node i's children's positions."""
@@ -76,9 +80,38 @@ class Graph:
         return np.bincount(self.kids, minlength=len(self.order))
 
 
-def read(loss, inputs, params, outputs):
-    """The Graph of `loss` and `outputs` (Values), with the positions of `inputs` and `params`."""
+def read(loss, inputs, params, outputs, walker=None):
+    """The Graph of `loss` and `outputs` (Values), with the positions of `inputs` and `params`;
+    walked by `walker` (codegen/walker.py's module, which builds) if given, else in Python."""
     roots = [*outputs, loss]
+    parts = _read_in_c(walker, roots, params, inputs) if walker else _read_in_python(roots, params, inputs)
+    order, n_output_values, root_positions, offsets, kids, param_positions, input_positions, kinds, raw_codes, \
+        k_positions, k_values = parts
+    # Each node's op as a small number: 0 for a leaf, else 1 + the op's place in `op_table`,
+    # sorted by the ops' full descriptions (formulas, arity), so that the numbers do not depend
+    # on which op the walk met first and two tables' "add" differ if their formulas do.
+    table = sorted(kinds, key=repr)
+    place = {id(op): code for code, op in enumerate(table, 1)}
+    renumber = np.array([0] + [place[id(op)] for op in kinds], dtype=np.uint16)
+    return Graph(order, n_output_values, root_positions, offsets, kids, param_positions, input_positions,
+                 renumber[raw_codes], table, k_positions, k_values)
+
+
+def _read_in_c(walker, roots, params, inputs):
+    """read's parts by the C walker (codegen/walker.py)."""
+    with NUMBERING:  # it numbers the Values in place for the time of the call
+        order, starts, offsets, kids, kinds, codes, root_positions, param_positions, input_positions, \
+            k_positions, k_values = walker.walk(Value, roots, params, inputs)
+    return (order, starts[-1], _int64(root_positions), _int64(offsets), _int64(kids), _int64(param_positions),
+            _int64(input_positions), kinds, np.frombuffer(codes, dtype=np.uint16), _int64(k_positions), k_values)
+
+
+def _int64(buffer):
+    return np.frombuffer(buffer, dtype=np.int64)
+
+
+def _read_in_python(roots, params, inputs):
+    """read's parts by engine.numbered_order and C-speed maps (no compiler for the walker)."""
     # The numbers hold until another walk renumbers these Values (a thread's backward()): taken
     # out into arrays under the lock the walk takes.
     with NUMBERING:
@@ -101,18 +134,17 @@ def read(loss, inputs, params, outputs):
         # walk), so that the Values do not keep an int object each (32 bytes per Value).
         for v in order:  # (a specialised store: faster than any map of setattr)
             v._n = -1
-    # Each node's op as a small number: 0 for a leaf, else 1 + the op's place in `op_table`,
-    # sorted by the ops' full descriptions (formulas, arity), so that the numbers do not depend
-    # on which op the walk met first and two tables' "add" differ if their formulas do.
     ids = list(map(id, ops))
     distinct = dict(zip(ids, ops))
     distinct.pop(id(None), None)
-    table = sorted(distinct.values(), key=repr)
-    code_of = {id(op): code for code, op in enumerate(table, 1)}
+    kinds = list(distinct.values())
+    code_of = {id(op): code for code, op in enumerate(kinds, 1)}
     code_of[id(None)] = 0
     codes = np.frombuffer(array("H", map(code_of.__getitem__, ids)), dtype=np.uint16)
-    return Graph(order, starts[-1], root_positions, offsets, kids, param_positions, input_positions, ops, codes,
-                 table)
+    ks = list(map(_k, order))
+    k_positions = np.fromiter(compress(range(n), map(is_not, ks, repeat(None))), dtype=np.int64)
+    return (order, starts[-1], root_positions, offsets, kids, param_positions, input_positions, kinds, codes,
+            k_positions, [ks[i] for i in k_positions.tolist()])
 
 
 def structural_key(graph, params, options):
@@ -125,25 +157,27 @@ def structural_key(graph, params, options):
     digest = hashlib.sha256()
 
     def part(tag, data):  # length-prefixed: the parts' boundaries are part of what is hashed
-        data = data if isinstance(data, (bytes, bytearray, memoryview)) else str(data).encode()
+        if isinstance(data, np.ndarray):  # its bytes as they lie (no copy), tagged with its type
+            tag, data = f"{tag} {data.dtype.str}", memoryview(np.ascontiguousarray(data)).cast("B")
+        elif not isinstance(data, (bytes, bytearray, memoryview)):
+            data = str(data).encode()
         digest.update(tag.encode() + len(data).to_bytes(8, "little"))
         digest.update(data)
 
     order = graph.order
     part("ops", "\n".join(map(repr, graph.op_table)))
-    part("codes", graph.codes.tobytes())
-    ks = list(map(_k, order))
-    with_k = list(compress(range(len(order)), map(is_not, ks, repeat(None))))
-    part("k", repr([(i, ks[i]) for i in with_k]))
-    part("starts", graph.starts.tobytes())
-    part("kids", graph.kids.tobytes())
-    part("params", graph.params.tobytes())
-    part("inputs", graph.inputs.tobytes())
-    part("roots", graph.roots.tobytes())
+    part("codes", graph.codes)
+    part("k", repr(list(zip(graph.k_positions.tolist(), graph.k_values))))
+    # the edges in the fewest bytes that hold them (half the int64 arrays' bytes to hash)
+    part("starts", _narrowest(graph.starts))
+    part("kids", _narrowest(graph.kids))
+    part("params", graph.params)
+    part("inputs", graph.inputs)
+    part("roots", graph.roots)
     part("outputs", str(graph.n_output_values))
     leaves = np.flatnonzero(graph.codes == 0)
     constants = leaves[graph.role[leaves] == CONST]
-    part("constants", constants.tobytes())
+    part("constants", constants)
     part("values", _floats(order[i].data for i in constants.tolist()))
     if params is not None:
         part("param values", _floats(map(_data, params)))
@@ -165,6 +199,12 @@ def code_fingerprint():
     for path in files + [pathlib.Path(ops.__file__)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
+
+
+def _narrowest(numbers):
+    """Non-negative integers in the narrowest unsigned type that holds them all."""
+    top = int(numbers.max()) if len(numbers) else 0
+    return numbers.astype(next(t for t in (np.uint8, np.uint16, np.uint32, np.uint64) if top <= np.iinfo(t).max))
 
 
 def _floats(values):

@@ -20,9 +20,9 @@ sum's gradient in place (``share_gradients``).
 """
 
 from dataclasses import dataclass, field
-from itertools import chain, repeat
-from collections import Counter
-from operator import attrgetter, itemgetter
+from collections import deque
+from itertools import chain, compress, repeat
+from operator import attrgetter, itemgetter, not_
 
 import numpy as np
 
@@ -44,19 +44,25 @@ class Node:
     """One node of the lowered graph. kind: 'param', 'input', 'const', 'op' or 'dot'.
     A dot's value is sum(args) + sum(a[i] * b[i])."""
 
-    __slots__ = ("kind", "op", "args", "k", "value", "slot", "needs_grad", "a", "b", "grad_slot",
-                 "shares_grad", "for_outputs", "sgd_fused", "cls")
+    # A leaf (most nodes: a model's params) has the fields in slots; a computed node's own (op,
+    # args, k, a, b, shares_grad, for_outputs) go to its __dict__, and a leaf reads them as the
+    # class's defaults: a param's node is made with 7 stores, in 96 bytes.
+    __slots__ = ("kind", "value", "slot", "needs_grad", "grad_slot", "sgd_fused", "cls", "__dict__")
+    op = None
+    args = a = b = ()
+    k = None
+    shares_grad = False  # its gradient is its only consumer's, which passes it on unchanged
+    for_outputs = False  # a computed node the outputs need: predict() computes it
 
     def __init__(self, kind, op=None, args=(), k=None, value=None):
-        self.kind, self.op, self.args, self.k, self.value = kind, op, args, k, value
+        self.kind, self.value = kind, value
         self.slot = None
         self.needs_grad = False
         self.grad_slot = None     # where its gradient lives: its own slot, or its consumer's
-        self.shares_grad = False  # its gradient is its only consumer's, which passes it on unchanged
-        self.for_outputs = False  # the outputs need it: predict() computes it
         self.sgd_fused = False    # a parameter that batch-1 SGD updates inside backward
         self.cls = kind           # a leaf's kind; a computed node's class (vector.group)
-        self.a = self.b = ()
+        if kind in ("op", "dot"):
+            self.op, self.args, self.k = op, args, k
 
     def reads(self):
         return self.args + self.a + self.b
@@ -101,22 +107,28 @@ def as_list(outputs):
     return [outputs] if isinstance(outputs, Value) else [] if outputs is None else list(outputs)
 
 
-def read_graph(loss, inputs, params, outputs):
-    """The user's graph, checked and read into arrays (codegen.graph.read)."""
-    if not _leaves_are_values(inputs, params, [loss] + outputs):
-        _check_leaves(inputs, params, [loss] + outputs)
-    graph = graph_arrays.read(loss, inputs, params, outputs)
+def read_graph(loss, inputs, params, outputs, walker=None):
+    """The user's graph, checked and read into arrays (codegen.graph.read; `walker`: the C walk,
+    codegen/walker.py's module, which codegen's entry points load: lowering builds nothing)."""
+    roots = [loss] + outputs
+    if walker is None and not _leaves_are_values(inputs, params, roots):  # (the walker checks what is a Value)
+        _check_leaves(inputs, params, roots)
+    try:
+        graph = graph_arrays.read(loss, inputs, params, outputs, walker)
+    except TypeError:
+        _check_leaves(inputs, params, roots)  # the message that names the input or param, if it is one
+        raise
     if not graph.leaves_listed_once(inputs, params):
-        _check_leaves(inputs, params, [loss] + outputs)
+        _check_leaves(inputs, params, roots)
     return graph
 
 
 def _lower(graph, inputs, params, fuse, input_grads):
-    leaves, compute, roots = build_nodes(graph, params, inputs, fuse)
+    leaves, compute, roots = build_nodes(graph, fuse)
     mark_gradients(leaves, compute, input_grads)
     groups = _outputs_first(vector.group(compute) if fuse else [Group([n]) for n in compute])
     if fuse:
-        placed = _place(groups, leaves, compute)
+        placed = _place(groups, leaves)
         orders = [list(g.members) for g in groups]
         moved = set()
         # A group whose batch moves inside shows the next one its batch: a few rounds, and the
@@ -124,18 +136,16 @@ def _lower(graph, inputs, params, fuse, input_grads):
         for _ in range(MAX_BATCH_ROUNDS):
             if not vector.batch_innermost(placed[0], moved):
                 break
-            placed = _place(groups, leaves, compute)
+            placed = _place(groups, leaves)
         if moved:
             batched = [list(g.members) for g in groups]
-            if _loop_count(_place_in(groups, orders, leaves, compute)[0]) <= _loop_count(placed[0]):
-                placed = _place_in(groups, batched, leaves, compute)
+            if _loop_count(_place_in(groups, orders, leaves)[0]) <= _loop_count(placed[0]):
+                placed = _place_in(groups, batched, leaves)
             else:
-                placed = _place(groups, leaves, compute)
+                placed = _place(groups, leaves)
         groups, constants, n_slots = placed
     else:
         n_slots = layout(groups, leaves)
-        for node in leaves + compute:
-            node.grad_slot = node.slot
         share_gradients(reversed(groups), compute, roots)  # straight-line code saves the copies
         groups, constants, n_slots = vector.vectorize(groups, n_slots)
     backward = [g for g in reversed(groups) if g.first.needs_grad]
@@ -149,22 +159,16 @@ def _lower(graph, inputs, params, fuse, input_grads):
     return program
 
 
-def _place(groups, leaves, compute):
+def _place(groups, leaves):
     """layout, then vectorize: (groups, constants, slot count)."""
-    for node in leaves:
-        if node.kind == "const":
-            node.slot = None
-    n_slots = layout(groups, leaves)
-    for node in leaves + compute:
-        node.grad_slot = node.slot
-    return vector.vectorize(groups, n_slots)
+    return vector.vectorize(groups, layout(groups, leaves))
 
 
-def _place_in(groups, orders, leaves, compute):
+def _place_in(groups, orders, leaves):
     """_place with the groups' members in the given orders."""
     for g, members in zip(groups, orders):
         g.members = members
-    return _place(groups, leaves, compute)
+    return _place(groups, leaves)
 
 
 def _loop_count(groups):
@@ -173,35 +177,39 @@ def _loop_count(groups):
 
 # ---- passes ------------------------------------------------------------------------------------
 
-def build_nodes(graph, params, inputs, fuse):
+def build_nodes(graph, fuse):
     """One node per Value of the graph (graph.read: one topological order that puts the outputs'
     ancestors first, so predict() can stop early); with `fuse`, sums become dot nodes first (see
     find_sums) and the Values they absorb get no node. Returns (leaf nodes: params, inputs,
     constants in that order; computed nodes; roots: outputs then loss)."""
-    order, ops_ = graph.order, graph.ops
+    order, codes, op_table = graph.order, graph.codes, graph.op_table
     role = graph.role
     sums, absorbed = find_sums(graph) if fuse else ({}, np.zeros(len(order), dtype=bool))
     n_output_values = graph.n_output_values
     leaf_kinds = ("const", "param", "input")  # by graph.role
-    nodes = [None] * len(order)
-    at = nodes.__getitem__
-    compute, constants = [], []
     kept = np.flatnonzero(~absorbed)  # in a model, its params and a few nodes per neuron
-    for i, r in zip(kept.tolist(), role[kept].tolist()):
-        v, op = order[i], ops_[i]
-        if op is None:
-            node = Node(leaf_kinds[r], value=v.data)
-            if r == CONST_ROLE:
-                constants.append(node)
-        elif i in sums:
-            terms, a, b = sums[i]
+    is_leaf = codes[kept] == 0
+    leaf_at, computed_at = kept[is_leaf].tolist(), kept[~is_leaf]
+    # The leaves (most of a model's nodes: its params) made by C-speed maps, not a loop per param
+    leaf_roles = role[leaf_at].tolist()
+    leaf_nodes = list(map(Node, map(leaf_kinds.__getitem__, leaf_roles)))
+    is_constant = list(map(CONST_ROLE.__eq__, leaf_roles))
+    constants = list(compress(leaf_nodes, is_constant))
+    for node, i in zip(constants, compress(leaf_at, is_constant)):  # (a param's value is loaded, not compiled)
+        node.value = order[i].data
+    nodes = [None] * len(order)
+    deque(map(nodes.__setitem__, leaf_at, leaf_nodes), maxlen=0)
+    at = nodes.__getitem__
+    compute = []
+    for i, code in zip(computed_at.tolist(), codes[computed_at].tolist()):
+        if i in sums:
+            terms, a, b = (positions.tolist() for positions in sums[i])
             node = Node("dot", args=tuple(map(at, terms)))
             node.a, node.b = tuple(map(at, a)), tuple(map(at, b))
-            compute.append(node)
         else:
-            node = Node("op", op, tuple(map(at, graph.children(i))), v._k)
-            compute.append(node)
+            node = Node("op", op_table[code - 1], tuple(map(at, graph.children(i))), order[i]._k)
         node.for_outputs = i < n_output_values
+        compute.append(node)
         nodes[i] = node
     roots = [nodes[i] for i in graph.roots.tolist()]
     # A constant root needs a slot to be read from: compute it as a one-term dot.
@@ -210,10 +218,12 @@ def build_nodes(graph, params, inputs, fuse):
             roots[i] = Node("dot", args=(root,))
             roots[i].for_outputs = i < len(roots) - 1
             compute.append(roots[i])
-    # Params or inputs that the output does not reach still get their slot.
-    leaves = [nodes[i] if i >= 0 else Node(kind, value=v.data)
-              for kind, positions, values in (("param", graph.params, params), ("input", graph.inputs, inputs))
-              for i, v in zip(positions.tolist(), values)]
+
+    def listed(kind, positions):  # params or inputs the output does not reach still get their slot
+        if (positions >= 0).all():
+            return list(map(at, positions.tolist()))
+        return [nodes[i] if i >= 0 else Node(kind) for i in positions.tolist()]
+    leaves = listed("param", graph.params) + listed("input", graph.inputs)
     return leaves + constants, compute, roots
 
 
@@ -222,7 +232,7 @@ def find_sums(graph):
     terms becomes one dot: its products whose factors are both non-constant become the dot's
     factor lists, its other terms the dot's loose terms. Inner `+` (used once, by a `+`, and not
     a root) and products used nowhere else dissolve into it. Returns ({position of the sum:
-    (terms, a, b) as positions}, a boolean array: the positions of dissolved Values).
+    (terms, a, b) as arrays of positions}, a boolean array: the positions of dissolved Values).
 
     On arrays: a tree is its root and the inner `+` below it (found by pointer jumping to the
     root), its terms their other children. A tree whose inner `+` are all left children (a chain,
@@ -230,24 +240,29 @@ def find_sums(graph):
     children bottom up (children precede parents in the order). Other trees are walked in order,
     one by one. Trees are disjoint, so neither way depends on the other."""
     n = len(graph.order)
+    index = np.int32 if n < 2**30 else np.int64  # positions: half the bytes of the peak's arrays
     add, mul = ops.OPS["add"], ops.OPS["mul"]
     is_add, is_mul = graph.is_op(add), graph.is_op(mul)
     uses = graph.uses()
     uses[graph.roots] += 2  # values someone reads after forward must stay: never "used once"
     starts, kids = graph.starts, graph.kids
-    binary = np.flatnonzero(is_add | is_mul)
-    left = np.full(n, -1, dtype=np.int64)
-    right = np.full(n, -1, dtype=np.int64)
-    left[binary], right[binary] = kids[starts[binary]], kids[starts[binary] + 1]
+    binary = np.flatnonzero(is_add | is_mul).astype(index)
+    left = np.full(n, -1, dtype=index)
+    right = np.full(n, -1, dtype=index)
+    first = starts[binary]  # (one temporary array of the size of the graph's edges, reused)
+    left[binary] = kids[first]
+    first += 1
+    right[binary] = kids[first]
+    del first
     # The consumer of each Value used once (by the `+` or `*` that reads it)
-    parent = np.full(n, -1, dtype=np.int64)
+    parent = np.full(n, -1, dtype=index)
     for side in (left, right):
         once = binary[uses[side[binary]] == 1]
         parent[side[once]] = once
     inner = is_add & (uses == 1) & (parent >= 0)
     inner[inner] = is_add[parent[inner]]
-    adds = np.flatnonzero(is_add)
-    root = np.arange(n, dtype=np.int64)
+    adds = np.flatnonzero(is_add).astype(index)
+    root = np.arange(n, dtype=index)
     root[inner] = parent[inner]
     while True:  # pointer jumping: each round halves the distance to the tree's root
         jumped = root[root[adds]]
@@ -269,7 +284,9 @@ def find_sums(graph):
     term_tree, term = term_tree[by_tree], term[by_tree]
     sums, absorbed = {}, np.zeros(n, dtype=bool)
     _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorbed)
-    absorbed[tree_nodes] |= inner[tree_nodes] & np.isin(root[tree_nodes], list(sums))
+    is_sum = np.zeros(n, dtype=bool)
+    is_sum[list(sums)] = True
+    absorbed[tree_nodes] |= inner[tree_nodes] & is_sum[root[tree_nodes]]
     # the other trees, walked one by one
     for v in np.flatnonzero(walked).tolist():
         terms, below, stack = [], [], [v]  # below: the tree's inner `+`
@@ -306,7 +323,7 @@ def _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorb
             continue
         ts, ps = term[begin:begin + count], product[begin:begin + count]
         products_here = ts[ps]
-        sums[tree] = (ts[~ps].tolist(), left[products_here].tolist(), right[products_here].tolist())
+        sums[tree] = (ts[~ps], left[products_here], right[products_here])  # arrays: 8 bytes a position
         absorbed[products_here] = True
 
 
@@ -320,15 +337,19 @@ def mark_gradients(leaves, compute, input_grads):
 
 def layout(groups, leaves):
     """Slots: params, then inputs, in the user's order (they lead `leaves`); then each group's
-    results, consecutive in loop order. Returns the slot count."""
+    results, consecutive in loop order; constants none (vectorize gives one to those a loop
+    reads). Every gradient in its node's slot (grad_slot; share_gradients moves some). Returns
+    the slot count."""
     slot = 0
     for node in leaves:
-        if node.kind in ("param", "input"):
-            node.slot = slot
+        if node.kind == "const":
+            node.slot = node.grad_slot = None
+        else:
+            node.slot = node.grad_slot = slot
             slot += 1
     for g in groups:
         for node in g.members:
-            node.slot = slot
+            node.slot = node.grad_slot = slot
             slot += 1
     return slot
 
@@ -357,8 +378,8 @@ def sgd_in_backward(program):
     whether any parameter is updated in backward.
 
     Decided list by list (per group and operand position: the params there share one fate), at
-    C speed per element: a parameter with one contribution is in one list only, so no list's
-    fate depends on another's."""
+    C speed per element (contributions counted by slot): a parameter with one contribution is in
+    one list only, so no list's fate depends on another's."""
     lists = []  # (operand list, whether its group rules its params out)
     for g in program.backward:
         members, first = g.members, g.first
@@ -372,43 +393,48 @@ def sgd_in_backward(program):
         in_factors = [factors for factors in (_a, _b) if "param" in set(map(_kind, factors(first)))]
         for factors in in_factors:
             lists.append((list(chain.from_iterable(map(factors, members))), len(in_factors) == 2))
-    contributions = Counter()
-    for xs, _ in lists:
-        contributions.update(map(id, xs))
-    for r in [program.loss, *program.outputs]:  # read as a result: never updated early
-        contributions[id(r)] += 2
-    fused = False
+    # Per list with params: its params, their slots (a param's slot is its place in `params`) and
+    # whether its group lets them be updated together; then every param's count of contributions
+    # at C speed.
+    with_params = []
     for xs, ruled_out in lists:
         kinds = set(map(_kind, xs))
         if "param" not in kinds:
             continue
         only_params = kinds == {"param"}  # a layer's weights: the common case, without a check per element
-        graded = xs if only_params else [x for x in xs if x.needs_grad]  # params always need theirs
-        together = (not ruled_out and (only_params or all(x.kind == "param" for x in graded))
-                    and set(map(contributions.__getitem__, map(id, graded))) == {1})
-        for x in xs if only_params else [x for x in xs if x.kind == "param"]:
+        ps = xs if only_params else [x for x in xs if x.kind == "param"]
+        alike = not ruled_out and (only_params or all(x.kind == "param" for x in xs if x.needs_grad))
+        with_params.append((ps, np.fromiter(map(_slot, ps), dtype=np.int64, count=len(ps)), alike))
+    contributions = np.bincount(np.concatenate([slots for _, slots, _ in with_params] or [[]]).astype(np.int64),
+                                minlength=program.n_params)
+    for r in [program.loss, *program.outputs]:  # read as a result: never updated early
+        if r.kind == "param":
+            contributions[r.slot] += 2
+    fused = False
+    for ps, slots, alike in with_params:
+        together = alike and bool((contributions[slots] == 1).all())
+        for x in ps:
             x.sgd_fused = together
         fused |= together
     return fused
 
 
-_args, _a, _b, _kind = attrgetter("args"), attrgetter("a"), attrgetter("b"), attrgetter("kind")
+_args, _a, _b, _kind, _slot, _sgd_fused = (attrgetter(name) for name in ("args", "a", "b", "kind", "slot", "sgd_fused"))
 
 
 def unfused_params(program, params):
     """Runs (first slot, count) of the parameters that SGD updates after backward."""
-    return slot_runs(p.slot for p in params if not p.sgd_fused)
+    return slot_runs(map(_slot, compress(params, map(not_, map(_sgd_fused, params)))))
 
 
 def slot_runs(slots):
-    """Ascending slots as runs of consecutive ones, (first slot, count)."""
-    runs = []
-    for slot in slots:
-        if runs and runs[-1][0] + runs[-1][1] == slot:
-            runs[-1][1] += 1
-        else:
-            runs.append([slot, 1])
-    return [tuple(r) for r in runs]
+    """Ascending slots (an iterable or an array) as runs of consecutive ones, (first slot, count)."""
+    slots = slots if isinstance(slots, np.ndarray) else np.fromiter(slots, dtype=np.int64)
+    if not len(slots):
+        return []
+    firsts = np.flatnonzero(np.diff(slots, prepend=slots[0] - 2) != 1)  # where a run starts
+    counts = np.diff(np.append(firsts, len(slots)))
+    return list(zip(slots[firsts].tolist(), counts.tolist()))
 
 
 # ---- helpers -----------------------------------------------------------------------------------

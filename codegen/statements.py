@@ -8,6 +8,8 @@ import dataclasses
 import itertools
 import math
 
+import numpy as np
+
 from . import dtypes, ir
 from .dtypes import c_literal
 from .loops import (Accumulate, GO, Matmul, OffsetTables, WeightGradient, bias_argument, data_at, fused_activation,
@@ -298,7 +300,7 @@ class Emitter:
         zeroed and stepped every time; sgd_live_rows(d, g, stamp, rank1, snap, live, gen, lr):
         `param -= lr * grad` over the listed rows; write_rows(g, stamp, rank1, snap, gen, all):
         writes out the rank-one rows and, with all, zeroes the stale ones, stamping them current."""
-        tracked = [False] * n_params
+        tracked = np.zeros(n_params, dtype=bool)
         write, starts, lengths, snapshots = [], [], [], []
         first = snapshot = 0
         for start, n, shape, other in self.tracked_rows:
@@ -307,7 +309,7 @@ class Emitter:
             row = slot_index(start)
             for index in itertools.product(*map(range, shape)):  # in loop order, as the stamps
                 at = start.base + sum(s * i for s, i in zip(start.strides, index))
-                tracked[at:at + n] = [True] * n
+                tracked[at:at + n] = True
                 starts.append(at)
             first += math.prod(shape)
             lengths += [n] * math.prod(shape)
@@ -321,7 +323,7 @@ class Emitter:
                          f"        else if (all && stamp[{stamp}] != gen) memset(q, 0, {n} * sizeof(real));\n"
                          f"        else continue;\n        stamp[{stamp}] = gen;\n    }}")
             snapshot += n
-        runs = ir.slot_runs(slot for slot, done in enumerate(tracked) if not done) or [(0, 0)]
+        runs = ir.slot_runs(np.flatnonzero(~tracked)) or [(0, 0)]
         # without tracked rows the step's backward is the ordinary one
         untracked = [] if self.tracked_rows else [
             "#define backward_tracked_body(d, g, stamp, rank1, snap, live, gen) "

@@ -16,6 +16,7 @@ that loops read them. A class that does not fit stays straight-line, one stateme
 """
 
 from dataclasses import dataclass
+from itertools import chain
 from operator import attrgetter
 
 import numpy as np
@@ -257,7 +258,11 @@ def _describe_loop(g, literals):
             if not lists[0]:
                 patterns.append(None)
                 continue
-            slots = np.array([list(map(_slot, xs)) for xs in lists], dtype=np.int64)  # member x position
+            width = len(lists[0])
+            if any(len(xs) != width for xs in lists):
+                return False
+            slots = np.fromiter(map(_slot, chain.from_iterable(lists)), dtype=np.int64,  # member x position
+                                count=width * len(lists)).reshape(len(lists), width)
             offsets = slots - slots[:, :1]
             if not (offsets == offsets[0]).all():
                 return False

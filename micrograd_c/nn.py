@@ -1,6 +1,7 @@
 """Neural-net building blocks with micrograd's API, init and repr."""
 
 import random
+from itertools import chain
 
 from .engine import Value, no_gc
 
@@ -50,8 +51,8 @@ class Layer(Module):
             out = [n(x) for n in self.neurons]
         return out[0] if len(out) == 1 else out
 
-    def parameters(self):
-        return [p for n in self.neurons for p in n.parameters()]
+    def parameters(self):  # (a million-parameter model's lists joined at C speed)
+        return list(chain.from_iterable(n.parameters() for n in self.neurons))
 
     def __repr__(self):
         return f"Layer of [{', '.join(str(n) for n in self.neurons)}]"
@@ -71,7 +72,7 @@ class MLP(Module):
         return x
 
     def parameters(self):
-        return [p for layer in self.layers for p in layer.parameters()]
+        return list(chain.from_iterable(layer.parameters() for layer in self.layers))
 
     def __repr__(self):
         return f"MLP of [{', '.join(str(layer) for layer in self.layers)}]"

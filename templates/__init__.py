@@ -20,6 +20,7 @@ generated C gets into a template.
       kernels/axpy.c    updates: axpy, SGD steps, lists at offsets (a convolution's window)
       kernels/sparse.c  sparse inputs: nonzero chunk lists, matvec, dot_nz, axpy_nz
     jit.c       a codegen.jit function's module
+    walk.c      the Value graph's reader at C speed (codegen/walker.py), built once per machine
     export/, freestanding/   codegen.export's API and its freestanding math
 """
 import re

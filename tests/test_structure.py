@@ -158,7 +158,8 @@ def _same_graph(a, b):
     graphs = []
     for program in (a, b):
         g = ir.read_graph(*build(program))
-        graphs.append(([(op and op.name, v._k, v.data if op is None else None) for v, op in zip(g.order, g.ops)],
+        ops = [g.op_table[code - 1] if code else None for code in g.codes.tolist()]
+        graphs.append(([(op and op.name, v._k, v.data if op is None else None) for v, op in zip(g.order, ops)],
                        g.kids.tolist(), g.starts.tolist(), g.params.tolist(), g.inputs.tolist(), g.roots.tolist()))
     return graphs[0] == graphs[1]
 

@@ -1,0 +1,130 @@
+"""The graph's walk in C (codegen/walker.py, templates/walk.c): the same arrays as the Python read
+(codegen/graph.py) on hypothesis-generated graphs, its errors, and the Python read as the fallback
+when the walker cannot be built."""
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import codegen
+from codegen import graph as graph_arrays
+from codegen import toolchain, walker
+from micrograd_c import Value
+from micrograd_c.engine import topological_order
+from conftest import requires
+
+
+@pytest.fixture(scope="module")
+def walk_module():
+    requires("gcc")  # the default compiler where CI runs
+    found = walker.module()
+    assert found is not None
+    return found
+
+
+def random_graph(draw_ops, n_leaves):
+    """Values from `draw_ops` (op, operand indices), over n_leaves leaves: shared nodes, x*x, **k."""
+    values = [Value(float(i) + 0.5) for i in range(n_leaves)]
+    for op, i, j in draw_ops:
+        a, b = values[i % len(values)], values[j % len(values)]
+        values.append({"add": lambda: a + b, "mul": lambda: a * b, "pow": lambda: a ** 3, "relu": a.relu,
+                       "const": lambda: a * 2.0}[op]())
+    return values
+
+
+def parts_equal(c_parts, python_parts):
+    for ours, theirs in zip(c_parts, python_parts, strict=True):
+        if isinstance(ours, np.ndarray):
+            assert ours.dtype == theirs.dtype and np.array_equal(ours, theirs)
+        elif isinstance(ours, list):  # Values, kinds, constant attributes: the same objects
+            assert len(ours) == len(theirs) and all(x is y for x, y in zip(ours, theirs))
+        else:
+            assert ours == theirs
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "mul", "pow", "relu", "const"]), st.integers(0, 99),
+                              st.integers(0, 99)), max_size=40),
+       n_leaves=st.integers(1, 6), picks=st.lists(st.integers(0, 99), min_size=1, max_size=4),
+       n_params=st.integers(0, 3), walked_before=st.booleans())
+def test_the_c_walk_reads_what_python_reads(walk_module, ops, n_leaves, picks, n_params, walked_before):
+    values = random_graph(ops, n_leaves)
+    roots = [values[p % len(values)] for p in picks]  # repeated roots and leaf roots too
+    params, inputs = values[:n_params], values[n_params:n_leaves]  # some unreached
+    if walked_before:  # backward() leaves its walk's numbers in the Values
+        topological_order(values[-1])
+    c_parts = graph_arrays._read_in_c(walk_module, roots, params, inputs)
+    assert all(v._n == -1 for v in c_parts[0])  # the walk's marks are gone
+    parts_equal(c_parts, graph_arrays._read_in_python(roots, params, inputs))
+
+
+def test_a_long_chain_is_walked_without_recursion(walk_module):
+    xs = [Value(1.0) for _ in range(100_000)]
+    total = sum(xs)
+    order = walk_module.walk(Value, [total], xs, [])[0]
+    assert len(order) == 2 * len(xs) + 1 and order[-1] is total  # sum() starts from a constant 0
+
+
+def test_what_is_not_a_value_raises_and_leaves_no_marks(walk_module):
+    x = Value(1.0)
+    y = x + 1
+    z = (y * 2) * x
+    y._prev = (x, 3.0)
+    with pytest.raises(TypeError, match="child must be a Value"):
+        walk_module.walk(Value, [z], [], [])
+    y._prev = [x]
+    with pytest.raises(TypeError, match="_prev must be a tuple"):
+        walk_module.walk(Value, [z], [], [])
+    with pytest.raises(TypeError, match="must be a Value"):
+        walk_module.walk(Value, [x], [x, 1.0], [])
+    assert all(v._n == -1 for v in (x, y, z, *z._prev, *z._prev[0]._prev))
+    y._prev = (x, Value(1))
+    assert len(topological_order(z)) == 6  # x, 1, y, 2, y * 2, z
+
+
+def test_without_a_compiler_graphs_are_read_in_python(monkeypatch):
+    def loss_and_leaves():
+        xs, ws = [Value(0.5) for _ in range(6)], [Value(0.1 * i) for i in range(6)]
+        return (sum(w * x for w, x in zip(ws, xs)).relu(), xs, ws)
+    expected = codegen.generate(*loss_and_leaves())
+
+    def no_compiler(name=None):
+        raise toolchain.CompilerNotFound("none here")
+    monkeypatch.setattr(toolchain, "find_compiler", no_compiler)
+    walker.module.cache_clear()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no compiler is no reason to warn
+            assert walker.module() is None
+        assert codegen.generate(*loss_and_leaves()) == expected
+    finally:
+        walker.module.cache_clear()
+
+
+def test_a_walker_that_does_not_build_warns_and_python_reads(monkeypatch):
+    def failing(*args, **kwargs):
+        raise toolchain.ToolchainError("broken")
+    monkeypatch.setattr(toolchain, "build_module", failing)
+    walker.module.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="reading graphs in Python"):
+            assert walker.module() is None
+        x = Value(2.0)
+        assert codegen.structural_key(x * x, [x], []) == codegen.structural_key(x * x, [x], [])
+    finally:
+        walker.module.cache_clear()
+
+
+def test_bad_leaves_get_their_messages_through_the_walker(walk_module):
+    x, p = Value(1.0), Value(2.0)
+    unreached = Value(3.0) * 2
+    with pytest.raises(TypeError, match="every param must be a Value, got float"):
+        codegen.structural_key(x * p, [x], [p, 1.0])
+    with pytest.raises(ValueError, match="inputs and params must be leaves"):
+        codegen.structural_key(x * p, [x], [p, unreached])  # not reached by the loss
+    with pytest.raises(ValueError, match="inputs and params must be leaves"):
+        codegen.structural_key(x * p, [x * p], [p])
+    with pytest.raises(ValueError, match="listed twice"):
+        codegen.structural_key(x * p, [x, unreached._prev[0]], [p, unreached._prev[0]])
