@@ -431,7 +431,8 @@ def _compile(compiler, flags, link, sources, c_files, cache, output, timeout,
         write_atomically(c_file, text)
     temp_output = _temp_file(cache, output.name)
     parallel = len(c_files) > 1 and FAMILIES[compiler.family].parallel_units
-    objects = [_temp_file(cache, c.name + '.o') for c in c_files] if parallel else []
+    # (objects end in .o: zig cc hands a file of another ending to a system linker, which a bare machine lacks)
+    objects = [_temp_file(cache, c.name, suffix='.o') for c in c_files] if parallel else []
     start = time.perf_counter()
 
     def remaining():
@@ -464,8 +465,8 @@ def unit_file_name(stem: str, index: int) -> str:
     return f'{stem}.{index}.c' if index else f'{stem}.c'
 
 
-def _temp_file(directory: pathlib.Path, name: str) -> str:
-    fd, path = tempfile.mkstemp(dir=directory, prefix=f'.{name}.', suffix='.tmp')
+def _temp_file(directory: pathlib.Path, name: str, suffix: str = '.tmp') -> str:
+    fd, path = tempfile.mkstemp(dir=directory, prefix=f'.{name}.', suffix=suffix)
     os.close(fd)
     return path
 

@@ -51,8 +51,8 @@ def load_twice(path):
 
 
 def leftovers(directory) -> list[str]:
-    """Files a build must not leave behind (temporaries)."""
-    return [p.name for p in directory.iterdir() if p.name.endswith('.tmp')]
+    """Files a build must not leave behind (temporaries: hidden, ending .tmp, or .o for objects)."""
+    return [p.name for p in directory.iterdir() if p.name.startswith('.') and p.name.endswith(('.tmp', '.o'))]
 
 
 @pytest.fixture
