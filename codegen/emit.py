@@ -8,7 +8,7 @@ compiles in parallel; the layout's #defines, the tables, and the templates fille
 
 import templates
 
-from . import dtypes, ir, optim
+from . import dtypes, optim
 from .dtypes import c_literal
 from .statements import Emitter
 
@@ -195,10 +195,10 @@ def _batch_layout(eb, dtype):
     ])
 
 
-def _stepped_runs(slots):
-    """BATCH_STEPPED_RUNS: (first slot, count) of the weights backward_batch steps, ascending,
-    with a (N_PARAMS, 0) after them; N_BATCH_STEPPED_RUNS."""
-    runs = ir.slot_runs(sorted(slots)) + [("N_PARAMS", 0)]
+def _stepped_runs(runs):
+    """BATCH_STEPPED_RUNS: the runs (first slot, count) of the weights backward_batch steps,
+    ascending, with a (N_PARAMS, 0) after them; N_BATCH_STEPPED_RUNS."""
+    runs = sorted(runs) + [("N_PARAMS", 0)]
     return [f"#define N_BATCH_STEPPED_RUNS {len(runs) - 1}",
             "static const long BATCH_STEPPED_RUNS[][2] = {" + ", ".join(f"{{{a}, {n}}}" for a, n in runs) + "};"]
 

@@ -211,7 +211,7 @@ class WeightGradient:
         """The slots of the weights (all passes of the loops outside the batch's)."""
         start = self.wrt.start
         rows = _positions(type(start)(start.base, start.strides[:-1]), shape[:-1])
-        return (rows[:, None] + np.array(self.wrt.offsets)).ravel().tolist()
+        return (rows[:, None] + np.array(self.wrt.offsets)).ravel()
 
     @staticmethod
     def fits(shape, wrt, other, out):

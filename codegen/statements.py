@@ -35,8 +35,8 @@ class Emitter:
         self.nonzero_lists = {}  # (first slot, length) of an input range: its list's offset in words
         self.tracked_rows = []  # backward(tracked=True)'s parameter rows: (start, length, loop shape, other's start)
         self._folded = None  # the group whose gradient backward()'s product finished (backward_pass)
-        # the batched program's: slots of the weights whose SGD step its backward takes (matmul_nt
-        # with `rate`: parameters with one gradient contribution, ir.sgd_in_backward)
+        # the batched program's: runs (first slot, count) of the weights whose SGD step its backward
+        # takes (matmul_nt with `rate`: parameters with one gradient contribution, ir.sgd_in_backward)
         self.stepped = [] if shared else None
         self.epilogues = shared.epilogues if shared else {}  # a layer kernel's epilogue: the C of its value -> its function's name
 
@@ -393,7 +393,7 @@ class Emitter:
             step = self.stepped is not None and all(f.kind == "param" and f.sgd_fused for f in factors)
             product = WeightGradient(wrt, other, out, self._row_list(other), step)
             if step:
-                self.stepped += product.weights(shape)
+                self.stepped += ir.slot_runs(np.sort(product.weights(shape)))
             contribute(False, product, None)
             return
         if unrolled(wrt, other) or not all(needs):
