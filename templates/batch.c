@@ -132,8 +132,19 @@ static void sgd_rows(void *args, long first, long last)
         sgd_step(a->d + first, a->g + first, a->rate, last - first);
         return;
     }
-    long at = first; /* the runs ascend; the last, (N_PARAMS, 0), closes the last gap */
-    for (int r = 0; r <= N_BATCH_STEPPED_RUNS && at < last; r++) {
+    /* the runs ascend; the last, (N_PARAMS, 0), closes the last gap. The first run that ends
+     * after `first`, by bisection: a layer's runs are its neurons (hundreds), and each chunk of
+     * the step would walk past those before it. */
+    int lo = 0, hi = N_BATCH_STEPPED_RUNS;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (BATCH_STEPPED_RUNS[mid][0] + BATCH_STEPPED_RUNS[mid][1] <= first)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    long at = first;
+    for (int r = lo; r <= N_BATCH_STEPPED_RUNS && at < last; r++) {
         const long run = BATCH_STEPPED_RUNS[r][0], end = run + BATCH_STEPPED_RUNS[r][1];
         const long gap_end = run < last ? run : last;
         if (gap_end > at)
