@@ -33,10 +33,10 @@ def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=Fals
     read_graph returned for these arguments, when the caller has it already."""
     dtypes.lookup(dtype)  # before lowering: a bad name fails at once
     batch = _check_batch(batch)
-    inputs, params, outputs = list(inputs), list(params), ir.as_list(outputs)
+    inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
     with ir.no_gc():  # (see read_graph)
         if graph is None:
-            graph = read_graph(loss, inputs, params, outputs)
+            graph = read_graph(loss, inputs, params, outputs, fuse)
         program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, graph=graph)
         initial = [float(p.data) for p in params] if embed_params else None
         sources = emit.emit(program, name, optimizer=optimizer, initial_params=initial, dtype=dtype,
@@ -99,14 +99,14 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     the C depends on), so that a model built again the same way loads without its C being
     generated again (build.cached, and timings["codegen"] is the reading of the graph).
     """
-    inputs, params, outputs = list(inputs), list(params), ir.as_list(outputs)
+    inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
     batch = _check_batch(batch)
 
-    def build_and_load():  # (build, module, codegen seconds); its locals, the read graph among them, die with it
+    def build_and_load():  # (build, module, codegen seconds, the params' data); its locals, the read graph among them, die with it
         started = time.perf_counter()
         spent = 0.0  # seconds of codegen inside build() (generating the C on a miss)
         given = sources
-        graph = None if given is not None else read_graph(loss, inputs, params, outputs)
+        graph = None if given is not None else read_graph(loss, inputs, params, outputs, fuse)
 
         def generated():
             nonlocal given, spent
@@ -127,11 +127,14 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
         build, module = toolchain.build_module(generated, name, compiler=compiler, opt=opt, native=native,
                                                cache=cache, timeout=timeout, measure_memory=measure_memory,
                                                structure=structure)
-        return build, module, read - started + spent
+        # the params' data as the walk read it (no second pass over a million Values)
+        data = graph.data(graph.params, params) if graph else _params_data(params)
+        return build, module, read - started + spent, data
 
     with ir.no_gc():  # (see read_graph)
-        build, module, codegen_seconds = build_and_load()
-    copy_from_values(module, params)
+        build, module, codegen_seconds, param_data = build_and_load()
+    _check_count(module, params)
+    module.set_params(param_data)
     if threads is not None:
         module.set_threads(threads)
     module.inputs[:] = array(module.inputs.format, map(float, map(_data, inputs)))
@@ -145,20 +148,20 @@ def structural_key(loss, inputs=(), params=(), outputs=(), fuse=True, input_grad
     """The key under which compile() finds the build of generate()'s C for these arguments
     without generating it (codegen/graph.py): a SHA-256 of the graph's structure and the options.
     Equal for a graph built twice the same way; different wherever two graphs or options differ."""
-    inputs, params, outputs = list(inputs), list(params), ir.as_list(outputs)
+    inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
     with ir.no_gc():  # (see read_graph)
-        key = _structural_key(read_graph(loss, inputs, params, outputs), params, fuse=fuse, input_grads=input_grads,
+        key = _structural_key(read_graph(loss, inputs, params, outputs, fuse), params, fuse=fuse, input_grads=input_grads,
                               name=name, optimizer=optimizer, embed_params=embed_params, dtype=dtype,
                               sparse_inputs=sparse_inputs, batch=_check_batch(batch))
     return key
 
 
-def read_graph(loss, inputs, params, outputs):
+def read_graph(loss, inputs, params, outputs, fuse):
     """ir.read_graph by the C walker where it builds (codegen/walker.py), else in Python. Callers
     keep the cyclic collector paused (ir.no_gc) while the graph lives: its lists are young and
     hold every Value, which a collection of the young generation would visit (0.15 s for 5.6M
     Values) for nothing."""
-    return ir.read_graph(loss, inputs, params, outputs, walker.module())
+    return ir.read_graph(loss, inputs, params, outputs, walker.module(), fuse)
 
 
 def _structural_key(graph, params, **options):
@@ -178,7 +181,11 @@ def copy_to_values(module, params):
 def copy_from_values(module, params):
     """Loads the Values' current .data into the module's parameters."""
     _check_count(module, params)
-    module.set_params(np.fromiter(map(_data, params), dtype=np.float64, count=len(params)))
+    module.set_params(_params_data(params))
+
+
+def _params_data(params):
+    return np.fromiter(map(_data, params), dtype=np.float64, count=len(params))
 
 
 _data = attrgetter("data")

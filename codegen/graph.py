@@ -3,8 +3,8 @@ structural key by which compile() finds a module built for the same graph withou
 
 Reading a graph is the one pass whose cost follows the node count: a walk over every Value
 (engine.numbered_order, which numbers them in place), then a few C-speed maps over the order
-(each Value's op, children, constant). Everything after it works on these arrays or on the
-groups lowering finds.
+(each Value's op, children, constant, a leaf's data). Everything after it works on these arrays
+or on the groups lowering finds. An engine.Dot (what a Neuron builds) is read as one node.
 """
 
 import functools
@@ -17,7 +17,7 @@ from operator import attrgetter, is_not
 
 import numpy as np
 
-from micrograd_c.engine import NUMBERING, Value, numbered_order
+from micrograd_c.engine import NUMBERING, Dot, Value, compact_children, no_gc, numbered_order, topological_order
 
 _children, _number, _kind, _k, _data = (attrgetter(a) for a in ("_prev", "_n", "_kind", "_k", "data"))
 
@@ -27,10 +27,11 @@ CONST, PARAM, INPUT = 0, 1, 2
 
 @dataclass
 class Graph:
-    """The Values reachable from the roots (outputs, then loss), children first, the outputs'
-    ancestors first: order[i] is node i. Node i's children are kids[starts[i]:starts[i + 1]]."""
-    order: list
-    n_output_values: int  # order[:n_output_values] is what the outputs need
+    """The Values reachable from the roots (outputs, then loss) as nodes 0 to n - 1, children
+    first, the outputs' ancestors first. Node i's children are kids[starts[i]:starts[i + 1]].
+    It holds no Value: what lowering reads of them is in the arrays."""
+    n: int                # the number of nodes
+    n_output_values: int  # nodes below n_output_values are what the outputs need
     roots: np.ndarray     # positions of the outputs, then the loss
     starts: np.ndarray    # N + 1 offsets into kids
     kids: np.ndarray      # children's positions, node by node, in _prev order
@@ -40,18 +41,19 @@ class Graph:
     op_table: list        # the distinct ops (ops.Op), sorted by their repr
     k_positions: np.ndarray  # the nodes whose constant attribute (_k: the exponent of **) is not None
     k_values: list           # those attributes
+    values: np.ndarray       # float64 per node: a leaf's data (0 for a computed node)
 
     def is_op(self, op):
         """A boolean array: which nodes apply `op` (None: which are leaves)."""
         if op is None:
             return self.codes == 0
         found = [code for code, o in enumerate(self.op_table, 1) if o is op]
-        return self.codes == found[0] if found else np.zeros(len(self.order), dtype=bool)
+        return self.codes == found[0] if found else np.zeros(self.n, dtype=bool)
 
     @functools.cached_property  # (the key, find_sums and build_nodes read it)
     def role(self):
         """Per node: CONST, PARAM or INPUT for a leaf (computed nodes: CONST, unused)."""
-        role = np.zeros(len(self.order), dtype=np.int8)
+        role = np.zeros(self.n, dtype=np.int8)
         role[self.params[self.params >= 0]] = PARAM
         role[self.inputs[self.inputs >= 0]] = INPUT
         return role
@@ -62,14 +64,44 @@ class Graph:
         (usually none)."""
         positions = np.concatenate([self.inputs, self.params])
         reached = positions[positions >= 0]
-        listed = np.zeros(len(self.order), dtype=bool)
+        listed = np.zeros(self.n, dtype=bool)
         listed[reached] = True
-        if np.count_nonzero(listed) < len(reached) or (self.starts[reached + 1] != self.starts[reached]).any():
+        if np.count_nonzero(listed) < len(reached) or self.codes[reached].any():  # (a code: not a leaf)
             return False
         if not (positions < 0).any():
             return True
         unreached = [v for v, i in zip(chain(inputs, params), positions.tolist()) if i < 0]
         return len(set(map(id, unreached))) == len(unreached) and not any(map(_children, unreached))
+
+    def dots(self):
+        """{position of each engine.Dot read as one node: (its start, its factors a, b) as arrays
+        of positions}: find_sums' form of a sum."""
+        found = {}
+        for i in np.flatnonzero(self.is_op(Dot)).tolist():
+            terms = self.kids[self.starts[i]:self.starts[i + 1]]
+            found[i] = (terms[:1], terms[1::2], terms[2::2])
+        return found
+
+    def has_constant_products(self):
+        """Whether a Dot read as one node multiplies two constants (leaves neither params nor
+        inputs). On arrays: a model has thousands of Dots."""
+        dots = np.flatnonzero(self.is_op(Dot))
+        if not len(dots):
+            return False
+        pairs = (self.starts[dots + 1] - self.starts[dots] - 1) // 2
+        first = np.repeat(self.starts[dots] + 1 - 2 * np.concatenate([[0], np.cumsum(pairs)[:-1]]), pairs)
+        at = first + 2 * np.arange(int(pairs.sum()))  # a Dot's j-th factors: start + 1 + 2j, and after it
+        a, b = self.kids[at], self.kids[at + 1]
+        constant = (self.role == CONST) & self.is_op(None)
+        return bool((constant[a] & constant[b]).any())
+
+    def data(self, positions, leaves):
+        """The data of `leaves` (params or inputs) at `positions` (this graph's params or inputs),
+        as float64: read by the walk, or from the Values the roots do not reach."""
+        found = self.values[np.maximum(positions, 0)]
+        for i in np.flatnonzero(positions < 0).tolist():
+            found[i] = float(leaves[i].data)
+        return found
 
     def children(self, i):
         """Node i's children's positions."""
@@ -77,50 +109,59 @@ class Graph:
 
     def uses(self):
         """How many times each node is read by another (an edge per use: x*x reads x twice)."""
-        return np.bincount(self.kids, minlength=len(self.order))
+        return np.bincount(self.kids, minlength=self.n)
 
 
-def read(loss, inputs, params, outputs, walker=None):
+def read(loss, inputs, params, outputs, walker=None, compact=True):
     """The Graph of `loss` and `outputs` (Values), with the positions of `inputs` and `params`;
-    walked by `walker` (codegen/walker.py's module, which builds) if given, else in Python."""
+    walked by `walker` (codegen/walker.py's module, which builds) if given, else in Python.
+    compact: an engine.Dot is one node, its children its `_terms` (start, a[0], b[0], a[1], ...)
+    and its op `Dot`; else its chain's Values (made if they were not yet) are read as any."""
     roots = [*outputs, loss]
-    parts = _read_in_c(walker, roots, params, inputs) if walker else _read_in_python(roots, params, inputs)
-    order, n_output_values, root_positions, offsets, kids, param_positions, input_positions, kinds, raw_codes, \
-        k_positions, k_values = parts
+    if not compact:
+        topological_order(*roots)  # (its walk makes the Dots' chains)
+    parts = (_read_in_c(walker, roots, params, inputs, compact) if walker
+             else _read_in_python(roots, params, inputs, compact))
+    n, n_output_values, root_positions, offsets, kids, param_positions, input_positions, kinds, raw_codes, \
+        k_positions, k_values, values = parts
     # Each node's op as a small number: 0 for a leaf, else 1 + the op's place in `op_table`,
     # sorted by the ops' full descriptions (formulas, arity), so that the numbers do not depend
     # on which op the walk met first and two tables' "add" differ if their formulas do.
     table = sorted(kinds, key=repr)
     place = {id(op): code for code, op in enumerate(table, 1)}
     renumber = np.array([0] + [place[id(op)] for op in kinds], dtype=np.uint16)
-    return Graph(order, n_output_values, root_positions, offsets, kids, param_positions, input_positions,
-                 renumber[raw_codes], table, k_positions, k_values)
+    return Graph(n, n_output_values, root_positions, offsets, kids, param_positions, input_positions,
+                 renumber[raw_codes], table, k_positions, k_values, values)
 
 
-def _read_in_c(walker, roots, params, inputs):
+def _read_in_c(walker, roots, params, inputs, compact):
     """read's parts by the C walker (codegen/walker.py)."""
-    with NUMBERING:  # it numbers the Values in place for the time of the call
-        order, starts, offsets, kids, kinds, codes, root_positions, param_positions, input_positions, \
-            k_positions, k_values = walker.walk(Value, roots, params, inputs)
-    return (order, starts[-1], _int64(root_positions), _int64(offsets), _int64(kids), _int64(param_positions),
-            _int64(input_positions), kinds, np.frombuffer(codes, dtype=np.uint16), _int64(k_positions), k_values)
+    # It marks the Values in place for the time of the call, where no collection may visit them
+    # (it pauses the collector itself from Python 3.10).
+    with NUMBERING, no_gc():
+        n, starts, offsets, kids, kinds, codes, root_positions, param_positions, input_positions, \
+            k_positions, k_values, values = walker.walk(Value, Dot, roots, params, inputs, compact)
+    return (n, starts[-1], _int64(root_positions), _int64(offsets), _int64(kids), _int64(param_positions),
+            _int64(input_positions), kinds, np.frombuffer(codes, dtype=np.uint16), _int64(k_positions), k_values,
+            np.frombuffer(values, dtype=np.float64))
 
 
 def _int64(buffer):
     return np.frombuffer(buffer, dtype=np.int64)
 
 
-def _read_in_python(roots, params, inputs):
+def _read_in_python(roots, params, inputs, compact):
     """read's parts by engine.numbered_order and C-speed maps (no compiler for the walker)."""
+    children = compact_children if compact else _children
     # The numbers hold until another walk renumbers these Values (a thread's backward()): taken
     # out into arrays under the lock the walk takes.
     with NUMBERING:
-        order, base = numbered_order(*roots, starts=(starts := []))
+        order, base = numbered_order(*roots, starts=(starts := []), compact=compact)
         n = len(order)
-        arity = np.fromiter(map(len, map(_children, order)), dtype=np.int64, count=n)
+        arity = np.fromiter(map(len, map(children, order)), dtype=np.int64, count=n)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(arity, out=offsets[1:])
-        kids = np.fromiter(map(_number, chain.from_iterable(map(_children, order))), dtype=np.int64,
+        kids = np.fromiter(map(_number, chain.from_iterable(map(children, order))), dtype=np.int64,
                            count=int(offsets[-1])) - base
         root_positions = np.fromiter(map(_number, roots), dtype=np.int64, count=len(roots)) - base
 
@@ -129,7 +170,8 @@ def _read_in_python(roots, params, inputs):
             found[found < 0] = -1
             return found
         param_positions, input_positions = positions(params), positions(inputs)
-        ops = list(map(_kind, order))
+        ops = list(map(_compact_kind if compact else _kind, order))
+        values = np.fromiter(map(_leaf_value, order, ops), dtype=np.float64, count=n)
         # The numbers are out in arrays: back to the one shared -1 ("not visited" for any later
         # walk), so that the Values do not keep an int object each (32 bytes per Value).
         for v in order:  # (a specialised store: faster than any map of setattr)
@@ -143,8 +185,23 @@ def _read_in_python(roots, params, inputs):
     codes = np.frombuffer(array("H", map(code_of.__getitem__, ids)), dtype=np.uint16)
     ks = list(map(_k, order))
     k_positions = np.fromiter(compress(range(n), map(is_not, ks, repeat(None))), dtype=np.int64)
-    return (order, starts[-1], root_positions, offsets, kids, param_positions, input_positions, kinds, codes,
-            k_positions, [ks[i] for i in k_positions.tolist()])
+    return (n, starts[-1], root_positions, offsets, kids, param_positions, input_positions, kinds, codes,
+            k_positions, [ks[i] for i in k_positions.tolist()], values)
+
+
+def _leaf_value(v, op):
+    """A leaf's data as the walk in C reads it (a number: float, int, or what has __float__ or
+    __index__); 0 for a computed node."""
+    if op is not None:
+        return 0.0
+    data = v.data
+    if not isinstance(data, (int, float)) and not any(hasattr(type(data), m) for m in ("__float__", "__index__")):
+        raise TypeError(f"a leaf Value's data must be a number, got {type(data).__name__}")
+    return float(data)
+
+
+def _compact_kind(v):
+    return Dot if type(v) is Dot else v._kind
 
 
 def structural_key(graph, params, options):
@@ -164,7 +221,6 @@ def structural_key(graph, params, options):
         digest.update(tag.encode() + len(data).to_bytes(8, "little"))
         digest.update(data)
 
-    order = graph.order
     part("ops", "\n".join(map(repr, graph.op_table)))
     part("codes", graph.codes)
     part("k", repr(list(zip(graph.k_positions.tolist(), graph.k_values))))
@@ -178,7 +234,7 @@ def structural_key(graph, params, options):
     leaves = np.flatnonzero(graph.codes == 0)
     constants = leaves[graph.role[leaves] == CONST]
     part("constants", constants)
-    part("values", _floats(order[i].data for i in constants.tolist()))
+    part("values", graph.values[constants])
     if params is not None:
         part("param values", _floats(map(_data, params)))
     part("options", options)
@@ -188,15 +244,15 @@ def structural_key(graph, params, options):
 
 @functools.lru_cache(maxsize=None)
 def code_fingerprint():
-    """A SHA-256 of the sources that turn a graph into C (codegen, the templates, the op table):
-    part of every structural key, so that a module built by another version of them is not
-    found by structure (the build cache's own key is the C itself)."""
+    """A SHA-256 of the sources that turn a graph into C (codegen, the templates, the op table, the
+    engine's Dot): part of every structural key, so that a module built by another version of them
+    is not found by structure (the build cache's own key is the C itself)."""
     import templates
-    from micrograd_c import ops
+    from micrograd_c import engine, ops
     digest = hashlib.sha256()
     roots = [pathlib.Path(__file__).parent, pathlib.Path(templates.__file__).parent]
     files = sorted(p for root in roots for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".c", ".h"))
-    for path in files + [pathlib.Path(ops.__file__)]:
+    for path in files + [pathlib.Path(ops.__file__), pathlib.Path(engine.__file__)]:  # (engine: Dot's chain)
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

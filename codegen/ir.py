@@ -95,11 +95,17 @@ class Program:
 def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False, graph=None):
     """Lowers the graph of `loss` (and `outputs`, extra values to read after forward) to a Program.
     `graph`: what read_graph returned for these arguments, when the caller has it already."""
-    outputs, inputs, params = as_list(outputs), list(inputs), list(params)
+    outputs, inputs, params = as_list(outputs), as_sequence(inputs), as_sequence(params)
     with no_gc():
         if graph is None:
-            graph = read_graph(loss, inputs, params, outputs)
+            graph = read_graph(loss, inputs, params, outputs, fuse=fuse)
         return _lower(graph, inputs, params, fuse, input_grads)
+
+
+def as_sequence(values):
+    """inputs or params as a list or tuple, not copied if they are one (a model's million params:
+    a copy touches every Value once more)."""
+    return values if type(values) in (list, tuple) else list(values)
 
 
 def as_list(outputs):
@@ -107,14 +113,19 @@ def as_list(outputs):
     return [outputs] if isinstance(outputs, Value) else [] if outputs is None else list(outputs)
 
 
-def read_graph(loss, inputs, params, outputs, walker=None):
+def read_graph(loss, inputs, params, outputs, walker=None, fuse=True):
     """The user's graph, checked and read into arrays (codegen.graph.read; `walker`: the C walk,
-    codegen/walker.py's module, which codegen's entry points load: lowering builds nothing)."""
+    codegen/walker.py's module, which codegen's entry points load: lowering builds nothing).
+    With `fuse`, an engine.Dot is read as one node (find_sums takes it as the dot it is) unless
+    one of its products has two constant factors (find_sums leaves such a product out of a dot);
+    scalar mode reads its chain of Values."""
     roots = [loss] + outputs
     if walker is None and not _leaves_are_values(inputs, params, roots):  # (the walker checks what is a Value)
         _check_leaves(inputs, params, roots)
     try:
-        graph = graph_arrays.read(loss, inputs, params, outputs, walker)
+        graph = graph_arrays.read(loss, inputs, params, outputs, walker, compact=fuse)
+        if fuse and graph.has_constant_products():
+            graph = graph_arrays.read(loss, inputs, params, outputs, walker, compact=False)
     except TypeError:
         _check_leaves(inputs, params, roots)  # the message that names the input or param, if it is one
         raise
@@ -182,9 +193,9 @@ def build_nodes(graph, fuse):
     ancestors first, so predict() can stop early); with `fuse`, sums become dot nodes first (see
     find_sums) and the Values they absorb get no node. Returns (leaf nodes: params, inputs,
     constants in that order; computed nodes; roots: outputs then loss)."""
-    order, codes, op_table = graph.order, graph.codes, graph.op_table
+    codes, op_table, values = graph.codes, graph.op_table, graph.values
     role = graph.role
-    sums, absorbed = find_sums(graph) if fuse else ({}, np.zeros(len(order), dtype=bool))
+    sums, absorbed = find_sums(graph) if fuse else ({}, np.zeros(graph.n, dtype=bool))
     n_output_values = graph.n_output_values
     leaf_kinds = ("const", "param", "input")  # by graph.role
     kept = np.flatnonzero(~absorbed)  # in a model, its params and a few nodes per neuron
@@ -196,8 +207,9 @@ def build_nodes(graph, fuse):
     is_constant = list(map(CONST_ROLE.__eq__, leaf_roles))
     constants = list(compress(leaf_nodes, is_constant))
     for node, i in zip(constants, compress(leaf_at, is_constant)):  # (a param's value is loaded, not compiled)
-        node.value = order[i].data
-    nodes = [None] * len(order)
+        node.value = float(values[i])
+    nodes = [None] * graph.n
+    k_of = dict(zip(graph.k_positions.tolist(), graph.k_values))
     deque(map(nodes.__setitem__, leaf_at, leaf_nodes), maxlen=0)
     at = nodes.__getitem__
     compute = []
@@ -207,7 +219,7 @@ def build_nodes(graph, fuse):
             node = Node("dot", args=tuple(map(at, terms)))
             node.a, node.b = tuple(map(at, a)), tuple(map(at, b))
         else:
-            node = Node("op", op_table[code - 1], tuple(map(at, graph.children(i))), order[i]._k)
+            node = Node("op", op_table[code - 1], tuple(map(at, graph.children(i))), k_of.get(i))
         node.for_outputs = i < n_output_values
         compute.append(node)
         nodes[i] = node
@@ -239,7 +251,7 @@ def find_sums(graph):
     as sum() builds it) lists its terms in order at once: the bottom's left child, then the right
     children bottom up (children precede parents in the order). Other trees are walked in order,
     one by one. Trees are disjoint, so neither way depends on the other."""
-    n = len(graph.order)
+    n = graph.n
     index = np.int32 if n < 2**30 else np.int64  # positions: half the bytes of the peak's arrays
     add, mul = ops.OPS["add"], ops.OPS["mul"]
     is_add, is_mul = graph.is_op(add), graph.is_op(mul)
@@ -282,7 +294,7 @@ def find_sums(graph):
     term = np.concatenate([left[bottoms], right[tree_nodes]])
     by_tree = np.lexsort((term_at, term_tree))
     term_tree, term = term_tree[by_tree], term[by_tree]
-    sums, absorbed = {}, np.zeros(n, dtype=bool)
+    sums, absorbed = graph.dots(), np.zeros(n, dtype=bool)  # the Dots read as such are dots already
     _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorbed)
     is_sum = np.zeros(n, dtype=bool)
     is_sum[list(sums)] = True

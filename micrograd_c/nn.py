@@ -3,7 +3,7 @@
 import random
 from itertools import chain
 
-from .engine import Value, no_gc
+from .engine import Value, dot, no_gc
 
 ACTIVATIONS = ("relu", "tanh", "sigmoid")
 
@@ -29,7 +29,10 @@ class Neuron(Module):
         self.activation = activation
 
     def __call__(self, x):
-        act = sum((wi * xi for wi, xi in zip(self.w, x)), self.b)
+        if isinstance(x, (list, tuple)) and len(x) == len(self.w):
+            act = dot(self.w, x, self.b)  # micrograd's chain, its Values made when read (engine.Dot)
+        else:  # (zip's truncation, as micrograd)
+            act = sum((wi * xi for wi, xi in zip(self.w, x)), self.b)
         return getattr(act, self.activation)() if self.nonlin else act
 
     def parameters(self):
@@ -51,8 +54,16 @@ class Layer(Module):
             out = [n(x) for n in self.neurons]
         return out[0] if len(out) == 1 else out
 
-    def parameters(self):  # (a million-parameter model's lists joined at C speed)
-        return list(chain.from_iterable(n.parameters() for n in self.neurons))
+    def parameters(self):
+        return list(self._parameter_parts())
+
+    def _parameter_parts(self):
+        """parameters() as an iterator over the neurons' own lists: a million-parameter model's
+        list is made in one pass at C speed, with no list per neuron (each would touch every
+        Value twice more). A Neuron subclass's parameters() is called as such."""
+        plain = Neuron.parameters
+        return chain.from_iterable(chain(n.w, (n.b,)) if type(n).parameters is plain else n.parameters()
+                                   for n in self.neurons)
 
     def __repr__(self):
         return f"Layer of [{', '.join(str(n) for n in self.neurons)}]"
@@ -72,7 +83,9 @@ class MLP(Module):
         return x
 
     def parameters(self):
-        return list(chain.from_iterable(layer.parameters() for layer in self.layers))
+        plain = Layer.parameters
+        return list(chain.from_iterable(layer._parameter_parts() if type(layer).parameters is plain
+                                        else layer.parameters() for layer in self.layers))
 
     def __repr__(self):
         return f"MLP of [{', '.join(str(layer) for layer in self.layers)}]"

@@ -2,21 +2,25 @@
  * engine.numbered_order and the arrays codegen/graph.py reads from it, in one pass over the
  * Values.
  *
- *   walk(value_type, roots, params, inputs) -> (order, starts, offsets, kids, kinds, codes,
- *                                               roots, params, inputs, k_positions, k_values)
+ *   walk(value_type, dot_type, roots, params, inputs, compact)
+ *       -> (n, starts, offsets, kids, kinds, codes, roots, params, inputs, k_positions, k_values, values)
  *
- * order: the Values, children first (as numbered_order); starts: the order's length before each
- * root; offsets (N + 1), kids, roots, params, inputs, k_positions: int64 arrays in bytearrays
- * (a param or input the walk did not reach: -1); kinds: the distinct `_kind`s but None, as met;
- * codes: per node a uint16, 0 for a leaf, else 1 + its `_kind`'s place in kinds; k_values: the
- * `_k` of the nodes at k_positions (those whose `_k` is not None). */
+ * n: the number of nodes, numbered children first (as numbered_order); starts: the count before
+ * each root; offsets (N + 1), kids, roots, params, inputs, k_positions: int64 arrays in
+ * bytearrays (a param or input the walk did not reach: -1); kinds: the distinct `_kind`s but None,
+ * as met; codes: per node a uint16, 0 for a leaf, else 1 + its `_kind`'s place in kinds;
+ * k_values: the `_k` of the nodes at k_positions (those whose `_k` is not None); values: per node
+ * a float64, a leaf's `data` (0 for a computed node).
+ *
+ * compact: a Dot's (engine.Dot) children are its `_terms`, and its kind is dot_type; else its
+ * `_prev`, which the caller has made (engine.topological_order), and its `_kind`. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>  /* PyMemberDef: a slot's offset */
 #include <stdint.h>
 #include <string.h>
 
-static Py_ssize_t prev_offset, kind_offset, k_offset, n_offset;  /* of the Value's slots */
+static Py_ssize_t prev_offset, kind_offset, k_offset, n_offset, data_offset, terms_offset;  /* slots */
 #define SLOT(v, offset) (*(PyObject **)((char *)(v) + (offset)))
 
 /* A growing array of bytes, kept in a bytearray so that the result needs no copy. */
@@ -33,12 +37,14 @@ static int grow(Buffer *b, size_t more) {
     return 0;
 }
 
-static int push_i64(Buffer *b, int64_t x) {
-    if (grow(b, sizeof x)) return -1;
-    memcpy(b->data + b->size, &x, sizeof x);
-    b->size += sizeof x;
+static int push(Buffer *b, const void *x, size_t size) {
+    if (grow(b, size)) return -1;
+    memcpy(b->data + b->size, x, size);
+    b->size += size;
     return 0;
 }
+
+static int push_i64(Buffer *b, int64_t x) { return push(b, &x, sizeof x); }
 
 static PyObject *as_bytearray(Buffer *b) {  /* the bytes pushed, as a new reference */
     if (!b->array) return PyByteArray_FromStringAndSize(NULL, 0);
@@ -50,38 +56,47 @@ static PyObject *as_bytearray(Buffer *b) {  /* the bytes pushed, as a new refere
 static void release(Buffer *b) { Py_CLEAR(b->array); }
 
 /* A Value's number is kept in its `_n` slot while the walk runs, where it reads the Value anyway
- * (a table beside the Values cost a cache miss per look-up): -(number + 3), or -2 while the
- * walk is below it. Every other value (-1, or a number an engine.numbered_order walk
- * left) reads as not visited; the walk sets every `_n` it marked back to -1 before it returns,
- * holding engine.NUMBERING (the caller) and the GIL throughout. */
+ * (a table beside the Values cost a cache miss per look-up), as an odd word, not an object:
+ * (number + 1) * 2 + 1, or 1 while the walk is below it. No int is made per Value, and no Python
+ * code runs while the marks are out (the collector is paused, a leaf's data that is not a float
+ * or an int is read after): every object's address is even, so every object in a slot (-1, or a
+ * number an engine.numbered_order walk left) reads as not visited. Every `_n` marked is set back
+ * to -1 before the walk returns, holding engine.NUMBERING (the caller) and the GIL throughout. */
 #define NOT_VISITED (-2)
 #define IN_PROGRESS (-1)
-static PyObject *in_progress, *not_numbered;  /* the ints -2 and -1 */
+static PyObject *not_numbered;  /* the int -1 */
 
 static int64_t number_of(PyObject *v) {  /* NOT_VISITED, IN_PROGRESS or the number */
-    PyObject *n = SLOT(v, n_offset);
-    if (!n || !PyLong_CheckExact(n)) return NOT_VISITED;
-    int overflow;
-    long long x = PyLong_AsLongLongAndOverflow(n, &overflow);
-    return overflow ? NOT_VISITED : x <= -3 ? -(x + 3) : x == -2 ? IN_PROGRESS : NOT_VISITED;
+    uintptr_t n = (uintptr_t)SLOT(v, n_offset);
+    return n & 1 ? (int64_t)(n >> 1) - 1 : NOT_VISITED;
 }
 
-static void set_mark(PyObject *v, PyObject *mark) {  /* steals the reference to mark */
-    PyObject *old = SLOT(v, n_offset);
-    SLOT(v, n_offset) = mark;
-    Py_XDECREF(old);
-}
+typedef struct {
+    PyTypeObject *type, *dot;
+    int compact;
+    PyObject *kinds, *k_values, *slow;  /* slow: (position, Value) of leaves whose data is read after */
+    Buffer marked, frames, edges, offsets, kids, codes, k_positions, values;
+    int64_t number;
+} Walk;
 
-static int mark_number(PyObject *v, int64_t number) {
-    PyObject *mark = PyLong_FromLongLong(-(number + 3));
-    if (!mark) return -1;
-    set_mark(v, mark);
+/* The first mark of a Value: the object in its slot goes (it is set back to -1 after). */
+static int mark(Walk *w, PyObject *v, int64_t number) {
+    PyObject **slot = &SLOT(v, n_offset);
+    if (!((uintptr_t)*slot & 1)) {
+        if (push(&w->marked, &v, sizeof v)) return -1;
+        Py_XDECREF(*slot);  /* an int: freeing it runs no Python code */
+    }
+    *slot = (PyObject *)(((uintptr_t)(number + 1) << 1) | 1);
     return 0;
 }
 
-static void unmark(PyObject *v) {
-    Py_INCREF(not_numbered);
-    set_mark(v, not_numbered);
+static void unmark_all(Walk *w) {
+    PyObject **v = (PyObject **)w->marked.data, **end = (PyObject **)(w->marked.data + w->marked.size);
+    for (; v < end; v++) {
+        Py_INCREF(not_numbered);
+        SLOT(*v, n_offset) = not_numbered;
+    }
+    w->marked.size = 0;
 }
 
 static Py_ssize_t member_offset(PyTypeObject *type, const char *name) {
@@ -94,15 +109,17 @@ static Py_ssize_t member_offset(PyTypeObject *type, const char *name) {
     return offset;
 }
 
-/* A Value's children: its `_prev`, which must be a tuple of Values. */
-static PyObject *children(PyTypeObject *type, PyObject *v) {
-    PyObject *prev = SLOT(v, prev_offset);
+/* A Value's children: its `_prev` (a Dot's `_terms` when compact), a tuple of Values. */
+static PyObject *children(const Walk *w, PyObject *v) {
+    PyObject *prev = SLOT(v, Py_TYPE(v) == w->dot && w->compact ? terms_offset : prev_offset);
     if (!prev || !PyTuple_Check(prev)) {
-        PyErr_SetString(PyExc_TypeError, "a Value's _prev must be a tuple");
+        PyErr_SetString(PyExc_TypeError, Py_TYPE(v) == w->dot && !w->compact && prev == Py_None
+                        ? "a Dot's chain must be made before a walk that is not compact"
+                        : "a Value's _prev must be a tuple");
         return NULL;
     }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prev); i++)
-        if (!PyObject_TypeCheck(PyTuple_GET_ITEM(prev, i), type)) {
+        if (!PyObject_TypeCheck(PyTuple_GET_ITEM(prev, i), w->type)) {
             PyErr_Format(PyExc_TypeError, "a Value's child must be a Value, got %s",
                          Py_TYPE(PyTuple_GET_ITEM(prev, i))->tp_name);
             return NULL;
@@ -112,32 +129,40 @@ static PyObject *children(PyTypeObject *type, PyObject *v) {
 
 typedef struct { PyObject *node, *prev; Py_ssize_t next; size_t edges; } Frame;
 
-typedef struct {
-    PyTypeObject *type;
-    PyObject *order, *kinds, *k_values;
-    Buffer frames, edges, offsets, kids, codes, k_positions;
-    int64_t number;
-} Walk;
+/* A leaf's data as a double: floats and ints now, anything else (whose __float__ could run
+ * Python code) after the marks are gone. */
+static int leaf_value(Walk *w, PyObject *node, double *x) {
+    PyObject *data = SLOT(node, data_offset);
+    *x = 0.0;
+    if (data && PyFloat_CheckExact(data)) *x = PyFloat_AS_DOUBLE(data);
+    else if (data && PyLong_CheckExact(data)) {
+        *x = PyLong_AsDouble(data);
+        if (*x == -1.0 && PyErr_Occurred()) return -1;
+    } else {
+        PyObject *pair = Py_BuildValue("(LO)", (long long)w->number, node);  /* (the collector is paused) */
+        if (!pair || PyList_Append(w->slow, pair)) { Py_XDECREF(pair); return -1; }
+        Py_DECREF(pair);
+    }
+    return 0;
+}
 
-/* The node has its number: appended to the order with its children's numbers and op. */
+/* The node has its number: its children's numbers, op, constant attribute and value. */
 static int finish(Walk *w, PyObject *node, const int64_t *kid_numbers, Py_ssize_t n_kids) {
-    if (PyList_Append(w->order, node) || mark_number(node, w->number)) return -1;
-    if (grow(&w->kids, n_kids * sizeof(int64_t))) return -1;
-    if (n_kids) memcpy(w->kids.data + w->kids.size, kid_numbers, n_kids * sizeof(int64_t));
-    w->kids.size += n_kids * sizeof(int64_t);
+    if (mark(w, node, w->number)) return -1;
+    if (push(&w->kids, kid_numbers, n_kids * sizeof(int64_t))) return -1;
     if (push_i64(&w->offsets, (int64_t)(w->kids.size / sizeof(int64_t)))) return -1;
-    PyObject *kind = SLOT(node, kind_offset), *k = SLOT(node, k_offset);
+    int dot = w->compact && Py_TYPE(node) == w->dot;
+    PyObject *kind = dot ? (PyObject *)w->dot : SLOT(node, kind_offset), *k = SLOT(node, k_offset);
     uint16_t code = 0;
+    double value = 0.0;
     if (kind && kind != Py_None) {
         Py_ssize_t n = PyList_GET_SIZE(w->kinds), i = 0;
         while (i < n && PyList_GET_ITEM(w->kinds, i) != kind) i++;
         if (i == n && PyList_Append(w->kinds, kind)) return -1;
         if (i >= 65535) { PyErr_SetString(PyExc_ValueError, "over 65535 distinct ops"); return -1; }
         code = (uint16_t)(i + 1);
-    }
-    if (grow(&w->codes, sizeof code)) return -1;
-    memcpy(w->codes.data + w->codes.size, &code, sizeof code);
-    w->codes.size += sizeof code;
+    } else if (leaf_value(w, node, &value)) return -1;
+    if (push(&w->codes, &code, sizeof code) || push(&w->values, &value, sizeof value)) return -1;
     if (k && k != Py_None && (push_i64(&w->k_positions, w->number) || PyList_Append(w->k_values, k))) return -1;
     w->number++;
     return 0;
@@ -149,21 +174,24 @@ static int finish(Walk *w, PyObject *node, const int64_t *kid_numbers, Py_ssize_
 #define PREFETCH(address) ((void)(address))
 #endif
 
-/* The walk is bound by memory latency (a miss per Value): the children are fetched while it
- * finishes the node before them. */
-static void prefetch_children(PyObject *prev) {
-    for (Py_ssize_t i = PyTuple_GET_SIZE(prev) - 1; i >= 0; i--)
-        PREFETCH((char *)PyTuple_GET_ITEM(prev, i) + prev_offset);
+/* The walk is bound by memory latency (a miss per Value, one more per leaf's data): a node's
+ * children are fetched a few ahead of their turn, and a leaf's data when the leaf has come. */
+#define AHEAD 16
+
+static void prefetch_ahead(PyObject *prev, Py_ssize_t next) {
+    Py_ssize_t size = PyTuple_GET_SIZE(prev);
+    if (next + AHEAD < size) PREFETCH((char *)PyTuple_GET_ITEM(prev, next + AHEAD) + n_offset);
+    if (next + AHEAD / 2 < size) {
+        PyObject *data = SLOT(PyTuple_GET_ITEM(prev, next + AHEAD / 2), data_offset);
+        if (data) PREFETCH(data);
+    }
 }
 
 static int push_frame(Walk *w, PyObject *node, PyObject *prev) {
-    prefetch_children(prev);
-    if (grow(&w->frames, sizeof(Frame))) return -1;
+    for (Py_ssize_t i = 0; i < AHEAD && i < PyTuple_GET_SIZE(prev); i++)
+        PREFETCH((char *)PyTuple_GET_ITEM(prev, i) + n_offset);
     Frame f = {node, prev, 0, w->edges.size / sizeof(int64_t)};
-    memcpy(w->frames.data + w->frames.size, &f, sizeof f);
-    w->frames.size += sizeof f;
-    Py_INCREF(in_progress);
-    set_mark(node, in_progress);
+    if (push(&w->frames, &f, sizeof f) || mark(w, node, -1)) return -1;
     if (grow(&w->edges, PyTuple_GET_SIZE(prev) * sizeof(int64_t))) return -1;
     w->edges.size += PyTuple_GET_SIZE(prev) * sizeof(int64_t);  /* its children's numbers, to come */
     return 0;
@@ -173,12 +201,13 @@ static int push_frame(Walk *w, PyObject *node, PyObject *prev) {
  * after its children; a leaf child numbered when met. Each frame keeps its children's numbers
  * on `edges` as they become known. */
 static int walk_from(Walk *w, PyObject *root) {
-    PyObject *prev = children(w->type, root);
+    PyObject *prev = children(w, root);
     if (!prev || push_frame(w, root, prev)) return -1;
     while (w->frames.size) {
         Frame *f = (Frame *)(w->frames.data + w->frames.size) - 1;
         int64_t *edges = (int64_t *)w->edges.data + f->edges;
         if (f->next < PyTuple_GET_SIZE(f->prev)) {
+            prefetch_ahead(f->prev, f->next);
             PyObject *child = PyTuple_GET_ITEM(f->prev, f->next);
             int64_t number = number_of(child);
             if (number == IN_PROGRESS) {
@@ -189,7 +218,7 @@ static int walk_from(Walk *w, PyObject *root) {
                 edges[f->next++] = number;
                 continue;
             }
-            PyObject *grandchildren = children(w->type, child);
+            PyObject *grandchildren = children(w, child);
             if (!grandchildren) return -1;
             if (PyTuple_GET_SIZE(grandchildren) == 0) {  /* a leaf: numbered at once */
                 edges[f->next++] = w->number;
@@ -203,10 +232,7 @@ static int walk_from(Walk *w, PyObject *root) {
         Py_ssize_t n_kids = PyTuple_GET_SIZE(f->prev);
         size_t base = f->edges;
         w->frames.size -= sizeof(Frame);
-        if (finish(w, node, edges, n_kids)) {
-            unmark(node);
-            return -1;
-        }
+        if (finish(w, node, edges, n_kids)) return -1;
         w->edges.size = base * sizeof(int64_t);
         if (w->frames.size) {  /* the parent's pending child is this node */
             Frame *parent = (Frame *)(w->frames.data + w->frames.size) - 1;
@@ -216,78 +242,129 @@ static int walk_from(Walk *w, PyObject *root) {
     return 0;
 }
 
-/* Each Value's position in the order, -1 where the walk did not reach it; a non-Value raises. */
-static PyObject *positions(Walk *w, PyObject *values) {
-    PyObject *seq = PySequence_Fast(values, "params and inputs must be sequences");
-    if (!seq) return NULL;
-    Buffer out = {0};
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-        PyObject *v = PySequence_Fast_GET_ITEM(seq, i);
+/* Each Value's position, -1 where the walk did not reach it (values: PySequence_Fast's); a
+ * non-Value raises (checked here, in the one pass over a model's params after the walk). */
+static int positions(Walk *w, PyObject *values, Buffer *out) {
+    if (grow(out, PySequence_Fast_GET_SIZE(values) * sizeof(int64_t))) return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(values); i++) {
+        PyObject *v = PySequence_Fast_GET_ITEM(values, i);
+        if (i + AHEAD < PySequence_Fast_GET_SIZE(values))
+            PREFETCH((char *)PySequence_Fast_GET_ITEM(values, i + AHEAD) + n_offset);
         if (!PyObject_TypeCheck(v, w->type)) {
             PyErr_Format(PyExc_TypeError, "every input and param must be a Value, got %s", Py_TYPE(v)->tp_name);
-            goto fail;
+            return -1;
         }
         int64_t number = number_of(v);
-        if (push_i64(&out, number >= 0 ? number : -1)) goto fail;
+        if (push_i64(out, number >= 0 ? number : -1)) return -1;
     }
-    Py_DECREF(seq);
-    PyObject *result = as_bytearray(&out);
-    release(&out);
-    return result;
-fail:
-    Py_DECREF(seq);
-    release(&out);
-    return NULL;
+    return 0;
+}
+
+/* Every root a Value. */
+static int all_values(PyTypeObject *type, PyObject *seq) {
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++)
+        if (!PyObject_TypeCheck(PySequence_Fast_GET_ITEM(seq, i), type)) {
+            PyErr_Format(PyExc_TypeError, "compile() needs Values to compute, got %s",
+                         Py_TYPE(PySequence_Fast_GET_ITEM(seq, i))->tp_name);
+            return -1;
+        }
+    return 0;
+}
+
+/* The buffers sized for at least the leaves listed (most of a model's nodes): fewer copies as
+ * they grow. */
+static int presize(Walk *w, Py_ssize_t leaves) {
+    size_t n = (size_t)leaves + 4096;
+    return grow(&w->marked, n * sizeof(PyObject *)) || grow(&w->offsets, n * sizeof(int64_t))
+           || grow(&w->kids, n * sizeof(int64_t)) || grow(&w->codes, n * sizeof(uint16_t))
+           || grow(&w->values, n * sizeof(double));
+}
+
+/* The walk, and the positions of the roots, params and inputs, while the marks are out. */
+static int walk_all(Walk *w, PyObject *roots, PyObject *params, PyObject *inputs, PyObject *starts,
+                    Buffer *root_positions, Buffer *param_positions, Buffer *input_positions) {
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(roots); i++) {
+        PyObject *root = PySequence_Fast_GET_ITEM(roots, i), *start = PyLong_FromLongLong(w->number);
+        if (!start || PyList_Append(starts, start)) { Py_XDECREF(start); return -1; }
+        Py_DECREF(start);
+        if (number_of(root) < 0 && walk_from(w, root)) return -1;
+        if (push_i64(root_positions, number_of(root))) return -1;
+    }
+    return positions(w, params, param_positions) || positions(w, inputs, input_positions) ? -1 : 0;
+}
+
+/* The values of the leaves whose data is neither a float nor an int. */
+static int read_slow_values(Walk *w) {
+    double *values = (double *)w->values.data;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(w->slow); i++) {
+        PyObject *pair = PyList_GET_ITEM(w->slow, i), *data = SLOT(PyTuple_GET_ITEM(pair, 1), data_offset);
+        if (!data) {
+            PyErr_SetString(PyExc_TypeError, "a leaf Value has no data");
+            return -1;
+        }
+        double x = PyFloat_AsDouble(data);
+        if (x == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "a leaf Value's data must be a number, got %s", Py_TYPE(data)->tp_name);
+            return -1;
+        }
+        values[PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0))] = x;
+    }
+    return 0;
 }
 
 static PyObject *walk(PyObject *self, PyObject *args) {
-    PyTypeObject *type;
+    PyTypeObject *type, *dot;
     PyObject *roots, *params, *inputs, *result = NULL;
-    if (!PyArg_ParseTuple(args, "O!OOO", &PyType_Type, &type, &roots, &params, &inputs)) return NULL;
+    int compact;
+    if (!PyArg_ParseTuple(args, "O!O!OOOp", &PyType_Type, &type, &PyType_Type, &dot, &roots, &params, &inputs,
+                          &compact)) return NULL;
     if ((prev_offset = member_offset(type, "_prev")) < 0 || (kind_offset = member_offset(type, "_kind")) < 0
-        || (k_offset = member_offset(type, "_k")) < 0 || (n_offset = member_offset(type, "_n")) < 0) return NULL;
-    PyObject *root_seq = PySequence_Fast(roots, "roots must be a sequence");
-    if (!root_seq) return NULL;
-    Walk w = {type};
-    PyObject *starts = PyList_New(0), *root_positions = NULL, *param_positions = NULL, *input_positions = NULL;
-    w.order = PyList_New(0);
+        || (k_offset = member_offset(type, "_k")) < 0 || (n_offset = member_offset(type, "_n")) < 0
+        || (data_offset = member_offset(type, "data")) < 0 || (terms_offset = member_offset(dot, "_terms")) < 0)
+        return NULL;
+    if (!PyType_IsSubtype(dot, type)) {
+        PyErr_SetString(PyExc_TypeError, "the Dot type must be a Value type");
+        return NULL;
+    }
+    Walk w = {type, dot, compact};
+    Buffer root_positions = {0}, param_positions = {0}, input_positions = {0};
+    PyObject *root_seq = PySequence_Fast(roots, "roots must be a sequence"), *param_seq = NULL, *input_seq = NULL;
+    PyObject *starts = PyList_New(0);
     w.kinds = PyList_New(0);
     w.k_values = PyList_New(0);
-    if (!starts || !w.order || !w.kinds || !w.k_values || push_i64(&w.offsets, 0))
+    w.slow = PyList_New(0);
+    if (!root_seq || !(param_seq = PySequence_Fast(params, "params and inputs must be sequences"))
+        || !(input_seq = PySequence_Fast(inputs, "params and inputs must be sequences"))
+        || !starts || !w.kinds || !w.k_values || !w.slow || all_values(type, root_seq)
+        || presize(&w, PySequence_Fast_GET_SIZE(param_seq) + PySequence_Fast_GET_SIZE(input_seq))
+        || push_i64(&w.offsets, 0))
         goto done;
-    Buffer root_buffer = {0};
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(root_seq); i++) {
-        PyObject *root = PySequence_Fast_GET_ITEM(root_seq, i), *start = PyLong_FromLongLong(w.number);
-        if (!start || PyList_Append(starts, start)) { Py_XDECREF(start); release(&root_buffer); goto done; }
-        Py_DECREF(start);
-        if (!PyObject_TypeCheck(root, type)) {
-            PyErr_Format(PyExc_TypeError, "compile() needs Values to compute, got %s", Py_TYPE(root)->tp_name);
-            release(&root_buffer);
-            goto done;
-        }
-        if (number_of(root) < 0 && walk_from(&w, root)) { release(&root_buffer); goto done; }
-        if (push_i64(&root_buffer, number_of(root))) { release(&root_buffer); goto done; }
-    }
-    root_positions = as_bytearray(&root_buffer);
-    release(&root_buffer);
-    if (!root_positions || !(param_positions = positions(&w, params)) || !(input_positions = positions(&w, inputs)))
-        goto done;
-    PyObject *offsets = as_bytearray(&w.offsets), *kids = as_bytearray(&w.kids), *codes = as_bytearray(&w.codes),
-             *k_positions = as_bytearray(&w.k_positions);
-    if (offsets && kids && codes && k_positions)
-        result = Py_BuildValue("(OOOOOOOOOOO)", w.order, starts, offsets, kids, w.kinds, codes, root_positions,
-                               param_positions, input_positions, k_positions, w.k_values);
-    Py_XDECREF(offsets); Py_XDECREF(kids); Py_XDECREF(codes); Py_XDECREF(k_positions);
+#if PY_VERSION_HEX >= 0x030A0000
+    int collecting = PyGC_Disable();  /* no collection may visit a slot with a mark in it */
+#endif
+    int failed = walk_all(&w, root_seq, param_seq, input_seq, starts, &root_positions, &param_positions,
+                          &input_positions);
+    unmark_all(&w);  /* every mark back to -1: the numbered nodes', and on an error the ones it was below */
+#if PY_VERSION_HEX >= 0x030A0000
+    if (collecting) PyGC_Enable();
+#endif
+    if (failed || read_slow_values(&w)) goto done;
+    PyObject *parts[] = {as_bytearray(&w.offsets), as_bytearray(&w.kids), as_bytearray(&w.codes),
+                         as_bytearray(&root_positions), as_bytearray(&param_positions),
+                         as_bytearray(&input_positions), as_bytearray(&w.k_positions), as_bytearray(&w.values)};
+    int made = 1;
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) made &= parts[i] != NULL;
+    if (made)
+        result = Py_BuildValue("(LOOOOOOOOOOO)", (long long)w.number, starts, parts[0], parts[1], w.kinds, parts[2],
+                               parts[3], parts[4], parts[5], parts[6], w.k_values, parts[7]);
+    for (size_t i = 0; i < sizeof parts / sizeof *parts; i++) Py_XDECREF(parts[i]);
 done:
-    /* every mark back to -1: the order's, and on an error the nodes the walk was below */
-    for (Py_ssize_t i = 0; w.order && i < PyList_GET_SIZE(w.order); i++) unmark(PyList_GET_ITEM(w.order, i));
-    for (Frame *f = (Frame *)w.frames.data; w.frames.size && f < (Frame *)(w.frames.data + w.frames.size); f++)
-        unmark(f->node);
-    Py_DECREF(root_seq);
-    Py_XDECREF(starts); Py_XDECREF(w.order); Py_XDECREF(w.kinds); Py_XDECREF(w.k_values);
-    Py_XDECREF(root_positions); Py_XDECREF(param_positions); Py_XDECREF(input_positions);
-    release(&w.frames); release(&w.edges); release(&w.offsets); release(&w.kids); release(&w.codes);
-    release(&w.k_positions);
+    Py_XDECREF(root_seq); Py_XDECREF(param_seq); Py_XDECREF(input_seq);
+    Py_XDECREF(starts); Py_XDECREF(w.kinds); Py_XDECREF(w.k_values); Py_XDECREF(w.slow);
+    release(&root_positions); release(&param_positions); release(&input_positions);
+    release(&w.marked); release(&w.frames); release(&w.edges); release(&w.offsets); release(&w.kids);
+    release(&w.codes); release(&w.k_positions); release(&w.values);
     return result;
 }
 
@@ -299,6 +376,6 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "graph_walk", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit_graph_walk(void) {
-    if (!(in_progress = PyLong_FromLong(-2)) || !(not_numbered = PyLong_FromLong(-1))) return NULL;
+    if (!(not_numbered = PyLong_FromLong(-1))) return NULL;
     return PyModule_Create(&module);
 }

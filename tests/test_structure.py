@@ -159,7 +159,9 @@ def _same_graph(a, b):
     for program in (a, b):
         g = ir.read_graph(*build(program))
         ops = [g.op_table[code - 1] if code else None for code in g.codes.tolist()]
-        graphs.append(([(op and op.name, v._k, v.data if op is None else None) for v, op in zip(g.order, ops)],
+        k_of = dict(zip(g.k_positions.tolist(), g.k_values))
+        graphs.append(([(op and getattr(op, "name", repr(op)), k_of.get(i), value if op is None else None)
+                        for i, (op, value) in enumerate(zip(ops, g.values.tolist()))],
                        g.kids.tolist(), g.starts.tolist(), g.params.tolist(), g.inputs.tolist(), g.roots.tolist()))
     return graphs[0] == graphs[1]
 

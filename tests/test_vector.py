@@ -218,14 +218,21 @@ def test_shared_constant_in_a_moving_list(compiler):
     """score - target, where the score is a neuron over a batch: the subtraction joins the
     neuron's sum as `target * -1`, a shared -1 in the factor list of the hidden values that move
     from sample to sample. The -1 gets a slot per sample (moving alike), and the neuron stays
-    one loop over the batch."""
+    one loop over the batch. (The neurons are written as chains: a Dot, what Neuron builds, is
+    one node, which a sum that reads it takes as a term.)"""
     X = np.random.default_rng(4).normal(size=(20, 3))
     random.seed(10)
     init = [p.data for p in MLP(3, [6, 1]).parameters()]
 
+    def chain(neuron, x):
+        return sum((w * xi for w, xi in zip(neuron.w, x)), neuron.b)
+
     def build(params, inputs):
-        model = assign(MLP(3, [6, 1]), params)
-        return sum(((model(list(map(Value, x))) - inputs[0]) ** 2 for x in X), Value(0.0)) * (1.0 / len(X))
+        hidden, out = assign(MLP(3, [6, 1]), params).layers
+
+        def score(x):
+            return chain(out.neurons[0], [chain(n, x).relu() for n in hidden.neurons])
+        return sum(((score(list(map(Value, x))) - inputs[0]) ** 2 for x in X), Value(0.0)) * (1.0 / len(X))
     assert_equivalent(build, init, [[0.5], [-0.2]], "fused", compiler=compiler, opt=2)
     program = lowered(build, len(init), 1)
     scores = [g for g in program.forward if g.first.kind == "dot" and len(g.first.a) == 7]

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 import codegen
 from codegen import graph as graph_arrays
 from codegen import toolchain, walker
-from micrograd_c import Value
-from micrograd_c.engine import topological_order
+from micrograd_c import Value, dot
+from micrograd_c.engine import _PREV, Dot, compact_children, topological_order
 from conftest import requires
 
 
@@ -25,13 +25,26 @@ def walk_module():
 
 
 def random_graph(draw_ops, n_leaves):
-    """Values from `draw_ops` (op, operand indices), over n_leaves leaves: shared nodes, x*x, **k."""
+    """Values from `draw_ops` (op, operand indices), over n_leaves leaves: shared nodes, x*x, **k,
+    Dots (of the last Values by the ones before them, from a)."""
     values = [Value(float(i) + 0.5) for i in range(n_leaves)]
     for op, i, j in draw_ops:
         a, b = values[i % len(values)], values[j % len(values)]
         values.append({"add": lambda: a + b, "mul": lambda: a * b, "pow": lambda: a ** 3, "relu": a.relu,
-                       "const": lambda: a * 2.0}[op]())
+                       "const": lambda: a * 2.0,
+                       "dot": lambda: dot(values[-2:], values[-3:-1] if len(values) > 2 else values[-2:], a)}[op]())
     return values
+
+
+def reached(roots, compact):
+    """The Values the roots reach (by identity), found without touching their marks."""
+    found, stack = {}, list(roots)
+    while stack:
+        v = stack.pop()
+        if id(v) not in found:
+            found[id(v)] = v
+            stack += compact_children(v) if compact else v._prev
+    return list(found.values())
 
 
 def parts_equal(c_parts, python_parts):
@@ -45,26 +58,35 @@ def parts_equal(c_parts, python_parts):
 
 
 @settings(max_examples=200, deadline=None)
-@given(ops=st.lists(st.tuples(st.sampled_from(["add", "mul", "pow", "relu", "const"]), st.integers(0, 99),
+@given(ops=st.lists(st.tuples(st.sampled_from(["add", "mul", "pow", "relu", "const", "dot"]), st.integers(0, 99),
                               st.integers(0, 99)), max_size=40),
        n_leaves=st.integers(1, 6), picks=st.lists(st.integers(0, 99), min_size=1, max_size=4),
-       n_params=st.integers(0, 3), walked_before=st.booleans())
-def test_the_c_walk_reads_what_python_reads(walk_module, ops, n_leaves, picks, n_params, walked_before):
+       n_params=st.integers(0, 3), walked_before=st.booleans(), compact=st.booleans())
+def test_the_c_walk_reads_what_python_reads(walk_module, ops, n_leaves, picks, n_params, walked_before, compact):
     values = random_graph(ops, n_leaves)
     roots = [values[p % len(values)] for p in picks]  # repeated roots and leaf roots too
     params, inputs = values[:n_params], values[n_params:n_leaves]  # some unreached
-    if walked_before:  # backward() leaves its walk's numbers in the Values
+    if walked_before:  # backward() leaves its walk's numbers in the Values (and makes the Dots' chains)
         topological_order(values[-1])
-    c_parts = graph_arrays._read_in_c(walk_module, roots, params, inputs)
-    assert all(v._n == -1 for v in c_parts[0])  # the walk's marks are gone
-    parts_equal(c_parts, graph_arrays._read_in_python(roots, params, inputs))
+    if not compact:  # graph.read's first step then: the Dots' chains made
+        topological_order(*roots)
+    marks = [v._n for v in values]
+    c_parts = graph_arrays._read_in_c(walk_module, roots, params, inputs, compact)
+    walked = reached(roots, compact)
+    assert c_parts[0] == len(walked)
+    assert all(v._n == -1 for v in walked)  # the walk's marks are gone, the others' are as they were
+    assert [v._n for v in values if all(v is not w for w in walked)] == \
+        [n for v, n in zip(values, marks) if all(v is not w for w in walked)]
+    parts_equal(c_parts, graph_arrays._read_in_python(roots, params, inputs, compact))
+    if compact and not walked_before:  # a Dot read as one node: its chain is not made
+        assert all(_PREV.__get__(v) is None for v in walked if type(v) is Dot)
 
 
 def test_a_long_chain_is_walked_without_recursion(walk_module):
     xs = [Value(1.0) for _ in range(100_000)]
     total = sum(xs)
-    order = walk_module.walk(Value, [total], xs, [])[0]
-    assert len(order) == 2 * len(xs) + 1 and order[-1] is total  # sum() starts from a constant 0
+    n, _, _, _, _, _, roots = walk_module.walk(Value, Dot, [total], xs, [], True)[:7]
+    assert n == 2 * len(xs) + 1 and np.frombuffer(roots, dtype=np.int64).tolist() == [n - 1]  # (sum() starts from 0)
 
 
 def test_what_is_not_a_value_raises_and_leaves_no_marks(walk_module):
@@ -73,12 +95,12 @@ def test_what_is_not_a_value_raises_and_leaves_no_marks(walk_module):
     z = (y * 2) * x
     y._prev = (x, 3.0)
     with pytest.raises(TypeError, match="child must be a Value"):
-        walk_module.walk(Value, [z], [], [])
+        walk_module.walk(Value, Dot, [z], [], [], True)
     y._prev = [x]
     with pytest.raises(TypeError, match="_prev must be a tuple"):
-        walk_module.walk(Value, [z], [], [])
+        walk_module.walk(Value, Dot, [z], [], [], True)
     with pytest.raises(TypeError, match="must be a Value"):
-        walk_module.walk(Value, [x], [x, 1.0], [])
+        walk_module.walk(Value, Dot, [x], [x, 1.0], [], True)
     assert all(v._n == -1 for v in (x, y, z, *z._prev, *z._prev[0]._prev))
     y._prev = (x, Value(1))
     assert len(topological_order(z)) == 6  # x, 1, y, 2, y * 2, z
