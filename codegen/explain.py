@@ -8,7 +8,7 @@ statements), counted, listed and drawn, so that a user sees why a model compiles
 from dataclasses import dataclass
 
 from micrograd_c.draw import render
-from micrograd_c.engine import topological_order
+from micrograd_c.engine import value_count
 
 import templates
 
@@ -84,7 +84,7 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
         steps.append(Step(i, _what(g.first), tuple(g.shape), len(g.members), reads,
                           "outputs" if g.first.for_outputs else "loss"))
     c_lines = len(emit.standalone(program).splitlines()) - len(templates.read("prelude.c").splitlines())
-    values = len(topological_order(*outputs, loss))
+    values = value_count(*outputs, loss)
     batched, why_not = batch.batched_form(program)
     how = (f"batched over up to {batched.capacity} samples (train() with batch_size > 1, predict())" if batched
            else f"no batched form ({why_not}): train() and predict() run sample by sample")

@@ -84,16 +84,12 @@ class Graph:
 
     def has_constant_products(self):
         """Whether a Dot read as one node multiplies two constants (leaves neither params nor
-        inputs). On arrays: a model has thousands of Dots."""
-        dots = np.flatnonzero(self.is_op(Dot))
-        if not len(dots):
-            return False
-        pairs = (self.starts[dots + 1] - self.starts[dots] - 1) // 2
-        first = np.repeat(self.starts[dots] + 1 - 2 * np.concatenate([[0], np.cumsum(pairs)[:-1]]), pairs)
-        at = first + 2 * np.arange(int(pairs.sum()))  # a Dot's j-th factors: start + 1 + 2j, and after it
-        a, b = self.kids[at], self.kids[at + 1]
+        inputs). On arrays, from the edges to constants (a model has few)."""
         constant = (self.role == CONST) & self.is_op(None)
-        return bool((constant[a] & constant[b]).any())
+        edges = np.flatnonzero(constant[self.kids])
+        reader = np.searchsorted(self.starts, edges, side="right") - 1
+        factor = self.is_op(Dot)[reader] & ((edges - self.starts[reader]) % 2 == 1)  # a Dot's a[j]: odd places
+        return bool(constant[self.kids[edges[factor] + 1]].any())  # and its b[j], after it
 
     def data(self, positions, leaves):
         """The data of `leaves` (params or inputs) at `positions` (this graph's params or inputs),

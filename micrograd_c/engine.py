@@ -260,6 +260,13 @@ def numbered_order(*roots, starts=None, compact=False):
     return order, base
 
 
+def value_count(*roots):
+    """len(topological_order(*roots)), counted without making a Dot's chain (its 2n - 1 Values
+    below it: len(_terms) - 2)."""
+    order = numbered_order(*roots, compact=True)[0]
+    return len(order) + sum(len(v._terms) - 2 for v in order if type(v) is Dot)
+
+
 def compact_children(v):
     """A Value's children as the compiler reads them: a Dot's operands (`_terms`), else `_prev`."""
     return v._terms if type(v) is Dot else v._prev
