@@ -20,7 +20,6 @@ sum's gradient in place (``share_gradients``).
 """
 
 from dataclasses import dataclass, field
-from collections import deque
 from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter, not_
 
@@ -197,33 +196,31 @@ def build_nodes(graph, fuse):
     role = graph.role
     sums, absorbed = find_sums(graph) if fuse else ({}, np.zeros(graph.n, dtype=bool))
     n_output_values = graph.n_output_values
-    leaf_kinds = ("const", "param", "input")  # by graph.role
     kept = np.flatnonzero(~absorbed)  # in a model, its params and a few nodes per neuron
     is_leaf = codes[kept] == 0
-    leaf_at, computed_at = kept[is_leaf].tolist(), kept[~is_leaf]
-    # The leaves (most of a model's nodes: its params) made by C-speed maps, not a loop per param
-    leaf_roles = role[leaf_at].tolist()
-    leaf_nodes = list(map(Node, map(leaf_kinds.__getitem__, leaf_roles)))
-    is_constant = list(map(CONST_ROLE.__eq__, leaf_roles))
-    constants = list(compress(leaf_nodes, is_constant))
-    for node, i in zip(constants, compress(leaf_at, is_constant)):  # (a param's value is loaded, not compiled)
-        node.value = float(values[i])
-    nodes = [None] * graph.n
+    leaf_at, computed_at = kept[is_leaf], kept[~is_leaf]
+    # The leaves (most of a model's nodes: its params) made by C-speed maps, not a loop per param,
+    # and put in place by position in an array of objects (its gathers run at C speed too)
+    leaf_roles = role[leaf_at]
+    nodes = np.empty(graph.n, dtype=object)
+    nodes[leaf_at] = np.fromiter(map(Node, LEAF_KINDS[leaf_roles].tolist()), dtype=object, count=len(leaf_at))
+    constant_at = leaf_at[leaf_roles == CONST_ROLE]
+    constants = nodes[constant_at].tolist()
+    for node, value in zip(constants, values[constant_at].tolist()):  # (a param's value is loaded, not compiled)
+        node.value = value
     k_of = dict(zip(graph.k_positions.tolist(), graph.k_values))
-    deque(map(nodes.__setitem__, leaf_at, leaf_nodes), maxlen=0)
-    at = nodes.__getitem__
     compute = []
     for i, code in zip(computed_at.tolist(), codes[computed_at].tolist()):
         if i in sums:
-            terms, a, b = (positions.tolist() for positions in sums[i])
-            node = Node("dot", args=tuple(map(at, terms)))
-            node.a, node.b = tuple(map(at, a)), tuple(map(at, b))
+            terms, a, b = (tuple(nodes[positions].tolist()) for positions in sums[i])
+            node = Node("dot", args=terms)
+            node.a, node.b = a, b
         else:
-            node = Node("op", op_table[code - 1], tuple(map(at, graph.children(i))), k_of.get(i))
+            node = Node("op", op_table[code - 1], tuple(nodes[graph.children(i)].tolist()), k_of.get(i))
         node.for_outputs = i < n_output_values
         compute.append(node)
         nodes[i] = node
-    roots = [nodes[i] for i in graph.roots.tolist()]
+    roots = nodes[graph.roots].tolist()
     # A constant root needs a slot to be read from: compute it as a one-term dot.
     for i, root in enumerate(roots):
         if root.kind == "const":
@@ -233,10 +230,14 @@ def build_nodes(graph, fuse):
 
     def listed(kind, positions):  # params or inputs the output does not reach still get their slot
         if (positions >= 0).all():
-            return list(map(at, positions.tolist()))
+            return nodes[positions].tolist()
         return [nodes[i] if i >= 0 else Node(kind) for i in positions.tolist()]
     leaves = listed("param", graph.params) + listed("input", graph.inputs)
     return leaves + constants, compute, roots
+
+
+# A leaf node's kind by its graph.role (CONST, PARAM, INPUT)
+LEAF_KINDS = np.array(["const", "param", "input"], dtype=object)
 
 
 def find_sums(graph):
