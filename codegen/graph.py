@@ -61,16 +61,20 @@ class Graph:
     def leaves_listed_once(self, inputs, params):
         """Whether every input and param is a leaf and no Value is among them twice: by position
         where the roots reach them (a mark per node, at C speed), by identity for the others
-        (usually none)."""
-        positions = np.concatenate([self.inputs, self.params])
-        reached = positions[positions >= 0]
+        (usually none). (Array by array, and no copies where all are reached: a fresh array of a
+        million positions costs its page faults.)"""
         listed = np.zeros(self.n, dtype=bool)
-        listed[reached] = True
-        if np.count_nonzero(listed) < len(reached) or self.codes[reached].any():  # (a code: not a leaf)
+        n_reached, unreached = 0, []
+        for positions, values in ((self.inputs, inputs), (self.params, params)):
+            reached = positions if (positions >= 0).all() else positions[positions >= 0]
+            if len(reached) < len(positions):
+                unreached += [v for v, i in zip(values, positions.tolist()) if i < 0]
+            listed[reached] = True
+            n_reached += len(reached)
+            if self.codes[reached].any():  # (a code: not a leaf)
+                return False
+        if np.count_nonzero(listed) < n_reached:
             return False
-        if not (positions < 0).any():
-            return True
-        unreached = [v for v, i in zip(chain(inputs, params), positions.tolist()) if i < 0]
         return len(set(map(id, unreached))) == len(unreached) and not any(map(_children, unreached))
 
     def dots(self):
@@ -94,6 +98,8 @@ class Graph:
     def data(self, positions, leaves):
         """The data of `leaves` (params or inputs) at `positions` (this graph's params or inputs),
         as float64: read by the walk, or from the Values the roots do not reach."""
+        if (positions >= 0).all():
+            return self.values[positions]
         found = self.values[np.maximum(positions, 0)]
         for i in np.flatnonzero(positions < 0).tolist():
             found[i] = float(leaves[i].data)

@@ -51,7 +51,7 @@ def run(args):
     saved = read_saved(args.load)
     graph = build_graph(0, hidden=saved["hidden"], activation=saved["activation"])
     check_saved_size(saved, graph.model)
-    params, epochs = graph.model.parameters(), saved["epochs"]
+    params, epochs = graph.params, saved["epochs"]
     for p, value in zip(params, saved["params"]):
         p.data = float(value)
     started = time.perf_counter()

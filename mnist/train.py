@@ -129,7 +129,7 @@ def run(args):
             net, origin = compiled_module(graph, args, optimizer)
     net.set_threads(args.threads if args.threads or not args.comm else threads_per_process(args.comm))
     epochs_before = restore(saved, net) if saved else 0
-    codegen.copy_to_values(net, graph.model.parameters())  # --interpreted starts where the module does
+    codegen.copy_to_values(net, graph.params)  # --interpreted starts where the module does
     print(f"module: {origin.how}; codegen {origin.codegen_seconds:.2f} s, compile {origin.compile} ({origin.compiler})")
     summary = [
         ("model", f"{describe(graph.model)}, {args.activation}, {net.n_params:,} parameters, {args.dtype}, seed {args.seed}"),

@@ -55,6 +55,13 @@ static PyObject *as_bytearray(Buffer *b) {  /* the bytes pushed, as a new refere
 
 static void release(Buffer *b) { Py_CLEAR(b->array); }
 
+#if defined(__GNUC__) && !defined(__TINYC__)
+#define PREFETCH(address) __builtin_prefetch(address)
+#else
+#define PREFETCH(address) ((void)(address))
+#endif
+#define AHEAD 16  /* how many Values ahead of its turn one is fetched (the walk is bound by memory latency) */
+
 /* A Value's number is kept in its `_n` slot while the walk runs, where it reads the Value anyway
  * (a table beside the Values cost a cache miss per look-up), as an odd word, not an object:
  * (number + 1) * 2 + 1, or 1 while the walk is below it. No int is made per Value, and no Python
@@ -93,6 +100,7 @@ static int mark(Walk *w, PyObject *v, int64_t number) {
 static void unmark_all(Walk *w) {
     PyObject **v = (PyObject **)w->marked.data, **end = (PyObject **)(w->marked.data + w->marked.size);
     for (; v < end; v++) {
+        if (v + AHEAD < end) PREFETCH((char *)v[AHEAD] + n_offset);
         Py_INCREF(not_numbered);
         SLOT(*v, n_offset) = not_numbered;
     }
@@ -109,7 +117,8 @@ static Py_ssize_t member_offset(PyTypeObject *type, const char *name) {
     return offset;
 }
 
-/* A Value's children: its `_prev` (a Dot's `_terms` when compact), a tuple of Values. */
+/* A Value's children: its `_prev` (a Dot's `_terms` when compact), a tuple (of Values: the walk
+ * checks each as it comes to it, when it reads it anyway). */
 static PyObject *children(const Walk *w, PyObject *v) {
     PyObject *prev = SLOT(v, Py_TYPE(v) == w->dot && w->compact ? terms_offset : prev_offset);
     if (!prev || !PyTuple_Check(prev)) {
@@ -118,12 +127,6 @@ static PyObject *children(const Walk *w, PyObject *v) {
                         : "a Value's _prev must be a tuple");
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(prev); i++)
-        if (!PyObject_TypeCheck(PyTuple_GET_ITEM(prev, i), w->type)) {
-            PyErr_Format(PyExc_TypeError, "a Value's child must be a Value, got %s",
-                         Py_TYPE(PyTuple_GET_ITEM(prev, i))->tp_name);
-            return NULL;
-        }
     return prev;
 }
 
@@ -168,15 +171,9 @@ static int finish(Walk *w, PyObject *node, const int64_t *kid_numbers, Py_ssize_
     return 0;
 }
 
-#if defined(__GNUC__) && !defined(__TINYC__)
-#define PREFETCH(address) __builtin_prefetch(address)
-#else
-#define PREFETCH(address) ((void)(address))
-#endif
 
 /* The walk is bound by memory latency (a miss per Value, one more per leaf's data): a node's
  * children are fetched a few ahead of their turn, and a leaf's data when the leaf has come. */
-#define AHEAD 16
 
 static void prefetch_ahead(PyObject *prev, Py_ssize_t next) {
     Py_ssize_t size = PyTuple_GET_SIZE(prev);
@@ -209,6 +206,10 @@ static int walk_from(Walk *w, PyObject *root) {
         if (f->next < PyTuple_GET_SIZE(f->prev)) {
             prefetch_ahead(f->prev, f->next);
             PyObject *child = PyTuple_GET_ITEM(f->prev, f->next);
+            if (!PyObject_TypeCheck(child, w->type)) {
+                PyErr_Format(PyExc_TypeError, "a Value's child must be a Value, got %s", Py_TYPE(child)->tp_name);
+                return -1;
+            }
             int64_t number = number_of(child);
             if (number == IN_PROGRESS) {
                 PyErr_SetString(PyExc_ValueError, "the graph has a cycle");
