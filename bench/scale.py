@@ -4,6 +4,8 @@
 builds the module into an empty cache (graph, codegen, C compile, peak RSS), then one that builds
 the graph again and finds the module in that cache (the cache hit: seconds beyond the graph).
 Writes a log-log plot of codegen time and peak RSS against parameter count, with the fitted slopes.
+Then the front end against karpathy's micrograd: MLP(784, [512, 256, 10]) and its forward pass built
+by each (CPU seconds, Values, bytes per Value).
 
     python -m bench --only scale [--hidden 512,256 1024,1024 ...] [--plot build/scale.png] [--quick]
 """
@@ -119,6 +121,69 @@ def plot(rows, path) -> bool:
     return True
 
 
+# The front end against karpathy's micrograd (the `micrograd` package, a test dependency): the
+# same model and forward pass built as a user builds it, each in a process of its own.
+FRONT_END_HIDDEN = (512, 256)
+FRONT_ENDS = ('micrograd_c', 'micrograd')
+
+
+def _rss() -> int:
+    with open('/proc/self/statm') as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+
+def measure_front_end(package) -> dict:
+    """Seconds (CPU) to build MLP(784, [512, 256, 10])'s parameters and its forward pass on 784
+    input Values, the Values of micrograd's graph of the logits, and the bytes they hold (RSS)."""
+    import importlib
+    import random
+    engine, nn = (importlib.import_module(f'{package}.{name}') for name in ('engine', 'nn'))
+    random.seed(0)
+    before = _rss()
+    started = time.process_time()
+    model = nn.MLP(784, [*FRONT_END_HIDDEN, 10])
+    built = time.process_time()
+    logits = model([engine.Value(0.0) for _ in range(784)])
+    forward = time.process_time()
+    grown = _rss() - before
+    made = made_bytes = None
+    if package == 'micrograd_c':
+        values = engine.value_count(*logits)
+        began, before = time.process_time(), _rss()
+        engine.topological_order(*logits)  # what backward() walks: the Dots' chains made
+        made, made_bytes = time.process_time() - began, _rss() - before
+    else:  # its Values, by identity
+        seen, stack = set(), list(logits)
+        while stack:
+            v = stack.pop()
+            if id(v) not in seen:
+                seen.add(id(v))
+                stack.extend(v._prev)
+        values = len(seen)
+    return {'package': package, 'params': built - started, 'forward': forward - built, 'values': values,
+            'bytes': grown, 'made': made, 'made_bytes': made_bytes}
+
+
+def front_end_table(rows) -> str:
+    lines = [f'| front end, MLP(784, [{", ".join(map(str, FRONT_END_HIDDEN))}, 10]) | parameters built (CPU) '
+             '| forward pass built (CPU) | Values (micrograd\'s graph) | RSS growth | bytes per Value '
+             '| chains made for backward() (CPU, RSS) |',
+             '|---|---:|---:|---:|---:|---:|---:|']
+    for r in rows:
+        made = '-' if r['made'] is None else f'{r["made"]:.2f} s, +{r["made_bytes"] / 1e6:,.0f} MB'
+        lines.append(f'| {r["package"]} | {r["params"]:.2f} s | {r["forward"]:.2f} s | {r["values"]:,} '
+                     f'| {r["bytes"] / 1e6:,.0f} MB | {r["bytes"] / r["values"]:.0f} | {made} |')
+    return '\n'.join(lines)
+
+
+def front_end_in_process(package) -> dict:
+    done = subprocess.run([sys.executable, '-m', 'bench.scale', '--front-end', package], capture_output=True,
+                          text=True, timeout=1800)
+    if done.returncode:
+        raise RuntimeError(f'the front end of {package} failed:\n{done.stderr}')
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 def parse_hidden(text):
     return tuple(int(n) for n in text.split(','))
 
@@ -126,10 +191,11 @@ def parse_hidden(text):
 def main(argv=None) -> int:
     """One measurement, in this process: python -m bench.scale --child 512,256 --cache DIR."""
     child = argparse.ArgumentParser()
-    child.add_argument('--child', type=parse_hidden, required=True)
+    child.add_argument('--child', type=parse_hidden)
     child.add_argument('--cache')
+    child.add_argument('--front-end', choices=FRONT_ENDS)
     args = child.parse_args(argv)
-    print(json.dumps(measure(args.child, args.cache)))
+    print(json.dumps(measure_front_end(args.front_end) if args.front_end else measure(args.child, args.cache)))
     return 0
 
 
@@ -151,6 +217,8 @@ def run(args) -> int:
         if plot(rows, args.plot):
             print(f'plot: {args.plot}')
         pathlib.Path(args.plot).with_suffix('.json').write_text(json.dumps(rows, indent=1))
+    if not args.quick:
+        print('\n' + front_end_table([front_end_in_process(package) for package in FRONT_ENDS]))
     return 0
 
 

@@ -162,6 +162,8 @@ class Dot(Value):
     def _prev(self):
         prev = _PREV.__get__(self)
         if prev is None:
+            if getattr(_unmade, "stop", False):
+                raise _ChainUnmade
             prev = self._chain()
             _PREV.__set__(self, prev)
         return prev
@@ -209,8 +211,29 @@ def no_gc(survivors=False):
 def topological_order(*roots, starts=None):
     """Nodes reachable from the roots, children before parents, in the order micrograd's
     recursive build_topo gives (root by root); iterative, so a chain of any length works.
-    `starts`, a list, receives the length of the order before each root."""
-    return numbered_order(*roots, starts=starts)[0]
+    `starts`, a list, receives the length of the order before each root.
+
+    A walk that meets a Dot whose chain is not made yet starts again with the collector paused
+    (no_gc(survivors=True)), as Layer builds: making a model's chains (a million Values) with it
+    running took three times as long, its young generations rescanned again and again."""
+    _unmade.stop = True
+    try:
+        return numbered_order(*roots, starts=starts)[0]
+    except _ChainUnmade:
+        pass
+    finally:
+        _unmade.stop = False
+    if starts is not None:
+        starts.clear()
+    with no_gc(survivors=True):
+        return numbered_order(*roots, starts=starts)[0]
+
+
+class _ChainUnmade(Exception):
+    """A Dot's chain is to be made while topological_order's first walk runs (see there)."""
+
+
+_unmade = threading.local()  # .stop: raise _ChainUnmade instead of making a chain (this thread)
 
 
 # numbered_order's numbers only grow, so that a node's number from an earlier walk reads as
@@ -227,37 +250,44 @@ def numbered_order(*roots, starts=None, compact=False):
     that compile() lowers). compact: a Dot's children are its `_terms` (its chain is not made)."""
     global _next_number
     with NUMBERING:
-        base = number = _next_number
+        base = _next_number
         order = []
-        append = order.append
-        for root in roots:
-            if starts is not None:
-                starts.append(number - base)
-            if root._n >= base:
-                continue
-            root._n = base  # visited (its final number comes when it is appended)
-            stack = [(root, iter(compact_children(root) if compact else root._prev))]
-            push, pop = stack.append, stack.pop
-            while stack:
-                node, children = stack[-1]
-                for child in children:
-                    if child._n < base:
-                        below = child._terms if compact and type(child) is Dot else child._prev
-                        if not below:  # a leaf: its visit would end at once (a third of a model's Values)
-                            child._n = number
-                            number += 1
-                            append(child)
-                            continue
-                        child._n = base
-                        push((child, iter(below)))
-                        break
-                else:
-                    pop()
-                    node._n = number
-                    number += 1
-                    append(node)
-        _next_number = number + 1
+        try:
+            _walk(roots, starts, compact, base, order.append)
+        finally:  # the next walk's numbers start above this one's, also after an error (see topological_order)
+            _next_number = base + len(order) + 1
     return order, base
+
+
+def _walk(roots, starts, compact, base, append):
+    """numbered_order's walk."""
+    number = base
+    for root in roots:
+        if starts is not None:
+            starts.append(number - base)
+        if root._n >= base:
+            continue
+        root._n = base  # visited (its final number comes when it is appended)
+        stack = [(root, iter(compact_children(root) if compact else root._prev))]
+        push, pop = stack.append, stack.pop
+        while stack:
+            node, children = stack[-1]
+            for child in children:
+                if child._n < base:
+                    below = child._terms if compact and type(child) is Dot else child._prev
+                    if not below:  # a leaf: its visit would end at once (a third of a model's Values)
+                        child._n = number
+                        number += 1
+                        append(child)
+                        continue
+                    child._n = base
+                    push((child, iter(below)))
+                    break
+            else:
+                pop()
+                node._n = number
+                number += 1
+                append(node)
 
 
 def value_count(*roots):
