@@ -48,6 +48,8 @@ class BuildResult:
     source: pathlib.Path | None = None  # the C file beside it, for users to read
     c_files: tuple[pathlib.Path, ...] = ()  # all its C files: source, then the extra units
     key: str | None = None   # the cache key: a hash of the sources, compiler and flags (see build_key)
+    # the key the build is indexed under by its graph's structure (structure_build_key), if any
+    structure_key: str | None = None
 
 
 def multiarch_triplet() -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -180,11 +181,12 @@ def _build_file_and_load(sources, name, compiler, opt, native, cache, timeout, m
     def build():
         found = index_key and find_by_structure(index_key, cache)
         if found:
-            return found
+            return dataclasses.replace(found, structure_key=index_key)
         result = build_extension(_source_text(sources), name, compiler, opt=opt, native=native, cache=cache,
                                  timeout=timeout, measure_memory=measure_memory)
         if index_key:
             index_by_structure(index_key, result, cache)
+            result = dataclasses.replace(result, structure_key=index_key)
         return result
     return loader.build_and_load(build, name)  # a cached module that fails to load is rebuilt once
 
@@ -500,8 +502,9 @@ def export_build(build: BuildResult, directory: str | os.PathLike, name: str,
                  record: dict | None = None) -> ExportedBuild:
     """Copy a build out of the cache into directory as `name`: the shared object (name + its
     suffix: an extension module keeps the name it was built as), its C files (name.c, name.1.c...)
-    and name.json, a record of the build's cache key (see build_key) plus `record`'s entries.
-    find_build(directory, name, key) finds it again. The record is written last."""
+    and name.json, a record of the build's cache key (see build_key) and structure key if it has one
+    (structure_build_key) plus `record`'s entries. find_build(directory, name, key) finds it again
+    by either key. The record is written last."""
     if build.key is None or not build.c_files:
         raise ValueError('only a build of build_extension or build_library can be exported (it has no cache key)')
     check_identifier(name)
@@ -517,17 +520,18 @@ def export_build(build: BuildResult, directory: str | os.PathLike, name: str,
     write_atomically(target, build.path.read_bytes())
     written = {**(record or {}), 'format': EXPORT_RECORD_FORMAT, 'key': build.key, 'file': target.name,
                'sources': c_names, 'command': list(build.command), 'compile_seconds': build.seconds,
-               'cached': build.cached}
+               'cached': build.cached, **({'structure': build.structure_key} if build.structure_key else {})}
     write_atomically(_record_path(directory, name), json.dumps(written, indent=1))
     return ExportedBuild(target, written)
 
 
 def find_build(directory: str | os.PathLike, name: str, key: str) -> ExportedBuild | None:
     """The build export_build wrote in directory as `name`, if its record holds this cache key
-    (build_key of the sources, compiler and flags wanted) and its files are there; else None."""
+    (build_key of the sources, compiler and flags wanted, or structure_build_key of the graph's
+    structural key) and its files are there; else None."""
     directory = pathlib.Path(directory)
     record = export_record(directory, name)
-    if record is None or record.get('key') != key:
+    if record is None or key not in (record.get('key'), record.get('structure')):
         return None
     files = [record.get('file'), *(record.get('sources') or [None])]
     if not all(isinstance(f, str) and '/' not in f and (directory / f).is_file() for f in files):

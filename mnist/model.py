@@ -29,6 +29,11 @@ class Graph:
         return codegen.compile(self.loss, self.pixels + self.targets, self.params,
                                outputs=self.logits, **options)
 
+    def structural_key(self, **options):
+        """The structural key of the module compile() would build (codegen.structural_key)."""
+        return codegen.structural_key(self.loss, self.pixels + self.targets, self.params, outputs=self.logits,
+                                      **options)
+
     def generate(self, **options):
         """The C source compile() would build."""
         return codegen.generate(self.loss, self.pixels + self.targets, self.params,

@@ -184,7 +184,8 @@ def print_summary(rows):
 
 def compiled_module(graph, args, optimizer):
     """The module and its Origin: the one `make` built in --module-dir if it is the build of the C
-    these options generate, with this compiler and flags (its recorded cache key says so), else
+    these options generate, with this compiler and flags (its record holds the structure key of
+    this graph and options: found without generating the C), else
     compiled now (or taken from the build cache). It holds the model's initial parameters, baked
     into its C as `make` bakes them."""
     options = compiler_options(args)
@@ -193,24 +194,21 @@ def compiled_module(graph, args, optimizer):
         flags = " ".join(toolchain.compile_flags(compiler, args.opt, args.native))
     except ValueError as error:  # flags the compiler cannot take, e.g. --native with tcc
         raise UsageError(error) from error
-    prebuilt, sources = None, None
-    if toolchain.export_record(args.module_dir, "nn"):  # else nothing to compare: skip generating the C twice
-        started = time.perf_counter()
-        sources = graph.generate(fuse=options["fuse"], sparse_inputs=options["sparse_inputs"], optimizer=optimizer,
-                                 embed_params=True, dtype=args.dtype)
+    prebuilt = None
+    if toolchain.export_record(args.module_dir, "nn"):  # else nothing to compare
+        started = time.perf_counter()  # the graph's structural key: what `make` recorded, without generating C
+        structure = graph.structural_key(fuse=options["fuse"], sparse_inputs=options["sparse_inputs"],
+                                         optimizer=optimizer, embed_params=True, dtype=args.dtype)
         codegen_seconds = time.perf_counter() - started
-        prebuilt = toolchain.find_build(args.module_dir, "nn", toolchain.build_key(sources, "nn", compiler, args.opt,
-                                                                                    args.native))
+        prebuilt = toolchain.find_build(args.module_dir, "nn", toolchain.structure_build_key(
+            structure, "nn", compiler, args.opt, args.native))
     if prebuilt:
         net = loader.load_extension(prebuilt.path, "nn")
         recorded = prebuilt.record
         compile_time = "cached" if recorded.get("cached") else f"{recorded.get('compile_seconds', 0):.2f} s"
         return net, Origin(f"prebuilt {prebuilt.path} (`make`; the build of these options)", codegen_seconds,
                            f"{compile_time} (by `make`)", f"{Path(compiler.argv[0]).name} {flags}")
-    net = graph.compile(**{**options, "compiler": compiler}, optimizer=optimizer, embed_params=True, dtype=args.dtype,
-                        sources=sources)  # generated above to compare with the prebuilt's key: not again
-    if sources is not None:
-        net.timings["codegen"] = codegen_seconds
+    net = graph.compile(**{**options, "compiler": compiler}, optimizer=optimizer, embed_params=True, dtype=args.dtype)
     return net, Origin("from the build cache" if net.build.cached else "compiled", net.timings["codegen"],
                        "cached" if net.build.cached else f"{net.timings['compile']:.2f} s",
                        f"{Path(compiler.argv[0]).name} {flags}")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import codegen
+from codegen import toolchain
 from mnist import build, train, xor
 from mnist.data import FILES, TEST_LABELS
 
@@ -238,8 +239,9 @@ def test_adam_on_the_default_model(mnist_dir, tmp_path, capsys):
 
 
 def test_module_dir_build_is_used_only_for_the_same_build(tmp_path, capsys, monkeypatch):
-    """mnist.train takes the module mnist.build exported when its recorded cache key is the one these
-    options give (same C, compiler and flags), never a stale one."""
+    """mnist.train takes the module mnist.build exported when its recorded structure key is the one
+    these options give (same graph and options, compiler and flags), never a stale one; it finds
+    it without generating the C."""
     module_dir = tmp_path / "build"
     assert build.main(["--compiler", "tcc", "--out", str(module_dir)]) == 0
     # the module, its generated functions (compiled in parallel with it) and the record
@@ -254,4 +256,5 @@ def test_module_dir_build_is_used_only_for_the_same_build(tmp_path, capsys, monk
         hows.append(train.compiled_module(graph, args, optimizer)[1].how)
     assert hows[0].startswith(f"prebuilt {module_dir}")
     assert hows[1:] == ["compiled", "compiled"]  # other initial weights in the C; other flags
-    assert len(lowerings) == 3  # the C generated once for each, though each was compared with the prebuilt
+    assert len(lowerings) == 2  # the C generated for the two others only: the prebuilt is found by structure
+    assert "structure" in toolchain.export_record(module_dir, "nn")
