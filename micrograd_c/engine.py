@@ -4,7 +4,6 @@ import contextlib
 import gc
 import threading
 from array import array
-from functools import partial
 from itertools import accumulate, chain, repeat
 from operator import attrgetter
 
@@ -13,7 +12,7 @@ from . import ops
 _ADD, _MUL = ops.OPS["add"], ops.OPS["mul"]
 _ADD_VALUE, _MUL_VALUE = _ADD.value_fn, _MUL.value_fn
 _data = attrgetter("data")
-_ADD_DATA, _MUL_DATA = (partial(f, out=None, k=None) for f in (_ADD_VALUE, _MUL_VALUE))  # (a, b) -> the op's value
+_ADD_DATA, _MUL_DATA = _ADD.pair_fn, _MUL.pair_fn  # (a, b) -> the op's value
 
 
 class Value:
@@ -156,7 +155,7 @@ class Dot(Value):
         self._terms = terms  # start, a[0], b[0], a[1], b[1], ...: the order of the chain's walk
         # the chain's products and partial sums (the last sum is self.data): floats in an array
         steps = products + sums[1:-1]
-        self._steps = array("d", steps) if all(type(x) is float for x in steps) else tuple(steps)
+        self._steps = array("d", steps) if set(map(type, steps)) == {float} else tuple(steps)
 
     @property
     def _prev(self):
@@ -176,10 +175,10 @@ class Dot(Value):
         """The chain's Values below this one, with the values they had: this one's children."""
         terms, steps = self._terms, self._steps
         n = (len(terms) - 1) // 2
-        product = [Value(steps[i], (terms[2 * i + 1], terms[2 * i + 2]), "*", _MUL) for i in range(n)]
+        product = list(map(Value, steps[:n], zip(terms[1::2], terms[2::2]), repeat("*"), repeat(_MUL)))
         total = terms[0]
-        for i in range(n - 1):
-            total = Value(steps[n + i], (total, product[i]), "+", _ADD)
+        for data, p in zip(steps[n:], product):  # (the last product is this one's own term)
+            total = Value(data, (total, p), "+", _ADD)
         return (total, product[-1])
 
 

@@ -56,18 +56,22 @@ class Op:
     grads: tuple              # one formula per argument: d(out)/d(arg)
     value_fn: object = field(init=False, repr=False, compare=False)
     grad_fns: tuple = field(init=False, repr=False, compare=False)
+    pair_fn: object = field(init=False, repr=False, compare=False)  # value_fn of (a, b) alone, or None
 
     def __post_init__(self):
         object.__setattr__(self, "value_fn", _python_fn(self.value))
         object.__setattr__(self, "grad_fns", tuple(_python_fn(g) for g in self.grads))
+        # for a binary op whose value reads neither out nor k: what maps and accumulates call
+        pair = self.arity == 2 and not any(f"{{{n}}}" in self.value for n in ("out", "k"))
+        object.__setattr__(self, "pair_fn", _python_fn(self.value, ("a", "b")) if pair else None)
 
     def render(self, formula, **names):
         """The formula with each placeholder replaced by an expression (e.g. a C slot)."""
         return formula.format(**{n: names.get(n, n) for n in _ARGS})
 
 
-def _python_fn(formula):
-    source = "lambda a, b, out, k: " + formula.format(**{n: n for n in _ARGS})
+def _python_fn(formula, names=_ARGS):
+    source = f"lambda {', '.join(names)}: " + formula.format(**{n: n for n in _ARGS})
     return eval(source, dict(PRIMITIVES))
 
 
