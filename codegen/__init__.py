@@ -102,7 +102,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
     batch = _check_batch(batch)
 
-    def build_and_load():  # (build, module, codegen seconds, the params' data); its locals, the read graph among them, die with it
+    def build_and_load():  # (build, module, codegen seconds, the params' data); its locals die with it
         started = time.perf_counter()
         spent = 0.0  # seconds of codegen inside build() (generating the C on a miss)
         given = sources

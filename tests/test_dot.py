@@ -151,3 +151,17 @@ def read_by_a_sum(params, inputs):
 
 def test_a_dot_read_once_by_a_sum(compiler):
     assert_equivalent(read_by_a_sum, INIT[:5], ROWS, "fused", compiler=compiler, opt=2)
+
+
+def test_parameters_in_one_pass_and_a_subclass_own():
+    random.seed(4)
+    model = MLP(3, [4, 2])
+    assert model.parameters() == [p for layer in model.layers for n in layer.neurons for p in n.w + [n.b]]
+
+    class Frozen(Neuron):
+        def parameters(self):  # a subclass that trains its weights only
+            return list(self.w)
+    model.layers[0].neurons[1].__class__ = Frozen
+    frozen = model.layers[0].neurons[1]
+    assert frozen.b not in model.parameters() and all(any(w is p for p in model.parameters()) for w in frozen.w)
+    assert len(model.parameters()) == 3 * 4 + 4 + 4 * 2 + 2 - 1
