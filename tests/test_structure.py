@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import codegen
 from codegen import cache as build_cache
-from micrograd_c import MLP, Value, cross_entropy
+from micrograd_c import MLP, Value, cross_entropy, dot
 
 
 def mlp_graph(seed=0, hidden=(4,), activation="relu", const=1.0):
@@ -80,7 +80,7 @@ def test_different_for_the_optimizers_settings():
 
 # ---- random graphs: rebuilt equal, mutated different ----------------------------------------------
 UNARY = ("relu", "tanh", "exp", "sigmoid")
-BINARY = ("+", "*", "max")
+BINARY = ("+", "*", "max", "dot")  # dot: a Dot over the two operands (what a Neuron builds)
 
 
 @st.composite
@@ -114,7 +114,7 @@ def build(program):
         a = [values[i] for i in args]
         values.append({"relu": lambda: a[0].relu(), "tanh": lambda: a[0].tanh(), "exp": lambda: a[0].exp(),
                        "sigmoid": lambda: a[0].sigmoid(), "+": lambda: a[0] + a[1], "*": lambda: a[0] * a[1],
-                       "max": lambda: a[0].max(a[1])}[op]())
+                       "max": lambda: a[0].max(a[1]), "dot": lambda: dot([a[0], a[1]], [a[1], a[0]], a[0])}[op]())
     loss = sum(values[-3:], Value(0.0))  # reaches params, inputs and constants alike
     loss = loss + sum(params, Value(0.0))
     return loss, inputs, params, [values[i] for i in outputs]
