@@ -203,7 +203,7 @@ def _leaf_value(v, op):
 
 
 def _compact_kind(v):
-    return Dot if type(v) is Dot else v._kind
+    return Dot if type(v) is Dot and v._terms else v._kind
 
 
 def structural_key(graph, params, options):

@@ -169,8 +169,9 @@ class Dot(Value):
         return prev
 
     @_prev.setter
-    def _prev(self, children):
+    def _prev(self, children):  # other children: a Value like any from then on, read by its _prev
         _PREV.__set__(self, children)
+        self._terms = self._steps = None
 
     def _chain(self):
         """The chain's Values below this one, with the values they had: this one's children."""
@@ -274,7 +275,7 @@ def _walk(roots, starts, compact, base, append):
             node, children = stack[-1]
             for child in children:
                 if child._n < base:
-                    below = child._terms if compact and type(child) is Dot else child._prev
+                    below = (child._terms or child._prev) if compact and type(child) is Dot else child._prev
                     if not below:  # a leaf: its visit would end at once (a third of a model's Values)
                         child._n = number
                         number += 1
@@ -294,9 +295,9 @@ def value_count(*roots):
     """len(topological_order(*roots)), counted without making a Dot's chain (its 2n - 1 Values
     below it: len(_terms) - 2)."""
     order = numbered_order(*roots, compact=True)[0]
-    return len(order) + sum(len(v._terms) - 2 for v in order if type(v) is Dot)
+    return len(order) + sum(len(v._terms) - 2 for v in order if type(v) is Dot and v._terms)
 
 
 def compact_children(v):
     """A Value's children as the compiler reads them: a Dot's operands (`_terms`), else `_prev`."""
-    return v._terms if type(v) is Dot else v._prev
+    return (v._terms or v._prev) if type(v) is Dot else v._prev

@@ -117,10 +117,16 @@ static Py_ssize_t member_offset(PyTypeObject *type, const char *name) {
     return offset;
 }
 
+/* Whether the walk reads v as a Dot: compact, and its `_terms` are there (a Dot whose `_prev`
+ * was set to other children has none: a Value like any). */
+static int compact_dot(const Walk *w, PyObject *v) {
+    return w->compact && Py_TYPE(v) == w->dot && SLOT(v, terms_offset) && SLOT(v, terms_offset) != Py_None;
+}
+
 /* A Value's children: its `_prev` (a Dot's `_terms` when compact), a tuple (of Values: the walk
  * checks each as it comes to it, when it reads it anyway). */
 static PyObject *children(const Walk *w, PyObject *v) {
-    PyObject *prev = SLOT(v, Py_TYPE(v) == w->dot && w->compact ? terms_offset : prev_offset);
+    PyObject *prev = SLOT(v, compact_dot(w, v) ? terms_offset : prev_offset);
     if (!prev || !PyTuple_Check(prev)) {
         PyErr_SetString(PyExc_TypeError, Py_TYPE(v) == w->dot && !w->compact && prev == Py_None
                         ? "a Dot's chain must be made before a walk that is not compact"
@@ -154,8 +160,7 @@ static int finish(Walk *w, PyObject *node, const int64_t *kid_numbers, Py_ssize_
     if (mark(w, node, w->number)) return -1;
     if (push(&w->kids, kid_numbers, n_kids * sizeof(int64_t))) return -1;
     if (push_i64(&w->offsets, (int64_t)(w->kids.size / sizeof(int64_t)))) return -1;
-    int dot = w->compact && Py_TYPE(node) == w->dot;
-    PyObject *kind = dot ? (PyObject *)w->dot : SLOT(node, kind_offset), *k = SLOT(node, k_offset);
+    PyObject *kind = compact_dot(w, node) ? (PyObject *)w->dot : SLOT(node, kind_offset), *k = SLOT(node, k_offset);
     uint16_t code = 0;
     double value = 0.0;
     if (kind && kind != Py_None) {

@@ -165,3 +165,17 @@ def test_parameters_in_one_pass_and_a_subclass_own():
     frozen = model.layers[0].neurons[1]
     assert frozen.b not in model.parameters() and all(any(w is p for p in model.parameters()) for w in frozen.w)
     assert len(model.parameters()) == 3 * 4 + 4 + 4 * 2 + 2 - 1
+
+
+def test_a_dot_given_other_children_is_read_by_them():
+    """Setting a Dot's _prev (as one may any Value's) makes it a Value like any: the compiler reads
+    what the interpreter does."""
+    a, b, start = operands(3)
+    d = dot(a, b, start)
+    x, y = Value(0.5), Value(-2.0)
+    d._prev = (x, y)  # now d = x + y for backward() (its data is left as it was, as for any Value)
+    assert topological_order(d)[:-1] == [x, y] and value_count(d) == 3
+    loss = d * d
+    net = codegen.compile(loss, [x], [y])
+    assert net.forward() == (x.data + y.data) ** 2
+    assert codegen.structural_key(loss, [x], [y]) != codegen.structural_key(dot(a, b, start) * 1.0, [x], [y])
