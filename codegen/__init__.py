@@ -133,8 +133,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
 
     with ir.no_gc():  # (see read_graph)
         build, module, codegen_seconds, param_data = build_and_load()
-    _check_count(module, params)
-    module.set_params(param_data)
+    _set_params(module, params, param_data)
     if threads is not None:
         module.set_threads(threads)
     module.inputs[:] = array(module.inputs.format, map(float, map(_data, inputs)))
@@ -180,8 +179,12 @@ def copy_to_values(module, params):
 
 def copy_from_values(module, params):
     """Loads the Values' current .data into the module's parameters."""
+    _set_params(module, params, _params_data(params))
+
+
+def _set_params(module, params, data):
     _check_count(module, params)
-    module.set_params(_params_data(params))
+    module.set_params(data)
 
 
 def _params_data(params):

@@ -10,9 +10,8 @@ from operator import attrgetter
 from . import ops
 
 _ADD, _MUL = ops.OPS["add"], ops.OPS["mul"]
-_ADD_VALUE, _MUL_VALUE = _ADD.value_fn, _MUL.value_fn
-_data = attrgetter("data")
 _ADD_DATA, _MUL_DATA = _ADD.pair_fn, _MUL.pair_fn  # (a, b) -> the op's value
+_data = attrgetter("data")
 
 
 class Value:
@@ -46,16 +45,16 @@ class Value:
             child.grad += grad_fn(a, b, self.data, self._k) * self.grad
 
     # + and *, the ops a model is made of, made lean: no _apply, no frame between the operator
-    # and the new Value (a million-parameter model builds two Values per weight)
+    # and the new Value (a model written without Neuron builds two Values per weight)
     def __add__(self, other):
         if not isinstance(other, Value):
             other = Value(other)
-        return Value(_ADD_VALUE(self.data, other.data, None, None), (self, other), "+", _ADD)
+        return Value(_ADD_DATA(self.data, other.data), (self, other), "+", _ADD)
 
     def __mul__(self, other):
         if not isinstance(other, Value):
             other = Value(other)
-        return Value(_MUL_VALUE(self.data, other.data, None, None), (self, other), "*", _MUL)
+        return Value(_MUL_DATA(self.data, other.data), (self, other), "*", _MUL)
 
     def __pow__(self, other):
         """self ** k for a number k (micrograd's op, '**k'), or self ** other for a Value ('**')."""
