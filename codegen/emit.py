@@ -136,6 +136,7 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
         f"#define SGD_IN_BACKWARD {int(program.sgd_in_backward)}",
         f"#define N_CONSTANTS {len(program.constants)}",
         f"static const long OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
+        *([_index_inputs(program.index_inputs)] if program.index_inputs else []),
         _constants(program.constants, dtype),
         _sgd_after_backward(program.sgd_after_backward),
         *([e.scan_nonzeros(), e.step_rows(program.n_params)] if sparse_inputs is not None else []),
@@ -158,6 +159,15 @@ def _constants(constants, dtype, name="init_constants", table="CONSTANT_VALUES")
     return (f"static const real {table}[{len(constants)}] = {{{values}}};\n"
             f"static void {name}(real *d) {{ memcpy(d + {constants[0][0]}, {table}, "
             f"sizeof {table}); }}")
+
+
+def _index_inputs(index_inputs):
+    """INDEX_INPUTS: the inputs gathers read as an index, {position, how many values}
+    (ir.index_inputs), which templates/samples.c's checks read; models without gathers have
+    none and keep their C."""
+    rows = ", ".join(f"{{{position}, {n}}}" for position, n in index_inputs)
+    return (f"#define N_INDEX_INPUTS {len(index_inputs)}\n"
+            f"static const long INDEX_INPUTS[][2] = {{{rows}}};")
 
 
 def _batched_functions(eb):

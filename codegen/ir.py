@@ -81,6 +81,7 @@ class Program:
     fused: bool = False
     sgd_in_backward: bool = False  # a batch-1 SGD step updates parameters in backward (see the pass)
     sgd_after_backward: list = field(default_factory=list)  # (slot, count) runs of the others
+    index_inputs: list = field(default_factory=list)  # (input position, n): inputs gathers read (see index_inputs)
 
     @property
     def input_base(self):
@@ -163,6 +164,7 @@ def _lower(graph, inputs, params, fuse, input_grads):
         n_params=len(params), n_inputs=len(inputs), n_slots=n_slots, loss=roots[-1], outputs=roots[:-1],
         forward=groups, n_output_groups=sum(g.first.for_outputs for g in groups), backward=backward,
         constants=constants, fused=fuse)
+    program.index_inputs = index_inputs(compute, len(params))
     program.sgd_in_backward = fuse and sgd_in_backward(program)
     if program.sgd_in_backward:
         program.sgd_after_backward = unfused_params(program, leaves[:len(params)])
@@ -379,6 +381,25 @@ def share_gradients(groups, compute, roots):
             for t in terms:
                 if t.kind in ("op", "dot") and uses[id(t)] == 1 and id(t) not in kept:
                     t.grad_slot, t.shares_grad = node.grad_slot, True
+
+
+def index_inputs(compute, n_params):
+    """The inputs that gathers read as their index: (position among the inputs, the fewest values
+    one of them picks among), sorted; the module checks them (-n..n-1, an integer) before any
+    forward, so that no gather reads outside its values. An index that is a constant was checked
+    when the graph was built; one that is a parameter or a computed value is an error."""
+    fewest = {}
+    for node in compute:
+        if node.kind != "op" or not node.op.selects:
+            continue
+        index, n = node.args[0], len(node.args) - 1
+        if index.kind == "input":
+            position = index.slot - n_params
+            fewest[position] = min(n, fewest.get(position, n))
+        elif index.kind != "const":
+            raise ValueError(f"a gather's index must be one of the inputs (set per sample) or a constant, "
+                             f"not a {'parameter' if index.kind == 'param' else 'computed value'}")
+    return sorted(fewest.items())
 
 
 def sgd_in_backward(program):

@@ -93,6 +93,32 @@ class Emitter:
         """An op-table formula with its placeholders replaced by C expressions."""
         return node.op.render(dtypes.formula(self.dtype, formula), **names)
 
+    def _op_names(self, node, ops):
+        """An op group's C for its formula's placeholders: its arguments (for a gather, {a} is
+        the operand its index picks), its constant attribute."""
+        if node.op.selects:
+            names = {"a": self._picked(ops.args, len(node.args) - 1)}
+        else:
+            names = {n: operand(a, self.dtype) for n, a in zip("ab", ops.args)}
+        if node.k is not None:
+            names["k"] = c_literal(node.k, self.dtype)
+        return names
+
+    def _picked(self, args, n, grad=False):
+        """d[...] (or g[...]) of the operand a gather's index (args[0]) picks among the n after it
+        (Affines with the same strides: vector.vectorize saw to it): the first's slot plus the
+        index times their spacing, or an offset table's entry where they are not evenly spaced.
+        The index is checked before any forward (templates/samples.c's check_index)."""
+        index, first = args[0], args[-n]
+        offsets = [(a.grad_offset() - first.grad_offset()) if grad else (a.base - first.base) for a in args[-n:]]
+        i = f"gather_index({operand(index, self.dtype)}, {n})"
+        step = offsets[1] if n > 1 else 0
+        if offsets == [step * k for k in range(n)]:
+            offset = f"{step} * {i}" if step != 1 else i
+        else:
+            offset = f"{self.offsets(offsets)}[{i}]"
+        return f"{'g' if grad else 'd'}[{slot_index(first, grad=grad)} + {offset}]"
+
     def _sum(self, v):
         """C for the sum of a Vector's values (a list of parts, summed left to right)."""
         n = len(v.offsets)
@@ -176,9 +202,7 @@ class Emitter:
         if layer:
             return [layer]
         if node.kind == "op":
-            names = {n: operand(a, self.dtype) for n, a in zip("ab", ops.args)}
-            if node.k is not None:
-                names["k"] = c_literal(node.k, self.dtype)
+            names = self._op_names(node, ops)
             value = self._op_c(node, node.op.value, names)
         else:
             parts = [c_literal(c, self.dtype) for c in ops.constants]
@@ -235,11 +259,15 @@ class Emitter:
             fused = sgd and to_fused_param
             (updates if fused else grads).append(update if fused else accumulate)
 
+        if node.kind == "op" and node.op.selects:  # the gradient goes to the operand picked only
+            names = dict(self._op_names(node, ops), out=data_at(ops.out))
+            local = self._op_c(node, node.op.grads[0], names)
+            if any(x.needs_grad for x in node.args[1:]):
+                grads.append(f"{self._picked(ops.args, len(node.args) - 1, grad=True)} += "
+                             f"{out_grad if local == '1' else f'({local}) * {out_grad}'};")
+            return loop_nest(g.shape, grads)
         if node.kind == "op":
-            names = {n: operand(a, self.dtype) for n, a in zip("ab", ops.args)}
-            names["out"] = data_at(ops.out)
-            if node.k is not None:
-                names["k"] = c_literal(node.k, self.dtype)
+            names = dict(self._op_names(node, ops), out=data_at(ops.out))
             for arg, where, formula in zip(node.args, ops.args, node.op.grads):
                 if arg.needs_grad and not arg.shares_grad:
                     local = self._op_c(node, formula, names)

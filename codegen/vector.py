@@ -141,6 +141,8 @@ def vectorize(groups, n_slots):
     for g in groups:
         if g.first.kind == "dot":
             n_slots = _slot_factor_constants(g, constants, n_slots)
+        elif g.first.op.selects:
+            n_slots = _slot_gathered_constants(g, constants, n_slots)
         if len(g.members) > 1:
             literals, n_slots = _slot_varying_constants(g, constants, n_slots)
             if _describe_loop(g, literals):
@@ -162,8 +164,9 @@ def _slot_varying_constants(g, constants, n_slots):
     """A constant operand that differs between members is read from a slot; one that is the same
     everywhere stays a literal. Returns (the positions in args of literals, slot count)."""
     literals = set()
+    selects = g.first.kind == "op" and g.first.op.selects
     for position, x in enumerate(g.first.args):
-        if x.kind != "const":
+        if x.kind != "const" or (selects and position > 0):  # (a gather's have slots already)
             continue
         if len({repr(float(m.args[position].value)) for m in g.members}) == 1:
             literals.add(position)
@@ -175,6 +178,18 @@ def _slot_varying_constants(g, constants, n_slots):
                 constants.append((n_slots, float(c.value)))
                 n_slots += 1
     return literals, n_slots
+
+
+def _slot_gathered_constants(g, constants, n_slots):
+    """A gather reads the operand its index picks at an offset from the first operand's slot
+    (statements.Emitter's _picked): its constant operands get slots too, side by side."""
+    for m in g.members:
+        for c in m.args[1:]:
+            if c.kind == "const" and c.slot is None:
+                c.slot = n_slots
+                constants.append((n_slots, float(c.value)))
+                n_slots += 1
+    return n_slots
 
 
 def _slot_factor_constants(g, constants, n_slots, columns=False):
@@ -225,7 +240,9 @@ def _describe_single(g):
     g.shape = ()
     out = Affine(node.slot, (), node.grad_slot)
     if node.kind == "op":
-        args = tuple(float(x.value) if x.kind == "const" else Affine(x.slot, (), x.grad_slot) for x in node.args)
+        slotted = node.op.selects  # (a gather's constant operands have slots: see _slot_gathered_constants)
+        args = tuple(float(x.value) if x.kind == "const" and not (slotted and x.slot is not None)
+                     else Affine(x.slot, (), x.grad_slot) for x in node.args)
         g.operands = Operands(out, args)
         return
     constants = tuple(float(x.value) for x in node.args if x.kind == "const")
@@ -273,8 +290,10 @@ def _describe_loop(g, literals):
         return False
     shape, strides = found
     affines = [Affine(int(c[0]), tuple(int(s) for s in row)) for c, row in zip(columns, strides)]
-    g.shape = shape
     out, rest = affines[0], affines[1:]
+    if first.kind == "op" and first.op.selects and len({a.strides for a in rest[-len(first.args) + 1:]}) > 1:
+        return False  # a gather's operands must keep their offsets from the first in every member
+    g.shape = shape
     if first.kind == "op":
         args, it = [], iter(rest)
         for i, is_lit in enumerate(literal):

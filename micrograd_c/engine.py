@@ -131,6 +131,56 @@ def dot(a, b, start=0.0):
     return sum((x * y for x, y in zip(a, b)), start)
 
 
+def gather(values, index):
+    """values[index] as a Value, for an index that is itself a Value (a token, a target: an
+    input set per sample, holding an int): Python's indexing, negative indices included, and
+    the gradient flows to the one value picked. Compiled, it reads the index at run time, so one
+    graph serves every token. `values`: Values (numbers become constants)."""
+    values = [v if isinstance(v, Value) else Value(v) for v in values]
+    if not isinstance(index, Value):
+        raise TypeError(f"gather's index must be a Value (an input set per sample), not {type(index).__name__}")
+    return Gather(index, values)
+
+
+class Gather(Value):
+    """values[index]: op table's GATHER. Its children are (index, *values)."""
+
+    __slots__ = ()
+
+    def __init__(self, index, values):
+        picked = values[_position(index.data, len(values))]
+        super().__init__(_GATHER.value_fn(picked.data, None, None, None), (index, *values), "gather", _GATHER)
+
+    def _backward(self):
+        index, *values = self._prev
+        picked = values[_position(index.data, len(values))]
+        picked.grad += _GATHER.grad_fns[0](picked.data, None, self.data, None) * self.grad
+
+
+def _position(index, n):
+    """The position an index value picks among n, as Python's list indexing finds it."""
+    if isinstance(index, bool) or not float(index).is_integer():
+        raise TypeError(f"an index must hold an integer, not {index!r}")
+    i = int(index)
+    if not -n <= i < n:
+        raise IndexError(f"index {i} out of range for {n} values")
+    return i + n if i < 0 else i
+
+
+class Table(list):
+    """A list that a Value can index: `table[token]` with `token` a Value is gather() (for a
+    table of rows, a row of gathers, one per column: an embedding lookup); any other index is
+    the list's own. Wrap a model's matrices in it (`Table(rows)`) and index them by inputs."""
+
+    def __getitem__(self, i):
+        if not isinstance(i, Value):
+            return list.__getitem__(self, i)
+        if self and isinstance(list.__getitem__(self, 0), (list, tuple)):
+            return [gather(column, i) for column in zip(*self)]
+        return gather(self, i)
+
+
+_GATHER = ops.GATHER
 _PREV = Value._prev  # the slot under Dot's _prev property
 
 

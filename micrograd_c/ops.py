@@ -54,6 +54,7 @@ class Op:
     arity: int
     value: str                # formula of the op's value
     grads: tuple              # one formula per argument: d(out)/d(arg)
+    selects: bool = False     # a gather: {a} is the operand its index picks (see GATHER below)
     value_fn: object = field(init=False, repr=False, compare=False)
     grad_fns: tuple = field(init=False, repr=False, compare=False)
     pair_fn: object = field(init=False, repr=False, compare=False)  # value_fn of (a, b) alone, or None
@@ -87,9 +88,13 @@ _TABLE = [
     Op("exp", "exp", 1, "exp({a})", ("{out}",)),
     Op("log", "log", 1, "log({a})", ("1 / {a}",)),
     Op("max", "max", 2, "where({a} < {b}, {b}, {a})", ("({a} >= {b})", "({a} < {b})")),
+    # values[index]: an index (an int-valued Value set per sample: a token) picks one of the
+    # operands, {a}; the gradient flows to that one only. Its children are (index, *values).
+    Op("gather", "gather", 1, "{a}", ("1",), selects=True),
 ]
 
 OPS = {op.name: op for op in _TABLE}
+GATHER = OPS["gather"]
 
 
 def get(name):

@@ -64,6 +64,11 @@ static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *w
     if (check_nargs(fn, nargs, 1, 1) < 0 || get_buffer(fn, what, args[0], &view, 1, "df", 0) < 0 ||
         check_length(fn, what, &view, count) < 0 || check_no_nan(fn, what, count, &view) < 0)
         return NULL;
+    for (int k = 0; offset == INPUT_BASE && k < N_INDEX_INPUTS; k++)
+        if (check_index(fn, k, read_float(&view, INDEX_INPUTS[k][0]), -1) < 0) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
     int same_type = view.itemsize == (Py_ssize_t)sizeof(real); /* copied as it is */
     State *s = lock_state(module, fn);
     if (!s) {
@@ -104,6 +109,10 @@ static PyObject *fn_forward(PyObject *module, PyObject *unused)
     if (!s)
         return NULL;
     real *d = s->d;
+    if (check_index_slots("forward", d + INPUT_BASE) < 0) { /* (the `inputs` view may have written them) */
+        unlock_state(s);
+        return NULL;
+    }
     scan_nonzeros(d); /* the inputs may have been written through the `inputs` or `data` views */
     WITHOUT_GIL_IF(BIG_GRAPH, forward_outputs(d); forward_rest(d));
     double loss = d[LOSS_SLOT];
@@ -116,6 +125,10 @@ static PyObject *fn_backward(PyObject *module, PyObject *unused)
     State *s = lock_state(module, "backward");
     if (!s)
         return NULL;
+    if (check_index_slots("backward", s->d + INPUT_BASE) < 0) {
+        unlock_state(s);
+        return NULL;
+    }
     scan_nonzeros(s->d);
     WITHOUT_GIL_IF(BIG_GRAPH, backward_step(s));
     unlock_state(s);

@@ -60,6 +60,11 @@ typedef double real;
 /* The op table's `where(cond, x, y)` primitive. */
 #define where(c, x, y) ((c) ? (x) : (y))
 
+/* A gather's index (an input holding an integer, checked against -n..n-1 before any forward by
+ * templates/samples.c's check_index) as the position it picks among n, as Python's
+ * indexing does. */
+static inline long gather_index(double x, long n) { return (long)x < 0 ? (long)x + n : (long)x; }
+
 /*@INCLUDE kernels/dot.c@*/
 
 /*@INCLUDE kernels/rows.c@*/

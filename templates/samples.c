@@ -17,6 +17,71 @@ static void release_samples(Samples *s)
         PyBuffer_Release(&s->y);
 }
 
+/* Index inputs (codegen/emit.py's INDEX_INPUTS: {input position, n} for each input a gather
+ * reads as its index) must hold an integer from -n to n - 1, as Python's indexing takes: checked
+ * before any forward reads them, so that no gather reads outside the values it picks among. */
+#ifndef N_INDEX_INPUTS
+#define N_INDEX_INPUTS 0
+static const long INDEX_INPUTS[1][2] = {{0, 0}};
+#endif
+
+/* 0 if input k of INDEX_INPUTS holds x (the module's rounding of it) well; else IndexError (row < 0:
+ * no row to name) and -1. */
+static int check_index(const char *fn, int k, double x, Py_ssize_t row)
+{
+    long position = INDEX_INPUTS[k][0], n = INDEX_INPUTS[k][1];
+    x = (double)(real)x;
+    if (x == floor(x) && x >= (double)-n && x < (double)n)
+        return 0;
+    char where[48] = "", value[32];
+    if (row >= 0)
+        snprintf(where, sizeof where, " at row %zd", row);
+    snprintf(value, sizeof value, "%.17g", x);
+    PyErr_Format(PyExc_IndexError, "%s(): input %ld%s is an index into %ld values, so it must hold an integer "
+                 "from %ld to %ld, not %s", fn, position, where, n, -n, n - 1, value);
+    return -1;
+}
+
+/* The index inputs of the slots `in` (what set_input or the `inputs` view left there) */
+static int check_index_slots(const char *fn, const real *in)
+{
+    for (int k = 0; k < N_INDEX_INPUTS; k++)
+        if (check_index(fn, k, (double)in[INDEX_INPUTS[k][0]], -1) < 0)
+            return -1;
+    return 0;
+}
+
+/* The index inputs of every row of train()'s or predict()'s samples, as load_sample will set them */
+static int check_index_samples(const char *fn, const Samples *s)
+{
+    for (Py_ssize_t row = 0; N_INDEX_INPUTS && row < s->n; row++)
+        for (int k = 0; k < N_INDEX_INPUTS; k++) {
+            Py_ssize_t j = INDEX_INPUTS[k][0];
+            double x;
+            if (j < s->n_x)
+                x = (element_type(&s->x) == 'B' ? ((const unsigned char *)s->x.buf)[row * s->n_x + j]
+                                                 : read_float(&s->x, row * s->n_x + j)) * s->scale;
+            else if (!s->have_y)
+                continue; /* (predict(): the targets are not read) */
+            else if (s->y_is_labels)
+                x = read_int(&s->y, row) == j - s->n_x;
+            else
+                x = read_float(&s->y, row * s->n_y + j - s->n_x);
+            if (check_index(fn, k, x, row) < 0)
+                return -1;
+        }
+    return 0;
+}
+
+/* get_samples' end: 0, or -1 with the buffers released when an index input is out of range */
+static int checked_samples(const char *fn, Samples *s)
+{
+    if (check_index_samples(fn, s) == 0)
+        return 0;
+    release_samples(s);
+    return -1;
+}
+
 static int get_samples(const char *fn, PyObject *xobj, PyObject *yobj, double scale, Samples *s)
 {
     memset(s, 0, sizeof *s);
@@ -34,7 +99,7 @@ static int get_samples(const char *fn, PyObject *xobj, PyObject *yobj, double sc
     if (element_type(&s->x) != 'B' && check_no_nan(fn, "X", s->n * s->n_x, &s->x) < 0)
         return -1;
     if (!yobj)
-        return 0;
+        return checked_samples(fn, s);
     s->n_y = N_INPUTS - s->n_x;
     Py_buffer probe;
     if (PyObject_GetBuffer(yobj, &probe, PyBUF_ND) < 0) {
@@ -73,7 +138,7 @@ static int get_samples(const char *fn, PyObject *xobj, PyObject *yobj, double sc
             goto fail;
         }
     }
-    return 0;
+    return checked_samples(fn, s);
 fail_y:
     PyBuffer_Release(&s->y);
     s->have_y = 0;
