@@ -132,8 +132,9 @@ def _vector(layout, vector, shape):
 def _group(layout, g, extent):
     ops, shape = g.operands, g.shape
     args = tuple(a if isinstance(a, float) else _affine(layout, a, shape)[0] for a in ops.args)
-    if g.first.kind == "op" and g.first.op.selects and len({a.strides for a in args[1:]}) > 1:
-        raise NotBatchable("a gather picks among per-sample values and parameters or constants at once")
+    op = g.first.op
+    if g.first.kind == "op" and op.selects and len({a.strides for a in args[op.first_choice:]}) > 1:
+        raise NotBatchable(f"a {op.name} picks among per-sample values and parameters or constants at once")
     batched = Group(g.members, tuple(shape) + (extent,))
     batched.operands = Operands(_affine(layout, ops.out, shape)[0], args, ops.constants, ops.term_positions,
                                 _vector(layout, ops.terms, shape), _vector(layout, ops.a, shape),

@@ -197,6 +197,7 @@ def build_nodes(graph, fuse):
     codes, op_table, values = graph.codes, graph.op_table, graph.values
     role = graph.role
     sums, absorbed = find_sums(graph) if fuse else ({}, np.zeros(graph.n, dtype=bool))
+    maxima = find_maxima(graph, absorbed) if fuse else {}
     n_output_values = graph.n_output_values
     kept = np.flatnonzero(~absorbed)  # in a model, its params and a few nodes per neuron
     is_leaf = codes[kept] == 0
@@ -217,6 +218,8 @@ def build_nodes(graph, fuse):
             terms, a, b = (tuple(nodes[positions].tolist()) for positions in sums[i])
             node = Node("dot", args=terms)
             node.a, node.b = a, b
+        elif i in maxima:
+            node = Node("op", ops.MAXIMUM, tuple(nodes[maxima[i]].tolist()))
         else:
             node = Node("op", op_table[code - 1], tuple(nodes[graph.children(i)].tolist()), k_of.get(i))
         node.for_outputs = i < n_output_values
@@ -320,6 +323,41 @@ def find_sums(graph):
     return sums, absorbed
 
 
+# A `max` of two is a maximum too: a softmax over two values is then alike the longer ones.
+MIN_MAXIMUM_OPERANDS = 2
+
+
+def find_maxima(graph, absorbed):
+    """Chains of `max` as one maximum each (ops.MAXIMUM: the first of the largest, the chain's
+    value and its gradient's place), as find_sums makes chains of `+` one sum: a softmax's
+    `reduce(Value.max, logits)` is then one node over its list, whatever its length, instead of
+    a chain as long as the list. A chain is left-deep, max(max(max(x0, x1), x2), ...), each
+    inner `max` read by the next only. Returns {position of the chain's top: its operands'
+    positions}; marks the inner ones in `absorbed`."""
+    is_max = graph.is_op(ops.OPS["max"])
+    tops = np.flatnonzero(is_max)
+    if not len(tops):
+        return {}
+    uses = graph.uses()
+    uses[graph.roots] += 2  # (read after forward: kept)
+    left, right = graph.kids[graph.starts[tops]], graph.kids[graph.starts[tops] + 1]
+    inner = np.zeros(graph.n, dtype=bool)
+    inner[left[is_max[left] & (uses[left] == 1)]] = True
+    left_of, right_of = dict(zip(tops.tolist(), left.tolist())), dict(zip(tops.tolist(), right.tolist()))
+    maxima = {}
+    for top in tops[~inner[tops]].tolist():
+        operands, below, x = [right_of[top]], [], left_of[top]
+        while inner[x]:
+            below.append(x)
+            operands.append(right_of[x])
+            x = left_of[x]
+        operands.append(x)
+        if len(operands) >= MIN_MAXIMUM_OPERANDS:
+            maxima[top] = np.array(operands[::-1], dtype=np.int64)
+            absorbed[below] = True
+    return maxima
+
+
 def _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorbed):
     """The dots of the trees whose terms are given (grouped by tree, in order): a term that is
     a product used once, of factors not both constants, goes to the factor lists. A tree with
@@ -390,7 +428,7 @@ def index_inputs(compute, n_params):
     when the graph was built; one that is a parameter or a computed value is an error."""
     fewest = {}
     for node in compute:
-        if node.kind != "op" or not node.op.selects:
+        if node.kind != "op" or node.op.selects != "index":
             continue
         index, n = node.args[0], len(node.args) - 1
         if index.kind == "input":

@@ -97,26 +97,35 @@ class Emitter:
         """An op group's C for its formula's placeholders: its arguments (for a gather, {a} is
         the operand its index picks), its constant attribute."""
         if node.op.selects:
-            names = {"a": self._picked(ops.args, len(node.args) - 1)}
+            names = {"a": self._picked(node.op, ops.args)}
         else:
             names = {n: operand(a, self.dtype) for n, a in zip("ab", ops.args)}
         if node.k is not None:
             names["k"] = c_literal(node.k, self.dtype)
         return names
 
-    def _picked(self, args, n, grad=False):
-        """d[...] (or g[...]) of the operand a gather's index (args[0]) picks among the n after it
-        (Affines with the same strides: vector.vectorize saw to it): the first's slot plus the
-        index times their spacing, or an offset table's entry where they are not evenly spaced.
-        The index is checked before any forward (templates/samples.c's check_index)."""
-        index, first = args[0], args[-n]
-        offsets = [(a.grad_offset() - first.grad_offset()) if grad else (a.base - first.base) for a in args[-n:]]
-        i = f"gather_index({operand(index, self.dtype)}, {n})"
-        step = offsets[1] if n > 1 else 0
-        if offsets == [step * k for k in range(n)]:
-            offset = f"{step} * {i}" if step != 1 else i
+    def _picked(self, op, args, grad=False):
+        """d[...] (or g[...]) of the candidate an op that selects picks among its arguments from
+        op.first_choice on (Affines with the same strides: vector.vectorize saw to it): the
+        first's slot plus the position picked times their spacing, or an offset table's entry
+        where they are not evenly spaced. The position: a gather's index (args[0], checked before
+        any forward: templates/samples.c's check_index), or the largest candidate's (the first of
+        equals), found again in backward from the values forward left."""
+        choices = args[op.first_choice:]
+        first, n = choices[0], len(choices)
+        at = [a.base - first.base for a in choices]
+        offsets = [a.grad_offset() - first.grad_offset() for a in choices] if grad else at
+        step = at[1] if n > 1 else 0
+        table = None if at == [step * k for k in range(n)] else self.offsets(at)
+        if op.selects == "index":
+            i = f"gather_index({operand(args[0], self.dtype)}, {n})"
+        elif table is None:
+            i = f"largest_at(d + {slot_index(first)}, {step}, {n})"
         else:
-            offset = f"{self.offsets(offsets)}[{i}]"
+            i = f"largest_in(d + {slot_index(first)}, {table}, {n})"
+        if offsets != at:
+            table = self.offsets(offsets)
+        offset = f"{table}[{i}]" if table else f"{step} * {i}" if step != 1 else i
         return f"{'g' if grad else 'd'}[{slot_index(first, grad=grad)} + {offset}]"
 
     def _sum(self, v):
@@ -262,8 +271,8 @@ class Emitter:
         if node.kind == "op" and node.op.selects:  # the gradient goes to the operand picked only
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
             local = self._op_c(node, node.op.grads[0], names)
-            if any(x.needs_grad for x in node.args[1:]):
-                grads.append(f"{self._picked(ops.args, len(node.args) - 1, grad=True)} += "
+            if any(x.needs_grad for x in node.args[node.op.first_choice:]):
+                grads.append(f"{self._picked(node.op, ops.args, grad=True)} += "
                              f"{out_grad if local == '1' else f'({local}) * {out_grad}'};")
             return loop_nest(g.shape, grads)
         if node.kind == "op":

@@ -95,11 +95,25 @@ _cls, _slot = attrgetter("cls"), attrgetter("slot")
 
 
 def _key(node):
-    """Operands by class (computed ones come first in `compute`, so theirs is set): a tuple per
-    operand list, built at C speed (a dot reads hundreds)."""
+    """Operands by class (computed ones come first in `compute`, so theirs is set): per operand
+    list its classes (_classes), built at C speed (a dot reads hundreds)."""
     if node.kind == "op":
-        return ("op", node.op.name, node.k, node.for_outputs, tuple(map(_cls, node.args)))
-    return ("dot", node.for_outputs, tuple(map(_cls, node.args)), tuple(map(_cls, node.a)), tuple(map(_cls, node.b)))
+        return ("op", node.op.name, node.k, node.for_outputs, _classes(node.args))
+    return ("dot", node.for_outputs, _classes(node.args), _classes(node.a), _classes(node.b))
+
+
+def _classes(operands):
+    """An operand list's classes, a tuple; its last values of one computed class, however many,
+    as that class once: a causal attention's softmax over the t + 1 keys of position t
+    is then alike at every position, and so is everything after it (vectorize cuts such a
+    class into parts of one length)."""
+    classes = tuple(map(_cls, operands))
+    if not classes or classes[-1][0] != "c":
+        return classes
+    last, start = classes[-1], len(classes) - 1
+    while start and classes[start - 1] == last:  # (a sum's start, a constant, comes before its terms)
+        start -= 1
+    return classes[:start] + (("every", last),)
 
 
 def batch_innermost(groups, moved):
@@ -138,7 +152,7 @@ def vectorize(groups, n_slots):
     from n_slots on. Returns (groups, constants as (slot, value), slot count)."""
     constants = []
     result = []
-    for g in groups:
+    for g in (part for whole in groups for part in _uniform_parts(whole)):
         if g.first.kind == "dot":
             n_slots = _slot_factor_constants(g, constants, n_slots)
         elif g.first.op.selects:
@@ -153,6 +167,13 @@ def vectorize(groups, n_slots):
                 if retry and _describe_loop(g, literals):
                     result.append(g)
                     continue
+            if _in_operand_order(g) and _describe_loop(g, literals):
+                result.append(g)
+                continue
+            parts = _rectangular_parts(g, literals)
+            if parts:
+                result += parts
+                continue
         for m in g.members:  # straight-line, one statement per node
             part = type(g)([m])
             _describe_single(part)
@@ -160,13 +181,79 @@ def vectorize(groups, n_slots):
     return result, constants, n_slots
 
 
+def _in_operand_order(g):
+    """Reorders a group's members by where their operands live (the first of each list), and
+    their results' slots with them (the group's own block, which the groups above have not read
+    yet): members met in an order of their own (a depth-first walk meets a transformer's query
+    and key projections interleaved, position by position) may then sit at constant strides.
+    Returns whether the order changed."""
+    ordered = sorted(g.members, key=_operand_key)  # (stable: ties keep their order)
+    if ordered == g.members:
+        return False
+    slots = sorted(m.slot for m in g.members)
+    for m, slot in zip(ordered, slots):
+        m.slot = m.grad_slot = slot
+    g.members = ordered
+    return True
+
+
+def _uniform_parts(g):
+    """The group, or its parts whose members' operand lists have one length each (a class of
+    lists of any length, see _classes), in order of their first member."""
+    def lengths(m):
+        return (len(m.args), len(m.a), len(m.b))
+    first = lengths(g.first)
+    if all(lengths(m) == first for m in g.members):
+        return [g]
+    parts = {}
+    for m in g.members:
+        parts.setdefault(lengths(m), []).append(m)
+    return [type(g)(members) for members in parts.values()]
+
+
+def _operand_key(m):
+    """Where a member's operands live: the slot of each argument (-1 for a literal), of a dot
+    the first of each list."""
+    firsts = (m.args[:1], m.a[:1], m.b[:1]) if m.kind == "dot" else (m.args,)
+    return tuple(-1 if x.slot is None else x.slot for xs in firsts for x in xs)
+
+
+# A group splits into rectangular parts only if they are this many times fewer than its members.
+MIN_MEMBERS_PER_PART = 4
+
+
+def _rectangular_parts(g, literals):
+    """A group whose members form no rectangle (a causal attention's triangle of query-key dots:
+    position t reads t + 1 keys) as rectangular parts, each one loop nest: the members in runs
+    along which every operand moves by one step, the runs of one length together (position t's
+    dots over every head). None when some part does not fit, or the parts are too many."""
+    rows = np.array([(m.slot,) + _operand_key(m) for m in g.members], dtype=np.int64)
+    steps = np.diff(rows, axis=0)
+    distinct, counts = np.unique(steps, axis=0, return_counts=True)
+    inner = distinct[np.argmax(counts)]  # the step along a run: the most common one
+    ends = np.flatnonzero((steps != inner).any(axis=1)) + 1  # where a run ends
+    runs = list(zip([0, *ends.tolist()], [*ends.tolist(), len(rows)]))
+    by_length = {}
+    for lo, hi in runs:
+        by_length.setdefault(hi - lo, []).extend(g.members[lo:hi])
+    if len(by_length) * MIN_MEMBERS_PER_PART > len(g.members):
+        return None
+    parts = []
+    for members in by_length.values():
+        part = type(g)(members)
+        if not _describe_loop(part, literals):
+            return None
+        parts.append(part)
+    return parts
+
+
 def _slot_varying_constants(g, constants, n_slots):
     """A constant operand that differs between members is read from a slot; one that is the same
     everywhere stays a literal. Returns (the positions in args of literals, slot count)."""
     literals = set()
-    selects = g.first.kind == "op" and g.first.op.selects
+    slotted = g.first.op.first_choice if g.first.kind == "op" and g.first.op.selects else len(g.first.args)
     for position, x in enumerate(g.first.args):
-        if x.kind != "const" or (selects and position > 0):  # (a gather's have slots already)
+        if x.kind != "const" or position >= slotted:  # (candidates have slots already)
             continue
         if len({repr(float(m.args[position].value)) for m in g.members}) == 1:
             literals.add(position)
@@ -181,10 +268,12 @@ def _slot_varying_constants(g, constants, n_slots):
 
 
 def _slot_gathered_constants(g, constants, n_slots):
-    """A gather reads the operand its index picks at an offset from the first operand's slot
-    (statements.Emitter's _picked): its constant operands get slots too, side by side."""
+    """An op that selects (a gather, a maximum) reads the operand it picks at an offset from the
+    first candidate's slot (statements.Emitter's _picked): its constant candidates get slots
+    too, side by side."""
+    first = g.first.op.first_choice
     for m in g.members:
-        for c in m.args[1:]:
+        for c in m.args[first:]:
             if c.kind == "const" and c.slot is None:
                 c.slot = n_slots
                 constants.append((n_slots, float(c.value)))
@@ -240,9 +329,9 @@ def _describe_single(g):
     g.shape = ()
     out = Affine(node.slot, (), node.grad_slot)
     if node.kind == "op":
-        slotted = node.op.selects  # (a gather's constant operands have slots: see _slot_gathered_constants)
-        args = tuple(float(x.value) if x.kind == "const" and not (slotted and x.slot is not None)
-                     else Affine(x.slot, (), x.grad_slot) for x in node.args)
+        slotted = node.op.first_choice if node.op.selects else len(node.args)  # (see _slot_gathered_constants)
+        args = tuple(float(x.value) if x.kind == "const" and i < slotted else Affine(x.slot, (), x.grad_slot)
+                     for i, x in enumerate(node.args))
         g.operands = Operands(out, args)
         return
     constants = tuple(float(x.value) for x in node.args if x.kind == "const")
@@ -291,8 +380,9 @@ def _describe_loop(g, literals):
     shape, strides = found
     affines = [Affine(int(c[0]), tuple(int(s) for s in row)) for c, row in zip(columns, strides)]
     out, rest = affines[0], affines[1:]
-    if first.kind == "op" and first.op.selects and len({a.strides for a in rest[-len(first.args) + 1:]}) > 1:
-        return False  # a gather's operands must keep their offsets from the first in every member
+    if first.kind == "op" and first.op.selects and \
+            len({a.strides for a in rest[len(rest) - len(first.args) + first.op.first_choice:]}) > 1:
+        return False  # the candidates must keep their offsets from the first in every member
     g.shape = shape
     if first.kind == "op":
         args, it = [], iter(rest)

@@ -54,7 +54,7 @@ class Op:
     arity: int
     value: str                # formula of the op's value
     grads: tuple              # one formula per argument: d(out)/d(arg)
-    selects: bool = False     # a gather: {a} is the operand its index picks (see GATHER below)
+    selects: str = ""         # "index" or "largest": {a} is the operand picked (GATHER, MAXIMUM below)
     value_fn: object = field(init=False, repr=False, compare=False)
     grad_fns: tuple = field(init=False, repr=False, compare=False)
     pair_fn: object = field(init=False, repr=False, compare=False)  # value_fn of (a, b) alone, or None
@@ -65,6 +65,12 @@ class Op:
         # for a binary op whose value reads neither out nor k: what maps and accumulates call
         pair = self.arity == 2 and not any(f"{{{n}}}" in self.value for n in ("out", "k"))
         object.__setattr__(self, "pair_fn", _python_fn(self.value, ("a", "b")) if pair else None)
+
+    @property
+    def first_choice(self):
+        """For an op that selects: the position of its first candidate among its arguments (a
+        gather's index comes before them)."""
+        return 1 if self.selects == "index" else 0
 
     def render(self, formula, **names):
         """The formula with each placeholder replaced by an expression (e.g. a C slot)."""
@@ -90,11 +96,14 @@ _TABLE = [
     Op("max", "max", 2, "where({a} < {b}, {b}, {a})", ("({a} >= {b})", "({a} < {b})")),
     # values[index]: an index (an int-valued Value set per sample: a token) picks one of the
     # operands, {a}; the gradient flows to that one only. Its children are (index, *values).
-    Op("gather", "gather", 1, "{a}", ("1",), selects=True),
+    Op("gather", "gather", 1, "{a}", ("1",), selects="index"),
+    # The compiler's form of a chain of `max` (fused mode, as a chain of `+` becomes a sum): {a} is
+    # the largest operand, the first one if several are, as the chain's `where` keeps the earlier.
+    Op("maximum", "max", 1, "{a}", ("1",), selects="largest"),
 ]
 
 OPS = {op.name: op for op in _TABLE}
-GATHER = OPS["gather"]
+GATHER, MAXIMUM = OPS["gather"], OPS["maximum"]
 
 
 def get(name):

@@ -65,6 +65,27 @@ typedef double real;
  * indexing does. */
 static inline long gather_index(double x, long n) { return (long)x < 0 ? (long)x + n : (long)x; }
 
+/* A maximum's position (the op table's MAXIMUM, a chain of `max` in one): of n values at x[k * step]
+ * (largest_at) or x[offsets[k]] (largest_in), the first of the largest, as the chain's
+ * where(best < x, x, best) keeps it; the same bits as the chain, and its gradient's place. */
+static inline long largest_at(const real *x, long step, long n)
+{
+    long k = 0;
+    for (long i = 1; i < n; i++)
+        if (x[k * step] < x[i * step])
+            k = i;
+    return k;
+}
+
+static inline long largest_in(const real *x, const int32_t *offsets, long n)
+{
+    long k = 0;
+    for (long i = 1; i < n; i++)
+        if (x[offsets[k]] < x[offsets[i]])
+            k = i;
+    return k;
+}
+
 /*@INCLUDE kernels/dot.c@*/
 
 /*@INCLUDE kernels/rows.c@*/

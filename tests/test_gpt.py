@@ -1,0 +1,172 @@
+"""microgpt ported to micrograd_c (gpt/): the compiled Document graph against microgpt's own
+interpreted loss, document by document and length by length, on every compiler; chains of max
+compiled as one maximum; training steps and sampling against microgpt's loop; the app.
+
+Tolerances: float64 fused code sums in another order than the interpreter (1e-9 relative, as
+tests/test_compile.py holds the fused mode), and the compiled loss weighs each position by 1/n
+where microgpt multiplies the sum by 1/n (a rounding apart). float32: 1e-4, as there.
+"""
+
+import functools
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import codegen
+from gpt import data, model, train
+from micrograd_c import Value
+
+TINY = model.Config(n_embd=4, n_head=2, n_layer=1, block_size=5)
+DOCS = ["ava", "bo", "cy", "dee", "e", "abcde", "bac", "edcba", "ca", "adeb"]
+
+
+@pytest.fixture
+def tiny():
+    """(tokenizer, state, params): fresh for each test (their data and grads change)"""
+    random.seed(1)
+    tokenizer = data.Tokenizer(DOCS)
+    state, params = model.init_state(TINY, tokenizer.vocab_size)
+    return tokenizer, state, params
+
+
+def compiled(tiny, compiler="tcc", dtype="float64", batch=1):
+    tokenizer, state, params = tiny
+    doc = model.document(state, TINY)
+    return codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, compiler=compiler,
+                           dtype=dtype, batch=batch, optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_every_length_equals_microgpts_loss(tiny, compiler, dtype):
+    """One module for documents of 1 to block_size positions (and longer ones, cut as microgpt
+    cuts them): loss and every parameter's gradient as microgpt's graph of that length gives."""
+    tokenizer, state, params = tiny
+    net = compiled(tiny, compiler, dtype)
+    tolerance = 1e-9 if dtype == "float64" else 1e-4
+    for doc in ["", "a", "ab", "abc", "abcd", "abcde", "edcbaab"]:
+        tokens = tokenizer.encode(doc)
+        expected = model.interpreted_loss(state, TINY, tokens)
+        for p in params:
+            p.grad = 0
+        expected.backward()
+        net.set_input(data.row(tokens, TINY.block_size))
+        loss = net.forward()
+        net.zero_grad()
+        net.backward()
+        grads = np.asarray(net.grad)[:len(params)]
+        expected_grads = np.array([p.grad for p in params])
+        assert loss == pytest.approx(expected.data, rel=tolerance), doc
+        np.testing.assert_allclose(grads, expected_grads, rtol=tolerance, atol=tolerance * np.abs(expected_grads).max(),
+                                   err_msg=doc)
+        assert np.abs(expected_grads).max() > 0
+
+
+def test_positions_past_the_end_get_no_gradient(tiny):
+    """A document of two positions: the rows of wpe past them get exactly 0."""
+    tokenizer, state, params = tiny
+    net = compiled(tiny)
+    net.set_input(data.row(tokenizer.encode("ab"), TINY.block_size))
+    net.forward()
+    net.zero_grad()
+    net.backward()
+    grads = np.asarray(net.grad)
+    wpe = [id(p) for row in state["wpe"] for p in row]
+    position = {pid: i // TINY.n_embd for i, pid in enumerate(wpe)}
+    for i, p in enumerate(params):
+        if id(p) in position:
+            assert (grads[i] == 0) == (position[id(p)] >= 3), position[id(p)]
+
+
+def test_training_follows_microgpts_loop(tiny):
+    """60 steps of the compiled module (Adam inside) against microgpt's loop on the interpreter,
+    from the same parameters over the same documents: the losses agree step by step."""
+    tokenizer, state, params = tiny
+    start = [p.data for p in params]
+    args = train.parse_args(["--steps", "60", "--n-embd", "4", "--n-head", "2", "--block-size", "5", "--lr", "0.05"])
+    args.config = TINY
+    net = compiled(tiny)
+    bar = _Bar()
+    compiled_losses = list(train.train_compiled(net, DOCS, tokenizer, args, bar))
+    interpreted = list(train.train_interpreted(state, params, DOCS, tokenizer, args, bar))
+    for p, v in zip(params, start):
+        p.data = v
+    np.testing.assert_allclose(compiled_losses, interpreted, rtol=1e-9)
+    assert np.mean(interpreted[-10:]) < np.mean(interpreted[:10]) - 0.1  # it learned
+
+
+def test_sampling_through_the_module_is_microgpts(tiny):
+    tokenizer, state, params = tiny
+    net = compiled(tiny)
+    args = train.parse_args(["--samples", "8", "--n-embd", "4", "--n-head", "2", "--block-size", "5"])
+    args.config = TINY
+    random.seed(5)
+    from_module = train.sample_names(train.compiled_logits(net, tokenizer, TINY), tokenizer, args)
+    random.seed(5)
+    interpreted = train.sample_names(train.interpreted_logits(state, TINY), tokenizer, args)
+    assert from_module == interpreted and len(set(from_module)) > 1
+
+
+def test_max_chains_are_one_maximum(compiler):
+    """reduce(Value.max, xs) compiles to one maximum: the chain's value, and its gradient on the
+    first of equal largest values (ties), evenly spaced or not, with constants."""
+    xs = [Value(v) for v in (0.5, 2.0, -1.0, 2.0, 1.5)]
+    p = Value(0.25)
+    picks = [xs[4] * p, xs[0], xs[2] * 1.0, xs[1] + 0.0, xs[3] * p, Value(-3.0), xs[1] * p]
+    top = functools.reduce(Value.max, picks)
+    loss = top * top + functools.reduce(Value.max, [x * p for x in xs])
+    program = codegen.ir.lower(loss, [], xs + [p])
+    assert sum(1 for g in program.forward if g.first.kind == "op" and g.first.op.name == "maximum") == 2
+    loss.backward()
+    net = codegen.compile(loss, params=xs + [p], compiler=compiler)
+    assert net.forward() == loss.data
+    net.zero_grad()
+    net.backward()
+    assert list(np.asarray(net.grad)[:6]) == [x.grad for x in xs + [p]]
+    assert xs[1].grad != 0 and xs[3].grad == 0  # the first of the equal largest
+
+
+def test_attention_is_loops_not_statements(tiny):
+    """The per-position code is shared: every position after the first two is one loop nest's
+    iteration, and the causal triangle runs as loop nests, not one statement per dot."""
+    config = model.Config(n_embd=8, n_head=2, n_layer=1, block_size=8)
+    state, params = model.init_state(config, tiny[0].vocab_size)
+    doc = model.document(state, config)
+    program = codegen.ir.lower(doc.loss, doc.inputs, params, doc.outputs)
+    singles = sum(1 for g in program.forward if not g.shape)
+    assert singles <= 20, singles
+    assert any(g.shape[0] == config.block_size - 2 for g in program.forward if g.shape)  # positions as a loop
+
+
+class _Bar:
+    def update(self, n):
+        pass
+
+
+def test_the_app_trains_and_samples(tmp_path):
+    names = tmp_path / "names.txt"
+    names.write_text("\n".join(DOCS * 3) + "\n")
+    run = subprocess.run([sys.executable, "-m", "gpt", "--data", str(names), "--steps", "12", "--n-embd", "4",
+                          "--n-head", "2", "--block-size", "6", "--samples", "3", "--compiler", "tcc"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert "num docs: 30" in lines and "vocab size: 9" in lines  # a to e, v, y, o and BOS
+    steps = [line for line in lines if line.startswith("step ")]
+    assert len(steps) == 12 and steps[0].startswith("step    1 /   12 | loss ")
+    assert sum(line.startswith("sample ") for line in lines) == 3
+    assert lines[-1].startswith("summary: 12 steps")
+
+
+def test_the_app_reports_bad_data(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    for path, message in ((empty, "no documents"), (tmp_path / "missing.txt", "no such file")):
+        run = subprocess.run([sys.executable, "-m", "gpt", "--data", str(path), "--steps", "1"],
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode != 0 and message in run.stderr
+    run = subprocess.run([sys.executable, "-m", "gpt", "--n-embd", "6", "--n-head", "4"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "multiple of n_head" in run.stderr
