@@ -17,7 +17,7 @@ FLAGS  := $(COMPILER) --opt $(OPT) $(if $(NATIVE),--native) $(if $(DTYPE),--dtyp
 ARGS   ?=
 BUILD_ARGS ?=
 
-.PHONY: all nn mnist xor test test-all test-bare bench bench-scale compare torch clean fuzz soak roofline
+.PHONY: all nn mnist xor gpt test test-all test-bare bench bench-scale compare torch clean fuzz soak roofline
 
 all: nn
 
@@ -34,6 +34,11 @@ mnist: nn
 
 xor: $(VENV)/.installed
 	$(PY) -m mnist.xor $(COMPILER) --out $(BUILD) $(ARGS)
+
+# microgpt (gpt/, docs/gpt.md): train on names, print microgpt's step lines and sampled names, e.g.
+# make gpt ARGS="--data names.txt --steps 2000"; tcc unless CC is set (see docs/gpt.md for why)
+gpt: $(VENV)/.installed
+	$(PY) -m gpt $(COMPILER) --opt $(OPT) $(ARGS)
 
 # the tests in parallel, a worker per core (at most 8): ARGS="-n 0" runs them in this process
 PARALLEL = -n auto --maxprocesses 8
@@ -66,6 +71,11 @@ soak: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m bench $(ARGS)
 
+# microgpt's row alone (bench/gpt.py): codegen, build, cache hit, step on tcc, gcc, clang beside the
+# interpreted port and PyTorch (when `make torch` installed it), each in its own process
+bench-gpt: $(VENV)/.installed
+	$(PY) -m bench --only gpt $(ARGS)
+
 # the scale table alone: graph, codegen, C compile, cache hit and peak RSS from 40k to 1.9M
 # parameters, each model in its own processes; the log-log plot to build/scale.png
 bench-scale: $(VENV)/.installed
@@ -95,7 +105,7 @@ bench-minibatch: torch
 clean:
 	rm -rf build $(VENV) *.egg-info .pytest_cache
 
-.PHONY: export bench-jit bench-minibatch bench-mpi
+.PHONY: export bench-jit bench-minibatch bench-mpi bench-gpt
 # The trained MNIST classifier as plain C with no Python: build/export/mnist.c, .h (frozen) and
 # mnist_train.c, .h (trainable), checked against the module on the test set
 export: $(VENV)/.installed

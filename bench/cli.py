@@ -1,21 +1,23 @@
 """`make bench`'s command line: `python -m bench` runs the MNIST benchmark (bench.mnist), the
-model zoo (bench.zoo), the minibatch table (bench.minibatch) and the scale table (bench.scale),
+model zoo (bench.zoo), the minibatch table (bench.minibatch), the scale table (bench.scale) and
+microgpt (bench.gpt),
 each in its own process, so that neither's memory peak or loaded libraries
 (PyTorch) colour the other's figures; `--only mnist` or `--only zoo` runs one part, in this
 process. Both parts accept the same options, and each uses those that concern it.
 
-    python -m bench [--only mnist|zoo|minibatch|scale] [--quick] [options of either part: python -m bench --help]
+    python -m bench [--only mnist|zoo|minibatch|scale|gpt] [--quick] [options of either part: python -m bench --help]
 """
 import argparse
 import subprocess
 import sys
 
-from . import minibatch, mnist, scale, zoo
+from . import gpt, minibatch, mnist, scale, zoo
 from .measure import add_arguments
 
 PARTS = {'mnist': ('MNIST: MLP(784, [50, 10]), one epoch', mnist.run), 'zoo': ('The model zoo', zoo.run),
          'minibatch': ('Minibatches: train() and predict() beside PyTorch and JAX', minibatch.run),
-         'scale': ('Scale: lowering from 40k to 1.9M parameters', scale.run)}
+         'scale': ('Scale: lowering from 40k to 1.9M parameters', scale.run),
+         'gpt': ('microgpt: the compiled step beside the interpreted port and PyTorch', gpt.run)}
 
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:

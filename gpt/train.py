@@ -8,6 +8,7 @@ rate decaying linearly to 0, then 20 samples at temperature 0.5 drawn with rando
 
 import argparse
 import math
+import os
 import pathlib
 import random
 import sys
@@ -37,7 +38,8 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--batch-size", type=int, default=1, help="documents a step (default 1, microgpt's)")
     p.add_argument("--dtype", choices=("float64", "float32"), default="float64")
-    p.add_argument("--compiler", default=None, help="gcc, clang, zig, tcc, libtcc (default: as codegen picks)")
+    p.add_argument("--compiler", default=os.environ.get("CC") or "tcc",
+                   help="gcc, clang, zig, tcc, libtcc or a command (default: $CC, else tcc: docs/gpt.md says why)")
     p.add_argument("--opt", type=int, default=2, choices=range(4), help="-O level (default 2)")
     p.add_argument("--samples", type=int, default=20, help="names to sample after training (default 20)")
     p.add_argument("--temperature", type=float, default=0.5)
