@@ -6,6 +6,8 @@ compiles in parallel; the layout's #defines, the tables, and the templates fille
 (templates/module.c, the prelude). Per-op C comes from the op table (micrograd_c/ops.py).
 """
 
+import dataclasses
+
 import templates
 
 from . import dtypes, optim
@@ -66,11 +68,14 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
         raise TypeError(f"module name must be a str, got {type(module_name).__name__}")
     if not module_name.isidentifier() or not module_name.isascii():
         raise ValueError(f"module name must be a C identifier, got {module_name!r}")
+    optimizer = optim.check(optimizer)
+    if program.sgd_in_backward and not optimizer.plain_sgd:  # (its backward copies would never run)
+        program = dataclasses.replace(program, sgd_in_backward=False, sgd_after_backward=[])
     graph, extra = _render(program, chunk, unit, dtype, sparse_inputs, batched)
     constants = "\n".join([
         f'#define MODULE_NAME_STR "{module_name}"',
         f"#define MODULE_INIT PyInit_{module_name}",
-        optim.check(optimizer).c_defines(),
+        optimizer.c_defines(),
     ])
     if initial_params is not None:
         if len(initial_params) != program.n_params:

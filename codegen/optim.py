@@ -24,6 +24,12 @@ class Optimizer:
     kind = None
     state_names = ()  # the module's optimizer_state views, PyTorch's names
 
+    @property
+    def plain_sgd(self):
+        """param -= lr * grad and nothing else: the step batch-1 training can take inside backward
+        (ir.sgd_in_backward)."""
+        return self.kind == _SGD and self._constants().get("WEIGHT_DECAY", 0.0) == 0
+
     def c_defines(self):
         """The #defines templates/optim.c and templates/module.c read."""
         arrays = [name for name in self.state_names if name != "step"]
@@ -32,7 +38,7 @@ class Optimizer:
         values = {"MOMENTUM": 0.0, "NESTEROV": 0, "WEIGHT_DECAY": 0.0, "BETA1": 0.0, "BETA2": 0.0, "EPS": 0.0,
                   "DECOUPLED_DECAY": 0, **self._constants()}
         lines = [f"#define OPTIMIZER {self.kind}",
-                 f"#define PLAIN_SGD {int(self.kind == _SGD and values['WEIGHT_DECAY'] == 0)}",
+                 f"#define PLAIN_SGD {int(self.plain_sgd)}",
                  f'#define OPTIMIZER_REPR "{self!r}"',
                  f"#define OPTIMIZER_STATE_ARRAYS {len(arrays)}",
                  "#define OPTIMIZER_STATE_NAMES " + (", ".join(f'"{n}"' for n in self.state_names) or '""'),
