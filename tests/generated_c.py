@@ -6,10 +6,11 @@ refactoring's output byte for byte with the code before it:
     diff -r /tmp/before /tmp/after
 
 MNIST's MLP(784, [50, 10]) in float64 and float32, dense and sparse, with Adam, with momentum and
-embedded parameters, in scalar mode; each zoo model (bench/models.py) in both dtypes; a jit
-function; the demo exported trainable and frozen.
+embedded parameters, in scalar mode; each zoo model (bench/models.py) in both dtypes; a small
+microgpt (gpt/); a jit function; the demo exported trainable and frozen.
 """
 import pathlib
+import random
 import sys
 import tempfile
 
@@ -17,6 +18,7 @@ import codegen
 from bench import models
 from codegen import dtypes, ir
 from codegen.jit import jit_source
+from gpt import model as gpt_model
 from micrograd_c import Value
 from mnist.model import build_graph
 
@@ -42,6 +44,12 @@ def main(out):
         for dtype in dtypes.NAMES:
             save(f"zoo-{name}-{dtype}", codegen.generate(model.loss, model.inputs, model.params, model.outputs,
                                                          dtype=dtype))
+    random.seed(42)  # microgpt (gpt/): a small configuration, every length in one graph, tokens as inputs
+    config = gpt_model.Config(n_embd=8, n_head=2, n_layer=1, block_size=8)
+    state, params = gpt_model.init_state(config, 27)
+    document = gpt_model.document(state, config)
+    save("gpt", codegen.generate(document.loss, document.inputs, params, document.outputs,
+                                 optimizer=codegen.Adam(betas=(0.85, 0.99))))
     a, b, c = Value(1.0), Value(2.0), Value(3.0)
     f = (-a + b * (c - a / b)).exp().log() + (a ** 3).tanh()
     save("jit", [jit_source(ir.lower(f, [a, b, c], (), input_grads=True))])
