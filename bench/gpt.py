@@ -52,23 +52,23 @@ def child_compiled(compiler):
     rows = np.stack([data.row(tokenizer.encode(d), args.config.block_size) for d in docs[:STEPS]])
     block = args.config.block_size
     X, Y = np.ascontiguousarray(rows[:, :2 * block]), np.ascontiguousarray(rows[:, 2 * block:])
-    times = []
+    times, first = [], None
     for _ in range(RUNS):
         start = time.perf_counter()
         for i in range(STEPS):
-            net.train(X[i:i + 1], Y[i:i + 1], 0.01)
+            loss = net.train(X[i:i + 1], Y[i:i + 1], 0.01)
+            first = loss if first is None else first
         times.append((time.perf_counter() - start) / STEPS)
     return {"codegen_s": t1 - t0, "build_s": t2 - t1, "hit_s": t3 - t2, "step_us": statistics.median(times) * 1e6,
-            "peak_rss": net.build.peak_rss}
+            "peak_rss": net.build.peak_rss, "first_loss": first}
 
 
 def child_interpreted():
     from gpt import train
     args, docs, tokenizer, state, params = _setup(["--steps", "5", "--interpret"])
     start = time.perf_counter()
-    for _ in train.train_interpreted(state, params, docs, tokenizer, args, _NoBar()):
-        pass
-    return {"step_us": (time.perf_counter() - start) / 5 * 1e6}
+    losses = list(train.train_interpreted(state, params, docs, tokenizer, args, _NoBar()))
+    return {"step_us": (time.perf_counter() - start) / 5 * 1e6, "first_loss": losses[0]}
 
 
 def child_torch():
@@ -101,15 +101,17 @@ def child_torch():
         return torch.nn.functional.cross_entropy(logits, targets)
 
     encoded = [tokenizer.encode(d) for d in docs[:STEPS]]
-    times = []
+    times, first = [], None
     for _ in range(RUNS):
         start = time.perf_counter()
         for tokens in encoded:
             opt.zero_grad()
-            loss_of(tokens).backward()
+            loss = loss_of(tokens)
+            loss.backward()
             opt.step()
+            first = loss.item() if first is None else first
         times.append((time.perf_counter() - start) / STEPS)
-    return {"step_us": statistics.median(times) * 1e6}
+    return {"step_us": statistics.median(times) * 1e6, "first_loss": first}
 
 
 class _NoBar:
@@ -132,16 +134,18 @@ def run(args):
     results = {name: _in_process(*argv) for name, argv in systems.items()}
     best = min((r["step_us"] for name, r in results.items() if "step_us" in r and "micrograd" not in name),
                default=None)
-    print("| system | codegen s | build s (empty cache) | compiler peak MB | cache hit s | step us | step / best peer |")
-    print("|---|---|---|---|---|---|---|")
+    print("| system | first loss | codegen s | build s (empty cache) | compiler peak MB | cache hit s | step us "
+          "| step / best peer |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         if "error" in r:
-            print(f"| {name} | - | - | - | - | {r['error']} | - |")
+            print(f"| {name} | - | - | - | - | - | {r['error']} | - |")
             continue
         ratio = f"{r['step_us'] / best:.3f}x" if best else "-"
         rss = f"{r['peak_rss'] / 1e6:.0f}" if r.get("peak_rss") else "-"
-        print(f"| {name} | {r.get('codegen_s', 0):.2f} | {r.get('build_s', 0):.2f} | {rss} | "
-              f"{r.get('hit_s', 0):.2f} | {r['step_us']:.1f} | {ratio} |")
+        built = (f"{r['codegen_s']:.2f} | {r['build_s']:.2f} | {rss} | {r['hit_s']:.2f}" if "build_s" in r
+                 else "- | - | - | -")
+        print(f"| {name} | {r['first_loss']:.4f} | {built} | {r['step_us']:.1f} | {ratio} |")
     return 0
 
 
