@@ -1,28 +1,32 @@
 """Exported C built for other machines with zig cc (codegen.export(..., target=...)): a static
 library of the model and a command-line program around it, for aarch64, 32-bit ARM, RISC-V or
-x86-64 Linux (static executables on zig's own musl libc), run on this machine under qemu-user.
+x86-64 Linux (static executables on zig's own musl libc), run on this machine under qemu-user,
+or for WebAssembly with WASI (zig's wasi-libc), run by the wasmtime package (codegen/wasi.py).
 
-One row per target in TARGETS: its zig triple, its ELF machine, the qemu-user program that runs it
-elsewhere, and what the exported C's loops become on it (`vectors`). Building C only: no graphs.
+One row per target in TARGETS: its zig triple, its ELF machine, what runs it elsewhere, and what
+the exported C's loops become on it (`vectors`). Building C only: no graphs.
 """
 from __future__ import annotations
 
+import importlib.util
 import pathlib
 import platform
 import shutil
+import sys
 from dataclasses import dataclass
 
 from .builds import ToolchainError
 from .toolchain import _run_compiler, find_compiler
 
 EMULATOR_ADVICE = "install qemu-user: `apt-get install qemu-user`"
+WASI_RUNNER = "wasmtime"  # the package that runs wasm32-wasi programs (codegen/wasi.py)
 
 
 @dataclass(frozen=True)
 class Target:
     triple: str       # zig's -target
-    machine: int      # e_machine of its ELF files
-    emulator: str     # the qemu-user program that runs its programs on another machine
+    machine: int | None  # e_machine of its ELF files (None: WebAssembly)
+    emulator: str     # what runs its programs on another machine: a qemu-user program, or WASI_RUNNER
     # What the exported loops become (dot() and sum_range() are written as sixteen independent
     # lanes, templates/kernels/dot.c: Clang's SLP vectoriser packs them into the target's vectors,
     # each lane's sum in the same order as the scalar code's, so the bits do not depend on it)
@@ -42,6 +46,8 @@ TARGETS = {t.triple: t for t in [
            "none: scalar rv64gc code (the vector extension, V, is not in zig's baseline RISC-V)"),
     Target("arm-linux-musleabihf", 40, "qemu-arm",
            "none: scalar VFP code (32-bit ARM's NEON has no float64 lanes)"),
+    Target("wasm32-wasi", None, WASI_RUNNER,
+           "none: scalar WebAssembly (simd128 is not in zig's baseline wasm32)"),
 ]}
 
 
@@ -67,9 +73,13 @@ class TargetBuild:
 
     def command(self, *args) -> list[str]:
         """The command that runs the program here: itself on a machine of its architecture, else under
-        its qemu-user emulator (EmulatorNotFound when that is missing)."""
+        its qemu-user emulator, or WebAssembly through wasmtime (EmulatorNotFound when missing)."""
         if platform.machine() == self.target.arch:
             return [str(self.program), *map(str, args)]
+        if self.target.emulator == WASI_RUNNER:
+            if importlib.util.find_spec(WASI_RUNNER) is None:
+                raise EmulatorNotFound(f"{WASI_RUNNER} not found to run {self.program.name}; `pip install wasmtime`")
+            return [sys.executable, "-m", "codegen.wasi", str(self.program), *map(str, args)]
         emulator = shutil.which(self.target.emulator)
         if emulator is None:
             raise EmulatorNotFound(f"{self.target.emulator} not found to run {self.program.name} for "
@@ -92,7 +102,8 @@ def build(source: pathlib.Path, main: str, name: str, triple: str, opt: int = 2,
     directory.mkdir(parents=True, exist_ok=True)
     main_source = directory / f"{name}_main.c"
     main_source.write_text(main)
-    library, program = directory / f"lib{name}.a", directory / name
+    library = directory / f"lib{name}.a"
+    program = directory / (f"{name}.wasm" if target.machine is None else name)
     obj = directory / f"{name}.o"
     library.unlink(missing_ok=True)  # ar adds to an archive that exists
     commands = [[*zig, *flags, "-c", str(source), "-o", str(obj)],

@@ -15,7 +15,7 @@ from typing import Callable
 
 import pytest
 
-from codegen.targets import EMULATOR_ADVICE, TARGETS
+from codegen.targets import EMULATOR_ADVICE, TARGETS, WASI_RUNNER
 from codegen.toolchain import BACKEND_NAMES, COMPILER_NAMES, FAMILIES, CompilerNotFound, find_compiler
 
 REQUIRED = os.environ.get('MICROGRAD_C_REQUIRE_COMPILERS') == '1'
@@ -77,7 +77,8 @@ TOOLS = {
     'wasm-ld': Tool(_program('wasm-ld'), 'links WebAssembly for clang: `apt-get install lld`'),
     'wasmtime': Tool(_package('wasmtime'), 'runs WebAssembly: `pip install wasmtime` (the test extra)'),
     # qemu-user's emulators, which run the programs codegen.export builds for other machines
-    **{t.emulator: Tool(_program(t.emulator), f'runs {t.arch} programs here: {EMULATOR_ADVICE}') for t in TARGETS.values()},
+    **{t.emulator: Tool(_program(t.emulator), f'runs {t.arch} programs here: {EMULATOR_ADVICE}')
+       for t in TARGETS.values() if t.emulator != WASI_RUNNER},
     'mpiexec': Tool(_mpi, 'MPI for data-parallel training: `pip install micrograd-c[mpi]` (mpi4py, mpich)'),
     'torch': Tool(_package('torch'), 'PyTorch, a peer in the comparisons: `make torch`', in_ci=False),
 }
