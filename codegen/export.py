@@ -53,7 +53,7 @@ def export(loss, inputs=(), params=(), outputs=(), path=".", name="model", froze
     host's in the last bits).
     """
     if target is not None:
-        targets.lookup(target)  # a bad name fails before any work
+        targets.check(target, opt)  # a bad name or level fails before any work
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"name must be a C identifier, got {name!r}")
     inputs, params, outputs = list(inputs), list(params), list(outputs)

@@ -63,6 +63,13 @@ def lookup(triple: str) -> Target:
         raise ValueError(f"unknown target {triple!r}; the known targets: {', '.join(TARGETS)}") from None
 
 
+def check(triple: str, opt: int) -> Target:
+    """lookup(triple), and a ValueError unless opt is a -O level: what build() would refuse."""
+    if type(opt) is not int or opt not in (0, 1, 2, 3):
+        raise ValueError(f"opt must be 0, 1, 2 or 3, not {opt!r}")
+    return lookup(triple)
+
+
 @dataclass(frozen=True)
 class TargetBuild:
     target: Target
@@ -90,12 +97,13 @@ class TargetBuild:
 def build(source: pathlib.Path, main: str, name: str, triple: str, opt: int = 2, fma: bool = False,
           timeout: float | None = None) -> TargetBuild:
     """Builds the exported C `source` (its header beside it) for `triple` into source's directory's
-    <triple>/: lib<name>.a, and the program of the C text `main` linked with it (static, musl).
+    <triple>/: lib<name>.a, and the program of the C text `main` linked with it (static, on zig's
+    musl or wasi-libc).
     fma=False compiles with -ffp-contract=off: the target's fused multiply-adds (aarch64, RISC-V
     and ARM's VFPv4 have them; baseline x86-64 has none) would round a*b+c once, not twice, and the
     numbers would no longer be the host module's bits. CompileError with the output on failure;
     CompilerNotFound (how to install it) without zig."""
-    target = lookup(triple)
+    target = check(triple, opt)
     source = pathlib.Path(source)
     zig, flags = _zig(), _flags(triple, opt, fma, source.parent)
     directory = source.parent / triple
@@ -116,7 +124,7 @@ def build(source: pathlib.Path, main: str, name: str, triple: str, opt: int = 2,
 
 def assembly(source: pathlib.Path, triple: str, opt: int = 2, fma: bool = False) -> str:
     """The assembly zig cc makes of `source` for `triple` with build()'s flags: what its loops became."""
-    lookup(triple)
+    check(triple, opt)
     source = pathlib.Path(source)
     output = source.parent / f"{source.stem}.{triple}.s"
     _run_compiler([*_zig(), *_flags(triple, opt, fma, source.parent), "-S", str(source), "-o", str(output)], None)
@@ -130,8 +138,6 @@ def _zig() -> tuple[str, ...]:
 
 
 def _flags(triple: str, opt: int, fma: bool, include: pathlib.Path) -> list[str]:
-    if type(opt) is not int or opt not in (0, 1, 2, 3):
-        raise ValueError(f"opt must be 0, 1, 2 or 3, not {opt!r}")
     # -fno-sanitize=undefined: zig cc's -O0 adds UBSan, which would make -O0 builds another program
     return ["-target", triple, "-mcpu=baseline", f"-O{opt}", "-std=c99", "-fno-sanitize=undefined",
             f"-ffp-contract={'on' if fma else 'off'}", f"-I{include}"]

@@ -150,6 +150,8 @@ def test_bad_targets_and_missing_tools(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="unknown target 'sparc-linux'; the known targets: x86_64-linux-musl, "
                                          "aarch64-linux-musl, riscv64-linux-musl, arm-linux-musleabihf"):
         codegen.export(v * 2.0, [v], path=tmp_path, target="sparc-linux")
+    with pytest.raises(ValueError, match="opt must be 0, 1, 2 or 3, not 4"):
+        codegen.export(v * 2.0, [v], path=tmp_path, target="aarch64-linux-musl", opt=4)
     assert not (tmp_path / "model.c").exists()  # before any work
     requires("zig")
     (tmp_path / "broken.c").write_text("int f(void) { return undeclared; }\n")
