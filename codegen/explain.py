@@ -12,7 +12,7 @@ from micrograd_c.engine import value_count
 
 import templates
 
-from . import batch, emit, ir
+from . import batch, emit, ir, targets
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Explanation:
     c_lines: int       # generated C (the kernels' fixed prelude excluded)
     program: object    # the ir.Program
     batched: str = ""  # whether train() and predict() run whole batches, or why not
+    vectors: str = ""  # with target=: what the loops become on that machine (codegen/targets.py)
 
     @property
     def loops(self):
@@ -47,7 +48,8 @@ class Explanation:
         covered = sum(s.nodes for s in self.loops)
         return (f"{self.values:,} Values -> {sum(s.nodes for s in self.steps):,} nodes after fusing sums -> "
                 f"{len(self.steps):,} steps: {len(self.loops):,} loop nests ({covered:,} nodes) and "
-                f"{single:,} single statements; {self.c_lines:,} lines of generated C; {self.batched}")
+                f"{single:,} single statements; {self.c_lines:,} lines of generated C; {self.batched}"
+                + (f"; {self.vectors}" if self.vectors else ""))
 
     def __str__(self):
         rows = [f"{'#':>4}  {'computes':<40} {'loop nest':<16} {'nodes':>9}  reads"]
@@ -71,8 +73,10 @@ class Explanation:
         return render(self.to_dot(), path, format, "explain.draw")
 
 
-def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False):
-    """The lowered program of `loss` as compile() would build it, step by step."""
+def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, target=None):
+    """The lowered program of `loss` as compile() would build it, step by step; with target (a zig
+    triple of codegen.targets.TARGETS), also the vectors its exported loops get there."""
+    vectors = f"vectors on {target}: {targets.lookup(target).vectors}" if target is not None else ""
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
     step_of = {}
     for i, g in enumerate(program.forward):
@@ -88,7 +92,7 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
     batched, why_not = batch.batched_form(program)
     how = (f"batched over up to {batched.capacity} samples (train() with batch_size > 1, predict())" if batched
            else f"no batched form ({why_not}): train() and predict() run sample by sample")
-    return Explanation(values, steps, c_lines, program, how)
+    return Explanation(values, steps, c_lines, program, how, vectors)
 
 
 def _what(node):

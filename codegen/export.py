@@ -5,8 +5,11 @@
     codegen.export(loss, inputs=xs, params=model.parameters(), outputs=logits,
                    path="out", name="mnist_frozen", frozen=True)   # only mnist_frozen_predict()
 
+    codegen.export(..., target="aarch64-linux-musl")   # also out/aarch64-linux-musl/: libmnist.a, mnist
+
 The graph's C is codegen.emit.standalone(); templates/export/ wraps it in the API. Beside the
-files goes freestanding/ (math.h, string.h), for building with no libc (WebAssembly).
+files goes freestanding/ (math.h, string.h), for building with no libc (WebAssembly). With a
+target, codegen/targets.py builds them for that machine with zig cc.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import re
 from dataclasses import dataclass
 import templates
 
-from . import emit, ir
+from . import emit, ir, targets
 from .dtypes import c_literal
 
 FREESTANDING_HEADERS = ("math.h", "string.h")
@@ -29,9 +32,11 @@ class Exported:
     n_inputs: int
     n_outputs: int
     n_params: int             # 0 when frozen: the parameters are constants in the code
+    build: targets.TargetBuild | None = None  # with target=: the library and program built for it
 
 
-def export(loss, inputs=(), params=(), outputs=(), path=".", name="model", frozen=False, fuse=True):
+def export(loss, inputs=(), params=(), outputs=(), path=".", name="model", frozen=False, fuse=True, target=None,
+           opt=2, fma=False):
     """Writes path/<name>.c and path/<name>.h (and path/freestanding/) computing the graph.
 
     frozen=False: the training step, with <name>_init, _set_input, _forward, _outputs, _backward,
@@ -41,7 +46,14 @@ def export(loss, inputs=(), params=(), outputs=(), path=".", name="model", froze
     current values become constants in the code, and `out` receives `outputs` (or the loss when
     none are given). The code is then straight-line: each weight is a literal the compiler folds
     into an instruction (dot-product fusion only fuses products of two slots).
+    target: a zig triple of codegen.targets.TARGETS (e.g. "aarch64-linux-musl"): also builds, with
+    zig cc -O<opt>, path/<target>/lib<name>.a and the command-line program path/<target>/<name>
+    (templates/export/*_main.c); Exported.build says where, and how to run it. fma=True lets
+    the compiler fuse multiply-adds where the target has them (then the numbers differ from the
+    host's in the last bits).
     """
+    if target is not None:
+        targets.check(target, opt)  # a bad name or level fails before any work
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"name must be a C identifier, got {name!r}")
     inputs, params, outputs = list(inputs), list(params), list(outputs)
@@ -69,8 +81,12 @@ def export(loss, inputs=(), params=(), outputs=(), path=".", name="model", froze
     freestanding.mkdir(exist_ok=True)
     for header_name in FREESTANDING_HEADERS:
         (freestanding / header_name).write_text(templates.read(f"freestanding/{header_name}"))
+    build = None
+    if target is not None:
+        main = templates.fill(f"export/{kind}_main.c", NAME=name, UPPER=name.upper())
+        build = targets.build(source, main, name, target, opt=opt, fma=fma)
     return Exported(source, header, freestanding, len(inputs), len(program.outputs),
-                    0 if frozen else len(params))
+                    0 if frozen else len(params), build)
 
 
 def _wrap(literals, per_line=6):

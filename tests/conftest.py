@@ -1,5 +1,5 @@
 """What every test module shares: requires(tool), the one way a test asks for an optional tool (a
-compiler, dot, wasm-ld, wasmtime, mpiexec, torch), and the build cache of the run.
+compiler, dot, wasm-ld, wasmtime, qemu-user's emulators, mpiexec, torch), and the build cache of the run.
 
 A tool the machine lacks skips the test with the reason "needs <tool>, not found: <how to get it>";
 with MICROGRAD_C_REQUIRE_COMPILERS=1 (CI, .ci/run) it fails it instead, except for the tools CI
@@ -15,6 +15,7 @@ from typing import Callable
 
 import pytest
 
+from codegen.targets import EMULATOR_ADVICE, TARGETS, WASI_RUNNER
 from codegen.toolchain import BACKEND_NAMES, COMPILER_NAMES, FAMILIES, CompilerNotFound, find_compiler
 
 REQUIRED = os.environ.get('MICROGRAD_C_REQUIRE_COMPILERS') == '1'
@@ -75,6 +76,9 @@ TOOLS = {
     'dot': Tool(_program('dot'), 'graphviz draws graphs: `apt-get install graphviz`'),
     'wasm-ld': Tool(_program('wasm-ld'), 'links WebAssembly for clang: `apt-get install lld`'),
     'wasmtime': Tool(_package('wasmtime'), 'runs WebAssembly: `pip install wasmtime` (the test extra)'),
+    # qemu-user's emulators, which run the programs codegen.export builds for other machines
+    **{t.emulator: Tool(_program(t.emulator), f'runs {t.arch} programs here: {EMULATOR_ADVICE}')
+       for t in TARGETS.values() if t.emulator != WASI_RUNNER},
     'mpiexec': Tool(_mpi, 'MPI for data-parallel training: `pip install micrograd-c[mpi]` (mpi4py, mpich)'),
     'torch': Tool(_package('torch'), 'PyTorch, a peer in the comparisons: `make torch`', in_ci=False),
 }

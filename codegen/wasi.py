@@ -1,0 +1,33 @@
+"""Runs a WebAssembly program built for wasm32-wasi (codegen.export(target="wasm32-wasi")) with the
+wasmtime package: its arguments, stdin, stdout and stderr are this process's, and it sees the
+file system as a native program would (for the files named on its command line).
+
+    python -m codegen.wasi mnist.wasm < pixels.f64
+"""
+import sys
+
+
+def main(argv):
+    import wasmtime
+    engine = wasmtime.Engine()
+    store, linker = wasmtime.Store(engine), wasmtime.Linker(engine)
+    linker.define_wasi()
+    wasi = wasmtime.WasiConfig()
+    wasi.argv = argv
+    wasi.inherit_stdin()
+    wasi.inherit_stdout()
+    wasi.inherit_stderr()
+    wasi.preopen_dir("/", "/")
+    store.set_wasi(wasi)
+    instance = linker.instantiate(store, wasmtime.Module.from_file(engine, argv[0]))
+    try:
+        instance.exports(store)["_start"](store)
+    except wasmtime.ExitTrap as exit:
+        return exit.code
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    sys.exit(main(sys.argv[1:]))
