@@ -382,14 +382,14 @@ static PyObject *fn_threads(PyObject *module, PyObject *unused)
 }
 
 /* gemm_kernel() -> the batch's matrix products' micro-kernel on this CPU (gemm.c's gemm_variant,
- * chosen on first use and kept): which variant, its register tile, the L1 its slices fit. */
+ * chosen on first use and kept): which variant, its register tile, the L2 its slices fit. */
 static PyObject *fn_gemm_kernel(PyObject *module, PyObject *unused)
 {
     (void)module, (void)unused;
     const GemmVariant *v = gemm_variant();
     const int columns = v->vector_bytes ? v->vectors * v->vector_bytes / (int)sizeof(real) : 1;
     return Py_BuildValue("{s:s,s:i,s:i,s:i,s:l}", "variant", v->name, "tile_rows", v->tile_rows,
-                         "tile_columns", columns, "vector_bytes", v->vector_bytes, "l1_bytes", gemm_l1_bytes());
+                         "tile_columns", columns, "vector_bytes", v->vector_bytes, "l2_bytes", gemm_l2_bytes());
 }
 
 static PyMethodDef methods[] = {
@@ -430,7 +430,7 @@ static PyMethodDef methods[] = {
     {"gemm_kernel", fn_gemm_kernel, METH_NOARGS,
      "gemm_kernel() -> dict: the micro-kernel a batch's matrix products run on this CPU, chosen when\n"
      "first used and kept (variant, tile_rows x tile_columns of the result in registers, vector_bytes,\n"
-     "and l1_bytes, the data cache the sums' slices are cut for); the results are the same bits with\n"
+     "and l2_bytes, the cache the sums' slices are cut for); the results are the same bits with\n"
      "any variant but 'plain' (no fused multiply-add)"},
     {"predict", (PyCFunction)(void (*)(void))fn_predict, METH_FASTCALL | METH_KEYWORDS,
      "predict(X, scale=1.0, threads=None) -> memoryview of shape (rows, n_outputs) with the outputs' values\n"
