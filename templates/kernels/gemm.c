@@ -3,19 +3,20 @@
  * C by vectors of columns held in registers while the sum runs over p, each load of B serving
  * the tile's rows and each A value (broadcast) its vectors; the tile and the vectors' width
  * chosen for the CPU when the module runs (gemm_variant), the sum's slices for its L2 cache
- * (gemm_depth). The three products of a layer
- * over a batch are this one kernel with other strides (codegen/emit.py emits them):
+ * (gemm_depth). The three products of a layer over a batch are this one kernel with other
+ * strides (codegen/emit.py emits them):
  *   forward             Y = W X:    matmul_set (C = Y from the bias, A = W, B = X)
  *   inputs' gradients   dX += W^T dY: matmul_acc (A = W read down its columns, B = dY)
  *   weights' gradients  dW += dY X^T: matmul_nt (A = dY, B = X^T, packed once per call)
  * C[i * c_i + n] = init + sum over p < P of A[i * a_i + p * a_p] * B[p * b_p + n], for i < M and
  * n < N, where init is C's own value (accumulate), the bias (bias[i * bias_i]) or 0. Every
  * element is summed the same way, in p order from its init, wherever its rows fall (a thread's
- * share of rows, templates/pool.c, in whole tiles; a tile or a single row), whatever the tile
- * and the slices: the result is the same bits for any number of threads and any variant. With a list of p (the input rows of a batch that
- * hold a nonzero: sparse_inputs), the sums skip the others, whose terms are all 0. GCC and
- * Clang build the kernel for AVX2 with FMA and for AVX-512 and take the widest the CPU has when
- * it runs (with -march=native, only the CPU's own width is built); TCC runs a plain loop. */
+ * share of rows, templates/pool.c, is whole tiles; a tile or a single row), whatever the slices:
+ * the same bits for any number of threads, any slice depth and any vector variant (the plain
+ * loops round each product before adding it). With a list of p (the input rows of a batch that
+ * hold a nonzero: sparse_inputs), the sums skip the others, whose terms are all 0. GCC and Clang
+ * build the vector variants for AVX2 with FMA and for AVX-512 and take the widest the CPU has
+ * when it runs (with -march=native, only the CPU's own width is built); TCC runs a plain loop. */
 #if HAVE_THREAD_POOL /* a module's C, which has libc: sysconf for the L2's size */
 #include <unistd.h>
 #endif
