@@ -7,8 +7,9 @@
  *
  * "one chain": a dot product over L1-resident vectors summed in one vector register, the
  * accumulator each multiply-add waits for, as the dot kernels of templates/prelude.c sum.
- * Each figure is the best of REPEATS timed passes (the machine is shared: the best is the least
- * disturbed). Vectors are GCC/Clang vector types of the CPU's own width (-march=native: 64 bytes
+ * Each figure is the best of REPEATS timed passes, timed by the CPU time of the thread that runs
+ * it (CLOCK_THREAD_CPUTIME_ID): on a machine shared with other work the rate of the cycles it
+ * got, which wall time under a load of 9 on 2 cores put at a fifth of the peak. Vectors are GCC/Clang vector types of the CPU's own width (-march=native: 64 bytes
  * with AVX-512, 32 with AVX, else 16), so that every accumulator is one register: a vector of
  * twice the width is two registers, and 12 chains of them on AVX2's 16 measured spills (4 G/s).
  */
@@ -43,7 +44,7 @@ typedef double v8d __attribute__((vector_size(64))); /* a cache line (the chunks
 static double now(void)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
