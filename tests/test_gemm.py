@@ -208,3 +208,18 @@ def test_chosen_variant_is_the_widest_the_cpu_runs(compiler):
         assert ran == "plain"
     else:
         assert ran == max(cpu_variants(), key=lambda v: {"plain": 0, "avx2 6x2": 32, "avx512 6x2": 64}[v])
+
+
+def test_module_reports_its_variant(compiler):
+    """A module's gemm_kernel() names the variant its products run (the widest this CPU has;
+    TCC: the plain loops) and that variant's tile."""
+    from mnist.model import build_graph
+    net = build_graph(hidden=(4,), init="he").compile(compiler=compiler, dtype="float32")
+    kernel = net.gemm_kernel()
+    assert kernel["variant"] in cpu_variants() and kernel["l2_bytes"] >= 65536
+    if kernel["variant"] == "plain":
+        assert (kernel["tile_rows"], kernel["tile_columns"], kernel["vector_bytes"]) == (6, 1, 0)
+    else:  # 6 rows by 2 vectors of float32
+        assert (kernel["tile_rows"], kernel["tile_columns"]) == (6, 2 * kernel["vector_bytes"] // 4)
+    if not toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native:
+        assert kernel["variant"] == "plain"

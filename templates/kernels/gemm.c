@@ -242,7 +242,6 @@ static const GemmVariant gemm_variants[] = {
 #endif
 };
 
-
 /* The variant this CPU runs, chosen on first use and kept: the widest vectors it has (a CPU
  * without AVX2, and TCC: the plain loops), the first tile of that width in the table. Every
  * variant sums each element the same way, so which one runs changes no bit, except that the
