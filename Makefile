@@ -85,13 +85,15 @@ compare: $(VENV)/.installed
 	$(PY) -m bench.compare $(ARGS)
 
 # The machine's L1/L2 bandwidth and multiply-add throughput (docs/speed.md: the roofline of one step)
-# ($(CC) when set, else the first compiler found that takes -march=native)
+# ($(CC) when set, else the first compiler found that takes -march=native), then NumPy's BLAS GEMM
+# on the same machine: the check of the peak
 roofline: $(VENV)/.installed
 	mkdir -p $(BUILD)
 	$(if $(COMPILER),$(CC),$(shell $(PY) -c 'import shlex, codegen.toolchain as t; \
 		print(shlex.join(t.find_compiler(t.default_compiler_name(native=True)).argv))')) \
 		-O3 -march=native bench/c/bandwidth.c -o $(BUILD)/bandwidth
 	$(BUILD)/bandwidth
+	$(PY) -m bench.blas
 
 # PyTorch (CPU) as a peer in bench/compare: optional, large
 torch: $(VENV)/.installed

@@ -394,6 +394,17 @@ static PyObject *fn_threads(PyObject *module, PyObject *unused)
     return PyLong_FromLong(state_of(module)->threads);
 }
 
+/* gemm_kernel() -> the batch's matrix products' micro-kernel on this CPU (gemm.c's gemm_variant,
+ * chosen on first use and kept): which variant, its register tile, the L2 its slices fit. */
+static PyObject *fn_gemm_kernel(PyObject *module, PyObject *unused)
+{
+    (void)module, (void)unused;
+    const GemmVariant *v = gemm_variant();
+    const int columns = v->vector_bytes ? v->vectors * v->vector_bytes / (int)sizeof(real) : 1;
+    return Py_BuildValue("{s:s,s:i,s:i,s:i,s:l}", "variant", v->name, "tile_rows", v->tile_rows,
+                         "tile_columns", columns, "vector_bytes", v->vector_bytes, "l2_bytes", gemm_l2_bytes());
+}
+
 static PyMethodDef methods[] = {
     {"set_input", (PyCFunction)(void (*)(void))fn_set_input, METH_FASTCALL,
      "set_input(buffer): copy n_inputs float64 or float32 values into the input slots (converted\n"
@@ -429,6 +440,11 @@ static PyMethodDef methods[] = {
      "set_threads(n) -> n: the threads train() and predict() run a batch's matrix products on\n"
      "(None: every core this process may use, the default). The results are the same bits with any number."},
     {"threads", fn_threads, METH_NOARGS, "threads() -> the threads a batch's products run on"},
+    {"gemm_kernel", fn_gemm_kernel, METH_NOARGS,
+     "gemm_kernel() -> dict: the micro-kernel a batch's matrix products run on this CPU, chosen when\n"
+     "first used and kept (variant, tile_rows x tile_columns of the result in registers, vector_bytes,\n"
+     "and l2_bytes, the cache the sums' slices are cut for); the results are the same bits with\n"
+     "any variant but 'plain' (no fused multiply-add)"},
     {"predict", (PyCFunction)(void (*)(void))fn_predict, METH_FASTCALL | METH_KEYWORDS,
      "predict(X, scale=1.0, threads=None) -> memoryview of shape (rows, n_outputs) with the outputs' values\n"
      "(format 'd' float64 or 'f' float32: the module's dtype);\n"

@@ -86,6 +86,8 @@ def test_make_roofline(make):
         requires("gcc")  # a compiler taking -march=native
     out = make("roofline")
     assert re.search(r"multiply-adds\s+float64: [\d.]+ G/s", out)
+    assert re.search(r"vectors of (16|32|64) bytes", out)  # the CPU's own width
+    assert re.search(r"float32: [\d.]+ G/s on 1 thread\(s\) \(dgemm, sgemm\)", out)  # NumPy's check
 
 
 def test_cache_list_command():

@@ -6,8 +6,9 @@ columns after the last pair of vectors and the last vector), with strides as the
 passes them, over all input rows and over the list scan_rows makes of those that hold a nonzero
 (sparse inputs, a third of the rows zero; and a quarter of the gradient rows 0, which matmul_acc
 leaves out; matmul_set and matmul_acc with an epilogue, a ReLU and its gradient; matmul_nt
-stepping the weights); each kernel built (GEMM_VECTOR_BYTES: the plain loops,
-AVX2, AVX-512), those this CPU has run."""
+stepping the weights); each variant of the micro-kernel built (GEMM_VARIANT: the plain loops, AVX2's
+tile, AVX-512's), those this CPU has run, with the sums in slices (GEMM_DEPTH: 7 terms, the
+depth chosen for the L2) and in one piece, the vector variants and depths giving the same bits."""
 
 import itertools
 
@@ -36,6 +37,7 @@ void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, lo
              const int32_t *rows, real *w, real rate)
 { matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S, rows, w, rate); }
 void call_scan(const real *x, long stride, long nb, long n, int32_t *list) { scan_rows(x, stride, nb, n, list); }
+const char *call_variant(void) { return gemm_variant()->name; }
 """
 DECLARATIONS = """
 void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
@@ -45,17 +47,25 @@ void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const re
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
              const int *rows, real *w, real rate);
 void call_scan(const real *x, long stride, long nb, long n, int *list);
+const char *call_variant(void);
 """
 DTYPES = {"float64": ("double", np.float64, 1e-12), "float32": ("float", np.float32, 2e-5)}
 # (neurons J, samples S, inputs K): tails of rows, vectors and columns; one of each size 1
 SIZES = [(13, 37, 29), (6, 64, 8), (1, 1, 1), (7, 5, 3), (25, 128, 70), (100, 33, 150)]
 
 
-def kernels(compiler, dtype, width=None, threads=False):
+# gemm.c's table of variants when built without -march=native (each width, chosen when it runs)
+VARIANTS = {"plain": 0, "avx2 6x2": 1, "avx512 6x2": 2}
+ONE_PIECE = 1 << 30  # a depth that no sum is sliced at
+
+
+def kernels(compiler, dtype, variant=None, depth=None):
     ctype = DTYPES[dtype][0]
     defines = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n#define HAVE_THREAD_POOL 0\n"
-    if width:
-        defines += f"#define GEMM_VECTOR_BYTES {width}\n"
+    if variant is not None:
+        defines += f"#define GEMM_VARIANT {VARIANTS[variant]}\n"
+    if depth is not None:
+        defines += f"#define GEMM_DEPTH {depth}\n"
     source = defines + templates.read("prelude.c") + HARNESS
     build = toolchain.build_library(source, "gemm", compiler, opt=2)
     ffi = cffi.FFI()
@@ -63,14 +73,17 @@ def kernels(compiler, dtype, width=None, threads=False):
     return ffi, ffi.dlopen(str(build.path))
 
 
-def check(compiler, dtype, width=None):
-    ffi, lib = kernels(compiler, dtype, width)
+def check(compiler, dtype, variant=None, depth=None):
+    """The products at every size against NumPy, asserting the bound; the results, in order."""
+    ffi, lib = kernels(compiler, dtype, variant, depth)
+    ran = ffi.string(lib.call_variant()).decode()
+    assert variant is None or ran == variant, (variant, ran)
     _, np_type, rtol = DTYPES[dtype]
     rng = np.random.default_rng(0)
 
     def ptr(a):
         return ffi.cast("real *", a.ctypes.data)
-    worst = 0.0
+    worst, results = 0.0, []
     for (J, S, K), sparse in itertools.product(SIZES, (False, True)):
         # the generated code's layout: weights rows of K + 1 (a bias after them), rows of 128 samples
         w = rng.standard_normal((J, K + 1)).astype(np_type)
@@ -124,7 +137,9 @@ def check(compiler, dtype, width=None):
         worst = max(worst, compare(weights[:, :K], W - 0.25 * (G @ X.T), rtol, "matmul_nt stepping", J, S, K, sparse))
         np.testing.assert_array_equal(weights[:, K], w[:, K])
         assert not zero.any()
-    print(f"{compiler} {dtype} width {width}: max relative difference {worst:.2e}")
+        results += [out, relu, dx, dy, dw, weights]
+    print(f"{compiler} {dtype} {ran}, depth {depth or 'for the L2'}: max relative difference {worst:.2e}")
+    return results
 
 
 def compare(got, expected, rtol, what, *case):
@@ -140,22 +155,71 @@ def test_products_follow_numpy(compiler, dtype):
     check(compiler, dtype)
 
 
-def cpu_gemm_widths():
-    """The kernels this CPU runs, as templates/kernels/gemm.c's choice asks for them (/proc/cpuinfo's
-    flags): the plain loops (0) everywhere, AVX2 with FMA (32), AVX-512F (64)."""
+def cpu_variants():
+    """The variants this CPU runs, as templates/kernels/gemm.c's choice asks for them (/proc/cpuinfo's
+    flags): the plain loops everywhere, AVX2's tile with FMA, AVX-512's with AVX-512F."""
     flags = next((set(line.split(":", 1)[1].split()) for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("flags")), set())
-    return {0} | ({32} if {"avx2", "fma"} <= flags else set()) | ({64} if "avx512f" in flags else set())
+    return {"plain"} | ({"avx2 6x2"} if {"avx2", "fma"} <= flags else set()) | (
+        {"avx512 6x2"} if "avx512f" in flags else set())
 
 
-@pytest.mark.parametrize("width", [0, 32, 64])
-def test_each_vector_width(compiler, width):
-    """Each kernel (GCC, Clang: the plain loops, AVX2, AVX-512), forced: run where the CPU has it,
-    built (not run) where it does not (an illegal instruction would kill the run)."""
+def vector_kernels(compiler):
     if not toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native:
         pytest.skip(f"{compiler} builds the plain loops only (no vector kernels)")
-    if width in cpu_gemm_widths():
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_each_variant(compiler, variant):
+    """Each variant (GCC, Clang: the plain loops, AVX2's tile, AVX-512's), forced, its sums in slices
+    of 7 terms (tails in every slice) and in one piece: run where the CPU has it, built (not run) where it does not (an
+    illegal instruction would kill the run)."""
+    vector_kernels(compiler)
+    if variant in cpu_variants():
         for dtype in DTYPES:
-            check(compiler, dtype, width)
+            for depth in (7, ONE_PIECE):
+                check(compiler, dtype, variant, depth)
     else:
-        kernels(compiler, "float32", width)
+        kernels(compiler, "float32", variant)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_same_bits_in_every_vector_variant(compiler, dtype):
+    """The vector variants this CPU runs, and the sums' slices (3 terms, the L2's depth, one
+    piece), give the same bits: each element is summed the same way in each (the choice of
+    variant and depth is the machine's, the numbers are not)."""
+    vector_kernels(compiler)
+    runs = [(v, d) for v in sorted(cpu_variants() - {"plain"}) for d in (3, None, ONE_PIECE)]
+    if not runs:
+        pytest.skip("this CPU has no vector variant")
+    first = check(compiler, dtype, *runs[0])
+    for variant, depth in runs[1:]:
+        for a, b in zip(first, check(compiler, dtype, variant, depth)):
+            np.testing.assert_array_equal(a, b, err_msg=f"{runs[0]} against {variant}, depth {depth}")
+
+
+def test_chosen_variant_is_the_widest_the_cpu_runs(compiler):
+    """Left to choose, the build takes the widest vectors this CPU has (TCC: the plain loops)."""
+    if compiler == "zig":  # noticed, left alone: its compiler-rt answers __builtin_cpu_supports with 0
+        pytest.skip("zig's runtime reports no CPU feature: its builds without -march=native run the plain loops")
+    ffi, lib = kernels(compiler, "float32")
+    ran = ffi.string(lib.call_variant()).decode()
+    if not toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native:
+        assert ran == "plain"
+    else:
+        assert ran == max(cpu_variants(), key=lambda v: {"plain": 0, "avx2 6x2": 32, "avx512 6x2": 64}[v])
+
+
+def test_module_reports_its_variant(compiler):
+    """A module's gemm_kernel() names the variant its products run (the widest this CPU has;
+    TCC: the plain loops) and that variant's tile."""
+    from mnist.model import build_graph
+    net = build_graph(hidden=(4,), init="he").compile(compiler=compiler, dtype="float32")
+    kernel = net.gemm_kernel()
+    assert kernel["variant"] in cpu_variants() and kernel["l2_bytes"] >= 65536
+    if kernel["variant"] == "plain":
+        assert (kernel["tile_rows"], kernel["tile_columns"], kernel["vector_bytes"]) == (6, 1, 0)
+    else:  # 6 rows by 2 vectors of float32
+        assert (kernel["tile_rows"], kernel["tile_columns"]) == (6, 2 * kernel["vector_bytes"] // 4)
+    if not toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native:
+        assert kernel["variant"] == "plain"

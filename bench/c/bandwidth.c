@@ -2,12 +2,16 @@
  * chunks (the sparse first layer's), and multiply-add
  * throughput (float64 and float32, independent chains: the peak; one chain: the latency bound
  * of a dot product summed in one vector register). `make roofline` builds it with
- * $(CC) -O3 -march=native and runs it; docs/speed.md's "The roofline of one training step" uses it.
+ * $(CC) -O3 -march=native and runs it (then bench/blas.py, NumPy's GEMM on the same machine, the
+ * check of the peak); docs/speed.md's "The roofline of one training step" uses it.
  *
  * "one chain": a dot product over L1-resident vectors summed in one vector register, the
  * accumulator each multiply-add waits for, as the dot kernels of templates/prelude.c sum.
- * Each figure is the best of REPEATS timed passes (the machine is shared: the best is the least
- * disturbed). Vectors are GCC/Clang vector types of 64 bytes (one AVX-512 register, two AVX2).
+ * Each figure is the best of REPEATS timed passes, timed by the CPU time of the thread that runs
+ * it (CLOCK_THREAD_CPUTIME_ID): on a machine shared with other work the rate of the cycles it
+ * got, which wall time under a load of 9 on 2 cores put at a fifth of the peak. Vectors are GCC/Clang vector types of the CPU's own width (-march=native: 64 bytes
+ * with AVX-512, 32 with AVX, else 16), so that every accumulator is one register: a vector of
+ * twice the width is two registers, and 12 chains of them on AVX2's 16 measured spills (4 G/s).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -16,25 +20,41 @@
 #include <string.h>
 #include <time.h>
 
-typedef double v8d __attribute__((vector_size(64)));
-typedef float v16f __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
+#define VECTOR_BYTES 64
+#define VECTOR_NAME "AVX-512"
+#elif defined(__AVX__)
+#define VECTOR_BYTES 32
+#define VECTOR_NAME "AVX"
+#else
+#define VECTOR_BYTES 16
+#define VECTOR_NAME "SSE"
+#endif
+typedef double vd __attribute__((vector_size(VECTOR_BYTES)));
+typedef float vf __attribute__((vector_size(VECTOR_BYTES)));
+#define DOUBLES (VECTOR_BYTES / 8)
+#define FLOATS (VECTOR_BYTES / 4)
+/* independent multiply-add chains: enough to cover the latency (4 cycles) on two pipes (8), and
+ * with the multiplier and addend within the registers (12 + 2 of 16) */
+#define CHAINS 12
+typedef double v8d __attribute__((vector_size(64))); /* a cache line (the chunks' reads) */
 #define REPEATS 7
 #define KEEP(p) __asm__ volatile("" : : "r"(p) : "memory") /* the compiler must do the stores */
 
 static double now(void)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
 /* Bytes a second reading `bytes` of a buffer `passes` times: eight vector accumulators. */
-static double read_bandwidth(const v8d *x, size_t bytes, long passes, double *sink)
+static double read_bandwidth(const vd *x, size_t bytes, long passes, double *sink)
 {
-    size_t n = bytes / sizeof(v8d);
+    size_t n = bytes / sizeof(vd);
     double best = 0;
     for (int r = 0; r < REPEATS; r++) {
-        v8d s[8] = {{0}};
+        vd s[8] = {{0}};
         double t = now();
         for (long p = 0; p < passes; p++) {
             for (size_t i = 0; i < n; i += 8)
@@ -51,12 +71,13 @@ static double read_bandwidth(const v8d *x, size_t bytes, long passes, double *si
     return best;
 }
 
-static double write_bandwidth(v8d *x, size_t bytes, long passes)
+static double write_bandwidth(vd *x, size_t bytes, long passes)
 {
-    size_t n = bytes / sizeof(v8d);
+    size_t n = bytes / sizeof(vd);
     double best = 0;
     for (int r = 0; r < REPEATS; r++) {
-        v8d value = {r, 1, 2, 3, 4, 5, 6, 7};
+        vd value = {0};
+        value[0] = r;
         double t = now();
         for (long p = 0; p < passes; p++) {
             for (size_t i = 0; i < n; i++)
@@ -117,7 +138,7 @@ static double chunk_read_bandwidth(long passes, double *sink)
 
 /* Multiply-adds a second: CHAINS independent vector accumulators (a = a * m + c). */
 #define FMA_LOOP(type, lanes, chains)                                                       \
-    static double fma_rate_##type##_##chains(long steps, double *sink)                      \
+    static double fma_rate_##type(long steps, double *sink)                                 \
     {                                                                                       \
         double best = 0;                                                                    \
         for (int r = 0; r < REPEATS; r++) {                                                 \
@@ -141,11 +162,11 @@ static double chunk_read_bandwidth(long passes, double *sink)
         }                                                                                   \
         return best;                                                                        \
     }
-FMA_LOOP(v8d, 8, 12)
-FMA_LOOP(v16f, 16, 12)
+FMA_LOOP(vd, DOUBLES, CHAINS)
+FMA_LOOP(vf, FLOATS, CHAINS)
 
-/* Multiply-adds a second of s += x[i] * y[i] over 98 vectors (784 doubles or 1568 floats, in
- * L1), one accumulator: the dependency chain of a dot product. */
+/* Multiply-adds a second of s += x[i] * y[i] over 98 vectors (in L1), one accumulator: the
+ * dependency chain of a dot product. */
 #define DOT_CHAIN(type, lanes)                                                              \
     static double dot_chain_##type(long passes, double *sink)                               \
     {                                                                                       \
@@ -171,8 +192,8 @@ FMA_LOOP(v16f, 16, 12)
         }                                                                                   \
         return best;                                                                        \
     }
-DOT_CHAIN(v8d, 8)
-DOT_CHAIN(v16f, 16)
+DOT_CHAIN(vd, DOUBLES)
+DOT_CHAIN(vf, FLOATS)
 
 /* The machine's multiply-add peak: fma_rate on every core at once (a thread each), summed: what
  * a batch's matrix products on the module's threads (templates/pool.c) can reach at most. */
@@ -185,7 +206,7 @@ typedef struct {
 static void *fma_thread(void *arg)
 {
     FmaThread *t = (FmaThread *)arg;
-    t->rate = t->float32 ? fma_rate_v16f_12(t->steps, &t->sink) : fma_rate_v8d_12(t->steps, &t->sink);
+    t->rate = t->float32 ? fma_rate_vf(t->steps, &t->sink) : fma_rate_vd(t->steps, &t->sink);
     return NULL;
 }
 
@@ -209,7 +230,7 @@ static double fma_rate_all_cores(int float32, long steps, int threads, double *s
 int main(void)
 {
     double sink = 0;
-    v8d *buf = aligned_alloc(64, 1 << 20);
+    vd *buf = aligned_alloc(64, 1 << 20);
     memset(buf, 0, 1 << 20);
     struct { const char *name; size_t bytes; long passes; } levels[] = {
         {"L1 (16 KiB)", 16 << 10, 20000}, {"L2 (256 KiB)", 256 << 10, 1200},
@@ -223,16 +244,17 @@ int main(void)
            "L2 chunks", chunk_read_bandwidth(20000, &sink) / 1e9, "-");
     long steps = 20000000;
     long passes = 200000;
-    printf("multiply-adds  float64: %.1f G/s (12 chains), %.2f G/s (a dot in 1 chain of 8 lanes)\n",
-           fma_rate_v8d_12(steps, &sink) / 1e9, dot_chain_v8d(passes, &sink) / 1e9);
-    printf("multiply-adds  float32: %.1f G/s (12 chains), %.2f G/s (a dot in 1 chain of 16 lanes)\n",
-           fma_rate_v16f_12(steps, &sink) / 1e9, dot_chain_v16f(passes, &sink) / 1e9);
+    printf("multiply-adds: vectors of %d bytes (%s), %d chains\n", VECTOR_BYTES, VECTOR_NAME, CHAINS);
+    printf("multiply-adds  float64: %.1f G/s (%d chains), %.2f G/s (a dot in 1 chain of %d lanes)\n",
+           fma_rate_vd(steps, &sink) / 1e9, CHAINS, dot_chain_vd(passes, &sink) / 1e9, DOUBLES);
+    printf("multiply-adds  float32: %.1f G/s (%d chains), %.2f G/s (a dot in 1 chain of %d lanes)\n",
+           fma_rate_vf(steps, &sink) / 1e9, CHAINS, dot_chain_vf(passes, &sink) / 1e9, FLOATS);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int threads = cores < 1 ? 1 : cores > 64 ? 64 : (int)cores;
-    printf("multiply-adds  float64: %.1f G/s on %d threads (12 chains each)\n",
-           fma_rate_all_cores(0, steps, threads, &sink) / 1e9, threads);
-    printf("multiply-adds  float32: %.1f G/s on %d threads (12 chains each)\n",
-           fma_rate_all_cores(1, steps, threads, &sink) / 1e9, threads);
+    printf("multiply-adds  float64: %.1f G/s on %d threads (%d chains each)\n",
+           fma_rate_all_cores(0, steps, threads, &sink) / 1e9, threads, CHAINS);
+    printf("multiply-adds  float32: %.1f G/s on %d threads (%d chains each)\n",
+           fma_rate_all_cores(1, steps, threads, &sink) / 1e9, threads, CHAINS);
     free(buf);
     return sink == 12345.678; /* keeps every result alive */
 }

@@ -1,20 +1,25 @@
 /* ---- matrix products: a layer over a batch --------------------------------------------------
- * One register-blocked micro-kernel (BLIS's design, llm.c's matmul_forward): GEMM_MR rows of
- * C by two vectors of columns held in registers while the sum runs over p, each load of B
- * serving GEMM_MR rows and each A value (broadcast) two vectors. The three products of a layer
- * over a batch are this one kernel with other strides (codegen/emit.py emits them):
+ * One register-blocked micro-kernel (BLIS's design, llm.c's matmul_forward): a tile of rows of
+ * C by vectors of columns held in registers while the sum runs over p, each load of B serving
+ * the tile's rows and each A value (broadcast) its vectors; the tile and the vectors' width
+ * chosen for the CPU when the module runs (gemm_variant), the sum's slices for its L2 cache
+ * (gemm_depth). The three products of a layer over a batch are this one kernel with other
+ * strides (codegen/emit.py emits them):
  *   forward             Y = W X:    matmul_set (C = Y from the bias, A = W, B = X)
  *   inputs' gradients   dX += W^T dY: matmul_acc (A = W read down its columns, B = dY)
  *   weights' gradients  dW += dY X^T: matmul_nt (A = dY, B = X^T, packed once per call)
  * C[i * c_i + n] = init + sum over p < P of A[i * a_i + p * a_p] * B[p * b_p + n], for i < M and
  * n < N, where init is C's own value (accumulate), the bias (bias[i * bias_i]) or 0. Every
- * element is summed the same way, in p order from its init, wherever its rows fall: the rows
- * are split between threads (templates/pool.c) in whole blocks of GEMM_MR, so the result is
- * the same bits for any number of threads. With a list of p (the input rows of a batch that
- * hold a nonzero: sparse_inputs), the sums skip the others, whose terms are all 0. GCC and
- * Clang build the kernel for AVX2 with FMA and for AVX-512 and take the widest the CPU has when
- * it runs (with -march=native, only the CPU's own width is built); TCC runs a plain loop. */
-#define GEMM_MR 6
+ * element is summed the same way, in p order from its init, wherever its rows fall (a thread's
+ * share of rows, templates/pool.c, is whole tiles; a tile or a single row), whatever the slices:
+ * the same bits for any number of threads, any slice depth and any vector variant (the plain
+ * loops round each product before adding it). With a list of p (the input rows of a batch that
+ * hold a nonzero: sparse_inputs), the sums skip the others, whose terms are all 0. GCC and Clang
+ * build the vector variants for AVX2 with FMA and for AVX-512 and take the widest the CPU has
+ * when it runs (with -march=native, only the CPU's own width is built); TCC runs a plain loop. */
+#if HAVE_THREAD_POOL /* a module's C, which has libc: sysconf for the L2's size */
+#include <unistd.h>
+#endif
 
 /* A function of each value of a row of the product, applied as soon as the row is done (while it
  * is in the cache, and on the thread that made it), for n < count: a layer's activation,
@@ -74,15 +79,26 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
     }
 }
 
+typedef void (*GemmRows)(const GemmArgs *, long, long);
+
+/* A micro-kernel: its rows, the register tile it holds (rows of C by vectors of columns) and
+ * the CPU feature it needs. */
+typedef struct {
+    GemmRows rows;
+    int tile_rows, vectors, vector_bytes;
+    const char *name;
+} GemmVariant;
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__) /* GCC, Clang */
 #define GEMM_VECTOR_KERNELS 1
-#define GEMM_ROW6(op) op(0) op(1) op(2) op(3) op(4) op(5)
-#define GEMM_ROW1(op) op(0)
-/* rows [first, last) with vectors of vec_t: GEMM_MR rows at a time, then one at a time (blocks of
+/* rows [first, last) with vectors of vec_t: a register tile of ROWS rows (TILE_ROWS(op, VECS)
+ * expands op for each) by VECS vectors of columns at a time, then one row at a time (blocks of
  * 4 and 2 for the rest made the zoo's demo, layers of 16, 5% faster, but each block is another
- * copy of the loops: gcc -O3 took 0.35 s more per unit that uses the kernels), each by two
- * vectors of columns, then one vector, then single columns */
-#define GEMM_KERNEL(name, attributes, vec_t)                                                        \
+ * copy of the loops: gcc -O3 took 0.35 s more per unit that uses the kernels); along a row, VECS
+ * vectors of columns at a time, then one vector, then single columns. Every element of C is
+ * summed the same way in each of these loops (a multiply-add per p, in p order, from its init),
+ * so a variant's tile changes no bit of the result. */
+#define GEMM_KERNEL(name, attributes, vec_t, TILE_ROWS, ROWS, VECS, vectors)                        \
     static attributes void name(const GemmArgs *g, long first, long last)                          \
     {                                                                                              \
         typedef vec_t vec;                                                                         \
@@ -92,38 +108,42 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
         const int32_t *restrict p_list = g->p_list;                                                \
         const real rate = g->rate;                                                                 \
         long i = first;                                                                            \
-        for (; i + GEMM_MR <= last; i += GEMM_MR)                                                  \
-            GEMM_BLOCK(GEMM_ROW6, GEMM_MR)                                                         \
+        for (; i + (ROWS) <= last; i += (ROWS))                                                    \
+            GEMM_BLOCK(TILE_ROWS, ROWS, VECS, vectors)                                             \
         for (; i < last; i++)                                                                      \
-            GEMM_BLOCK(GEMM_ROW1, 1)                                                               \
+            GEMM_BLOCK(GEMM_ROWS1, 1, VECS, vectors)                                               \
     }
-/* rows [i, i + count) of C, ROWS(op) expanding op for each */
-#define GEMM_BLOCK(ROWS, count)                                                                    \
+/* the tile's rows, and a row's vectors */
+#define GEMM_ROWS6(op, VECS) op(0, VECS) op(1, VECS) op(2, VECS) op(3, VECS) op(4, VECS) op(5, VECS)
+#define GEMM_ROWS1(op, VECS) op(0, VECS)
+#define GEMM_VECS2(op, r) op(r, 0) op(r, 1)
+#define GEMM_VECS1(op, r) op(r, 0)
+/* rows [i, i + count) of C, ROWS(op, VECS) expanding op for each */
+#define GEMM_BLOCK(ROWS, count, VECS, vectors)                                                     \
     {                                                                                              \
         real *restrict c = g->C + i * c_i;                                                         \
         real *restrict w = g->step ? g->step + i * c_i : 0;                                        \
         const real *restrict a = A + i * a_i;                                                      \
         long n = 0;                                                                                \
-        for (; n + 2 * V <= N; n += 2 * V) {                                                       \
-            ROWS(GEMM_DECLARE2)                                                                    \
-            ROWS(GEMM_INIT2)                                                                       \
-            GEMM_OVER_P(vec b0; vec b1; memcpy(&b0, B + p * b_p + n, sizeof b0);                  \
-                        memcpy(&b1, B + p * b_p + n + V, sizeof b1); ROWS(GEMM_FMA2))              \
-            ROWS(GEMM_STORE2)                                                                      \
-        }                                                                                          \
-        for (; n + V <= N; n += V) {                                                               \
-            ROWS(GEMM_DECLARE1)                                                                    \
-            ROWS(GEMM_INIT1)                                                                       \
-            GEMM_OVER_P(vec b0; memcpy(&b0, B + p * b_p + n, sizeof b0); ROWS(GEMM_FMA1))          \
-            ROWS(GEMM_STORE1)                                                                      \
-        }                                                                                          \
+        for (; n + (vectors) * V <= N; n += (vectors) * V)                                         \
+            GEMM_COLUMNS(ROWS, VECS)                                                               \
+        for (; n + V <= N; n += V)                                                                 \
+            GEMM_COLUMNS(ROWS, GEMM_VECS1)                                                         \
         for (; n < N; n++) {                                                                       \
-            ROWS(GEMM_DECLARE_SCALAR)                                                              \
-            ROWS(GEMM_INIT_SCALAR)                                                                 \
-            GEMM_OVER_P(const real b0 = B[p * b_p + n]; ROWS(GEMM_FMA_SCALAR))                     \
-            ROWS(GEMM_STORE_SCALAR)                                                                \
+            ROWS(GEMM_DECLARE_SCALAR, _)                                                           \
+            ROWS(GEMM_INIT_SCALAR, _)                                                              \
+            GEMM_OVER_P(const real b0 = B[p * b_p + n]; ROWS(GEMM_FMA_SCALAR, _))                  \
+            ROWS(GEMM_STORE_SCALAR, _)                                                             \
         }                                                                                          \
         GEMM_EPILOGUE(g, i, count)                                                                 \
+    }
+/* the tile's columns [n, n + VECS vectors) */
+#define GEMM_COLUMNS(ROWS, VECS)                                                                   \
+    {                                                                                              \
+        ROWS(GEMM_DECLARE, VECS)                                                                   \
+        ROWS(GEMM_START, VECS)                                                                     \
+        GEMM_OVER_P(VECS(GEMM_LOAD_B, _) ROWS(GEMM_FMA, VECS))                                     \
+        ROWS(GEMM_STORE, VECS)                                                                     \
     }
 /* the sum's loop over p, written twice: the dense one counts, the listed one reads the list */
 #define GEMM_OVER_P(...)                                                                           \
@@ -136,33 +156,31 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
         for (long p = 0; p < P; p++) {                                                             \
             __VA_ARGS__                                                                            \
         }
-/* the pieces, for row r of the block: two vector accumulators s<r>, u<r>; one, s<r>; a scalar t<r> */
-#define GEMM_DECLARE2(r) vec s##r, u##r;
-#define GEMM_DECLARE1(r) vec s##r;
-#define GEMM_DECLARE_SCALAR(r) real t##r;
-#define GEMM_INIT2(r)                                                                              \
+/* the pieces, for row r of the tile: vector accumulators s<r>_<v>, B's vectors b<v>; a scalar t<r> */
+#define GEMM_DECLARE(r, VECS) VECS(GEMM_DECLARE_VECTOR, r)
+#define GEMM_DECLARE_VECTOR(r, v) vec s##r##_##v;
+#define GEMM_START(r, VECS)                                                                        \
     if (g->accumulate) {                                                                           \
-        memcpy(&s##r, c + r * c_i + n, sizeof s##r);                                               \
-        memcpy(&u##r, c + r * c_i + n + V, sizeof u##r);                                           \
+        VECS(GEMM_LOAD_C, r)                                                                       \
     } else {                                                                                       \
-        s##r = u##r = (vec){0} + GEMM_INIT(g, i + r);                                            \
+        VECS(GEMM_START_VECTOR, r)                                                                 \
     }
-#define GEMM_INIT1(r)                                                                              \
-    if (g->accumulate)                                                                             \
-        memcpy(&s##r, c + r * c_i + n, sizeof s##r);                                               \
-    else                                                                                           \
-        s##r = (vec){0} + GEMM_INIT(g, i + r);
-#define GEMM_INIT_SCALAR(r) t##r = g->accumulate ? c[r * c_i + n] : GEMM_INIT(g, i + r);
-#define GEMM_FMA2(r)                                                                               \
+#define GEMM_LOAD_C(r, v) memcpy(&s##r##_##v, c + r * c_i + n + v * V, sizeof(vec));
+#define GEMM_START_VECTOR(r, v) s##r##_##v = (vec){0} + GEMM_INIT(g, i + r);
+#define GEMM_LOAD_B(_, v)                                                                          \
+    vec b##v;                                                                                      \
+    memcpy(&b##v, B + p * b_p + n + v * V, sizeof b##v);
+#define GEMM_FMA(r, VECS)                                                                          \
     {                                                                                              \
         const real x = a[r * a_i + p * a_p];                                                       \
-        s##r += x * b0;                                                                            \
-        u##r += x * b1;                                                                            \
+        VECS(GEMM_FMA_VECTOR, r)                                                                   \
     }
-#define GEMM_FMA1(r) s##r += a[r * a_i + p * a_p] * b0;
-#define GEMM_FMA_SCALAR(r) t##r += a[r * a_i + p * a_p] * b0;
-#define GEMM_STORE2(r) GEMM_STORE_VECTOR(r * c_i + n, s##r) GEMM_STORE_VECTOR(r * c_i + n + V, u##r)
-#define GEMM_STORE1(r) GEMM_STORE_VECTOR(r * c_i + n, s##r)
+#define GEMM_FMA_VECTOR(r, v) s##r##_##v += x * b##v;
+#define GEMM_STORE(r, VECS) VECS(GEMM_STORE_COLUMNS, r)
+#define GEMM_STORE_COLUMNS(r, v) GEMM_STORE_VECTOR(r * c_i + n + v * V, s##r##_##v)
+#define GEMM_DECLARE_SCALAR(r, _) real t##r;
+#define GEMM_INIT_SCALAR(r, _) t##r = g->accumulate ? c[r * c_i + n] : GEMM_INIT(g, i + r);
+#define GEMM_FMA_SCALAR(r, _) t##r += a[r * a_i + p * a_p] * b0;
 /* a sum into C at `at`, or (step) into the parameters' step, C cleared if asked */
 #define GEMM_STORE_VECTOR(at, sum)                                                                 \
     if (w) {                                                                                       \
@@ -175,7 +193,7 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
     } else {                                                                                       \
         memcpy(c + (at), &(sum), sizeof(sum));                                                     \
     }
-#define GEMM_STORE_SCALAR(r)                                                                       \
+#define GEMM_STORE_SCALAR(r, _)                                                                    \
     if (w) {                                                                                       \
         w[r * c_i + n] -= rate * t##r;                                                             \
         if (g->clear)                                                                              \
@@ -184,42 +202,141 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
         c[r * c_i + n] = t##r;                                                                     \
     }
 
+/* The tiles: as many accumulators as the registers hold with B's vectors and A's broadcast
+ * beside them. AVX2's 16 registers: 6 rows by 2 vectors (12 accumulators, 2 of B, 1 of A; no
+ * spill, gcc and clang -O2/-O3); 4 by 3 (12, 3, 1) took 1.8x as long on Zen 3 (its loads of B,
+ * folded into the multiply-adds, are 16 loads per 12 of them, and 24 columns split cache lines).
+ * AVX-512's 32: 6 by 2, as tuned on Zen 4. */
 typedef real gemm_vec32 __attribute__((vector_size(32)));
 typedef real gemm_vec64 __attribute__((vector_size(64)));
 #if defined(__AVX512F__) /* built for this CPU (-march=native), which has AVX-512: that width alone */
-GEMM_KERNEL(gemm_rows_avx512, , gemm_vec64)
-#elif defined(__AVX2__) && defined(__FMA__)
-GEMM_KERNEL(gemm_rows_avx2, , gemm_vec32)
+#define GEMM_AVX512_KERNELS 1
+#define GEMM_TARGET_AVX512
+#elif defined(__AVX2__) && defined(__FMA__) /* likewise, AVX2 */
+#define GEMM_AVX2_KERNELS 1
+#define GEMM_TARGET_AVX2
 #else /* chosen when it runs (a CPU without AVX2, before 2013-2017, gets the plain loops) */
 #define GEMM_RUNTIME_CHOICE 1
-GEMM_KERNEL(gemm_rows_avx2, __attribute__((target("avx2,fma"))), gemm_vec32)
-GEMM_KERNEL(gemm_rows_avx512, __attribute__((target("avx512f"))), gemm_vec64)
+#define GEMM_AVX512_KERNELS 1
+#define GEMM_AVX2_KERNELS 1
+#define GEMM_TARGET_AVX512 __attribute__((target("avx512f")))
+#define GEMM_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#endif
+#if GEMM_AVX2_KERNELS
+GEMM_KERNEL(gemm_rows_avx2_6x2, GEMM_TARGET_AVX2, gemm_vec32, GEMM_ROWS6, 6, GEMM_VECS2, 2)
+#endif
+#if GEMM_AVX512_KERNELS
+GEMM_KERNEL(gemm_rows_avx512_6x2, GEMM_TARGET_AVX512, gemm_vec64, GEMM_ROWS6, 6, GEMM_VECS2, 2)
 #endif
 #endif
 
-typedef void (*GemmRows)(const GemmArgs *, long, long);
+/* Every variant built, the plain loops first; GEMM_VARIANT (an index) forces one
+ * (tests/test_gemm.py runs each the CPU has). */
+static const GemmVariant gemm_variants[] = {
+    {gemm_rows_plain, 6, 1, 0, "plain"},
+#if GEMM_AVX2_KERNELS
+    {gemm_rows_avx2_6x2, 6, 2, 32, "avx2 6x2"},
+#endif
+#if GEMM_AVX512_KERNELS
+    {gemm_rows_avx512_6x2, 6, 2, 64, "avx512 6x2"},
+#endif
+};
 
-/* The widest kernel built that the CPU runs; GEMM_VECTOR_BYTES (64, 32, or 0: the plain loops)
- * forces one (tests/test_gemm.py builds each). */
-static GemmRows gemm_kernel(void)
+/* The variant this CPU runs, chosen on first use and kept: the widest vectors it has (a CPU
+ * without AVX2, and TCC: the plain loops), the first tile of that width in the table. Every
+ * variant sums each element the same way, so which one runs changes no bit, except that the
+ * plain loops round a product before adding it where the vector variants fuse the two. */
+static const GemmVariant *gemm_variant(void)
 {
-#if defined(GEMM_VECTOR_BYTES) && defined(GEMM_VECTOR_KERNELS)
-    return GEMM_VECTOR_BYTES == 64 ? gemm_rows_avx512 : GEMM_VECTOR_BYTES == 32 ? gemm_rows_avx2 : gemm_rows_plain;
-#elif defined(GEMM_RUNTIME_CHOICE)
-    return __builtin_cpu_supports("avx512f") ? gemm_rows_avx512
-         : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? gemm_rows_avx2 : gemm_rows_plain;
-#elif defined(__AVX512F__) && defined(GEMM_VECTOR_KERNELS)
-    return gemm_rows_avx512;
-#elif defined(GEMM_VECTOR_KERNELS)
-    return gemm_rows_avx2;
+    static const GemmVariant *chosen; /* every thread that chooses chooses the same */
+    if (!chosen) {
+        const int count = (int)(sizeof gemm_variants / sizeof gemm_variants[0]);
+        int pick = 0;
+#if defined(GEMM_VARIANT)
+        pick = GEMM_VARIANT < count ? GEMM_VARIANT : 0;
 #else
-    return gemm_rows_plain;
+        for (int v = 1; v < count; v++) {
+#if defined(GEMM_RUNTIME_CHOICE)
+            const int runs = gemm_variants[v].vector_bytes == 64 ? __builtin_cpu_supports("avx512f")
+                           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+            const int runs = 1;
 #endif
+            if (runs && gemm_variants[v].vector_bytes > gemm_variants[pick].vector_bytes)
+                pick = v;
+        }
+#endif
+        chosen = &gemm_variants[pick];
+    }
+    return chosen;
+}
+
+/* The depth of a product's slices (its cache blocking): the sum over p runs in slices of this
+ * many terms, each slice over every row of the call's share before the next, so that a slice of
+ * B (depth rows of B, b_p apart) stays in the core's L2 cache while every tile of rows reads it,
+ * instead of all of B (a batch of MNIST's 784 inputs: 400 KB in float32) passing through the
+ * L2 for each tile. A quarter of the L2 for the slice (the rest for A's and C's rows); a row of
+ * B counted as b_p values. On Zen 3 (512 KiB, float32 slices of 256 rows of 128 samples),
+ * MLP(784, [512, 256, 10])'s first layer's products at B = 128 ran 15-40% faster than whole
+ * (slices of half the L1 did not gain). The L2's size is the CPU's (sysconf) where the module
+ * has libc, 512 KiB in exported C. A slice ends with C holding its partial sums, which the
+ * next continues from: every element is summed in p order from its init whatever the depth,
+ * so the depth changes no bit. GEMM_DEPTH forces one (tests/test_gemm.py). */
+#define GEMM_DEPTH_MIN 16
+static long gemm_l2_bytes(void)
+{
+#if HAVE_THREAD_POOL && defined(_SC_LEVEL2_CACHE_SIZE)
+    static long bytes; /* the CPU's, asked once (every thread that asks gets the same) */
+    if (!bytes) {
+        const long asked = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        bytes = asked >= 65536 ? asked : 524288;
+    }
+    return bytes;
+#else
+    return 524288;
+#endif
+}
+
+static long gemm_depth(long b_p)
+{
+#ifdef GEMM_DEPTH
+    (void)b_p;
+    return GEMM_DEPTH;
+#else
+    const long depth = gemm_l2_bytes() / 4 / ((b_p > 0 ? b_p : 1) * (long)sizeof(real));
+    return depth < GEMM_DEPTH_MIN ? GEMM_DEPTH_MIN : depth;
+#endif
+}
+
+/* Rows [first, last) of g's product, in slices of the sum (gemm_depth): the first slice starts
+ * from g's init, the others from the partial sums in C; only the last steps the parameters
+ * (clearing C if an earlier slice, or g, left partial sums there) and runs the epilogue. */
+static void gemm_sliced(GemmRows kernel, const GemmArgs *g, long first, long last)
+{
+    const long depth = gemm_depth(g->b_p);
+    if (g->P <= depth) {
+        kernel(g, first, last);
+        return;
+    }
+    for (long t0 = 0; t0 < g->P; t0 += depth) {
+        GemmArgs slice = *g;
+        const int first_slice = t0 == 0, last_slice = t0 + depth >= g->P;
+        slice.P = last_slice ? g->P - t0 : depth;
+        if (g->p_list)
+            slice.p_list = g->p_list + t0;
+        else
+            slice.A += t0 * g->a_p, slice.B += t0 * g->b_p;
+        slice.accumulate = first_slice ? g->accumulate : 1;
+        slice.clear = g->clear || !first_slice;
+        if (!last_slice)
+            slice.step = 0, slice.epilogue = 0;
+        kernel(&slice, first, last);
+    }
 }
 
 static void gemm_task(void *args, long first, long last)
 {
-    gemm_kernel()((const GemmArgs *)args, first, last);
+    gemm_sliced(gemm_variant()->rows, (const GemmArgs *)args, first, last);
 }
 
 /* The product on the module's threads when it is big enough to pay for waking them. */
@@ -231,7 +348,7 @@ static void gemm(const GemmArgs *g, long M)
     if ((double)M * (double)g->N * (double)g->P < GEMM_PARALLEL_MIN)
         gemm_task((void *)g, 0, M);
     else
-        parallel_rows(gemm_task, (void *)g, M, GEMM_MR);
+        parallel_rows(gemm_task, (void *)g, M, gemm_variant()->tile_rows);
 }
 
 /* A list of input rows (sparse_inputs: the rows of a batch that hold a nonzero, found by
@@ -344,7 +461,7 @@ static int listed_between(const int32_t *rows, long first, long last)
 /* Blocks [first_block, last_block) of columns, rows [first, last) of the weights. */
 static void matmul_nt_part(const WeightGradientArgs *a, long first_block, long last_block, long first, long last)
 {
-    const GemmRows kernel = gemm_kernel();
+    const GemmRows kernel = gemm_variant()->rows;
     real xt[GEMM_NT_SAMPLES * GEMM_NT_COLUMNS];
     for (long block = first_block; block < last_block; block++) {
         const long k0 = block * GEMM_NT_COLUMNS, n = a->K - k0 < GEMM_NT_COLUMNS ? a->K - k0 : GEMM_NT_COLUMNS;
@@ -362,7 +479,7 @@ static void matmul_nt_part(const WeightGradientArgs *a, long first_block, long l
             const GemmArgs g = {a->out + k0, a->go + s0, xt, 0, a->out_j, a->go_j, 1, n, 0, n, p,
                                 !(a->w && first_part), 0, 0, 0, 0, 0, 0, 0, 0,
                                 a->w && last_part ? a->w + k0 : 0, a->rate, !first_part};
-            kernel(&g, first, last);
+            kernel(&g, first, last); /* not sliced: the packed block is its cache blocking (slicing it measured slower) */
         }
     }
 }
@@ -393,11 +510,11 @@ KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, l
     WeightGradientArgs args = {out, go, x, out_j, go_j, x_k, J, K, S, rows, w, rate};
     if (J <= 0 || K <= 0 || S <= 0)
         return;
-    const long blocks = matmul_nt_blocks(&args), threads = pool_parts();
+    const long blocks = matmul_nt_blocks(&args), threads = pool_parts(), tile = gemm_variant()->tile_rows;
     if ((double)J * (double)K * (double)S < GEMM_PARALLEL_MIN)
         matmul_nt_part(&args, 0, blocks, 0, J);
     else if (blocks >= 2 * threads)
         parallel_rows(matmul_nt_columns, &args, blocks, 1);
     else
-        parallel_rows(matmul_nt_rows, &args, J, GEMM_MR * ((J + GEMM_MR * threads - 1) / (GEMM_MR * threads)));
+        parallel_rows(matmul_nt_rows, &args, J, tile * ((J + tile * threads - 1) / (tile * threads)));
 }
