@@ -163,7 +163,7 @@ def _lower(graph, inputs, params, fuse, input_grads):
         n_params=len(params), n_inputs=len(inputs), n_slots=n_slots, loss=roots[-1], outputs=roots[:-1],
         forward=groups, n_output_groups=sum(g.first.for_outputs for g in groups), backward=backward,
         constants=constants, fused=fuse)
-    program.sgd_in_backward = fuse and sgd_in_backward(program)
+    program.sgd_in_backward = fuse and not straight_line_heavy(program) and sgd_in_backward(program)
     if program.sgd_in_backward:
         program.sgd_after_backward = unfused_params(program, leaves[:len(params)])
     return program
@@ -379,6 +379,18 @@ def share_gradients(groups, compute, roots):
             for t in terms:
                 if t.kind in ("op", "dot") and uses[id(t)] == 1 and id(t) not in kept:
                     t.grad_slot, t.shares_grad = node.grad_slot, True
+
+
+# From this many single statements (groups no loop nest covers) in backward, a program's backward
+# is written once: batch-1 SGD then steps after it, as with fuse=False, instead of the two more
+# copies of backward (SGD inside it, the step API's tracked rows) that pay for loops only and
+# would triple what the optimising compiler reads (see codegen/units.py).
+ONE_BACKWARD_MIN_STATEMENTS = 1000
+
+
+def straight_line_heavy(program):
+    """Whether the program's backward is mostly single statements (an irregular graph)."""
+    return sum(not g.shape for g in program.backward) >= ONE_BACKWARD_MIN_STATEMENTS
 
 
 def sgd_in_backward(program):
