@@ -91,7 +91,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     tiered: True loads at once a module built by tcc (else libtcc) and builds the optimised one
     with `compiler` in the background; the module switches to it at its next train, gradients,
     forward or predict call after the build is in (codegen/tiers.py: module.tier, module.wait()).
-    None (the default) tiers when the compiler optimises and the C is big (tiers.TIERED_MIN_CHARS,
+    None (the default) tiers when the compiler optimises and the C is big (tiers.TIERED_MIN_LINES,
     a few seconds of gcc -O2); False never does. A cache hit of the optimised build loads it.
     sources: what generate() returned for these same arguments, when the caller has them already
     (e.g. to compute a build_key): the C is not generated a second time (timings["codegen"] is 0).

@@ -96,13 +96,18 @@ def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False):
     return graph
 
 
+def chunk_statements(program, chunk=CHUNK_STATEMENTS):
+    """The most statements a generated function of `program` holds: fewer in a fused program that
+    is mostly single statements."""
+    return min(chunk, STRAIGHT_LINE_CHUNK_STATEMENTS) if program.fused and ir.straight_line_heavy(program) else chunk
+
+
 def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None, batched=None, thread_pool=None):
     """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units).
     sparse_inputs (modules: True or False; None for standalone code, which has no lists): dots
     over an input range use its nonzero list (scan_nonzeros and the words after d's slots)."""
     dtype = dtypes.lookup(dtype)
-    if program.fused and ir.straight_line_heavy(program):
-        chunk = min(chunk, STRAIGHT_LINE_CHUNK_STATEMENTS)
+    chunk = chunk_statements(program, chunk)
     e = Emitter(program, dtype, bool(sparse_inputs))
     # the batched program's emitter: the same offset tables; the inputs' row lists with sparse inputs
     eb = Emitter(batched, dtype, shared=e, row_lists=bool(sparse_inputs)) if batched else None

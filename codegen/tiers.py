@@ -28,11 +28,12 @@ import numpy as np
 
 from . import loader, toolchain
 
-# tiered=None (the default) tiers a build when its C is at least this many characters: about
-# 2 s of gcc -O2 on a fused straight-line program (a random graph of 5,000 Values is ~450 kB and
-# 5-12 s; the zoo's and MNIST's modules are 60-150 kB and under 2 s), where the first tier's
-# tcc takes 0.1-0.3 s.
-TIERED_MIN_CHARS = 300_000
+# tiered=None (the default) tiers a build when its C has at least this many lines (lines, not
+# characters: embedded parameters are one line): about 3 s of gcc -O2 on a fused straight-line
+# program (a random graph of 5,000 Values is 9,100 lines and 8-20 s), while the zoo's and MNIST's
+# fused modules are under 4,800 lines (3,000 of them the kernels) and build in 1-2 s; tcc takes
+# 0.1-0.3 s.
+TIERED_MIN_LINES = 8_000
 # The compilers of the first tier, the first found
 FIRST_TIER = ('tcc', 'libtcc')
 FIRST, OPTIMISED = 'first', 'optimised'
@@ -81,7 +82,7 @@ def build_and_load(sources, name, compiler, opt, native, cache, timeout, measure
         return plain(OPTIMISED)  # a cache hit: the optimised module at once
     sources = toolchain._source_text(sources)
     sources = [sources] if isinstance(sources, str) else list(sources)
-    if tiered is None and sum(map(len, sources)) < TIERED_MIN_CHARS:
+    if tiered is None and sum(s.count('\n') for s in sources) < TIERED_MIN_LINES:
         return plain()
     first_build, module = toolchain.build_module(sources, name, first, opt if toolchain.FAMILIES[first.family]
                                                  .optimises else 2, False, cache, timeout, False, None)
