@@ -149,10 +149,15 @@ class TieredModule:
             setattr(self._module, attribute, value)
 
     def __dir__(self):
-        return sorted(set(dir(self._module)) | set(vars(self)) | {'wait'})
+        return sorted(set(dir(self._module)) | set(vars(self)) | {'wait', 'building'})
 
     def __repr__(self):
         return f'<tiered module {self._name!r}, {self.tier} tier: {self.build.path}>'
+
+    @property
+    def building(self):
+        """Whether the optimised build is still to be switched to (running, or done and not yet taken)."""
+        return self._background is not None
 
     def wait(self, timeout=None):
         """Block until the optimised build is in or has failed (at most `timeout` seconds), then
