@@ -84,8 +84,12 @@ def build_and_load(sources, name, compiler, opt, native, cache, timeout, measure
     sources = [sources] if isinstance(sources, str) else list(sources)
     if tiered is None and sum(s.count('\n') for s in sources) < TIERED_MIN_LINES:
         return plain()
-    first_build, module = toolchain.build_module(sources, name, first, opt if toolchain.FAMILIES[first.family]
-                                                 .optimises else 2, False, cache, timeout, False, None)
+    try:
+        first_build, module = toolchain.build_module(sources, name, first, 2, False, cache, timeout, False, None)
+    except toolchain.ToolchainError as error:  # (tcc lacking something gcc has): the optimised build alone
+        warnings.warn(f'the first tier ({first.family}) did not build, so compile() waits for {compiler.family}:\n'
+                      f'{error}', TierWarning, stacklevel=3)
+        return plain()
     background = _Build(sources, name, compiler, opt, native, cache, timeout, measure_memory, index_key)
     return first_build, TieredModule(module, first_build, background, name), FIRST
 

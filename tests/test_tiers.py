@@ -210,3 +210,13 @@ def test_train_in_the_bounded_form_equals_the_step_api(compiler, every_program_s
         steps.backward()
         steps.update(0.05)
     np.testing.assert_array_equal(np.asarray(net.params), np.asarray(steps.params))
+
+
+def test_a_first_tier_that_does_not_build_leaves_the_optimised_build(tmp_path, monkeypatch):
+    requires("gcc")
+    broken = codegen.toolchain.find_compiler(fake_compiler(tmp_path, "echo 'tcc: error: no such builtin' >&2; exit 1"))
+    monkeypatch.setattr(tiers, "first_tier_compiler", lambda: broken)
+    graph = irregular.graph(100, seed=13)
+    with pytest.warns(tiers.TierWarning, match="no such builtin"):
+        net = compile_graph(graph, compiler="gcc", tiered=True, cache=tmp_path)
+    assert net.tier is None and not net.build.cached
