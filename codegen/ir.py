@@ -384,12 +384,13 @@ def share_gradients(groups, compute, roots):
 # From this many single statements (groups no loop nest covers) in backward, a program's backward
 # is written once: batch-1 SGD then steps after it, as with fuse=False, instead of the two more
 # copies of backward (SGD inside it, the step API's tracked rows) that pay for loops only and
-# would triple what the optimising compiler reads (see codegen/units.py).
+# would triple what the optimising compiler reads (docs/compiler.md, Tiers and irregular graphs).
 ONE_BACKWARD_MIN_STATEMENTS = 1000
 
 
 def straight_line_heavy(program):
-    """Whether the program's backward is mostly single statements (an irregular graph)."""
+    """Whether the program's backward has ONE_BACKWARD_MIN_STATEMENTS single statements or more
+    (an irregular graph's: no loop nest covers them)."""
     return sum(not g.shape for g in program.backward) >= ONE_BACKWARD_MIN_STATEMENTS
 
 
