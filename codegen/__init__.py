@@ -14,7 +14,7 @@ from operator import attrgetter
 import numpy as np
 
 from . import batch as batching
-from . import dtypes, emit, ir, optim, toolchain, walker
+from . import dtypes, emit, ir, optim, tiers, toolchain, walker
 from . import graph as graph_arrays
 from .explain import explain
 from .export import export
@@ -54,7 +54,7 @@ def _check_batch(batch):
 def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native=False, fuse=True,
             input_grads=False, name="nn", cache=None, timeout=None, optimizer=None, embed_params=False,
             dtype=dtypes.DEFAULT.name, sparse_inputs=False, measure_memory=False, sources=None,
-            batch=batching.DEFAULT_CAPACITY, threads=None):
+            batch=batching.DEFAULT_CAPACITY, threads=None, tiered=None):
     """Builds (or takes from the cache) and loads the module computing `loss`.
 
     inputs:  leaf Values set per sample with set_input() (their current values are loaded too).
@@ -88,11 +88,17 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     threads: the threads a batch's matrix products run on (module.set_threads; None: the module's
     default, $MICROGRAD_C_THREADS or every core the process may use). The results are the same
     bits with any number.
+    tiered: True loads at once a module built by tcc (else libtcc) and builds the optimised one
+    with `compiler` in the background; the module switches to it at its next train, gradients,
+    forward or predict call after the build is in (codegen/tiers.py: module.tier, module.wait()).
+    None (the default) tiers when the compiler optimises and the C is big (tiers.TIERED_MIN_LINES,
+    a few seconds of gcc -O2); False never does. A cache hit of the optimised build loads it.
     sources: what generate() returned for these same arguments, when the caller has them already
     (e.g. to compute a build_key): the C is not generated a second time (timings["codegen"] is 0).
     The module gets attributes `build` (toolchain.BuildResult) and `timings` (seconds per step:
     "codegen" is reading the graph, its structural key, and lowering and emitting its C unless
-    the cache had it; "compile" the C compiler's).
+    the cache had it; "compile" the C compiler's; a tiered module's "optimised", the background
+    build's, once it is in), and `tier` ("first" or "optimised" for a tiered module, else None).
 
     The build cache finds a module by the graph's structure too (codegen/graph.py: its ops,
     constants, edges, the inputs' and params' positions, the outputs, and every option here that
@@ -101,8 +107,9 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     """
     inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
     batch = _check_batch(batch)
+    tiers.check(tiered)
 
-    def build_and_load():  # (build, module, codegen seconds, the params' data); its locals die with it
+    def build_and_load():  # (build, module, tier, codegen seconds, the params' data); its locals die with it
         started = time.perf_counter()
         spent = 0.0  # seconds of codegen inside build() (generating the C on a miss)
         given = sources
@@ -124,21 +131,22 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
                                              sparse_inputs=sparse_inputs, batch=batch)
 
         read = time.perf_counter()
-        build, module = toolchain.build_module(generated, name, compiler=compiler, opt=opt, native=native,
-                                               cache=cache, timeout=timeout, measure_memory=measure_memory,
-                                               structure=structure)
+        build, module, tier = tiers.build_and_load(generated, name, compiler, opt, native, cache, timeout,
+                                                   measure_memory, structure, tiered)
         # the params' data as the walk read it (no second pass over a million Values)
         data = graph.data(graph.params, params) if graph else _params_data(params)
-        return build, module, read - started + spent, data
+        return build, module, tier, read - started + spent, data
 
     with ir.no_gc():  # (see read_graph)
-        build, module, codegen_seconds, param_data = build_and_load()
+        build, module, tier, codegen_seconds, param_data = build_and_load()
     _set_params(module, params, param_data)
     if threads is not None:
         module.set_threads(threads)
     module.inputs[:] = array(module.inputs.format, map(float, map(_data, inputs)))
     module.build = build
-    module.timings = {"codegen": codegen_seconds, "compile": build.seconds}
+    module.timings = {"codegen": codegen_seconds, "compile": build.seconds,
+                      **({"optimised": None} if tier == tiers.FIRST else {})}
+    module.tier = tier
     return module
 
 

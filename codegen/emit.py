@@ -10,12 +10,17 @@ import dataclasses
 
 import templates
 
-from . import dtypes, optim
+from . import dtypes, ir, optim
 from .dtypes import c_literal
 from .statements import Emitter
 
 # Statements per generated function: gcc/clang -O1 take superlinear time in a function's size.
 CHUNK_STATEMENTS = 200
+# Statements per function in a program that is mostly single statements (ir.straight_line_heavy,
+# fused): GCC -O2 on a random 5,000-Value graph's unit takes 8 s of CPU in functions of 40 where
+# it took 11 s in functions of 200 (alias walking and PRE grow with a function's statements,
+# which here are many memory accesses each); the loops of other programs keep CHUNK_STATEMENTS.
+STRAIGHT_LINE_CHUNK_STATEMENTS = 40
 # Statements per C file: big programs become several files, compiled in parallel, each in
 # bounded compiler memory.
 UNIT_STATEMENTS = 20_000
@@ -96,11 +101,18 @@ def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False):
     return graph
 
 
+def chunk_statements(program, chunk=CHUNK_STATEMENTS):
+    """The most statements a generated function of `program` holds: fewer in a fused program that
+    is mostly single statements."""
+    return min(chunk, STRAIGHT_LINE_CHUNK_STATEMENTS) if program.fused and ir.straight_line_heavy(program) else chunk
+
+
 def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None, batched=None, thread_pool=None):
     """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units).
     sparse_inputs (modules: True or False; None for standalone code, which has no lists): dots
     over an input range use its nonzero list (scan_nonzeros and the words after d's slots)."""
     dtype = dtypes.lookup(dtype)
+    chunk = chunk_statements(program, chunk)
     e = Emitter(program, dtype, bool(sparse_inputs))
     # the batched program's emitter: the same offset tables; the inputs' row lists with sparse inputs
     eb = Emitter(batched, dtype, shared=e, row_lists=bool(sparse_inputs)) if batched else None

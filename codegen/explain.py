@@ -38,6 +38,7 @@ class Explanation:
     program: object    # the ir.Program
     batched: str = ""  # whether train() and predict() run whole batches, or why not
     vectors: str = ""  # with target=: what the loops become on that machine (codegen/targets.py)
+    straight_line: str = ""  # what the single statements became (functions, backward copies)
 
     @property
     def loops(self):
@@ -48,8 +49,8 @@ class Explanation:
         covered = sum(s.nodes for s in self.loops)
         return (f"{self.values:,} Values -> {sum(s.nodes for s in self.steps):,} nodes after fusing sums -> "
                 f"{len(self.steps):,} steps: {len(self.loops):,} loop nests ({covered:,} nodes) and "
-                f"{single:,} single statements; {self.c_lines:,} lines of generated C; {self.batched}"
-                + (f"; {self.vectors}" if self.vectors else ""))
+                f"{single:,} single statements; {self.c_lines:,} lines of generated C; {self.straight_line}; "
+                f"{self.batched}" + (f"; {self.vectors}" if self.vectors else ""))
 
     def __str__(self):
         rows = [f"{'#':>4}  {'computes':<40} {'loop nest':<16} {'nodes':>9}  reads"]
@@ -92,7 +93,20 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
     batched, why_not = batch.batched_form(program)
     how = (f"batched over up to {batched.capacity} samples (train() with batch_size > 1, predict())" if batched
            else f"no batched form ({why_not}): train() and predict() run sample by sample")
-    return Explanation(values, steps, c_lines, program, how, vectors)
+    return Explanation(values, steps, c_lines, program, how, vectors, _straight_line(program))
+
+
+def _straight_line(program):
+    """What compile() makes of the program's statements: functions of how many, and how many
+    copies of backward."""
+    functions = f"statements in functions of at most {emit.chunk_statements(program)}"
+    if program.fused and ir.straight_line_heavy(program):
+        return f"mostly single statements: backward written once (batch-1 SGD steps after it), {functions}"
+    if program.sgd_in_backward:
+        return (f"backward written two or three times (plain, with batch-1 SGD in it, the step API's when it "
+                f"tracks rows), {functions}")
+    return f"backward written once, {functions}"
+
 
 
 def _what(node):

@@ -165,7 +165,7 @@ def _lower(graph, inputs, params, fuse, input_grads):
         forward=groups, n_output_groups=sum(g.first.for_outputs for g in groups), backward=backward,
         constants=constants, fused=fuse)
     program.index_inputs = index_inputs(compute, len(params))
-    program.sgd_in_backward = fuse and sgd_in_backward(program)
+    program.sgd_in_backward = fuse and not straight_line_heavy(program) and sgd_in_backward(program)
     if program.sgd_in_backward:
         program.sgd_after_backward = unfused_params(program, leaves[:len(params)])
     return program
@@ -438,6 +438,19 @@ def index_inputs(compute, n_params):
             raise ValueError(f"a gather's index must be one of the inputs (set per sample) or a constant, "
                              f"not a {'parameter' if index.kind == 'param' else 'computed value'}")
     return sorted(fewest.items())
+
+
+# From this many single statements (groups no loop nest covers) in backward, a program's backward
+# is written once: batch-1 SGD then steps after it, as with fuse=False, instead of the two more
+# copies of backward (SGD inside it, the step API's tracked rows) that pay for loops only and
+# would triple what the optimising compiler reads (docs/compiler.md, Tiers and irregular graphs).
+ONE_BACKWARD_MIN_STATEMENTS = 1000
+
+
+def straight_line_heavy(program):
+    """Whether the program's backward has ONE_BACKWARD_MIN_STATEMENTS single statements or more
+    (an irregular graph's: no loop nest covers them)."""
+    return sum(not g.shape for g in program.backward) >= ONE_BACKWARD_MIN_STATEMENTS
 
 
 def sgd_in_backward(program):

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -436,20 +437,22 @@ def _compile(compiler, flags, link, sources, c_files, cache, output, timeout,
     # (objects end in .o: zig cc hands a file of another ending to a system linker, which a bare machine lacks)
     objects = [_temp_file(cache, c.name, suffix='.o') for c in c_files] if parallel else []
     start = time.perf_counter()
+    owner = getattr(_owner, 'value', None)  # (read here: the pool's threads have their own)
 
     def remaining():
         return None if timeout is None else max(0.0, start + timeout - time.perf_counter())
 
     def compile_unit(c_file, obj):
-        return _run_compiler([*compiler.argv, *flags, '-c', str(c_file), '-o', str(obj)], remaining(), measure_memory)
+        return _run_compiler([*compiler.argv, *flags, '-c', str(c_file), '-o', str(obj)], remaining(), measure_memory,
+                             owner)
 
     try:
         if not parallel:  # one compiler process for all the units
-            seconds, peak_rss = _run_compiler(link(temp_output, c_files), remaining(), measure_memory)
+            seconds, peak_rss = _run_compiler(link(temp_output, c_files), remaining(), measure_memory, owner)
         else:  # several units: compile them on every core, then link; the time is the wall clock's
             with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
                 runs = list(pool.map(compile_unit, c_files, objects))
-            runs.append(_run_compiler(link(temp_output, objects), remaining(), measure_memory))
+            runs.append(_run_compiler(link(temp_output, objects), remaining(), measure_memory, owner))
             seconds = time.perf_counter() - start
             peak_rss = max(peak for _, peak in runs) if measure_memory else None
         os.replace(temp_output, output)
@@ -567,9 +570,36 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def _run_compiler(command: list[str], timeout: float | None, measure_memory: bool = False) -> tuple[float, int | None]:
+# The compiler processes running now, by pid: the owner (build_owner) of the build each serves, so
+# that a background build (codegen/tiers.py) can be stopped with its compilers.
+_running: dict[int, object] = {}
+_owner = threading.local()
+
+
+@contextlib.contextmanager
+def build_owner(owner):
+    """Builds in this block run their compilers on behalf of `owner` (kill_compilers)."""
+    previous = getattr(_owner, 'value', None)
+    _owner.value = owner
+    try:
+        yield
+    finally:
+        _owner.value = previous
+
+
+def kill_compilers(owner) -> None:
+    """SIGKILL the compiler processes of `owner`'s builds (with cc1, as, ld: their process groups);
+    their builds fail with CompileError."""
+    for pid, of in list(_running.items()):
+        if of is owner:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _run_compiler(command: list[str], timeout: float | None, measure_memory: bool = False,
+                  owner=None) -> tuple[float, int | None]:
     """Run the compiler: its wall seconds and, with measure_memory, its peak RSS in bytes (else
-    None). Raise CompileError / CompileTimeout."""
+    None). Raise CompileError / CompileTimeout. owner: see build_owner."""
     read_end, write_end = os.pipe() if measure_memory else (None, None)
     argv = [sys.executable, '-I', '-S', '-c', _MEASURE, str(write_end), *command] if measure_memory else command
     with tempfile.TemporaryFile() as log, (os.fdopen(read_end, 'rb') if measure_memory
@@ -584,6 +614,7 @@ def _run_compiler(command: list[str], timeout: float | None, measure_memory: boo
         finally:
             if measure_memory:
                 os.close(write_end)
+        _running[process.pid] = owner
         try:
             status = _wait(process.pid, start, timeout)
         except BaseException as error:  # timeout or Ctrl-C: don't leave the compiler running
@@ -593,6 +624,8 @@ def _run_compiler(command: list[str], timeout: float | None, measure_memory: boo
             if isinstance(error, TimeoutError):
                 raise CompileTimeout(command, timeout) from None
             raise
+        finally:
+            _running.pop(process.pid, None)
         seconds = time.perf_counter() - start
         process.returncode = os.waitstatus_to_exitcode(status)
         measured = report.read().split() if measure_memory else None

@@ -38,7 +38,8 @@ def main(argv=None):
         return 2
     graph = build_graph(args.seed, hidden=args.hidden, init=args.init, activation=args.activation)
     try:
-        net = graph.compile(**compiler_options(args), optimizer=optimizer, embed_params=True, dtype=args.dtype)
+        net = graph.compile(**compiler_options(args), optimizer=optimizer, embed_params=True, dtype=args.dtype,
+                            tiered=False)  # (the optimised build is what it installs)
     except (codegen.ToolchainError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,0 +1,212 @@
+"""Tiers, as a JIT has them: compile(..., tiered=True) loads the module built by a compiler that
+takes milliseconds (tcc, else libtcc in memory) and returns at once, while the optimising compiler
+(gcc, clang or zig at the chosen -O) builds the same C in the background; at the next call that
+starts a step (train, gradients, forward, predict) after that build is in, the module moves its
+state (data, gradients, optimizer state, threads) to the optimised code and runs it from then on.
+
+The two tiers compile the same C, so they compute the same numbers up to what a compiler may
+change (the order of a few sums: the fused bound of docs/compiler.md); none without -march=native
+contracts to FMA. A build that fails, or whose compiler is killed or times out, leaves the first
+tier running and says why once (a TierWarning with the compiler's output). The optimised build
+goes into the build cache as any build does, indexed by the graph's structure: compiling the same
+graph again finds it and starts optimised.
+
+    net = codegen.compile(loss, inputs, params, compiler="gcc", tiered=True)
+    net.tier            # "first" while gcc builds, "optimised" after the switch
+    net.wait()          # block until the optimised build is in (or failed); switch now
+
+When the process exits with a build still running, the build's compilers are killed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import warnings
+
+import numpy as np
+
+from . import loader, toolchain
+
+# tiered=None (the default) tiers a build when its C has at least this many lines (lines, not
+# characters: embedded parameters are one line): about 3 s of gcc -O2 on a fused straight-line
+# program (a random graph of 5,000 Values is 9,100 lines and 8-20 s), while the zoo's and MNIST's
+# fused modules are under 4,800 lines (3,000 of them the kernels) and build in 1-2 s; tcc takes
+# 0.1-0.3 s.
+TIERED_MIN_LINES = 8_000
+# The compilers of the first tier, the first found
+FIRST_TIER = ('tcc', 'libtcc')
+FIRST, OPTIMISED = 'first', 'optimised'
+# The calls that start a step: the module switches tiers before one of these only
+_SWITCH_POINTS = frozenset({'train', 'gradients', 'forward', 'predict'})
+
+
+class TierWarning(UserWarning):
+    """The optimised build failed or was killed: the module goes on with the first tier."""
+
+
+def first_tier_compiler():
+    """The first of FIRST_TIER found, as a toolchain.Compiler; None if none is."""
+    for name in FIRST_TIER:
+        try:
+            return toolchain.find_compiler(name)
+        except toolchain.CompilerNotFound:
+            continue
+    return None
+
+
+def check(tiered):
+    if tiered not in (None, True, False):
+        raise TypeError(f'tiered must be True, False or None (tiers for big programs), not {tiered!r}')
+    return tiered
+
+
+def build_and_load(sources, name, compiler, opt, native, cache, timeout, measure_memory, structure, tiered):
+    """toolchain.build_module's counterpart for compile(): (BuildResult, module, tier). The module
+    is a TieredModule (tier "first") when the optimised build runs in the background; else the
+    plain module, with tier "optimised" on a cache hit of the optimised build, None when not tiered
+    (tiered=False, a small program with tiered=None, no first-tier compiler, or a compiler that
+    does not optimise)."""
+    compiler = compiler if isinstance(compiler, toolchain.Compiler) else toolchain.find_compiler(compiler)
+    family = toolchain.FAMILIES[compiler.family]
+    first = first_tier_compiler() if family.optimises and family.makes_files and tiered is not False else None
+
+    def plain(tier=None):
+        return (*toolchain.build_module(sources, name, compiler, opt, native, cache, timeout, measure_memory,
+                                        structure), tier)
+    if first is None:
+        return plain()
+    structure_key = structure() if structure else None
+    index_key = structure_key and toolchain.structure_build_key(structure_key, name, compiler, opt, native)
+    if index_key and toolchain.find_by_structure(index_key, cache):
+        return plain(OPTIMISED)  # a cache hit: the optimised module at once
+    sources = toolchain._source_text(sources)
+    sources = [sources] if isinstance(sources, str) else list(sources)
+    if tiered is None and sum(s.count('\n') for s in sources) < TIERED_MIN_LINES:
+        return plain()
+    try:
+        first_build, module = toolchain.build_module(sources, name, first, 2, False, cache, timeout, False, None)
+    except toolchain.ToolchainError as error:  # (tcc lacking something gcc has): the optimised build alone
+        warnings.warn(f'the first tier ({first.family}) did not build, so compile() waits for {compiler.family}:\n'
+                      f'{error}', TierWarning, stacklevel=3)
+        return plain()
+    background = _Build(sources, name, compiler, opt, native, cache, timeout, measure_memory, index_key)
+    return first_build, TieredModule(module, first_build, background, name), FIRST
+
+
+class _Build:
+    """The optimised build in a thread of its own (the compilers are its child processes): its
+    BuildResult or its error once `done` is set."""
+
+    def __init__(self, sources, name, compiler, opt, native, cache, timeout, measure_memory, index_key):
+        self.result = self.error = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f'{name}: {compiler.family} -O{opt}', daemon=True,
+                                       args=(sources, name, compiler, opt, native, cache, timeout, measure_memory,
+                                             index_key))
+        _pending.add(self)
+        self.thread.start()
+
+    def _run(self, sources, name, compiler, opt, native, cache, timeout, measure_memory, index_key):
+        try:
+            with toolchain.build_owner(self):
+                result = toolchain.build_extension(sources, name, compiler, opt=opt, native=native, cache=cache,
+                                                   timeout=timeout, measure_memory=measure_memory)
+            if index_key:
+                toolchain.index_by_structure(index_key, result, cache)
+                result = dataclasses.replace(result, structure_key=index_key)
+            self.result = result
+        except BaseException as error:  # reported by the module at its next switch point
+            self.error = error
+        finally:
+            _pending.discard(self)
+            self.done.set()
+
+    def kill(self):
+        toolchain.kill_compilers(self)
+
+
+class TieredModule:
+    """The module compile(tiered=...) returns: every attribute and function of the extension
+    module that runs (see the README's API table), plus `tier` ("first" or "optimised"), `wait()`,
+    `build` (the running tier's BuildResult), `first_build`, and `timings["optimised"]` (the
+    background build's compile seconds, None while it runs or if it failed).
+
+    Views taken from the module (params, data, grad, optimizer_state...) belong to the tier that
+    gave them: after a switch, take them again."""
+
+    def __init__(self, module, build, background, name):
+        vars(self).update(_module=module, _background=background, _name=name, tier=FIRST, build=build,
+                          first_build=build, timings={})
+
+    def __getattr__(self, attribute):
+        value = getattr(self._module, attribute)
+        if attribute in _SWITCH_POINTS and self._background is not None and self._background.done.is_set():
+            self._switch()
+            value = getattr(self._module, attribute)
+        return value
+
+    def __setattr__(self, attribute, value):
+        if attribute in vars(self):
+            vars(self)[attribute] = value
+        else:
+            setattr(self._module, attribute, value)
+
+    def __dir__(self):
+        return sorted(set(dir(self._module)) | set(vars(self)) | {'wait', 'building'})
+
+    def __repr__(self):
+        return f'<tiered module {self._name!r}, {self.tier} tier: {self.build.path}>'
+
+    @property
+    def building(self):
+        """Whether the optimised build is still to be switched to (running, or done and not yet taken)."""
+        return self._background is not None
+
+    def wait(self, timeout=None):
+        """Block until the optimised build is in or has failed (at most `timeout` seconds), then
+        switch to it now; returns the tier that runs."""
+        if self._background is not None and self._background.done.wait(timeout):
+            self._switch()
+        return self.tier
+
+    def _switch(self):
+        background, self._background = self._background, None
+        if background.error is not None:
+            self.timings['optimised'] = None
+            warnings.warn(f'the optimised build of {self._name!r} failed; training goes on with the first tier '
+                          f'({self.first_build.command[0]}):\n{background.error}', TierWarning, stacklevel=3)
+            return
+        result = background.result
+        started = time.perf_counter()
+        optimised = loader.load_extension(result.path, self._name)
+        move_state(self._module, optimised)
+        self._module, self.build, self.tier = optimised, result, OPTIMISED
+        self.timings['optimised'] = result.seconds
+        self.timings['switch'] = time.perf_counter() - started
+
+
+def move_state(source, target):
+    """Copy a module's whole state into another module of the same C: data (params, inputs,
+    intermediates), gradients, optimizer state, threads."""
+    np.asarray(target.data)[:] = np.asarray(source.data)
+    np.asarray(target.grad)[:] = np.asarray(source.grad)
+    for key, view in source.optimizer_state.items():
+        np.asarray(target.optimizer_state[key])[:] = np.asarray(view)
+    target.set_threads(source.threads())
+
+
+_pending = set()  # the background builds running
+
+
+def _kill_pending():
+    """At exit: the background builds' compilers are killed (a non-daemon thread pool of a build
+    would otherwise hold the exit until they finish), and their threads given a moment to clean up."""
+    for build in list(_pending):
+        build.kill()
+    for build in list(_pending):
+        build.done.wait(2.0)
+
+
+# (threading's exit hooks run before the interpreter joins threads; atexit's only after)
+getattr(threading, '_register_atexit', __import__('atexit').register)(_kill_pending)

@@ -1,0 +1,222 @@
+"""Tiers (codegen/tiers.py) and the one-backward, short-function form of programs that are mostly
+single statements (ir.straight_line_heavy): a module that switches from the first tier to the
+optimised one mid-training computes what either computes throughout; a failed or killed optimised
+build leaves the first tier training, with a warning carrying the compiler's output; a cache hit
+starts optimised; random graphs in the bounded form equal the interpreter."""
+import math
+import stat
+import warnings
+
+import numpy as np
+import pytest
+from conftest import requires
+from hypothesis import HealthCheck, assume, given, settings
+from test_compile import assert_equivalent, interpret_once, recipe_graph, recipes
+
+import codegen
+from bench import irregular
+from codegen import emit, ir, tiers
+from micrograd_c import Value
+
+RTOL = 1e-9  # the fused bound (docs/compiler.md, Equivalence)
+
+
+def rows(graph, n=40, seed=0):
+    rng = np.random.default_rng(seed)
+    data = rng.uniform(-1, 1, (n, len(graph.inputs)))
+    return np.ascontiguousarray(data[:, :-1]), np.ascontiguousarray(data[:, -1:])
+
+
+@pytest.fixture
+def gate(monkeypatch):
+    """The background build waits for gate.set() before it starts: a test decides when it is in."""
+    import threading
+    opened = threading.Event()
+    build = tiers.toolchain.build_extension
+
+    def gated(*args, **kwargs):
+        if threading.current_thread() is not threading.main_thread():  # the background build only
+            opened.wait(60)
+        return build(*args, **kwargs)
+    monkeypatch.setattr(tiers.toolchain, "build_extension", gated)
+    return opened
+
+
+def compile_graph(graph, **options):
+    return codegen.compile(graph.loss, graph.inputs, graph.params, batch=1, **options)
+
+
+@pytest.mark.parametrize("optimised, optimizer", [("gcc", codegen.Adam()), ("clang", None), ("zig", codegen.Adam())],
+                         ids=["gcc-adam", "clang-sgd", "zig-adam"])
+def test_switch_mid_training_equals_either_tier_throughout(optimised, optimizer, gate, tmp_path):
+    """(Adam: its state moves too.)"""
+    requires(optimised)
+    first = tiers.first_tier_compiler()
+    if first is None:
+        requires("tcc")
+    graph = irregular.graph(150, seed=3)
+    X, Y = rows(graph)
+    net = compile_graph(graph, compiler=optimised, tiered=True, optimizer=optimizer, cache=tmp_path / "tiered")
+    assert net.tier == "first" and net.timings["optimised"] is None
+    assert net.build.command[0] == first.argv[0] or first.family == "libtcc"
+    losses = [net.train(X, Y, 0.05), net.train(X, Y, 0.05, seed=1)]
+    assert net.tier == "first"  # the gate holds the optimised build
+    gate.set()
+    assert net.wait(60) == "optimised"
+    assert net.timings["optimised"] > 0 and not net.build.cached
+    losses += [net.train(X, Y, 0.05, seed=2), net.train(X, Y, 0.05)]
+    for compiler in (first.family, optimised):
+        throughout = compile_graph(graph, compiler=compiler, tiered=False, optimizer=optimizer,
+                                   cache=tmp_path / "throughout")
+        assert throughout.tier is None
+        expected = [throughout.train(X, Y, 0.05), throughout.train(X, Y, 0.05, seed=1),
+                    throughout.train(X, Y, 0.05, seed=2), throughout.train(X, Y, 0.05)]
+        np.testing.assert_allclose(losses, expected, rtol=RTOL)
+        np.testing.assert_allclose(np.asarray(net.params), np.asarray(throughout.params), rtol=RTOL, atol=RTOL)
+        for key, view in throughout.optimizer_state.items():
+            np.testing.assert_allclose(np.asarray(net.optimizer_state[key]), np.asarray(view), rtol=RTOL, atol=RTOL)
+
+
+def test_switch_between_steps_of_the_step_api(gate, tmp_path):
+    """The step-by-step API switches at forward(): the gradients accumulated and the inputs set on
+    the first tier come along."""
+    requires("gcc")
+    graph = irregular.graph(100, seed=5)
+    X, Y = rows(graph, 4)
+    net = compile_graph(graph, compiler="gcc", tiered=True, cache=tmp_path)
+    reference = compile_graph(graph, compiler="gcc", tiered=False, cache=tmp_path / "reference")
+    for i, m in enumerate([net, reference]):
+        m.set_input(np.concatenate([X[0], Y[0]]))
+        m.zero_grad()
+        m.forward()
+        m.backward()
+        if m is net:
+            gate.set()
+            net.wait(60)
+            assert net.tier == "optimised"
+        m.set_input(np.concatenate([X[1], Y[1]]))
+        m.forward()
+        m.backward()
+        m.update(0.1)
+    np.testing.assert_allclose(np.asarray(net.params), np.asarray(reference.params), rtol=RTOL, atol=RTOL)
+    np.testing.assert_allclose(np.asarray(net.grad), np.asarray(reference.grad), rtol=RTOL, atol=RTOL)
+
+
+def fake_compiler(tmp_path, body):
+    """A command that says it is a C compiler (driven as gcc) and runs `body` to compile."""
+    path = tmp_path / "fake-cc"
+    path.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "fake-cc 1.0"; exit 0; fi\n{body}\n')
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+@pytest.mark.parametrize("how, said", [
+    ("echo 'fake-cc: fatal error: out of memory allocating 6 GB' >&2; exit 1", "out of memory allocating 6 GB"),
+    ("echo 'fake-cc: compiling unit 1' >&2; kill -9 $$", "compiling unit 1"),
+], ids=["fails", "killed"])
+def test_a_failed_or_killed_optimised_build_keeps_the_first_tier_training(how, said, tmp_path):
+    if tiers.first_tier_compiler() is None:
+        requires("tcc")
+    graph = irregular.graph(100, seed=7)
+    X, Y = rows(graph)
+    net = compile_graph(graph, compiler=fake_compiler(tmp_path, how), tiered=True, cache=tmp_path)
+    assert net.tier == "first"
+    net._background.done.wait(30)
+    with pytest.warns(tiers.TierWarning, match="goes on with the first tier") as caught:
+        loss = net.train(X, Y, 0.05)
+    assert said in str(caught[0].message)
+    assert np.isfinite(loss) and net.tier == "first" and net.timings["optimised"] is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        net.train(X, Y, 0.05)
+        assert net.wait() == "first"
+
+
+def test_a_cache_hit_starts_optimised_and_small_programs_are_not_tiered(tmp_path):
+    requires("gcc")
+    graph = irregular.graph(100, seed=9)
+    net = compile_graph(graph, compiler="gcc", tiered=True, cache=tmp_path)
+    assert net.wait(60) == "optimised"
+    again = compile_graph(graph, compiler="gcc", tiered=True, cache=tmp_path)
+    assert again.tier == "optimised" and again.build.cached
+    assert compile_graph(graph, compiler="gcc", cache=tmp_path / "small").tier is None  # tiered=None: small C
+    with pytest.raises(TypeError, match="tiered must be"):
+        compile_graph(graph, compiler="gcc", tiered="yes")
+
+
+def test_the_tiered_module_forwards_the_api(tmp_path, gate):
+    requires("gcc")
+    graph = irregular.graph(100, seed=11)
+    net = compile_graph(graph, compiler="gcc", tiered=True, cache=tmp_path, outputs=graph.outputs)
+    assert {"train", "predict", "params", "optimizer_state", "wait", "tier"} <= set(dir(net))
+    values = [Value(p.data) for p in graph.params]
+    codegen.copy_from_values(net, values)
+    codegen.copy_to_values(net, values)
+    X, _ = rows(graph, 3)
+    predicted = np.asarray(net.predict(np.hstack([X, X[:, :1]])))
+    assert predicted.shape == (3, net.n_outputs)
+    net.set_threads(1)
+    gate.set()
+    net.wait(60)
+    assert net.threads() == 1 and "optimised tier" in repr(net)
+
+
+def test_straight_line_programs_get_one_backward_in_short_functions():
+    graph = irregular.graph(3_000, seed=1)
+    program = ir.lower(graph.loss, graph.inputs, graph.params)
+    assert ir.straight_line_heavy(program) and not program.sgd_in_backward
+    sources = codegen.generate(graph.loss, graph.inputs, graph.params, batch=1)
+    text = "".join(sources)
+    assert "backward_sgd_body_0(" not in text and "backward_tracked_body_0(" not in text
+    assert text.count("CHUNK void backward_body_") >= len(program.backward) // emit.STRAIGHT_LINE_CHUNK_STATEMENTS
+    assert "backward written once" in codegen.explain(graph.loss, graph.inputs, graph.params).summary()
+
+
+@pytest.fixture
+def every_program_straight_line(monkeypatch):
+    monkeypatch.setattr(ir, "ONE_BACKWARD_MIN_STATEMENTS", 1)
+
+
+@pytest.mark.parametrize("compiler", ["tcc", "gcc"])
+@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(recipe=recipes())
+def test_random_graphs_in_the_bounded_form_equal_the_interpreter(recipe, compiler, every_program_straight_line):
+    """test_compile's random graphs, each lowered as a straight-line-heavy program."""
+    requires(compiler)
+    constants, steps, param_values, rows_ = recipe
+    build = recipe_graph(constants, steps)
+    try:
+        expected = interpret_once(build, param_values, rows_)
+    except (OverflowError, ZeroDivisionError, ValueError):
+        assume(False)
+    flat = [expected[0], *expected[1], *expected[2], *expected[3]]
+    assume(all(math.isfinite(v) and abs(v) < 1e6 for v in flat))
+    assert_equivalent(build, param_values, rows_, "fused", compiler=compiler, opt=2)
+
+
+@pytest.mark.parametrize("compiler", ["tcc", "gcc"])
+def test_train_in_the_bounded_form_equals_the_step_api(compiler, every_program_straight_line, tmp_path):
+    """batch-1 train() steps after the one backward: the step-by-step API's numbers."""
+    requires(compiler)
+    graph = irregular.graph(150, seed=2)
+    X, Y = rows(graph, 10)
+    net = compile_graph(graph, compiler=compiler, cache=tmp_path, tiered=False)
+    steps = compile_graph(graph, compiler=compiler, cache=tmp_path, tiered=False)
+    net.train(X, Y, 0.05)
+    for x, y in zip(X, Y):
+        steps.set_input(np.concatenate([x, y]))
+        steps.zero_grad()
+        steps.forward()
+        steps.backward()
+        steps.update(0.05)
+    np.testing.assert_array_equal(np.asarray(net.params), np.asarray(steps.params))
+
+
+def test_a_first_tier_that_does_not_build_leaves_the_optimised_build(tmp_path, monkeypatch):
+    requires("gcc")
+    broken = codegen.toolchain.find_compiler(fake_compiler(tmp_path, "echo 'tcc: error: no such builtin' >&2; exit 1"))
+    monkeypatch.setattr(tiers, "first_tier_compiler", lambda: broken)
+    graph = irregular.graph(100, seed=13)
+    with pytest.warns(tiers.TierWarning, match="no such builtin"):
+        net = compile_graph(graph, compiler="gcc", tiered=True, cache=tmp_path)
+    assert net.tier is None and not net.build.cached
