@@ -79,10 +79,14 @@ def compile_document(state, params, config, args):
                    optimizer=codegen.Adam(betas=BETAS, eps=EPS))
     sources = codegen.generate(doc.loss, **options)
     compiler = toolchain.find_compiler(args.compiler)
+    name = pathlib.Path(compiler.argv[0]).name
+    # an optimising compiler builds in the background while TCC's module trains (codegen/tiers.py)
+    tiered = not name.startswith(("tcc", "libtcc"))
     t1 = time.perf_counter()
-    net = codegen.compile(doc.loss, **options, compiler=compiler, opt=args.opt, sources=sources)
+    net = codegen.compile(doc.loss, **options, compiler=compiler, opt=args.opt, sources=sources, tiered=tiered)
     flags = " ".join(toolchain.compile_flags(compiler, args.opt, False))
-    return net, f"{pathlib.Path(compiler.argv[0]).name} {flags}".strip(), t1 - t0, time.perf_counter() - t1
+    how = f"{name} {flags}".strip() + (", tcc's module meanwhile" if tiered and net.tier == "first" else "")
+    return net, how, t1 - t0, time.perf_counter() - t1
 
 
 def learning_rate(args, step):
@@ -198,9 +202,13 @@ def run(args, out=sys.stdout):
         print(f"sample {i + 1:2d}: {name}", file=out)
     summary.update(train_s=train_s, step_us=train_s / args.steps * 1e6, final_loss=losses[-1], losses=losses,
                    samples=names)
+    tier = getattr(net, "tier", None) if not args.interpret else None
+    optimised = getattr(net, "timings", {}).get("optimised") if tier else None
+    tiers = (f", ran on the {tier} tier" + (f" (the optimised build took {optimised:.1f} s)" if optimised else "")
+             if tier else "")
     print(f"summary: {args.steps} steps of {args.batch_size} document(s) in {train_s:.2f} s "
           f"({summary['step_us']:.1f} us a step), codegen {summary['codegen_s']:.2f} s, "
-          f"build {summary['build_s']:.2f} s, last loss {losses[-1]:.4f}", file=out)
+          f"build {summary['build_s']:.2f} s{tiers}, last loss {losses[-1]:.4f}", file=out)
     return summary
 
 
