@@ -179,9 +179,7 @@ def run(args, out=sys.stdout):
     print(f"vocab size: {tokenizer.vocab_size}", file=out)
     print(f"num params: {len(params)}", file=out)
     summary = {"codegen_s": 0.0, "build_s": 0.0}
-    if args.interpret:
-        losses_of = train_interpreted(state, params, docs, tokenizer, args, None)
-    else:
+    if not args.interpret:
         net, compiler, summary["codegen_s"], summary["build_s"] = compile_document(state, params, args.config, args)
         print(f"module: codegen {summary['codegen_s']:.2f} s, build {summary['build_s']:.2f} s ({compiler})", file=out)
     losses = []
