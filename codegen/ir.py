@@ -141,19 +141,16 @@ def _lower(graph, inputs, params, fuse, input_grads):
     if fuse:
         placed = _place(groups, leaves)
         orders = [list(g.members) for g in groups]
+        loops = _loop_count(placed[0])
         moved = set()
         # A group whose batch moves inside shows the next one its batch: a few rounds, and the
-        # result is kept only if no loop was lost on the way.
+        # result is kept only if no loop was lost on the way (else the first placement is made again).
         for _ in range(MAX_BATCH_ROUNDS):
             if not vector.batch_innermost(placed[0], moved):
                 break
             placed = _place(groups, leaves)
-        if moved:
-            batched = [list(g.members) for g in groups]
-            if _loop_count(_place_in(groups, orders, leaves)[0]) <= _loop_count(placed[0]):
-                placed = _place_in(groups, batched, leaves)
-            else:
-                placed = _place(groups, leaves)
+        if moved and _loop_count(placed[0]) < loops:
+            placed = _place_in(groups, orders, leaves)
         groups, constants, n_slots = placed
     else:
         n_slots = layout(groups, leaves)
