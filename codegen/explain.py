@@ -12,7 +12,7 @@ from micrograd_c.engine import value_count
 
 import templates
 
-from . import batch, emit, ir, targets
+from . import batch, emit, ir, optim, targets
 
 
 @dataclass
@@ -74,9 +74,10 @@ class Explanation:
         return render(self.to_dot(), path, format, "explain.draw")
 
 
-def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, target=None):
+def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, target=None, optimizer=None):
     """The lowered program of `loss` as compile() would build it, step by step; with target (a zig
-    triple of codegen.targets.TARGETS), also the vectors its exported loops get there."""
+    triple of codegen.targets.TARGETS), also the vectors its exported loops get there; optimizer
+    (compile()'s: None is plain SGD) decides how many copies of backward the module has."""
     vectors = f"vectors on {target}: {targets.lookup(target).vectors}" if target is not None else ""
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
     step_of = {}
@@ -93,16 +94,16 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
     batched, why_not = batch.batched_form(program)
     how = (f"batched over up to {batched.capacity} samples (train() with batch_size > 1, predict())" if batched
            else f"no batched form ({why_not}): train() and predict() run sample by sample")
-    return Explanation(values, steps, c_lines, program, how, vectors, _straight_line(program))
+    return Explanation(values, steps, c_lines, program, how, vectors, _straight_line(program, optim.check(optimizer)))
 
 
-def _straight_line(program):
+def _straight_line(program, optimizer):
     """What compile() makes of the program's statements: functions of how many, and how many
-    copies of backward."""
+    copies of backward (emit.emit: SGD inside backward only for plain SGD)."""
     functions = f"statements in functions of at most {emit.chunk_statements(program)}"
     if program.fused and ir.straight_line_heavy(program):
         return f"mostly single statements: backward written once (batch-1 SGD steps after it), {functions}"
-    if program.sgd_in_backward:
+    if program.sgd_in_backward and optimizer.plain_sgd:
         return (f"backward written two or three times (plain, with batch-1 SGD in it, the step API's when it "
                 f"tracks rows), {functions}")
     return f"backward written once, {functions}"

@@ -360,3 +360,15 @@ def test_explain_counts_and_draws_the_program(tmp_path):
     assert not straight.loops and straight.c_lines > 20 * explanation.c_lines
     svg = explanation.draw(tmp_path / "program.svg")
     assert svg.read_text().lstrip().startswith(("<?xml", "<svg")) and "16 x 100" in svg.read_text()
+
+
+def test_explain_counts_the_copies_of_backward_the_optimizer_gets():
+    """Batch-1 SGD steps inside backward only for plain SGD (emit.emit): explain says so."""
+    model = MLP(4, [8, 3])
+    inputs = [Value(0.5 * i) for i in range(4)]
+    graph = (sum(o * o for o in model(inputs)), inputs, model.parameters())
+    assert ir.lower(*graph).sgd_in_backward
+    assert "backward written two or three times" in codegen.explain(*graph).summary()
+    assert "backward written two or three times" in codegen.explain(*graph, optimizer=codegen.SGD()).summary()
+    for optimizer in (codegen.Adam(), codegen.SGD(momentum=0.9)):
+        assert "backward written once" in codegen.explain(*graph, optimizer=optimizer).summary()
