@@ -24,17 +24,17 @@ C_SOURCE = pathlib.Path(__file__).resolve().parent / "c" / "microgpt.c"
 C_FLAGS = ("-O2",)
 
 
-def flat_params(state):
-    """The parameters' values in microgpt's order (state's matrices row by row)."""
-    return np.array([p.data for mat in state.values() for row in mat for p in row], dtype=np.float64)
+def initial(state):
+    """The parameters' values now, a float64 matrix by name, in microgpt's order (state's)."""
+    return {name: np.array([[v.data for v in row] for row in mat], dtype=np.float64) for name, mat in state.items()}
 
 
-def write_run(path, args, docs, tokenizer, state, samples=20):
+def write_run(path, args, docs, tokenizer, init, samples=20):
     """The run file bench/c/microgpt.c reads (its header comment has the layout), taken right after
-    gpt.train.setup: the parameters, the documents' tokens and Python's random state, from which
-    the sampling draws."""
+    gpt.train.setup: the parameters (init: initial(state)), the documents' tokens and Python's
+    random state, from which the sampling draws."""
     c = args.config
-    params = flat_params(state)
+    params = np.concatenate([m.ravel() for m in init.values()])
     encoded = [tokenizer.encode(d) for d in docs]
     offsets = np.cumsum([0] + [len(t) for t in encoded]).astype("<i4")
     chars = b"".join(ch.encode("utf-8").ljust(4, b"\0") for ch in tokenizer.chars)
@@ -75,15 +75,13 @@ def run_c(exe, run_path, steps):
     return {"losses": losses, "lines": out.splitlines(), "train_s": float(timing.group(1)), "samples": samples}
 
 
-def c_setup(out_dir, config_args=(), samples=20, compiler="gcc"):
-    """The port's start (gpt.train.setup with config_args), its run file and the program built
-    in out_dir: (run path, exe, build command, args)."""
+def prepare_run(out_dir, config_args=(), samples=20):
+    """The port's start (gpt.train.setup with config_args) as a run file in out_dir: (its path, args)."""
     args = train.parse_args(list(config_args))
     docs, tokenizer, state, _ = train.setup(args)
     run_path = pathlib.Path(out_dir) / "run.bin"
-    write_run(run_path, args, docs, tokenizer, state, samples)
-    exe, command = build_c(out_dir, compiler)
-    return run_path, exe, command, args
+    write_run(run_path, args, docs, tokenizer, initial(state), samples)
+    return run_path, args
 
 
 # ---- JAX
@@ -92,21 +90,25 @@ class JaxPeer:
     """microgpt in JAX, float64: one document a step, padded to block_size (its positions past the
     document weigh 0 in the loss, as data.row's weights say: causality leaves the document's own
     positions exact), microgpt's Adam (its bias corrections, betas, eps) with the learning rate
-    decaying linearly over `steps`. step(): the jitted step; scan(): all steps in one lax.scan."""
+    decaying linearly over `steps`, from init (initial(state)). step(): the jitted step; scan():
+    all steps in one lax.scan."""
 
-    def __init__(self, args, docs, tokenizer, state, steps):
-        import jax
+    def __init__(self, args, docs, tokenizer, init, steps):
+        try:
+            import jax  # optional: a peer, installed by `make jax`
+        except ImportError:
+            raise ImportError("JAX is not installed (make jax, or pip install jax)") from None
         jax.config.update("jax_enable_x64", True)
         import jax.numpy as jnp
         self.jax, self.jnp = jax, jnp
         self.config, self.steps, self.lr = args.config, steps, args.lr
-        self.init = {name: jnp.asarray([[v.data for v in row] for row in mat], dtype=jnp.float64)
-                     for name, mat in state.items()}
+        self.init = {name: jnp.asarray(m) for name, m in init.items()}
         block = self.config.block_size
         rows = np.stack([data.row(tokenizer.encode(docs[k % len(docs)]), block) for k in range(steps)])
-        self.tokens = jnp.asarray(rows[:, :block], dtype=jnp.int32)
-        self.targets = jnp.asarray(rows[:, block:2 * block], dtype=jnp.int32)
-        self.weights = jnp.asarray(rows[:, 2 * block:])
+        # on the host for the Python loop (a row a call: slicing a device array would be one more
+        # dispatch a step), on the device for the scan
+        self.rows = (rows[:, :block].astype(np.int32), rows[:, block:2 * block].astype(np.int32), rows[:, 2 * block:])
+        self.tokens, self.targets, self.weights = (jnp.asarray(a) for a in self.rows)
         self.step = jax.jit(self._step)
         self.scan = jax.jit(self._scan)
 
@@ -157,10 +159,11 @@ class JaxPeer:
     def run_jit(self):
         """All steps, a jitted step a Python call: (losses, seconds)."""
         carry, losses = self.start(), []
+        tokens, targets, weights = self.rows
         self.jax.block_until_ready(carry)
         t0 = time.perf_counter()
         for k in range(self.steps):
-            carry, loss = self.step(carry, k, self.tokens[k], self.targets[k], self.weights[k])
+            carry, loss = self.step(carry, k, tokens[k], targets[k], weights[k])
             losses.append(loss)
         losses = np.asarray(self.jax.block_until_ready(self.jnp.stack(losses)))
         return losses, time.perf_counter() - t0
