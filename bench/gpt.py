@@ -7,13 +7,13 @@ document order):
   empty cache and its peak compiler memory, a cache hit, microgpt's 1,000 steps (the losses every
   peer is checked against), and the step: the median of 5 runs of 200 steps (train() on one
   document, Adam inside);
-- the interpreted port: microgpt's own loop, 5 steps;
+- the interpreted port: microgpt's own loop, its first 5 steps;
 - the hand-written C (bench/c/microgpt.c, a scalar tape rebuilt every step, gcc -O2): microgpt's
   1,000 steps and 20 samples, 3 runs, the median;
 - JAX (bench/gpt_peers.py, float64, one thread), when installed (`make jax`): the jitted step
   called from a Python loop, and all 1,000 steps in one lax.scan, 3 runs each, the median;
 - PyTorch (when installed, `make torch`): the same model as tensors, one document a step,
-  torch.optim.Adam, 200 steps, 5 runs.
+  torch.optim.Adam with microgpt's learning rate set each step: microgpt's 1,000 steps, once.
 
 Then the issue's ratios (compiled step / JAX's scanned step, compiled step / the hand-written C's)
 with their targets. A peer whose losses leave the port's by more than 1e-9 (relative) fails the run.
@@ -21,6 +21,7 @@ with their targets. A peer whose losses leave the port's by more than 1e-9 (rela
     python -m bench --only gpt [--quick]
 """
 
+import itertools
 import json
 import os
 import random
@@ -40,8 +41,9 @@ TARGETS = {"JAX's scanned step": 0.35, "the hand-written C's step": 0.05}  # iss
 
 
 def _setup(config_args=()):
+    """The port's start (gpt.train.setup) for microgpt's 1,000 steps (its learning rate decays over them)."""
     from gpt import train
-    args = train.parse_args(list(config_args))
+    args = train.parse_args(["--steps", str(PORT_STEPS), *config_args])
     docs, tokenizer, state, params = train.setup(args)
     return args, docs, tokenizer, state, params
 
@@ -49,7 +51,7 @@ def _setup(config_args=()):
 def child_compiled(compiler):
     import codegen
     from gpt import data, model, train
-    args, docs, tokenizer, state, params = _setup(["--compiler", compiler, "--steps", str(PORT_STEPS)])
+    args, docs, tokenizer, state, params = _setup(["--compiler", compiler])
     with tempfile.TemporaryDirectory() as cache:
         os.environ["MICROGRAD_C_CACHE"] = cache
         t0 = time.perf_counter()
@@ -66,22 +68,21 @@ def child_compiled(compiler):
     rows = np.stack([data.row(tokenizer.encode(d), args.config.block_size) for d in docs[:STEPS]])
     block = args.config.block_size
     X, Y = np.ascontiguousarray(rows[:, :2 * block]), np.ascontiguousarray(rows[:, 2 * block:])
-    times, first = [], None
+    times = []
     for _ in range(RUNS):
         start = time.perf_counter()
         for i in range(STEPS):
-            loss = net.train(X[i:i + 1], Y[i:i + 1], 0.01)
-            first = loss if first is None else first
+            net.train(X[i:i + 1], Y[i:i + 1], 0.01)
         times.append((time.perf_counter() - start) / STEPS)
     return {"codegen_s": t1 - t0, "build_s": t2 - t1, "hit_s": t3 - t2, "step_us": statistics.median(times) * 1e6,
-            "peak_rss": net.build.peak_rss, "first_loss": first, "losses": losses}
+            "peak_rss": net.build.peak_rss, "first_loss": losses[0], "losses": losses}
 
 
 def child_interpreted():
     from gpt import train
-    args, docs, tokenizer, state, params = _setup(["--steps", "5", "--interpret"])
+    args, docs, tokenizer, state, params = _setup(["--interpret"])
     start = time.perf_counter()
-    losses = list(train.train_interpreted(state, params, docs, tokenizer, args, _NoBar()))
+    losses = list(itertools.islice(train.train_interpreted(state, params, docs, tokenizer, args, _NoBar()), 5))
     return {"step_us": (time.perf_counter() - start) / 5 * 1e6, "first_loss": losses[0], "losses": losses}
 
 
@@ -142,18 +143,17 @@ def child_torch():
         logits = x @ tensors["lm_head"].T
         return torch.nn.functional.cross_entropy(logits, targets)
 
-    encoded = [tokenizer.encode(d) for d in docs[:STEPS]]
-    times, first = [], None
-    for _ in range(RUNS):
-        start = time.perf_counter()
-        for tokens in encoded:
-            opt.zero_grad()
-            loss = loss_of(tokens)
-            loss.backward()
-            opt.step()
-            first = loss.item() if first is None else first
-        times.append((time.perf_counter() - start) / STEPS)
-    return {"step_us": statistics.median(times) * 1e6, "first_loss": first}
+    encoded = [tokenizer.encode(docs[k % len(docs)]) for k in range(PORT_STEPS)]
+    losses = []
+    start = time.perf_counter()
+    for step, tokens in enumerate(encoded):  # microgpt's 1,000 steps, its learning rate decaying
+        opt.param_groups[0]["lr"] = train.learning_rate(args, step)
+        opt.zero_grad()
+        loss = loss_of(tokens)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"step_us": (time.perf_counter() - start) / PORT_STEPS * 1e6, "first_loss": losses[0], "losses": losses}
 
 
 class _NoBar:

@@ -29,10 +29,10 @@ def initial(state):
     return {name: np.array([[v.data for v in row] for row in mat], dtype=np.float64) for name, mat in state.items()}
 
 
-def write_run(path, args, docs, tokenizer, init, samples=20):
+def write_run(path, args, docs, tokenizer, init):
     """The run file bench/c/microgpt.c reads (its header comment has the layout), taken right after
     gpt.train.setup: the parameters (init: initial(state)), the documents' tokens and Python's
-    random state, from which the sampling draws."""
+    random state, from which the sampling draws args.samples names."""
     c = args.config
     params = np.concatenate([m.ravel() for m in init.values()])
     encoded = [tokenizer.encode(d) for d in docs]
@@ -44,7 +44,7 @@ def write_run(path, args, docs, tokenizer, init, samples=20):
     with open(path, "wb") as f:
         f.write(b"MICROGPT")
         f.write(struct.pack("<9i", tokenizer.vocab_size, c.n_embd, c.n_head, c.n_layer, c.block_size,
-                            len(docs), int(offsets[-1]), len(params), samples))
+                            len(docs), int(offsets[-1]), len(params), args.samples))
         f.write(struct.pack("<5d", args.lr, *train.BETAS, train.EPS, args.temperature))
         f.write(params.astype("<f8").tobytes())
         f.write(offsets.tobytes())
@@ -75,12 +75,13 @@ def run_c(exe, run_path, steps):
     return {"losses": losses, "lines": out.splitlines(), "train_s": float(timing.group(1)), "samples": samples}
 
 
-def prepare_run(out_dir, config_args=(), samples=20):
-    """The port's start (gpt.train.setup with config_args) as a run file in out_dir: (its path, args)."""
+def prepare_run(out_dir, config_args=()):
+    """The port's start (gpt.train.setup with config_args: python -m gpt's options) as a run file
+    in out_dir: (its path, args)."""
     args = train.parse_args(list(config_args))
     docs, tokenizer, state, _ = train.setup(args)
     run_path = pathlib.Path(out_dir) / "run.bin"
-    write_run(run_path, args, docs, tokenizer, initial(state), samples)
+    write_run(run_path, args, docs, tokenizer, initial(state))
     return run_path, args
 
 
@@ -175,3 +176,20 @@ class JaxPeer:
         t0 = time.perf_counter()
         _, losses = self.jax.block_until_ready(self.scan(carry))
         return np.asarray(losses), time.perf_counter() - t0
+
+
+def main(argv):
+    """`python -m bench.gpt_peers [python -m gpt's options]`: the hand-written C on the port's start,
+    built with gcc -O2 (or $CC), its output as it prints it."""
+    import os
+    import sys
+    with tempfile.TemporaryDirectory() as tmp:
+        run_path, args = prepare_run(tmp, argv)
+        exe, command = build_c(tmp, os.environ.get("CC") or "gcc")
+        print(" ".join(command[:2] + ["bench/c/microgpt.c"] + command[-3:]), file=sys.stderr)
+        return subprocess.run([str(exe), str(run_path), str(args.steps)]).returncode
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main(sys.argv[1:]))

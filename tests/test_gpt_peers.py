@@ -43,11 +43,11 @@ class _NoBar:
         pass
 
 
-def write_start(path, start, samples):
+def write_start(path, start):
     """The run file of the port's start (interpreted_run's), with the random state it had then."""
     args, docs, tokenizer, init, state = start
     random.setstate(state)
-    gpt_peers.write_run(path, args, docs, tokenizer, init, samples)
+    gpt_peers.write_run(path, args, docs, tokenizer, init)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def program(tmp_path_factory):
 
 def test_hand_written_c_gives_the_interpreted_ports_losses_and_names(tiny_port, program, tmp_path):
     losses, names, start = tiny_port
-    write_start(tmp_path / "run.bin", start, SAMPLES)
+    write_start(tmp_path / "run.bin", start)
     result = gpt_peers.run_c(program, tmp_path / "run.bin", STEPS)
     np.testing.assert_allclose(result["losses"], losses, rtol=1e-12)
     assert result["samples"] == names
@@ -83,7 +83,7 @@ def test_hand_written_c_on_the_census_names_gives_microgpts_first_losses(program
         data.default_path()
     except data.DataError as error:
         pytest.skip(str(error))
-    run_path, _ = gpt_peers.prepare_run(tmp_path, ["--steps", "1000"], samples=0)
+    run_path, _ = gpt_peers.prepare_run(tmp_path, ["--steps", "1000", "--samples", "0"])
     result = gpt_peers.run_c(program, run_path, 2)
     assert [f"{x:.4f}" for x in result["losses"]] == ["3.2670", "3.2458"]  # microgpt.py's, the port's
 
