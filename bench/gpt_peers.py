@@ -63,16 +63,17 @@ def build_c(out_dir, compiler="gcc"):
 
 
 def run_c(exe, run_path, steps):
-    """One run of the program: {'losses' (each step's, float64), 'lines' (its stdout), 'train_s',
-    'samples' (the sampled names)}."""
+    """One run of the program: {'losses' (each step's, float64), 'lines' (its stdout), 'train_s'
+    and 'train_cpu_s' (the training's wall and CPU seconds), 'samples' (the sampled names)}."""
     with tempfile.TemporaryDirectory() as tmp:
         losses_path = pathlib.Path(tmp) / "losses.bin"
         out = subprocess.run([str(exe), str(run_path), str(steps), str(losses_path)], check=True,
                              capture_output=True, text=True).stdout
         losses = np.fromfile(losses_path, dtype="<f8")
-    timing = re.search(r"^time: train ([0-9.]+) s", out, re.M)
+    timing = re.search(r"^time: train ([0-9.]+) s, .*\(CPU ([0-9.]+) s\)", out, re.M)
     samples = re.findall(r"^sample +\d+: (.*)$", out, re.M)
-    return {"losses": losses, "lines": out.splitlines(), "train_s": float(timing.group(1)), "samples": samples}
+    return {"losses": losses, "lines": out.splitlines(), "train_s": float(timing.group(1)),
+            "train_cpu_s": float(timing.group(2)), "samples": samples}
 
 
 def prepare_run(out_dir, config_args=()):
@@ -158,24 +159,24 @@ class JaxPeer:
         return self.init, zeros, zeros
 
     def run_jit(self):
-        """All steps, a jitted step a Python call: (losses, seconds)."""
+        """All steps, a jitted step a Python call: (losses, wall seconds, CPU seconds)."""
         carry, losses = self.start(), []
         tokens, targets, weights = self.rows
         self.jax.block_until_ready(carry)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         for k in range(self.steps):
             carry, loss = self.step(carry, k, tokens[k], targets[k], weights[k])
             losses.append(loss)
         losses = np.asarray(self.jax.block_until_ready(self.jnp.stack(losses)))
-        return losses, time.perf_counter() - t0
+        return losses, time.perf_counter() - t0, time.process_time() - cpu0
 
     def run_scan(self):
-        """All steps in one lax.scan: (losses, seconds)."""
+        """All steps in one lax.scan: (losses, wall seconds, CPU seconds)."""
         carry = self.start()
         self.jax.block_until_ready(carry)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         _, losses = self.jax.block_until_ready(self.scan(carry))
-        return np.asarray(losses), time.perf_counter() - t0
+        return np.asarray(losses), time.perf_counter() - t0, time.process_time() - cpu0
 
 
 def main(argv):
