@@ -6,8 +6,10 @@ JAX is a peer of the benchmark, not a compiler the suite targets: its tests skip
 installed (`make jax`), and are slow (XLA compiles each step function for about 10 s on 2 busy
 cores); `make bench-gpt` checks JAX's 1,000 losses against the port's in every run."""
 
+import os
 import random
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -106,3 +108,13 @@ def test_jax_gives_the_interpreted_ports_losses(tiny_port, kind):
     jax_losses, seconds, cpu_seconds = peer.run_scan() if kind == "scan" else peer.run_jit()
     np.testing.assert_allclose(jax_losses, losses, rtol=1e-12)
     assert seconds > 0 and cpu_seconds > 0
+
+
+def test_python_m_bench_gpt_peers_runs_the_c_as_documented(docs_file):
+    argv = [sys.executable, "-m", "bench.gpt_peers", *TINY, "--data", str(docs_file), "--steps", "2", "--samples", "1"]
+    run = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "CC": "tcc"})
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"num docs: {len(DOCS)}"
+    assert [line[:17] for line in lines[3:5]] == ["step    1 /    2 ", "step    2 /    2 "]
+    assert lines[5] == "--- inference (new, hallucinated names) ---" and lines[6].startswith("sample  1: ")
