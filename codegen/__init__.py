@@ -94,7 +94,8 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     None (the default) tiers when the compiler optimises and the C is big (tiers.TIERED_MIN_LINES,
     a few seconds of gcc -O2); False never does. A cache hit of the optimised build loads it.
     sources: what generate() returned for these same arguments, when the caller has them already
-    (e.g. to compute a build_key): the C is not generated a second time (timings["codegen"] is 0).
+    (e.g. to compute a build_key): the C is not generated a second time (timings["codegen"] is
+    then the graph's reading, which indexes the build by its structure for the next compile).
     The module gets attributes `build` (toolchain.BuildResult) and `timings` (seconds per step:
     "codegen" is reading the graph, its structural key, and lowering and emitting its C unless
     the cache had it; "compile" the C compiler's; a tiered module's "optimised", the background
@@ -113,7 +114,9 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
         started = time.perf_counter()
         spent = 0.0  # seconds of codegen inside build() (generating the C on a miss)
         given = sources
-        graph = None if given is not None else read_graph(loss, inputs, params, outputs, fuse)
+        # read even when the caller has the C: the cache indexes the build by the graph's structure,
+        # and without that entry the next compile of this model would generate its C again
+        graph = read_graph(loss, inputs, params, outputs, fuse)
 
         def generated():
             nonlocal given, spent
@@ -126,15 +129,15 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
             return given
 
         def structure():  # asked for by the backends that keep files (libtcc builds in memory)
-            return graph and _structural_key(graph, params, fuse=fuse, input_grads=input_grads, name=name,
-                                             optimizer=optimizer, embed_params=embed_params, dtype=dtype,
-                                             sparse_inputs=sparse_inputs, batch=batch)
+            return _structural_key(graph, params, fuse=fuse, input_grads=input_grads, name=name,
+                                   optimizer=optimizer, embed_params=embed_params, dtype=dtype,
+                                   sparse_inputs=sparse_inputs, batch=batch)
 
         read = time.perf_counter()
         build, module, tier = tiers.build_and_load(generated, name, compiler, opt, native, cache, timeout,
                                                    measure_memory, structure, tiered)
         # the params' data as the walk read it (no second pass over a million Values)
-        data = graph.data(graph.params, params) if graph else _params_data(params)
+        data = graph.data(graph.params, params)
         return build, module, tier, read - started + spent, data
 
     with ir.no_gc():  # (see read_graph)

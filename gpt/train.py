@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 import codegen
 from codegen import toolchain
+from micrograd_c import engine
 
 from . import data, model
 
@@ -29,6 +30,11 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m gpt", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", help="a text file, one document per line (default: $GPT_DATA, else "
                                   "../shared/names/first.txt)")
+    p.add_argument("--windows", action="store_true",
+                   help="the file is one long text: train on windows of block-size characters, newlines included")
+    p.add_argument("--held-out", type=float, default=0.0, metavar="FRACTION",
+                   help="hold out this fraction of the (shuffled) documents and report their mean loss "
+                        "before and after training (default 0: microgpt's run)")
     p.add_argument("--steps", type=int, default=1000, help="training steps (default 1000)")
     p.add_argument("--n-embd", type=int, default=16)
     p.add_argument("--n-head", type=int, default=4)
@@ -51,6 +57,8 @@ def parse_args(argv):
             p.error(f"--{name.replace('_', '-')} must be at least {0 if name == 'samples' else 1}")
     if not args.lr > 0 or not args.temperature > 0:
         p.error("--lr and --temperature must be positive")
+    if not 0 <= args.held_out < 1:
+        p.error("--held-out must be a fraction in [0, 1)")
     try:
         args.config = model.Config(args.n_embd, args.n_head, args.n_layer, args.block_size)
     except ValueError as error:
@@ -61,32 +69,37 @@ def parse_args(argv):
 
 
 def setup(args):
-    """microgpt's start: the seed, the documents shuffled, the tokenizer, the parameters."""
+    """microgpt's start: the seed, the documents shuffled, the tokenizer, the parameters. With
+    --windows the documents are windows of one text (data.load_windows)."""
     random.seed(args.seed)
-    docs = data.load_docs(args.data or data.default_path())
+    path = args.data or data.default_path()
+    docs = data.load_windows(path, args.config.block_size) if args.windows else data.load_docs(path)
     random.shuffle(docs)
-    tokenizer = data.Tokenizer(docs)
+    tokenizer = data.Tokenizer(docs, framed=not args.windows)
     state, params = model.init_state(args.config, tokenizer.vocab_size)
     return docs, tokenizer, state, params
 
 
 def compile_document(state, params, config, args):
-    """The Document graph's module (Adam compiled in): (module, the compiler's description,
-    seconds of codegen, seconds of building)."""
+    """The Document graph's module (Adam compiled in): (module, the compiler's description, seconds
+    building the graph in Python, seconds of codegen (the graph read and, unless the cache has its
+    build, lowered to C), seconds of building or loading)."""
     t0 = time.perf_counter()
-    doc = model.document(state, config)
-    options = dict(inputs=doc.inputs, params=params, outputs=doc.outputs, dtype=args.dtype, batch=args.batch_size,
-                   optimizer=codegen.Adam(betas=BETAS, eps=EPS))
-    sources = codegen.generate(doc.loss, **options)
+    with engine.no_gc(survivors=True):  # a graph of Values is no garbage: 3-5x faster without the rescans
+        doc = model.document(state, config)
     compiler = toolchain.find_compiler(args.compiler)
     name = pathlib.Path(compiler.argv[0]).name
     # an optimising compiler builds in the background while TCC's module trains (codegen/tiers.py)
     tiered = not name.startswith(("tcc", "libtcc"))
     t1 = time.perf_counter()
-    net = codegen.compile(doc.loss, **options, compiler=compiler, opt=args.opt, sources=sources, tiered=tiered)
+    net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, dtype=args.dtype,
+                          batch=args.batch_size, optimizer=codegen.Adam(betas=BETAS, eps=EPS), compiler=compiler,
+                          opt=args.opt, tiered=tiered)
+    compiled = time.perf_counter() - t1
     flags = " ".join(toolchain.compile_flags(compiler, args.opt, False))
-    how = f"{name} {flags}".strip() + (", tcc's module meanwhile" if tiered and net.tier == "first" else "")
-    return net, how, t1 - t0, time.perf_counter() - t1
+    how = (f"{name} {flags}".strip() + (", tcc's module meanwhile" if tiered and net.tier == "first" else "")
+           + (", from the build cache" if net.build.cached else ""))
+    return net, how, t1 - t0, net.timings["codegen"], compiled - net.timings["codegen"]
 
 
 def learning_rate(args, step):
@@ -138,12 +151,12 @@ def sample_probs(logits, temperature):
 
 
 def sample_names(logits_at, tokenizer, args):
-    """microgpt's sampling: from BOS, a token at a time by random.choices on the probabilities
-    at temperature args.temperature, until BOS or block_size tokens. logits_at(tokens, pos):
+    """microgpt's sampling: from BOS (tokenizer.start), a token at a time by random.choices on the
+    probabilities at temperature args.temperature, until BOS or block_size tokens. logits_at(tokens, pos):
     the logits at position pos after the tokens so far."""
     names = []
     for _ in range(args.samples):
-        tokens = [tokenizer.bos]
+        tokens = [tokenizer.start]
         for pos in range(args.config.block_size):
             probs = sample_probs(logits_at(tokens, pos), args.temperature)
             token = random.choices(range(tokenizer.vocab_size), weights=probs)[0]
@@ -164,6 +177,23 @@ def compiled_logits(net, tokenizer, config):
     return logits_at
 
 
+def compiled_loss(net, config):
+    """A document's loss (its tokens) by the module's forward pass."""
+    def loss_of(tokens):
+        net.set_input(data.row(tokens, config.block_size))
+        return net.forward()
+    return loss_of
+
+
+def interpreted_loss(state, config):
+    return lambda tokens: model.interpreted_loss(state, config, tokens).data
+
+
+def mean_loss(loss_of, docs, tokenizer):
+    """The documents' mean loss (each document's own: the mean over its positions)."""
+    return sum(loss_of(tokenizer.encode(d)) for d in docs) / len(docs)
+
+
 def interpreted_logits(state, config):
     def logits_at(tokens, pos):
         keys, values = [[] for _ in range(config.n_layer)], [[] for _ in range(config.n_layer)]
@@ -175,13 +205,20 @@ def interpreted_logits(state, config):
 
 def run(args, out=sys.stdout):
     docs, tokenizer, state, params = setup(args)
-    print(f"num docs: {len(docs)}", file=out)
+    docs, held_out = data.split(docs, args.held_out)
+    print(f"num docs: {len(docs)}" + (f" (and {len(held_out)} held out)" if held_out else ""), file=out)
     print(f"vocab size: {tokenizer.vocab_size}", file=out)
     print(f"num params: {len(params)}", file=out)
-    summary = {"codegen_s": 0.0, "build_s": 0.0}
+    summary = {"graph_s": 0.0, "codegen_s": 0.0, "build_s": 0.0}
     if not args.interpret:
-        net, compiler, summary["codegen_s"], summary["build_s"] = compile_document(state, params, args.config, args)
-        print(f"module: codegen {summary['codegen_s']:.2f} s, build {summary['build_s']:.2f} s ({compiler})", file=out)
+        net, compiler, summary["graph_s"], summary["codegen_s"], summary["build_s"] = compile_document(
+            state, params, args.config, args)
+        print(f"module: graph {summary['graph_s']:.2f} s, codegen {summary['codegen_s']:.2f} s, "
+              f"build {summary['build_s']:.2f} s ({compiler})", file=out)
+    loss_of = interpreted_loss(state, args.config) if args.interpret else compiled_loss(net, args.config)
+    if held_out:
+        summary["held_out_before"] = mean_loss(loss_of, held_out, tokenizer)
+        print(f"held-out loss before training: {summary['held_out_before']:.4f}", file=out)
     losses = []
     t0 = time.perf_counter()
     with tqdm(total=args.steps, unit="step", desc="training", file=sys.stderr, disable=None) as bar:
@@ -193,11 +230,14 @@ def run(args, out=sys.stdout):
             if not args.quiet:
                 print(f"step {step + 1:4d} / {args.steps:4d} | loss {loss:.4f}", file=out)
     train_s = time.perf_counter() - t0
-    print("--- inference (new, hallucinated names) ---", file=out)
+    if held_out:
+        summary["held_out"] = mean_loss(loss_of, held_out, tokenizer)
+        print(f"held-out loss: {summary['held_out']:.4f} ({len(held_out)} documents)", file=out)
+    print(f"--- inference (new, hallucinated {'names' if tokenizer.framed else 'text'}) ---", file=out)
     logits_at = interpreted_logits(state, args.config) if args.interpret else compiled_logits(net, tokenizer, args.config)
     names = sample_names(logits_at, tokenizer, args)
     for i, name in enumerate(names):
-        print(f"sample {i + 1:2d}: {name}", file=out)
+        print(f"sample {i + 1:2d}: {name if tokenizer.framed else repr(name)}", file=out)  # (a text's newlines)
     summary.update(train_s=train_s, step_us=train_s / args.steps * 1e6, final_loss=losses[-1], losses=losses,
                    samples=names)
     tier = getattr(net, "tier", None) if not args.interpret else None
@@ -205,7 +245,7 @@ def run(args, out=sys.stdout):
     tiers = (f", ran on the {tier} tier" + (f" (the optimised build took {optimised:.1f} s)" if optimised else "")
              if tier else "")
     print(f"summary: {args.steps} steps of {args.batch_size} document(s) in {train_s:.2f} s "
-          f"({summary['step_us']:.1f} us a step), codegen {summary['codegen_s']:.2f} s, "
+          f"({summary['step_us']:.1f} us a step), graph {summary['graph_s']:.2f} s, codegen {summary['codegen_s']:.2f} s, "
           f"build {summary['build_s']:.2f} s{tiers}, last loss {losses[-1]:.4f}", file=out)
     return summary
 

@@ -170,3 +170,55 @@ def test_the_app_reports_bad_data(tmp_path):
     run = subprocess.run([sys.executable, "-m", "gpt", "--n-embd", "6", "--n-head", "4"], capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 2 and "multiple of n_head" in run.stderr
+
+
+def test_windows_cut_a_text_so_every_character_is_a_target_once(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("abcdefghij\nk")  # 12 characters
+    windows = data.load_windows(text, 4)
+    assert windows == ["abcde", "efghi", "ij\nk"]
+    tokenizer = data.Tokenizer(windows, framed=False)
+    assert tokenizer.encode("ab") == [1, 2] and tokenizer.start == 0  # no BOS; "\n" sorts first
+    rows = [data.row(tokenizer.encode(w), 4) for w in windows]
+    targets = "".join(tokenizer.decode(r[4:4 + len(w) - 1].astype(int)) for r, w in zip(rows, windows))
+    assert targets == "bcdefghij\nk"  # every character after the first, once
+    assert rows[2][8:].tolist() == [1 / 3] * 3 + [0.0]  # the last window's 3 positions
+    one = tmp_path / "one.txt"
+    one.write_text("a")
+    with pytest.raises(data.DataError, match="at least 2 characters"):
+        data.load_windows(one, 4)
+
+
+def test_held_out_split_and_its_loss(tiny):
+    """The held-out documents are the shuffled list's last ones, and their mean loss through the
+    module is the interpreter's."""
+    tokenizer, state, params = tiny
+    train_docs, held_out = data.split(DOCS, 0.3)
+    assert train_docs == DOCS[:7] and held_out == DOCS[7:]
+    assert data.split(DOCS, 0) == (DOCS, [])
+    for bad in (0.01, 0.99, 1.0, -0.1):
+        with pytest.raises(data.DataError):
+            data.split(DOCS, bad)
+    net = compiled(tiny)
+    compiled_mean = train.mean_loss(train.compiled_loss(net, TINY), held_out, tokenizer)
+    interpreted_mean = train.mean_loss(train.interpreted_loss(state, TINY), held_out, tokenizer)
+    assert compiled_mean == pytest.approx(interpreted_mean, rel=1e-12)
+
+
+def test_the_app_trains_on_windows_of_a_text_and_reports_held_out_loss(tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("the cat sat on the mat.\nthe dog sat on the log.\n" * 4)
+    run = subprocess.run([sys.executable, "-m", "gpt", "--data", str(text), "--windows", "--held-out", "0.25",
+                          "--steps", "20", "--n-embd", "4", "--n-head", "2", "--block-size", "6", "--samples", "2",
+                          "--quiet", "--compiler", "tcc"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert "num docs: 24 (and 8 held out)" in lines  # 192 characters in windows of 7 every 6
+    before = [float(line.split()[-1]) for line in lines if line.startswith("held-out loss before training: ")]
+    after = [float(line.split()[2]) for line in lines if line.startswith("held-out loss: ")]
+    assert len(before) == len(after) == 1 and after[0] < before[0]
+    assert "--- inference (new, hallucinated text) ---" in lines
+    assert sum(line.startswith("sample ") for line in lines) == 2
+    bad = subprocess.run([sys.executable, "-m", "gpt", "--data", str(text), "--held-out", "1.5"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--held-out" in bad.stderr

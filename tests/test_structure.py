@@ -187,6 +187,19 @@ def test_a_rebuilt_graph_loads_without_codegen(tmp_path, monkeypatch):
     assert not third.build.cached and third.build.path != first.build.path
 
 
+def test_a_build_from_given_sources_is_indexed_too(tmp_path, monkeypatch):
+    """compile(sources=generate(...)) (the benchmarks and apps that time codegen apart) also
+    indexes its build by the graph's structure: the next compile does not generate the C again."""
+    loss, inputs, params, outputs = mlp_graph()
+    first = codegen.compile(loss, inputs, params, outputs, cache=tmp_path,
+                            sources=codegen.generate(loss, inputs, params, outputs))
+    assert not first.build.cached
+    with monkeypatch.context() as patch:
+        patch.setattr(codegen.ir, "lower", lambda *a, **k: pytest.fail("lowered the graph again"))
+        second = compile_mlp(tmp_path)
+    assert second.build.cached and second.build.path == first.build.path
+
+
 @pytest.mark.parametrize("damage", ["entry", "index"])
 def test_a_damaged_entry_or_index_falls_back_to_codegen(tmp_path, damage):
     # built in another process: this one must not have the shared object mapped when it is damaged
