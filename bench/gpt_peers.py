@@ -80,6 +80,12 @@ def prepare_run(out_dir, config_args=()):
     """The port's start (gpt.train.setup with config_args: python -m gpt's options) as a run file
     in out_dir: (its path, args)."""
     args = train.parse_args(list(config_args))
+    unsupported = [option for option, used in (("--windows", args.windows), ("--held-out", args.held_out),
+                                               ("--batch-size", args.batch_size != 1),
+                                               ("--dtype float32", args.dtype != "float64")) if used]
+    if unsupported:
+        raise ValueError(f"the hand-written C runs microgpt's own training (float64, one document a step, "
+                         f"names framed by BOS): {', '.join(unsupported)} is not in it")
     docs, tokenizer, state, _ = train.setup(args)
     run_path = pathlib.Path(out_dir) / "run.bin"
     write_run(run_path, args, docs, tokenizer, initial(state))
@@ -185,7 +191,11 @@ def main(argv):
     import os
     import sys
     with tempfile.TemporaryDirectory() as tmp:
-        run_path, args = prepare_run(tmp, argv)
+        try:
+            run_path, args = prepare_run(tmp, argv)
+        except ValueError as error:
+            print(f"python -m bench.gpt_peers: {error}", file=sys.stderr)
+            return 2
         exe, command = build_c(tmp, os.environ.get("CC") or "gcc")
         print(" ".join(command[:2] + ["bench/c/microgpt.c"] + command[-3:]), file=sys.stderr)
         return subprocess.run([str(exe), str(run_path), str(args.steps)]).returncode

@@ -118,3 +118,10 @@ def test_python_m_bench_gpt_peers_runs_the_c_as_documented(docs_file):
     assert lines[0] == f"num docs: {len(DOCS)}"
     assert [line[:17] for line in lines[3:5]] == ["step    1 /    2 ", "step    2 /    2 "]
     assert lines[5] == "--- inference (new, hallucinated names) ---" and lines[6].startswith("sample  1: ")
+
+
+@pytest.mark.parametrize("option", [["--windows"], ["--held-out", "0.1"], ["--batch-size", "2"],
+                                    ["--dtype", "float32"]])
+def test_the_c_refuses_what_it_does_not_implement(docs_file, tmp_path, option):
+    with pytest.raises(ValueError, match=option[0]):
+        gpt_peers.prepare_run(tmp_path, ["--data", str(docs_file), *option])
