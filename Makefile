@@ -17,7 +17,7 @@ FLAGS  := $(COMPILER) --opt $(OPT) $(if $(NATIVE),--native) $(if $(DTYPE),--dtyp
 ARGS   ?=
 BUILD_ARGS ?=
 
-.PHONY: all nn mnist xor gpt test test-all test-bare bench bench-scale compare torch clean fuzz soak roofline
+.PHONY: all nn mnist xor gpt test test-all test-bare bench bench-scale compare torch jax clean fuzz soak roofline
 
 all: nn
 
@@ -72,8 +72,9 @@ bench: $(VENV)/.installed
 	$(PY) -m bench $(ARGS)
 
 # microgpt's row alone (bench/gpt.py): codegen, build, cache hit, step on tcc, gcc, clang beside the
-# interpreted port and PyTorch (when `make torch` installed it), each in its own process
-bench-gpt: $(VENV)/.installed
+# interpreted port, the hand-written C (bench/c/microgpt.c), JAX (installed first) and PyTorch (when
+# `make torch` installed it), each in its own process
+bench-gpt: jax
 	$(PY) -m bench --only gpt $(ARGS)
 
 # the scale table alone: graph, codegen, C compile, cache hit and peak RSS from 40k to 1.9M
@@ -99,9 +100,12 @@ roofline: $(VENV)/.installed
 torch: $(VENV)/.installed
 	$(PY) -m pip install -q 'torch==2.13.0'
 
+# JAX (CPU) as a peer in bench-minibatch and bench-gpt: optional, installed when missing
+jax: $(VENV)/.installed
+	$(PY) -c 'import jax' 2>/dev/null || $(PY) -m pip install -q jax
+
 # The minibatch table alone (bench/minibatch.py), with its peers PyTorch and JAX installed first
-bench-minibatch: torch
-	$(PY) -m pip install -q jax
+bench-minibatch: torch jax
 	$(PY) -m bench.minibatch $(ARGS)
 
 clean:

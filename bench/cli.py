@@ -18,7 +18,7 @@ PARTS = {'mnist': ('MNIST: MLP(784, [50, 10]), one epoch', mnist.run), 'zoo': ('
          'minibatch': ('Minibatches: train() and predict() beside PyTorch and JAX', minibatch.run),
          'scale': ('Scale: lowering from 40k to 1.9M parameters', scale.run),
          'tiers': ('Irregular graphs: bounded straight-line code and tiers', tiers.run),
-         'gpt': ('microgpt: the compiled step beside the interpreted port and PyTorch', gpt.run)}
+         'gpt': ('microgpt: the compiled step beside the interpreted port, hand-written C, JAX and PyTorch', gpt.run)}
 
 
 def parser(prog: str, description: str) -> argparse.ArgumentParser:

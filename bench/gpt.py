@@ -1,16 +1,27 @@
-"""microgpt (gpt/) in `make bench`: the compiled step on each compiler beside the interpreted
-port and PyTorch, each system in its own process, microgpt's default configuration on the
-census first names, one document a step (float64).
+"""microgpt (gpt/) in `make bench`: the compiled step on each compiler beside its peers, each
+system in its own process, microgpt's default configuration on the census first names, one
+document a step (float64), every peer from the port's start (the same parameters, the same
+document order):
 
-For each compiler: codegen (the graph read, lowered, C written), the build on an empty cache
-and its peak compiler memory, a cache hit, and the step: the median of 5 runs of 200 steps
-(train() on one document, Adam inside). The interpreted port: microgpt's own loop, 5 steps.
-PyTorch (when installed, `make torch`): the same model as tensors, one document a step,
-torch.optim.Adam, 200 steps, 5 runs.
+- the compiled port, per compiler: codegen (the graph read, lowered, C written), the build on an
+  empty cache and its peak compiler memory, a cache hit, microgpt's 1,000 steps (the losses every
+  peer is checked against), and the step: the median of 5 runs of 200 steps (train() on one
+  document, Adam inside);
+- the interpreted port: microgpt's own loop, its first 5 steps;
+- the hand-written C (bench/c/microgpt.c, a scalar tape rebuilt every step, gcc -O2): microgpt's
+  1,000 steps and 20 samples, 3 runs, the median;
+- JAX (bench/gpt_peers.py, float64, XLA's default threads), when installed (`make jax`): the jitted step
+  called from a Python loop, and all 1,000 steps in one lax.scan, 3 runs each, the median;
+- PyTorch (when installed, `make torch`): the same model as tensors, one document a step,
+  torch.optim.Adam with microgpt's learning rate set each step: microgpt's 1,000 steps, once.
+
+Then the issue's ratios (compiled step / JAX's scanned step, compiled step / the hand-written C's)
+with their targets. A peer whose losses leave the port's by more than 1e-9 (relative) fails the run.
 
     python -m bench --only gpt [--quick]
 """
 
+import itertools
 import json
 import os
 import random
@@ -24,11 +35,32 @@ import numpy as np
 
 COMPILERS = ("tcc", "gcc", "clang")
 STEPS, RUNS = 200, 5
+PORT_STEPS, PEER_RUNS = 1000, 3  # microgpt's run: the losses checked, the peers' timed steps
+TOLERANCE = 1e-9                 # the largest relative difference of a peer's losses from the port's
+TARGETS = {"JAX's scanned step": 0.35, "the hand-written C's step": 0.05}  # issue 33's, compiled / peer
+
+
+class _Clock:
+    """Wall and CPU seconds (this process's, every thread) since it was made: the CPU time is what
+    a busy machine's sharing does not inflate, or much less."""
+
+    def __init__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def read(self):
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def _per_step(runs, steps):
+    """{'step_us', 'cpu_us'}: the median over runs of (wall, CPU) seconds, a step."""
+    return {"step_us": statistics.median(w for w, _ in runs) / steps * 1e6,
+            "cpu_us": statistics.median(c for _, c in runs) / steps * 1e6}
 
 
 def _setup(config_args=()):
+    """The port's start (gpt.train.setup) for microgpt's 1,000 steps (its learning rate decays over them)."""
     from gpt import train
-    args = train.parse_args(list(config_args))
+    args = train.parse_args(["--steps", str(PORT_STEPS), *config_args])
     docs, tokenizer, state, params = train.setup(args)
     return args, docs, tokenizer, state, params
 
@@ -49,26 +81,52 @@ def child_compiled(compiler):
         t2 = time.perf_counter()
         codegen.compile(doc.loss, **options, compiler=compiler)
         t3 = time.perf_counter()
+    losses = list(train.train_compiled(net, docs, tokenizer, args, _NoBar()))  # microgpt's 1,000 steps
     rows = np.stack([data.row(tokenizer.encode(d), args.config.block_size) for d in docs[:STEPS]])
     block = args.config.block_size
     X, Y = np.ascontiguousarray(rows[:, :2 * block]), np.ascontiguousarray(rows[:, 2 * block:])
-    times, first = [], None
+    times = []
     for _ in range(RUNS):
-        start = time.perf_counter()
+        clock = _Clock()
         for i in range(STEPS):
-            loss = net.train(X[i:i + 1], Y[i:i + 1], 0.01)
-            first = loss if first is None else first
-        times.append((time.perf_counter() - start) / STEPS)
-    return {"codegen_s": t1 - t0, "build_s": t2 - t1, "hit_s": t3 - t2, "step_us": statistics.median(times) * 1e6,
-            "peak_rss": net.build.peak_rss, "first_loss": first}
+            net.train(X[i:i + 1], Y[i:i + 1], 0.01)
+        times.append(clock.read())
+    return {"codegen_s": t1 - t0, "build_s": t2 - t1, "hit_s": t3 - t2, **_per_step(times, STEPS),
+            "peak_rss": net.build.peak_rss, "first_loss": losses[0], "losses": losses}
 
 
 def child_interpreted():
     from gpt import train
-    args, docs, tokenizer, state, params = _setup(["--steps", "5", "--interpret"])
-    start = time.perf_counter()
-    losses = list(train.train_interpreted(state, params, docs, tokenizer, args, _NoBar()))
-    return {"step_us": (time.perf_counter() - start) / 5 * 1e6, "first_loss": losses[0]}
+    args, docs, tokenizer, state, params = _setup(["--interpret"])
+    clock = _Clock()
+    losses = list(itertools.islice(train.train_interpreted(state, params, docs, tokenizer, args, _NoBar()), 5))
+    return {**_per_step([clock.read()], 5), "first_loss": losses[0], "losses": losses}
+
+
+def child_c():
+    from . import gpt_peers
+    with tempfile.TemporaryDirectory() as tmp:
+        run_path, _ = gpt_peers.prepare_run(tmp, ["--steps", str(PORT_STEPS)])
+        t0 = time.perf_counter()
+        exe, command = gpt_peers.build_c(tmp)
+        build_s = time.perf_counter() - t0
+        runs = [gpt_peers.run_c(exe, run_path, PORT_STEPS) for _ in range(PEER_RUNS)]
+    return {"build_s": build_s, **_per_step([(r["train_s"], r["train_cpu_s"]) for r in runs], PORT_STEPS),
+            "first_loss": runs[0]["losses"][0], "losses": runs[0]["losses"].tolist(),
+            "command": " ".join(command[:2])}
+
+
+def child_jax(kind):
+    # XLA's default threads: its one-thread flags (--xla_cpu_multi_thread_eigen=false
+    # intra_op_parallelism_threads=1) made the scanned step slower, in CPU time too (1.7x here)
+    from . import gpt_peers
+    args, docs, tokenizer, state, _ = _setup()
+    peer = gpt_peers.JaxPeer(args, docs, tokenizer, gpt_peers.initial(state), PORT_STEPS)
+    run = peer.run_scan if kind == "scan" else peer.run_jit
+    losses, first_s, _ = run()  # the first run compiles
+    times = [run()[1:] for _ in range(PEER_RUNS)]
+    return {"compile_s": first_s - statistics.median(w for w, _ in times), **_per_step(times, PORT_STEPS),
+            "first_loss": float(losses[0]), "losses": losses.tolist()}
 
 
 def child_torch():
@@ -100,18 +158,17 @@ def child_torch():
         logits = x @ tensors["lm_head"].T
         return torch.nn.functional.cross_entropy(logits, targets)
 
-    encoded = [tokenizer.encode(d) for d in docs[:STEPS]]
-    times, first = [], None
-    for _ in range(RUNS):
-        start = time.perf_counter()
-        for tokens in encoded:
-            opt.zero_grad()
-            loss = loss_of(tokens)
-            loss.backward()
-            opt.step()
-            first = loss.item() if first is None else first
-        times.append((time.perf_counter() - start) / STEPS)
-    return {"step_us": statistics.median(times) * 1e6, "first_loss": first}
+    encoded = [tokenizer.encode(docs[k % len(docs)]) for k in range(PORT_STEPS)]
+    losses = []
+    clock = _Clock()
+    for step, tokens in enumerate(encoded):  # microgpt's 1,000 steps, its learning rate decaying
+        opt.param_groups[0]["lr"] = train.learning_rate(args, step)
+        opt.zero_grad()
+        loss = loss_of(tokens)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {**_per_step([clock.read()], PORT_STEPS), "first_loss": losses[0], "losses": losses}
 
 
 class _NoBar:
@@ -126,33 +183,77 @@ def _in_process(*argv):
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def _agreement(losses, reference):
+    """The largest relative difference of a peer's losses from the port's, over the steps both ran."""
+    n = min(len(losses), len(reference))
+    return float(np.max(np.abs(np.subtract(losses[:n], reference[:n])) / np.abs(reference[:n]))), n
+
+
 def run(args):
     quick = getattr(args, "quick", False)
     systems = {f"micrograd-c, {c}": ("compiled", c) for c in (COMPILERS[:1] if quick else COMPILERS)}
     systems["the interpreted port"] = ("interpreted",)
+    systems["hand-written C (gcc -O2)"] = ("c",)
+    systems["JAX jit, a Python loop"] = ("jax", "jit")
+    systems["JAX lax.scan over the steps"] = ("jax", "scan")
     systems["PyTorch (1 thread)"] = ("torch",)
+    load_before = os.getloadavg()[0]
     results = {name: _in_process(*argv) for name, argv in systems.items()}
+    print(f"load average (1 min): {load_before:.2f} at the start, {os.getloadavg()[0]:.2f} at the end; wall "
+          "times grow with the sharing of the cores, CPU times (the process's own) much less\n")
+    reference = next((r["losses"] for name, r in results.items() if "micrograd" in name and "losses" in r), None)
     best = min((r["step_us"] for name, r in results.items() if "step_us" in r and "micrograd" not in name),
                default=None)
-    print("| system | first loss | codegen s | build s (empty cache) | compiler peak MB | cache hit s | step us "
-          "| step / best peer |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| system | first loss | loss at step 1,000 | losses vs the port (max rel. diff, steps) | codegen s "
+          "| build s (empty cache) | compiler peak MB | cache hit s | step us | step us (CPU) | step / best peer |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    status = 0
     for name, r in results.items():
         if "error" in r:
-            print(f"| {name} | - | - | - | - | - | {r['error']} | - |")
+            print(f"| {name} | - | - | - | - | - | - | - | {r['error']} | - | - |")
             continue
+        losses = r.get("losses", [])
+        last = f"{losses[PORT_STEPS - 1]:.4f}" if len(losses) >= PORT_STEPS else "-"
+        agreement = "-"
+        if reference is not None and losses and losses is not reference:
+            diff, n = _agreement(losses, reference)
+            agreement = f"{diff:.1e} ({n})" + (f" **over {TOLERANCE:g}**" if not diff <= TOLERANCE else "")
+            status |= not diff <= TOLERANCE
+        elif losses is reference:
+            agreement = "the reference"
         ratio = f"{r['step_us'] / best:.3f}x" if best else "-"
         rss = f"{r['peak_rss'] / 1e6:.0f}" if r.get("peak_rss") else "-"
-        built = (f"{r['codegen_s']:.2f} | {r['build_s']:.2f} | {rss} | {r['hit_s']:.2f}" if "build_s" in r
-                 else "- | - | - | -")
-        print(f"| {name} | {r['first_loss']:.4f} | {built} | {r['step_us']:.1f} | {ratio} |")
-    return 0
+        if "hit_s" in r:
+            built = f"{r['codegen_s']:.2f} | {r['build_s']:.2f} | {rss} | {r['hit_s']:.2f}"
+        elif "build_s" in r or "compile_s" in r:
+            built = f"- | {r.get('build_s', r.get('compile_s')):.2f} | - | -"
+        else:
+            built = "- | - | - | -"
+        print(f"| {name} | {r['first_loss']:.4f} | {last} | {agreement} | {built} | {r['step_us']:.1f} "
+              f"| {r['cpu_us']:.1f} | {ratio} |")
+    _print_ratios(results)
+    return status
+
+
+def _print_ratios(results):
+    """Issue 33's ratios: each compiled step over JAX's scanned step and over the hand-written C's."""
+    peers = {"JAX's scanned step": results["JAX lax.scan over the steps"],
+             "the hand-written C's step": results["hand-written C (gcc -O2)"]}
+    print("\n| compiled step / peer step | measured (wall) | measured (CPU) | target |")
+    print("|---|---|---|---|")
+    for name, r in results.items():
+        if "micrograd" not in name or "step_us" not in r:
+            continue
+        for peer, p in peers.items():
+            measured = (f"{r['step_us'] / p['step_us']:.3f}x | {r['cpu_us'] / p['cpu_us']:.3f}x" if "step_us" in p
+                        else f"{p['error']} | -")
+            print(f"| {name.split(', ')[1]} / {peer} | {measured} | <= {TARGETS[peer]}x |")
 
 
 def main(argv):
     kind = argv[0]
     result = {"compiled": lambda: child_compiled(argv[1]), "interpreted": child_interpreted,
-              "torch": child_torch}[kind]()
+              "c": child_c, "jax": lambda: child_jax(argv[1]), "torch": child_torch}[kind]()
     print(json.dumps(result))
 
 
