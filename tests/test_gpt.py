@@ -18,6 +18,7 @@ import pytest
 import codegen
 from gpt import data, model, train
 from micrograd_c import Value
+from test_optim import OPTIMIZERS, Reference
 
 TINY = model.Config(n_embd=4, n_head=2, n_layer=1, block_size=5)
 DOCS = ["ava", "bo", "cy", "dee", "e", "abcde", "bac", "edcba", "ca", "adeb"]
@@ -95,6 +96,39 @@ def test_training_follows_microgpts_loop(tiny):
         p.data = v
     np.testing.assert_allclose(compiled_losses, interpreted, rtol=1e-9)
     assert np.mean(interpreted[-10:]) < np.mean(interpreted[:10]) - 0.1  # it learned
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam", "adamw"])
+def test_a_batch_of_mixed_lengths_steps_on_the_documents_mean_gradient(tiny, optimizer):
+    """train(batch_size=4) over documents of 1 to block_size+ positions: each step is the
+    optimizer's on the mean of microgpt's per-document gradients (the interpreter's), the
+    returned loss their mean; 3 steps, the last batch short."""
+    tokenizer, state, params = tiny
+    description = OPTIMIZERS[optimizer]
+    doc = model.document(state, TINY)
+    net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, compiler="tcc",
+                          optimizer=description, batch=4)
+    docs = ["", "abcdeab", "ab", "e", "dee", "abcde", "ca", "b", "eddy", "a"]
+    rows = np.stack([data.row(tokenizer.encode(d), TINY.block_size) for d in docs])
+    reference = Reference(description, len(params))
+    p = np.array([v.data for v in params])
+    lr = 0.05
+    for start in range(0, len(docs), 4):
+        batch = docs[start:start + 4]
+        X = np.ascontiguousarray(rows[start:start + 4, :2 * TINY.block_size])
+        Y = np.ascontiguousarray(rows[start:start + 4, 2 * TINY.block_size:])
+        loss = net.train(X, Y, lr, batch_size=4)
+        losses, grads = [], []
+        for d in batch:
+            for v, x in zip(params, p):
+                v.data, v.grad = x, 0
+            expected = model.interpreted_loss(state, TINY, tokenizer.encode(d))
+            expected.backward()
+            losses.append(expected.data)
+            grads.append([v.grad for v in params])
+        assert loss == pytest.approx(np.mean(losses), rel=1e-9)
+        p = reference.step(p, np.mean(grads, axis=0), lr)
+        np.testing.assert_allclose(np.asarray(net.params), p, rtol=1e-9, atol=1e-12)
 
 
 def test_sampling_through_the_module_is_microgpts(tiny):
