@@ -18,6 +18,8 @@ import pytest
 
 import templates
 from codegen import toolchain
+from codegen.toolchain import COMPILER_NAMES
+from conftest import requires
 from pathlib import Path
 
 HARNESS = """
@@ -164,37 +166,36 @@ def cpu_variants():
         {"avx512 6x2"} if "avx512f" in flags else set())
 
 
-def vector_kernels(compiler):
-    if not toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native:
-        pytest.skip(f"{compiler} builds the plain loops only (no vector kernels)")
+@pytest.fixture(params=[name for name in COMPILER_NAMES if toolchain.FAMILIES[name].native])
+def vector_compiler(request):
+    """Each compiler that builds the vector kernels (not TCC: it builds the plain loops only)."""
+    return requires(request.param)
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_each_variant(compiler, variant):
+def test_each_variant(vector_compiler, variant):
     """Each variant (GCC, Clang: the plain loops, AVX2's tile, AVX-512's), forced, its sums in slices
     of 7 terms (tails in every slice) and in one piece: run where the CPU has it, built (not run) where it does not (an
     illegal instruction would kill the run)."""
-    vector_kernels(compiler)
     if variant in cpu_variants():
         for dtype in DTYPES:
             for depth in (7, ONE_PIECE):
-                check(compiler, dtype, variant, depth)
+                check(vector_compiler, dtype, variant, depth)
     else:
-        kernels(compiler, "float32", variant)
+        kernels(vector_compiler, "float32", variant)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_same_bits_in_every_vector_variant(compiler, dtype):
+def test_same_bits_in_every_vector_variant(vector_compiler, dtype):
     """The vector variants this CPU runs, and the sums' slices (3 terms, the L2's depth, one
     piece), give the same bits: each element is summed the same way in each (the choice of
     variant and depth is the machine's, the numbers are not)."""
-    vector_kernels(compiler)
     runs = [(v, d) for v in sorted(cpu_variants() - {"plain"}) for d in (3, None, ONE_PIECE)]
     if not runs:
         pytest.skip("this CPU has no vector variant")
-    first = check(compiler, dtype, *runs[0])
+    first = check(vector_compiler, dtype, *runs[0])
     for variant, depth in runs[1:]:
-        for a, b in zip(first, check(compiler, dtype, variant, depth)):
+        for a, b in zip(first, check(vector_compiler, dtype, variant, depth)):
             np.testing.assert_array_equal(a, b, err_msg=f"{runs[0]} against {variant}, depth {depth}")
 
 
