@@ -180,8 +180,8 @@ def _constants(constants, dtype, name="init_constants", table="CONSTANT_VALUES")
 
 def _index_inputs(index_inputs):
     """INDEX_INPUTS: the inputs gathers read as an index, {position, how many values}
-    (ir.index_inputs), which templates/samples.c's checks read; models without gathers have
-    none and keep their C."""
+    (ir.index_inputs), which templates/samples.c's check_index_slots and check_index_samples
+    read; models without gathers have none and keep their C."""
     rows = ", ".join(f"{{{position}, {n}}}" for position, n in index_inputs)
     return (f"#define N_INDEX_INPUTS {len(index_inputs)}\n"
             f"static const long INDEX_INPUTS[][2] = {{{rows}}};")

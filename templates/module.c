@@ -520,7 +520,7 @@ static int module_exec(PyObject *module)
         PyErr_NoMemory();
         return -1;
     }
-    /* after d's slots, the sparse inputs' nonzero lists (int32, codegen/emit.py's scan_nonzeros) */
+    /* after d's slots, the sparse inputs' nonzero lists (int32, codegen/statements.py's scan_nonzeros) */
     const Py_ssize_t nonzero_reals = (NONZERO_WORDS * 4 + (Py_ssize_t)sizeof(real) - 1) / (Py_ssize_t)sizeof(real);
     if (!(s->d = aligned_slots(&s->data_buf, &d0, N_SLOTS + nonzero_reals)) || !(s->g = aligned_slots(&s->grad_buf, &g0, N_SLOTS)) ||
         add_optimizer_state(module, s) < 0)

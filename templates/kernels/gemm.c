@@ -4,7 +4,7 @@
  * the tile's rows and each A value (broadcast) its vectors; the tile and the vectors' width
  * chosen for the CPU when the module runs (gemm_variant), the sum's slices for its L2 cache
  * (gemm_depth). The three products of a layer over a batch are this one kernel with other
- * strides (codegen/emit.py emits them):
+ * strides (codegen/loops.py's layer_over_batch, Matmul and WeightGradient call them):
  *   forward             Y = W X:    matmul_set (C = Y from the bias, A = W, B = X)
  *   inputs' gradients   dX += W^T dY: matmul_acc (A = W read down its columns, B = dY)
  *   weights' gradients  dW += dY X^T: matmul_nt (A = dY, B = X^T, packed once per call)
