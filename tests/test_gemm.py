@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import templates
-from codegen import toolchain
+from codegen.backend import toolchain
 from pathlib import Path
 
 HARNESS = """

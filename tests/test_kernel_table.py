@@ -1,4 +1,4 @@
-"""The kernel table (templates/kernels/kernels.h, read by codegen/kernels.py): its prototypes are
+"""The kernel table (templates/kernels/kernels.h, read by codegen/write/kernels.py): its prototypes are
 the definitions' (compiled together, a changed signature is an error, by every compiler and
 dtype), each is defined in the templates, calls are rendered by parameter name with a missing or
 unknown one a Python error, and no emitter writes a kernel's call by hand."""
@@ -14,10 +14,10 @@ import cffi
 import numpy as np
 
 import templates
-from codegen import kernels
-from codegen.dtypes import DTYPES
-from codegen import toolchain
-from codegen.toolchain import find_compiler
+from codegen.write import kernels
+from codegen.write.dtypes import DTYPES
+from codegen.backend import toolchain
+from codegen.backend.toolchain import find_compiler
 from conftest import requires
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def test_the_table_reads_parameters_and_types():
 
 def test_no_emitter_writes_a_kernel_call_by_hand():
     """A kernel's name followed by `(` and an argument appears in codegen/ only in
-    codegen/kernels.py (which renders them): every call goes through the table."""
+    codegen/write/kernels.py (which renders them): every call goes through the table."""
     called = re.compile(r"\b(%s)\((?!\))" % "|".join(kernels.KERNELS))
     found = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in sorted((REPO / "codegen").rglob("*.py"))
              if p.name != "kernels.py" for m in called.finditer(p.read_text())]

@@ -1,7 +1,7 @@
 """The comments of the compiler, the templates and the front-end find the way by naming files and
 what is in them; these must not go stale when code moves. Two forms are checked, in every .py, .c
 and .h file under codegen/, templates/ and micrograd_c/:
-  - a path from the repository's root (codegen/loops.py, templates/kernels/gemm.c, tests/...):
+  - a path from the repository's root (codegen/write/loops.py, templates/kernels/gemm.c, tests/...):
     the file exists;
   - "PATH's NAME", PATH such a path or a file's bare name (gemm.c's gemm_variant, unique in the
     repository; names of files outside it, llm.c's, are left alone): NAME is defined there (a
@@ -60,6 +60,6 @@ def test_comments_name_files_and_names_that_exist(path):
 def test_the_check_sees_a_stale_reference(tmp_path):
     """A comment naming a moved file or a renamed function fails the check."""
     source = tmp_path / "x.c"
-    source.write_text("/* codegen/emitter.py; codegen/statements.py's _nonzero_words; gemm.c's gemm_variant */")
+    source.write_text("/* codegen/emitter.py; codegen/write/statements.py's _nonzero_words; gemm.c's gemm_variant */")
     assert stale(source) == ["codegen/emitter.py: no such file",
-                             "codegen/statements.py's _nonzero_words: not defined there"]
+                             "codegen/write/statements.py's _nonzero_words: not defined there"]

@@ -4,7 +4,7 @@
  * the tile's rows and each A value (broadcast) its vectors; the tile and the vectors' width
  * chosen for the CPU when the module runs (gemm_variant), the sum's slices for its L2 cache
  * (gemm_depth). The three products of a layer over a batch are this one kernel with other
- * strides (codegen/loops.py's layer_over_batch, Matmul and WeightGradient call them):
+ * strides (codegen/write/loops.py's layer_over_batch, Matmul and WeightGradient call them):
  *   forward             Y = W X:    matmul_set (C = Y from the bias, A = W, B = X)
  *   inputs' gradients   dX += W^T dY: matmul_acc (A = W read down its columns, B = dY)
  *   weights' gradients  dW += dY X^T: matmul_nt (A = dY, B = X^T, packed once per call)
@@ -25,7 +25,7 @@
  * is in the cache, and on the thread that made it), for n < count: a layer's activation,
  * y[n] = f(x[n]) (after matmul_set), or the activation's gradient, y[n] += f'(a[n], o[n]) * x[n]
  * with a and o its argument's and its own values (after matmul_acc, which finished x, the
- * activation's gradient). codegen/statements.py writes them from the op table. */
+ * activation's gradient). codegen/write/statements.py writes them from the op table. */
 typedef void (*Epilogue)(const real *restrict x, real *restrict y, const real *restrict a, const real *restrict o,
                          long count);
 

@@ -1,5 +1,5 @@
 /* The kernel table: every function that generated code calls, one prototype each, in the form
- * it is defined (templates/prelude.c and templates/kernels/). codegen/kernels.py reads this file
+ * it is defined (templates/prelude.c and templates/kernels/). codegen/write/kernels.py reads this file
  * and renders each call from it by parameter name, so a call with a missing, extra or misspelt
  * argument is a Python error, not a C one; tests/test_kernel_table.py compiles it against the
  * definitions (a changed signature must change here too) and checks that the emitters write no

@@ -10,7 +10,8 @@ import math
 
 import numpy as np
 
-from . import dtypes, ir
+from . import dtypes
+from ..lower import ir
 from .dtypes import c_literal
 from .kernels import Call, call
 from .loops import (Accumulate, Matmul, OffsetTables, ReadGradient, WeightGradient, bias_arguments, data_at,

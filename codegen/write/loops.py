@@ -3,7 +3,7 @@ the loop indices i0, i1, ... (slot_index, data_at, grad_at), a nest of `for` loo
 (loop_nest) that sums accumulations which stay put over the innermost loop in a register or as
 a dot product after it, and the groups that are one kernel call: a layer over a batch (its
 forward matmul_set, its inputs' gradients matmul_acc, its weights' gradients matmul_nt:
-templates/kernels/gemm.c). codegen/statements.py writes the statements, codegen/emit.py cuts
+templates/kernels/gemm.c). codegen/write/statements.py writes the statements, codegen/write/emit.py cuts
 them into functions and files.
 """
 
@@ -411,7 +411,7 @@ class ReadGradient:
 
 def render(statement):
     """The C of a statement of a loop body: a line of C, or one of the typed statements here and
-    in codegen/kernels.py (Accumulate, ReadGradient, Call) that render themselves."""
+    in codegen/write/kernels.py (Accumulate, ReadGradient, Call) that render themselves."""
     return statement if isinstance(statement, str) else statement.render()
 
 
