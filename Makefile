@@ -90,7 +90,7 @@ compare: $(VENV)/.installed
 # on the same machine: the check of the peak
 roofline: $(VENV)/.installed
 	mkdir -p $(BUILD)
-	$(if $(COMPILER),$(CC),$(shell $(PY) -c 'import shlex, codegen.toolchain as t; \
+	$(if $(COMPILER),$(CC),$(shell $(PY) -c 'import shlex, codegen.backend.toolchain as t; \
 		print(shlex.join(t.find_compiler(t.default_compiler_name(native=True)).argv))')) \
 		-O3 -march=native bench/c/bandwidth.c -o $(BUILD)/bandwidth
 	$(BUILD)/bandwidth

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from codegen import toolchain
+from codegen.backend import toolchain
 from gpt import data, train
 
 C_SOURCE = pathlib.Path(__file__).resolve().parent / "c" / "microgpt.c"

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from codegen import libtcc
+from codegen.backend import libtcc
 from codegen.jit import jit
 from micrograd_c import Value
 

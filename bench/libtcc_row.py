@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 
-from codegen import libtcc
-from codegen.toolchain import CompilerNotFound
+from codegen.backend import libtcc
+from codegen.backend.toolchain import CompilerNotFound
 
 from .measure import EPOCH_IMAGES, SEED, Config, Row, process_peak_rss
 from mnist.model import PIXEL_SCALE, build_graph

@@ -22,8 +22,9 @@ from typing import Callable
 
 import numpy as np
 
-from codegen import CompilerNotFound, CompileTimeout, dtypes
-from codegen.toolchain import COMPILER_NAMES, FAMILIES, find_compiler
+from codegen import CompilerNotFound, CompileTimeout
+from codegen.write import dtypes
+from codegen.backend.toolchain import COMPILER_NAMES, FAMILIES, find_compiler
 from mnist.model import DEFAULT_LR, PIXEL_SCALE, build_graph, image_loss, make_optimizer, sgd_step
 from mnist.options import add_data_dir_argument
 from mnist.resources import process_peak_rss

@@ -5,7 +5,8 @@ and whether the project's speed and size targets are met.
 """
 import time
 
-from codegen import CompilerNotFound, dtypes
+from codegen import CompilerNotFound
+from codegen.write import dtypes
 from mnist.data import load_mnist
 from mnist.model import build_graph
 

@@ -12,7 +12,7 @@ import importlib.resources
 import cffi
 import numpy as np
 
-from codegen.toolchain import build_library
+from codegen.backend.toolchain import build_library
 
 NIN, NHID, NOUT = 784, 50, 10
 SCALE = 1 / 255
@@ -138,7 +138,7 @@ long mlp_count_correct(const double *W1, const double *b1, const double *W2,
 
 
 class CReference:
-    """bench/c/mnist_reference.c, compiled with codegen.toolchain and called through cffi (ABI mode)."""
+    """bench/c/mnist_reference.c, compiled with codegen.backend.toolchain and called through cffi (ABI mode)."""
 
     def __init__(self, params, compiler='gcc', opt=3, native=True, measure_memory=False, sparse=False,
                  input_major=False):

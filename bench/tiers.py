@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 import codegen
-from codegen import ir
+from codegen.lower import ir
 
 from . import irregular
 

@@ -15,7 +15,7 @@ import cffi
 import numpy as np
 
 import codegen
-from codegen.toolchain import build_library
+from codegen.backend.toolchain import build_library
 
 from .models import N_ROWS, ZooModel
 
@@ -68,7 +68,7 @@ _CDEF_MOONS = ('double zoo_moons_train(double *params, const double *X, const do
 
 class CReference:
     """The model's plain-C reference (bench/c/zoo_<kind>.c after zoo_common.h), built with
-    codegen.toolchain like our modules and called through cffi (ABI mode)."""
+    codegen.backend.toolchain like our modules and called through cffi (ABI mode)."""
 
     def __init__(self, model: ZooModel, compiler, opt=3, native=True, timeout=None):
         self.model, kind = model, model.shape['kind']

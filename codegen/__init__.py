@@ -13,13 +13,16 @@ from operator import attrgetter
 
 import numpy as np
 
-from . import batch as batching
-from . import dtypes, emit, ir, optim, tiers, toolchain, walker
-from . import graph as graph_arrays
+from . import tiers, walker
+from .backend import toolchain
+from .lower import batch as batching
+from .lower import graph as graph_arrays
+from .lower import ir
+from .write import dtypes, emit, optim
 from .explain import explain
 from .export import export
-from .optim import SGD, Adam, AdamW
-from .toolchain import CompileError, CompilerNotFound, CompileTimeout, ToolchainError
+from .write.optim import SGD, Adam, AdamW
+from .backend.toolchain import CompileError, CompilerNotFound, CompileTimeout, ToolchainError
 
 __all__ = ["compile", "generate", "structural_key", "explain", "export", "copy_to_values", "copy_from_values", "SGD", "Adam", "AdamW", "CompileError",
            "CompilerNotFound", "CompileTimeout", "ToolchainError"]
@@ -80,7 +83,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     takes 0.7-0.9x the dense one; on dense inputs the scan costs about 8%: off by default.
     measure_memory=True records the compiler's peak memory in `build.peak_rss` (through a small
     intermediary process, which costs a few ms: benchmarks ask for it, users need not).
-    batch: the most samples one pass of the batched program runs (codegen/batch.py): train()
+    batch: the most samples one pass of the batched program runs (codegen/lower/batch.py): train()
     with batch_size > 1 and predict() run whole batches at once, a layer over a batch being a
     matrix product; a bigger batch_size runs in pieces of `batch`. batch=1: sample by sample
     only (a smaller module). A graph with no batched form (see codegen.explain) runs sample by
@@ -101,7 +104,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     the cache had it; "compile" the C compiler's; a tiered module's "optimised", the background
     build's, once it is in), and `tier` ("first" or "optimised" for a tiered module, else None).
 
-    The build cache finds a module by the graph's structure too (codegen/graph.py: its ops,
+    The build cache finds a module by the graph's structure too (codegen/lower/graph.py: its ops,
     constants, edges, the inputs' and params' positions, the outputs, and every option here that
     the C depends on), so that a model built again the same way loads without its C being
     generated again (build.cached, and timings["codegen"] is the reading of the graph).
@@ -156,7 +159,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
 def structural_key(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn", optimizer=None,
                    embed_params=False, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batch=batching.DEFAULT_CAPACITY):
     """The key under which compile() finds the build of generate()'s C for these arguments
-    without generating it (codegen/graph.py): a SHA-256 of the graph's structure and the options.
+    without generating it (codegen/lower/graph.py): a SHA-256 of the graph's structure and the options.
     Equal for a graph built twice the same way; different wherever two graphs or options differ."""
     inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
     with ir.no_gc():  # (see read_graph)

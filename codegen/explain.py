@@ -12,7 +12,9 @@ from micrograd_c.engine import value_count
 
 import templates
 
-from . import batch, emit, ir, optim, targets
+from .lower import batch, ir
+from .write import emit, optim
+from .backend import targets
 
 
 @dataclass
@@ -37,7 +39,7 @@ class Explanation:
     c_lines: int       # generated C (the kernels' fixed prelude excluded)
     program: object    # the ir.Program
     batched: str = ""  # whether train() and predict() run whole batches, or why not
-    vectors: str = ""  # with target=: what the loops become on that machine (codegen/targets.py)
+    vectors: str = ""  # with target=: what the loops become on that machine (codegen/backend/targets.py)
     straight_line: str = ""  # what the single statements became (functions, backward copies)
 
     @property
@@ -76,7 +78,7 @@ class Explanation:
 
 def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, target=None, optimizer=None):
     """The lowered program of `loss` as compile() would build it, step by step; with target (a zig
-    triple of codegen.targets.TARGETS), also the vectors its exported loops get there; optimizer
+    triple of codegen.backend.targets.TARGETS), also the vectors its exported loops get there; optimizer
     (compile()'s: None is plain SGD) decides how many copies of backward the module has."""
     vectors = f"vectors on {target}: {targets.lookup(target).vectors}" if target is not None else ""
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)

@@ -7,9 +7,9 @@
 
     codegen.export(..., target="aarch64-linux-musl")   # also out/aarch64-linux-musl/: libmnist.a, mnist
 
-The graph's C is codegen.emit.standalone(); templates/export/ wraps it in the API. Beside the
+The graph's C is codegen.write.emit.standalone(); templates/export/ wraps it in the API. Beside the
 files goes freestanding/ (math.h, string.h), for building with no libc (WebAssembly). With a
-target, codegen/targets.py builds them for that machine with zig cc.
+target, codegen/backend/targets.py builds them for that machine with zig cc.
 """
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ import re
 from dataclasses import dataclass
 import templates
 
-from . import emit, ir, targets
-from .dtypes import c_literal
+from .write import emit
+from .lower import ir
+from .backend import targets
+from .write.dtypes import c_literal
 
 FREESTANDING_HEADERS = ("math.h", "string.h")
 
@@ -46,7 +48,7 @@ def export(loss, inputs=(), params=(), outputs=(), path=".", name="model", froze
     current values become constants in the code, and `out` receives `outputs` (or the loss when
     none are given). The code is then straight-line: each weight is a literal the compiler folds
     into an instruction (dot-product fusion only fuses products of two slots).
-    target: a zig triple of codegen.targets.TARGETS (e.g. "aarch64-linux-musl"): also builds, with
+    target: a zig triple of codegen.backend.targets.TARGETS (e.g. "aarch64-linux-musl"): also builds, with
     zig cc -O<opt>, path/<target>/lib<name>.a and the command-line program path/<target>/<name>
     (templates/export/*_main.c); Exported.build says where, and how to run it. fma=True lets
     the compiler fuse multiply-adds where the target has them (then the numbers differ from the

@@ -27,7 +27,9 @@ import numpy as np
 from micrograd_c.engine import Value
 import templates
 
-from . import emit, ir, libtcc, loader, toolchain
+from .write import emit
+from .lower import ir
+from .backend import libtcc, loader, toolchain
 
 MODULE_NAME = "micrograd_c_jit"
 # Graphs up to this many statements are inlined into the row loop (templates/jit.c); bigger ones

@@ -26,7 +26,7 @@ import warnings
 
 import numpy as np
 
-from . import loader, toolchain
+from .backend import loader, toolchain
 
 # tiered=None (the default) tiers a build when its C has at least this many lines (lines, not
 # characters: embedded parameters are one line): about 3 s of gcc -O2 on a fused straight-line

@@ -18,7 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 import codegen
-from codegen import toolchain
+from codegen.backend import toolchain
 from micrograd_c import engine
 
 from . import data, model

@@ -7,7 +7,7 @@ a formula into a Python function once, at import; the C emitter substitutes slot
 string. So the interpreter and the compiled code evaluate the very same formula.
 
 Primitives: ``exp``, ``log``, ``tanh``, ``pow`` (the C library's; Python's math module calls the
-same libm) and ``where(cond, x, y)`` (C: a ``?:`` macro in templates/module.c).
+same libm) and ``where(cond, x, y)`` (C: a ``?:`` macro in templates/prelude.c).
 """
 
 import math

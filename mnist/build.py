@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import codegen
-from codegen import toolchain
+from codegen.backend import toolchain
 
 from .model import add_model_arguments, build_graph, model_options
 from .options import add_compiler_arguments, compiler_options, which_compiler

@@ -12,7 +12,7 @@ import zlib
 
 import numpy as np
 
-from codegen.toolchain import write_atomically
+from codegen.backend.toolchain import write_atomically
 
 
 class DataError(ValueError):

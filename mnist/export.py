@@ -9,7 +9,7 @@ OUT/mnist_train.c and OUT/mnist_train.h (the trainable step, starting from these
 OUT/freestanding/ (math.h, string.h for builds with no libc). Then it builds mnist.c with
 --check-compiler as a shared library, runs it on the 10,000 test images through cffi and prints
 its accuracy and how far its logits are from the compiled module's. With --target (a zig triple,
-codegen.targets.TARGETS), it also builds both for that machine with zig cc (OUT/<target>/:
+codegen.backend.targets.TARGETS), it also builds both for that machine with zig cc (OUT/<target>/:
 libmnist.a and the program mnist, libmnist_train.a and mnist_train), and the check runs them
 there (under qemu-user on another machine): the frozen program on the test images, against the
 module's predictions, and the trainable one for --check-steps SGD steps, against the module's.
@@ -26,7 +26,7 @@ import cffi
 import numpy as np
 
 import codegen
-from codegen import toolchain
+from codegen.backend import toolchain
 
 from .data import DataError, load_mnist
 from .model import DEFAULT_LR, N_CLASSES, N_PIXELS, PIXEL_SCALE, build_graph
@@ -45,7 +45,7 @@ def main(argv=None):
                              "of 40,000 constants takes gcc -O2 about 40 s); 'none' skips the check")
     parser.add_argument("--target", default=None,
                         help="also build both for this machine with zig cc, and check them there (under qemu-user "
-                             "elsewhere): " + ", ".join(codegen.targets.TARGETS))
+                             "elsewhere): " + ", ".join(codegen.backend.targets.TARGETS))
     parser.add_argument("--target-opt", type=int, default=2, choices=range(4),
                         help="zig cc's -O level for --target (default 2)")
     parser.add_argument("--check-images", type=int, default=10_000, metavar="N",

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 
 import codegen
-from codegen import dtypes
+from codegen.write import dtypes
 from micrograd_c import MLP, Value, cross_entropy
 from micrograd_c.nn import ACTIVATIONS
 

@@ -29,7 +29,7 @@ def which_compiler(args):
     """One line naming the compiler that builds the module, and why that one."""
     import os
 
-    from codegen import toolchain
+    from codegen.backend import toolchain
     if args.compiler:
         return f"compiler: {args.compiler} (--compiler)"
     if os.environ.get("CC"):

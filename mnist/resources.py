@@ -1,7 +1,7 @@
 """The process's resource use, for the app's summary (and the benchmark's tables)."""
 import resource
 
-from codegen.toolchain import MAXRSS_BYTES
+from codegen.backend.toolchain import MAXRSS_BYTES
 
 
 def process_peak_rss() -> int:

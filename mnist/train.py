@@ -22,7 +22,8 @@ import numpy as np
 from tqdm import tqdm
 
 import codegen
-from codegen import distributed, loader, toolchain
+from codegen import distributed
+from codegen.backend import loader, toolchain
 
 from .data import DataError, load_mnist
 from .model import (DEFAULT_LR, MODEL_DEFAULTS, PIXEL_SCALE, add_model_arguments, at_least, build_graph,

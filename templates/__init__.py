@@ -10,8 +10,8 @@ generated C gets into a template.
     samples.c   train()/predict()'s rows: checking X and Y, loading one sample
     driver.c    the training and prediction loops over the generated functions, without Python
     step.c      the step-by-step API's gradients: zero_grad(), backward(), update(), the `grad` view
-    optim.c     the optimizers' steps (codegen/optim.py describes them)
-    batch.c     train()/predict() over whole batches (the batched program, codegen/batch.py)
+    optim.c     the optimizers' steps (codegen/write/optim.py describes them)
+    batch.c     train()/predict() over whole batches (the batched program, codegen/lower/batch.py)
     pool.c      the threads a batch's matrix products (and codegen.jit's rows) run on
     prelude.c   element type and portability macros, then the kernels by family:
       kernels/dot.c     dot products and sums (fused sums of one sample)

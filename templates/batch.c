@@ -1,8 +1,9 @@
-/* train() and predict() over whole batches: the batched program's functions (codegen/batch.py:
- * forward_outputs_batch, forward_rest_batch, backward_batch) on the batch buffers, where slot s
- * of a sample b sits at s's batched slot + b (batch innermost) and the parameters at 0..N_PARAMS
- * as in d. The parameters are copied in before a pass and, after training, out again; every
- * other state (the optimizer's, the step-by-step API's) stays the module's. */
+/* train() and predict() over whole batches: the batched program's (codegen/lower/batch.py) functions
+ * (codegen/write/emit.py's _batched_functions: forward_outputs_batch, forward_rest_batch,
+ * backward_batch) on the batch buffers, where slot s of a sample b sits at s's batched slot + b
+ * (batch innermost) and the parameters at 0..N_PARAMS as in d. The parameters are copied in
+ * before a pass and, after training, out again; every other state (the optimizer's, the
+ * step-by-step API's) stays the module's. */
 #if HAVE_BATCH
 
 /* The batch buffers, made on first use (their size is BATCH_CAPACITY times the one-sample
@@ -11,7 +12,7 @@ static int batch_buffers(State *st)
 {
     if (st->bd)
         return 0;
-    /* after d's slots, the inputs' row lists (int32, codegen/emit.py's scan_batch_rows) */
+    /* after d's slots, the inputs' row lists (int32, codegen/write/statements.py's scan_batch_rows) */
     const size_t bytes = (size_t)N_BATCH_SLOTS * sizeof(real) + BATCH_LIST_WORDS * 4;
     void *d = NULL, *g = NULL;
     if (posix_memalign(&d, 64, bytes ? bytes : 64) != 0 || posix_memalign(&g, 64, bytes ? bytes : 64) != 0) {

@@ -1,5 +1,5 @@
 /* A micrograd-c training-step module. Generated code is spliced in at the @...@ markers by
- * codegen/emit.py; everything else is this fixed skeleton. Every slot of the graph lives in
+ * codegen/write/emit.py; everything else is this fixed skeleton. Every slot of the graph lives in
  * d[] (values) and g[] (gradients): parameters first, then inputs, then intermediates. Their
  * element type `real` is double or float (codegen.compile's dtype, templates/prelude.c).
  * Its INCLUDE markers are replaced by those templates (templates/__init__.py). */
@@ -483,7 +483,7 @@ static real *aligned_slots(PyObject **owner, Py_ssize_t *first, Py_ssize_t count
  * them to views, and `optimizer` is the optimizer's description. */
 static int add_optimizer_state(PyObject *module, State *s)
 {
-    const Py_ssize_t line = 8, m0 = line, v0 = line + N_PARAMS; /* codegen/optim.py's _STATE_LINE */
+    const Py_ssize_t line = 8, m0 = line, v0 = line + N_PARAMS; /* codegen/write/optim.py's _STATE_LINE */
     static const char *const names[] = {OPTIMIZER_STATE_NAMES};
     static const Py_ssize_t starts[] = {OPTIMIZER_STATE_STARTS};
     Py_ssize_t first;
@@ -520,7 +520,7 @@ static int module_exec(PyObject *module)
         PyErr_NoMemory();
         return -1;
     }
-    /* after d's slots, the sparse inputs' nonzero lists (int32, codegen/emit.py's scan_nonzeros) */
+    /* after d's slots, the sparse inputs' nonzero lists (int32, codegen/write/statements.py's scan_nonzeros) */
     const Py_ssize_t nonzero_reals = (NONZERO_WORDS * 4 + (Py_ssize_t)sizeof(real) - 1) / (Py_ssize_t)sizeof(real);
     if (!(s->d = aligned_slots(&s->data_buf, &d0, N_SLOTS + nonzero_reals)) || !(s->g = aligned_slots(&s->grad_buf, &g0, N_SLOTS)) ||
         add_optimizer_state(module, s) < 0)

@@ -1,6 +1,6 @@
 /* ---- optimizer steps ----------------------------------------------------------------------- */
 /* One optimizer step over the parameter block, PyTorch's formulas in PyTorch's order of
- * operations (torch.optim.SGD with dampening 0, Adam, AdamW). codegen/optim.py chose the rule:
+ * operations (torch.optim.SGD with dampening 0, Adam, AdamW). codegen/write/optim.py chose the rule:
  * OPTIMIZER (0 SGD, 1 SGD with momentum, 2 Adam/AdamW) and its hyperparameters are #defines, so
  * the compiler folds away every branch that does not apply. `m` and `v` are the optimizer's
  * per-parameter state (momentum buffer; exp_avg and exp_avg_sq), `step` Adam's step count. */

@@ -4,8 +4,8 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The element type of every slot, kernel and optimizer state: codegen/emit.py defines
- * REAL_IS_FLOAT before this file (dtype="float32": float, else double). The op table's
+/* The element type of every slot, kernel and optimizer state: codegen/write/dtypes.py's define
+ * sets REAL_IS_FLOAT before this file (dtype="float32": float, else double). The op table's
  * primitives go through real_exp, real_log, real_tanh and real_pow in float mode (the emitter
  * renames them), so that float code calls expf & co. instead of widening to double. */
 #if REAL_IS_FLOAT

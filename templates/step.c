@@ -2,7 +2,7 @@
  * backward() and update() without sweeping every parameter, micrograd's semantics unchanged.
  *
  * With plain SGD, the parameter rows that backward's dots write (and the biases beside them:
- * codegen/emit.py's step_rows lists them, "tracked rows") carry a stamp read against the
+ * codegen/write/statements.py's step_rows lists them, "tracked rows") carry a stamp read against the
  * generation s->gen: == gen, the row holds its gradient; == gen + 1, it had one contribution so
  * far, 0 + rank1[row] * (a snapshot of the dot's other operand), not written out; anything
  * else, stale values that stand for zeros (nothing since zero_grad(): a ReLU that stayed off).
@@ -251,7 +251,7 @@ static PyObject *grad_repr(PyObject *self)
 
 /* A heap type, made per module (and holding it), not a static one: a static type readied from
  * code that libtcc compiled in memory stays registered with `object` after that memory is freed
- * (codegen/libtcc.py deletes a gone module's code), which crashed the garbage collector. */
+ * (codegen/backend/libtcc.py deletes a gone module's code), which crashed the garbage collector. */
 static PyType_Slot grad_slots[] = {
     {Py_tp_dealloc, grad_dealloc},
     {Py_tp_repr, grad_repr},

@@ -1,5 +1,5 @@
 /* The Value graph's reader at C speed (codegen/walker.py builds it once per machine): the walk of
- * engine.numbered_order and the arrays codegen/graph.py reads from it, in one pass over the
+ * engine.numbered_order and the arrays codegen/lower/graph.py reads from it, in one pass over the
  * Values.
  *
  *   walk(value_type, dot_type, roots, params, inputs, compact)

@@ -15,8 +15,8 @@ from typing import Callable
 
 import pytest
 
-from codegen.targets import EMULATOR_ADVICE, TARGETS, WASI_RUNNER
-from codegen.toolchain import BACKEND_NAMES, COMPILER_NAMES, FAMILIES, CompilerNotFound, find_compiler
+from codegen.backend.targets import EMULATOR_ADVICE, TARGETS, WASI_RUNNER
+from codegen.backend.toolchain import BACKEND_NAMES, COMPILER_NAMES, FAMILIES, CompilerNotFound, find_compiler
 
 REQUIRED = os.environ.get('MICROGRAD_C_REQUIRE_COMPILERS') == '1'
 

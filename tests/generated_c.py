@@ -16,7 +16,8 @@ import tempfile
 
 import codegen
 from bench import models
-from codegen import dtypes, ir
+from codegen.lower import ir
+from codegen.write import dtypes
 from codegen.jit import jit_source
 from gpt import model as gpt_model
 from micrograd_c import Value

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 import codegen
-from codegen import cache, toolchain
+from codegen.backend import cache, toolchain
 from micrograd_c import MLP, Value, cross_entropy
 
 N_IN, N_CLASSES = 6, 3

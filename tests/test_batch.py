@@ -1,4 +1,4 @@
-"""The batch axis (codegen/batch.py, templates/batch.c): train() with batch_size > 1 and predict()
+"""The batch axis (codegen/lower/batch.py, templates/batch.c): train() with batch_size > 1 and predict()
 run whole batches through the batched program, which must give what sample-by-sample passes
 give (the same module compiled with batch=1) to the fused bound: every compiler, float64 and
 float32, each kind of optimizer, a last short batch, batches bigger than the buffers; the same
@@ -11,7 +11,7 @@ import pytest
 
 import codegen
 from bench.models import cnn
-from codegen.batch import NotBatchable, batch_program
+from codegen.lower.batch import NotBatchable, batch_program
 from micrograd_c import MLP, Value, cross_entropy
 from tests.test_train import mnist_dir  # noqa: F401 (a fixture)
 
@@ -159,7 +159,7 @@ def test_no_batched_form_falls_back_and_explain_says_so():
     """Scalar mode (fuse=False) has no batched form: train() with batches runs sample by sample,
     correctly, and codegen.explain says why."""
     model, xs, ys, logits, loss = classifier(hidden=(5,))
-    program = codegen.ir.lower(loss, xs + ys, model.parameters(), logits, fuse=False)
+    program = codegen.lower.ir.lower(loss, xs + ys, model.parameters(), logits, fuse=False)
     with pytest.raises(NotBatchable, match="scalar mode"):
         batch_program(program)
     explanation = codegen.explain(loss, xs + ys, model.parameters(), logits, fuse=False)
@@ -210,12 +210,12 @@ def test_sparse_inputs_skip_the_zero_rows_of_a_batch(compiler, dtype):
 def test_a_program_of_too_many_groups_has_no_batched_form():
     """Straight-line code (groups that did not become loops) past batch.MAX_GROUPS: no batched
     form, which would be as many more loops to compile."""
-    from codegen import batch
+    from codegen.lower import batch
     x = Value(0.5)
     y = x
     for i in range(batch.MAX_GROUPS + 10):  # a chain: every op its own group
         y = (y * 1.0001 + 0.001).tanh() if i % 2 else y + x
-    program = codegen.ir.lower(y, [x], [])
+    program = codegen.lower.ir.lower(y, [x], [])
     assert len(program.forward) > batch.MAX_GROUPS
     with pytest.raises(NotBatchable, match="groups"):
         batch_program(program)

@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 import codegen
-from codegen import cache, toolchain
+from codegen.backend import cache, toolchain
 from micrograd_c import MLP, Value
 
 COMPILER = "tcc"  # the fastest to build: these tests build a lot
@@ -114,7 +114,7 @@ def test_the_loader_refuses_a_damaged_entry_instead_of_crashing(tmp_path):
     so_path = build_tiny(tmp_path).path
     os.truncate(so_path, 4096)
     with pytest.raises(ImportError, match="damaged"):
-        codegen.loader.load_extension(so_path, "nn")
+        codegen.backend.loader.load_extension(so_path, "nn")
 
 
 @pytest.mark.parametrize("leftover", ["c files only", "temporary .so", "so without record", "record without so",
@@ -151,7 +151,7 @@ def test_a_build_killed_midway_leaves_no_entry(tmp_path):
     """Kill a process while it builds, at a few points; the next build is whole."""
     script = textwrap.dedent(f"""
         import sys, codegen
-        from codegen import toolchain
+        from codegen.backend import toolchain
         source = "double big(double x) {{\\n" + "x = x * 1.000001 + 0.5;\\n" * 10000 + "return x; }}\\n"
         print("start", flush=True)
         toolchain.build_library(source, "big", "gcc", opt=0)  # gcc: slow enough to be killed midway
@@ -280,6 +280,6 @@ def test_list_and_clear(tmp_path, capsys):
 
 def test_the_command_line_runs_as_a_module(tmp_path):
     build_tiny(tmp_path)
-    run = subprocess.run([sys.executable, "-m", "codegen.cache", "--dir", str(tmp_path), "list"],
+    run = subprocess.run([sys.executable, "-m", "codegen.backend.cache", "--dir", str(tmp_path), "list"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stderr == "" and "1 entries" in run.stdout

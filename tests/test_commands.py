@@ -91,5 +91,5 @@ def test_make_roofline(make):
 
 
 def test_cache_list_command():
-    done = subprocess.run([sys.executable, "-m", "codegen.cache", "list"], cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "codegen.backend.cache", "list"], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -211,7 +211,7 @@ def test_fused_dot_with_scattered_and_repeated_factors(compiler, opt):
     rows = [[0.1 * (i + 1) * (-1) ** i for i in range(6)], [0.3, -0.2, 0.5, 0.1, -0.4, 0.6]]
     assert_equivalent(build, [0.5 - 0.13 * i for i in range(8)], rows, "fused", compiler=compiler, opt=opt)
     params, inputs = [Value(0.0) for _ in range(8)], [Value(0.0) for _ in range(6)]
-    program = codegen.ir.lower(build(params, inputs), inputs, params)
+    program = codegen.lower.ir.lower(build(params, inputs), inputs, params)
     assert sum(n.kind == "dot" for n in program.nodes) == 3
 
 
@@ -225,7 +225,7 @@ def test_explicit_dot_compiles_to_one_fused_loop(compiler):
     assert_equivalent(build, [0.1 * i - 0.3 for i in range(10)], [[0.2 * j - 0.7 for j in range(9)]],
                       "fused", compiler=compiler, opt=2)
     params = w + [Value(0.5)]
-    program = codegen.ir.lower(build(params, x), x, params)
+    program = codegen.lower.ir.lower(build(params, x), x, params)
     assert [n.kind for n in program.nodes] == ["dot", "op"]
     with pytest.raises(ValueError, match="dot of 2 values with 1"):
         dot([Value(1.0), Value(2.0)], [Value(1.0)])

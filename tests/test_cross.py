@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import codegen
-from codegen import targets, toolchain
-from codegen.toolchain import CompileError, CompilerNotFound
+from codegen.backend import targets, toolchain
+from codegen.backend.toolchain import CompileError, CompilerNotFound
 from conftest import requires
 from micrograd_c import Value
 from mnist.export import (LOGIT_BOUND, losses_agree, module_training, target_predictions, target_training,

@@ -132,7 +132,7 @@ def test_the_added_op_compiles_to_what_the_interpreter_computes(op_added, mode):
 def test_the_compiler_row_is_one_row(monkeypatch):
     """The README's example row of FAMILIES is a CompilerFamily that find_compiler then knows: it
     finds the compiler, or says how to install it."""
-    from codegen import toolchain
+    from codegen.backend import toolchain
     row, = python_blocks(section("How to add a compiler"))
     family = eval(row.strip().rstrip(","), vars(toolchain))
     assert isinstance(family, toolchain.CompilerFamily)

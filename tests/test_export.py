@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import codegen
-from codegen.toolchain import find_compiler
+from codegen.backend.toolchain import find_compiler
 from conftest import requires
 from micrograd_c import MLP, Value, cross_entropy
 

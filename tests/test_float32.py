@@ -9,8 +9,8 @@ import pytest
 
 import codegen
 import templates
-from codegen import dtypes
-from codegen.toolchain import FAMILIES
+from codegen.write import dtypes
+from codegen.backend.toolchain import FAMILIES
 from test_module import N_CLASSES, N_IN, data, small_classifier
 
 RTOL = 1e-4  # see test_compile.py: float32 against float64, small models
@@ -102,7 +102,7 @@ def test_float32_source():
 
 @pytest.mark.parametrize("row", dtypes.DTYPES.values(), ids=dtypes.NAMES)
 def test_each_dtype_row_is_what_the_preludes_switch_says(row):
-    """codegen/dtypes.py's row and templates/prelude.c's `#if REAL_IS_FLOAT` branch it selects agree:
+    """codegen/write/dtypes.py's row and templates/prelude.c's `#if REAL_IS_FLOAT` branch it selects agree:
     the C type, the views' format and the math functions real_exp & co. stand for."""
     prelude = templates.read("prelude.c")
     switch = re.search(r"^#if REAL_IS_FLOAT\n(.*?)^#else\n(.*?)^#endif", prelude, re.S | re.M)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import codegen
-from codegen.toolchain import COMPILER_NAMES
+from codegen.backend.toolchain import COMPILER_NAMES
 from conftest import requires
 from micrograd_c import MLP, Value, cross_entropy
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import templates
-from codegen import toolchain
-from codegen.toolchain import COMPILER_NAMES
+from codegen.backend import toolchain
+from codegen.backend.toolchain import COMPILER_NAMES
 from conftest import requires
 from pathlib import Path
 

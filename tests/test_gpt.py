@@ -151,7 +151,7 @@ def test_max_chains_are_one_maximum(compiler):
     picks = [xs[4] * p, xs[0], xs[2] * 1.0, xs[1] + 0.0, xs[3] * p, Value(-3.0), xs[1] * p]
     top = functools.reduce(Value.max, picks)
     loss = top * top + functools.reduce(Value.max, [x * p for x in xs])
-    program = codegen.ir.lower(loss, [], xs + [p])
+    program = codegen.lower.ir.lower(loss, [], xs + [p])
     assert sum(1 for g in program.forward if g.first.kind == "op" and g.first.op.name == "maximum") == 2
     loss.backward()
     net = codegen.compile(loss, params=xs + [p], compiler=compiler)
@@ -168,7 +168,7 @@ def test_attention_is_loops_not_statements(tiny):
     config = model.Config(n_embd=8, n_head=2, n_layer=1, block_size=8)
     state, params = model.init_state(config, tiny[0].vocab_size)
     doc = model.document(state, config)
-    program = codegen.ir.lower(doc.loss, doc.inputs, params, doc.outputs)
+    program = codegen.lower.ir.lower(doc.loss, doc.inputs, params, doc.outputs)
     singles = sum(1 for g in program.forward if not g.shape)
     assert singles <= 20, singles
     assert any(g.shape[0] == config.block_size - 2 for g in program.forward if g.shape)  # positions as a loop

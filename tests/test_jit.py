@@ -5,9 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from codegen import ir
+from codegen.lower import ir
 from codegen.jit import INLINE_STATEMENTS, jit, jit_source
-from codegen.toolchain import BACKEND_NAMES
+from codegen.backend.toolchain import BACKEND_NAMES
 from conftest import requires
 from micrograd_c import Value
 

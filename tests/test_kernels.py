@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import templates
-from codegen import toolchain
-from codegen.dtypes import DTYPES
-from codegen.statements import nonzero_words
+from codegen.backend import toolchain
+from codegen.write.dtypes import DTYPES
+from codegen.write.statements import nonzero_words
 
 HARNESS = """
 void call_dot_rows(real *out, const real *w, long w_j, const real *x, long n, long J)

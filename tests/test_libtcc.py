@@ -9,7 +9,7 @@ import pytest
 
 import codegen
 from conftest import requires
-from codegen import libtcc
+from codegen.backend import libtcc
 from micrograd_c import Value
 
 # Collected again in this module, where `compiler` is libtcc.
@@ -74,7 +74,7 @@ def test_the_prepared_header_and_plain_python_h_build_the_same_module(compiler):
 
 def test_compile_errors_carry_libtccs_messages(compiler, monkeypatch):
     x = Value(1.0)
-    monkeypatch.setattr(codegen.loops, "c_literal", lambda value, dtype="float64": "syntax error here")  # the constant operand
+    monkeypatch.setattr(codegen.write.loops, "c_literal", lambda value, dtype="float64": "syntax error here")  # the constant operand
     with pytest.raises(codegen.CompileError) as error:
         codegen.compile(x * 2.0, [x], [], compiler="libtcc")
     assert "<module>:" in error.value.stderr and "error" in error.value.stderr

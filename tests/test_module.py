@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import codegen
-from codegen.toolchain import find_compiler
+from codegen.backend.toolchain import find_compiler
 from micrograd_c import MLP, Value, cross_entropy
 
 N_IN, N_CLASSES = 6, 3
@@ -84,7 +84,7 @@ def test_train_with_float_targets_and_shuffle(net):
 
 
 def test_predict_equals_forward_outputs(net):
-    """predict() runs the rows as one batch (codegen/batch.py: a layer is a matrix product, its
+    """predict() runs the rows as one batch (codegen/lower/batch.py: a layer is a matrix product, its
     sums in another order), so it equals forward() to the fused bound; a module without the
     batched program (batch=1) runs row by row, exactly as forward()."""
     X, labels = data(5)
@@ -165,7 +165,7 @@ def test_generated_sources_are_self_contained():
 
     g = small_classifier(seed=3)
     module = codegen.generate(g[4], g[1] + g[2], g[0].parameters(), g[3])[0]
-    jitted = jit.jit_source(codegen.ir.lower(g[4], g[1] + g[2], g[0].parameters(), g[3]))
+    jitted = jit.jit_source(codegen.lower.ir.lower(g[4], g[1] + g[2], g[0].parameters(), g[3]))
     for source, included in ((module, ["threads.c", "optim.c", "args.c", "samples.c", "driver.c"]),
                              (jitted, ["args.c"])):
         assert "@INCLUDE" not in source
@@ -273,7 +273,7 @@ def test_read_only_and_other_buffers_are_accepted_for_reading(net):
 
 def test_a_failed_compile_shows_the_compiler_output(tmp_path, monkeypatch):
     x = Value(1.0)
-    monkeypatch.setattr(codegen.loops, "c_literal", lambda value, dtype="float64": "syntax error here")  # the constant operand
+    monkeypatch.setattr(codegen.write.loops, "c_literal", lambda value, dtype="float64": "syntax error here")  # the constant operand
     with pytest.raises(codegen.CompileError) as error:
         codegen.compile(x * 2.0, [x], [], cache=tmp_path)
     assert "error" in error.value.stderr and find_compiler().argv[0] in str(error.value)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import codegen
-from codegen.toolchain import find_compiler
+from codegen.backend.toolchain import find_compiler
 from conftest import requires
 from micrograd_c import MLP, Value, mse
 
@@ -312,7 +312,7 @@ def test_embedded_params_start_every_load():
     params, inputs = [Value(float(x)) for x in p], [Value(0.0) for _ in range(4)]
     loss = build(params, inputs)
     net = codegen.compile(loss, inputs, params, compiler="tcc", embed_params=True)
-    again = codegen.loader.load_extension(net.build.path, "nn")  # a fresh load, as `import nn` is
+    again = codegen.backend.loader.load_extension(net.build.path, "nn")  # a fresh load, as `import nn` is
     np.testing.assert_array_equal(np.asarray(again.params), p)
-    plain = codegen.loader.load_extension(codegen.compile(loss, inputs, params, compiler="tcc").build.path, "nn")
+    plain = codegen.backend.loader.load_extension(codegen.compile(loss, inputs, params, compiler="tcc").build.path, "nn")
     assert not np.any(np.asarray(plain.params))  # without it, parameters start at zero

@@ -4,7 +4,7 @@ import sys
 import numpy as np
 import pytest
 
-from codegen.toolchain import FAMILIES, find_compiler
+from codegen.backend.toolchain import FAMILIES, find_compiler
 from conftest import requires
 from bench.peers import NIN, NOUT, PARAM_NAMES, SCALE, CReference, NumpyMLP, TorchMLP, init_params
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codegen import ir
+from codegen.lower import ir
 from micrograd_c import Value
 from micrograd_c.engine import topological_order
 

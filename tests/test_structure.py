@@ -1,4 +1,4 @@
-"""The structural key (codegen.structural_key, codegen/graph.py) and the build cache's index by it:
+"""The structural key (codegen.structural_key, codegen/lower/graph.py) and the build cache's index by it:
 a graph built twice the same way finds its module without its C being generated again; graphs or
 options that differ anywhere get different keys; a damaged or missing entry falls back to codegen."""
 import os
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import codegen
-from codegen import cache as build_cache
+from codegen.backend import cache as build_cache
 from micrograd_c import MLP, Value, cross_entropy, dot
 
 
@@ -154,7 +154,7 @@ def test_random_graphs_rebuilt_equal_mutated_different(program):
 
 def _same_graph(a, b):
     """Whether two programs build graphs equal node by node (what the key must distinguish)."""
-    from codegen import ir
+    from codegen.lower import ir
     graphs = []
     for program in (a, b):
         g = ir.read_graph(*build(program))
@@ -176,7 +176,7 @@ def test_a_rebuilt_graph_loads_without_codegen(tmp_path, monkeypatch):
     first = compile_mlp(tmp_path)
     assert not first.build.cached
     with monkeypatch.context() as patch:
-        patch.setattr(codegen.ir, "lower", lambda *a, **k: pytest.fail("lowered the graph again"))
+        patch.setattr(codegen.lower.ir, "lower", lambda *a, **k: pytest.fail("lowered the graph again"))
         second = compile_mlp(tmp_path)
     assert second.build.cached and second.build.path == first.build.path
     assert second.build.key == first.build.key and second.build.source.read_text() == first.build.source.read_text()
@@ -195,7 +195,7 @@ def test_a_build_from_given_sources_is_indexed_too(tmp_path, monkeypatch):
                             sources=codegen.generate(loss, inputs, params, outputs))
     assert not first.build.cached
     with monkeypatch.context() as patch:
-        patch.setattr(codegen.ir, "lower", lambda *a, **k: pytest.fail("lowered the graph again"))
+        patch.setattr(codegen.lower.ir, "lower", lambda *a, **k: pytest.fail("lowered the graph again"))
         second = compile_mlp(tmp_path)
     assert second.build.cached and second.build.path == first.build.path
 
@@ -240,7 +240,7 @@ def test_clearing_the_cache_prunes_the_index(tmp_path):
 
 def test_different_for_another_version_of_the_code(monkeypatch):
     """A module built by other codegen sources is not found by structure (its C may differ)."""
-    from codegen import graph
+    from codegen.lower import graph
     before = key(mlp_graph())
     monkeypatch.setattr(graph, "code_fingerprint", lambda: "another version")
     assert key(mlp_graph()) != before

@@ -15,7 +15,9 @@ from test_compile import assert_equivalent, interpret_once, recipe_graph, recipe
 
 import codegen
 from bench import irregular
-from codegen import emit, ir, tiers
+from codegen import tiers
+from codegen.lower import ir
+from codegen.write import emit
 from micrograd_c import Value
 
 RTOL = 1e-9  # the fused bound (docs/compiler.md, Equivalence)
@@ -214,7 +216,7 @@ def test_train_in_the_bounded_form_equals_the_step_api(compiler, every_program_s
 
 def test_a_first_tier_that_does_not_build_leaves_the_optimised_build(tmp_path, monkeypatch):
     requires("gcc")
-    broken = codegen.toolchain.find_compiler(fake_compiler(tmp_path, "echo 'tcc: error: no such builtin' >&2; exit 1"))
+    broken = codegen.backend.toolchain.find_compiler(fake_compiler(tmp_path, "echo 'tcc: error: no such builtin' >&2; exit 1"))
     monkeypatch.setattr(tiers, "first_tier_compiler", lambda: broken)
     graph = irregular.graph(100, seed=13)
     with pytest.warns(tiers.TierWarning, match="no such builtin"):

@@ -1,4 +1,4 @@
-"""Tests for codegen.toolchain and codegen.loader: real compiles with tcc, gcc and clang."""
+"""Tests for codegen.backend.toolchain and codegen.backend.loader: real compiles with tcc, gcc and clang."""
 import shlex
 import sys
 import sysconfig
@@ -7,13 +7,13 @@ from concurrent.futures import ThreadPoolExecutor
 import cffi
 import pytest
 
-from codegen import toolchain
-from codegen.loader import load_extension
-from codegen.toolchain import (
+from codegen.backend import toolchain
+from codegen.backend.loader import load_extension
+from codegen.backend.toolchain import (
     COMPILER_NAMES, CompileError, CompilerNotFound, CompileTimeout, available_compilers, build_extension,
     build_library, compile_flags, find_compiler,
 )
-from codegen.cache import cache_dir
+from codegen.backend.cache import cache_dir
 
 EXT_SUFFIX = sysconfig.get_config_var('EXT_SUFFIX')
 LIBRARY_SOURCE = 'double twice(double x) { return 2 * x; }\n'

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import codegen
-from codegen import toolchain
+from codegen.backend import toolchain
 from mnist import build, train, xor
 from mnist.data import FILES, TEST_LABELS
 
@@ -247,8 +247,8 @@ def test_module_dir_build_is_used_only_for_the_same_build(tmp_path, capsys, monk
     # the module, its generated functions (compiled in parallel with it) and the record
     assert sorted(p.name for p in module_dir.iterdir() if not p.name.endswith(".so")) == ["nn.1.c", "nn.c", "nn.json"]
     hows, lowerings = [], []
-    lower = codegen.ir.lower
-    monkeypatch.setattr(codegen.ir, "lower", lambda *a, **k: lowerings.append(1) or lower(*a, **k))
+    lower = codegen.lower.ir.lower
+    monkeypatch.setattr(codegen.lower.ir, "lower", lambda *a, **k: lowerings.append(1) or lower(*a, **k))
     for options in (["--compiler", "tcc"], ["--compiler", "tcc", "--seed", "1"], ["--compiler", "tcc", "--opt", "1"]):
         args = train.parse_args([*options, "--module-dir", str(module_dir)])
         optimizer = train.resolve_model_options(args, None)

@@ -12,7 +12,7 @@ import pytest
 
 import codegen
 import templates
-from codegen import ir, vector
+from codegen.lower import ir, vector
 from micrograd_c import MLP, Value, cross_entropy, dot
 from test_compile import assert_equivalent, opt  # noqa: F401 (the -O0/-O2 fixture)
 
@@ -271,7 +271,7 @@ def test_demo_is_a_few_loops():
 
 def generated_lines(program):
     """Lines of C generated for a program, without the fixed prelude of kernels."""
-    from codegen import emit
+    from codegen.write import emit
     return len(emit.standalone(program).splitlines()) - len(templates.read("prelude.c").splitlines())
 
 

@@ -1,5 +1,5 @@
 """The graph's walk in C (codegen/walker.py, templates/walk.c): the same arrays as the Python read
-(codegen/graph.py) on hypothesis-generated graphs, its errors, and the Python read as the fallback
+(codegen/lower/graph.py) on hypothesis-generated graphs, its errors, and the Python read as the fallback
 when the walker cannot be built."""
 import warnings
 
@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import codegen
-from codegen import graph as graph_arrays
-from codegen import toolchain, walker
+from codegen.lower import graph as graph_arrays
+from codegen import walker
+from codegen.backend import toolchain
 from micrograd_c import Value, dot
 from micrograd_c.engine import _PREV, Dot, compact_children, topological_order
 from conftest import requires

@@ -12,7 +12,7 @@ import codegen
 from mnist.data import load_mnist
 from mnist.model import PIXEL_SCALE, build_graph
 
-from codegen.toolchain import find_compiler
+from codegen.backend.toolchain import find_compiler
 from conftest import REQUIRED, have, requires
 from test_export import classifier, rows, run
 

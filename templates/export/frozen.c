@@ -12,7 +12,7 @@
 #pragma GCC diagnostic ignored "-Wunused-parameter" /* passes with nothing to do are empty */
 #endif
 
-/* ---- the graph (codegen.emit.standalone), its parameters as constants ------------------ */
+/* ---- the graph (codegen.write.emit.standalone), its parameters as constants ------------ */
 @GRAPH@
 
 /* ---- the API ------------------------------------------------------------------------- */

@@ -12,7 +12,7 @@
 #pragma GCC diagnostic ignored "-Wunused-parameter" /* passes with nothing to do are empty */
 #endif
 
-/* ---- the graph (codegen.emit.standalone) ---------------------------------------------- */
+/* ---- the graph (codegen.write.emit.standalone) ---------------------------------------- */
 @GRAPH@
 
 /* ---- the API ------------------------------------------------------------------------- */

@@ -4,7 +4,7 @@
  * the tile's rows and each A value (broadcast) its vectors; the tile and the vectors' width
  * chosen for the CPU when the module runs (gemm_variant), the sum's slices for its L2 cache
  * (gemm_depth). The three products of a layer over a batch are this one kernel with other
- * strides (codegen/emit.py emits them):
+ * strides (codegen/write/loops.py's layer_over_batch, Matmul and WeightGradient call them):
  *   forward             Y = W X:    matmul_set (C = Y from the bias, A = W, B = X)
  *   inputs' gradients   dX += W^T dY: matmul_acc (A = W read down its columns, B = dY)
  *   weights' gradients  dW += dY X^T: matmul_nt (A = dY, B = X^T, packed once per call)
@@ -25,10 +25,11 @@
  * is in the cache, and on the thread that made it), for n < count: a layer's activation,
  * y[n] = f(x[n]) (after matmul_set), or the activation's gradient, y[n] += f'(a[n], o[n]) * x[n]
  * with a and o its argument's and its own values (after matmul_acc, which finished x, the
- * activation's gradient). codegen/statements.py writes them from the op table. */
+ * activation's gradient). codegen/write/statements.py writes them from the op table. */
 typedef void (*Epilogue)(const real *restrict x, real *restrict y, const real *restrict a, const real *restrict o,
                          long count);
 
+/* (filled by field name: a field left out is 0) */
 typedef struct {
     real *C;
     const real *A, *B, *bias;
@@ -379,8 +380,9 @@ KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias
                        const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
                        long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j)
 {
-    const GemmArgs g = {out, w, x, bias, out_j, w_j, w_k, x_k, bias_j, S, LISTED_COUNT(rows, K), 0,
-                        LISTED_INDEX(rows), epilogue, y, 0, 0, y_j, 0, 0, 0, 0, 0};
+    const GemmArgs g = {.C = out, .A = w, .B = x, .bias = bias, .c_i = out_j, .a_i = w_j, .a_p = w_k, .b_p = x_k,
+                        .bias_i = bias_j, .N = S, .P = LISTED_COUNT(rows, K), .p_list = LISTED_INDEX(rows),
+                        .epilogue = epilogue, .y = y, .y_i = y_j};
     gemm(&g, J);
 }
 
@@ -407,8 +409,9 @@ KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, l
                 active[count++] = (int32_t)j;
         }
     }
-    const GemmArgs g = {out, w, go, 0, out_k, w_k, w_j, go_j, 0, S, count, 1, count < J ? active : 0,
-                        epilogue, y, a, o, y_k, a_k, o_k, 0, 0, 0};
+    const GemmArgs g = {.C = out, .A = w, .B = go, .c_i = out_k, .a_i = w_k, .a_p = w_j, .b_p = go_j, .N = S,
+                        .P = count, .accumulate = 1, .p_list = count < J ? active : 0, .epilogue = epilogue,
+                        .y = y, .arg = a, .res = o, .y_i = y_k, .arg_i = a_k, .res_i = o_k};
     if (count > 0)
         gemm(&g, K);
     else if (epilogue) /* the inputs' gradients are what they were: the epilogue still runs */
@@ -476,9 +479,9 @@ static void matmul_nt_part(const WeightGradientArgs *a, long first_block, long l
             }
             /* stepping: the sums start from 0 (the gradients are 0) and step the weights at the end */
             const int first_part = s0 == 0, last_part = s0 + p >= a->S;
-            const GemmArgs g = {a->out + k0, a->go + s0, xt, 0, a->out_j, a->go_j, 1, n, 0, n, p,
-                                !(a->w && first_part), 0, 0, 0, 0, 0, 0, 0, 0,
-                                a->w && last_part ? a->w + k0 : 0, a->rate, !first_part};
+            const GemmArgs g = {.C = a->out + k0, .A = a->go + s0, .B = xt, .c_i = a->out_j, .a_i = a->go_j,
+                                .a_p = 1, .b_p = n, .N = n, .P = p, .accumulate = !(a->w && first_part),
+                                .step = a->w && last_part ? a->w + k0 : 0, .rate = a->rate, .clear = !first_part};
             kernel(&g, first, last); /* not sliced: the packed block is its cache blocking (slicing it measured slower) */
         }
     }
@@ -507,7 +510,8 @@ KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, l
                       const real *restrict x, long x_k, long J, long K, long S, const int32_t *rows, real *w,
                       real rate)
 {
-    WeightGradientArgs args = {out, go, x, out_j, go_j, x_k, J, K, S, rows, w, rate};
+    WeightGradientArgs args = {.out = out, .go = go, .x = x, .out_j = out_j, .go_j = go_j, .x_k = x_k, .J = J,
+                               .K = K, .S = S, .rows = rows, .w = w, .rate = rate};
     if (J <= 0 || K <= 0 || S <= 0)
         return;
     const long blocks = matmul_nt_blocks(&args), threads = pool_parts(), tile = gemm_variant()->tile_rows;

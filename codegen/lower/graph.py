@@ -252,7 +252,7 @@ def code_fingerprint():
     import templates
     from micrograd_c import engine, ops
     digest = hashlib.sha256()
-    roots = [pathlib.Path(__file__).parent, pathlib.Path(templates.__file__).parent]
+    roots = [pathlib.Path(__file__).parents[1], pathlib.Path(templates.__file__).parent]  # (all of codegen/)
     files = sorted(p for root in roots for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".c", ".h"))
     for path in files + [pathlib.Path(ops.__file__), pathlib.Path(engine.__file__)]:  # (engine: Dot's chain)
         digest.update(path.name.encode() + b"\0" + path.read_bytes())

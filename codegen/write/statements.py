@@ -10,11 +10,14 @@ import math
 
 import numpy as np
 
-from . import dtypes, ir
+from . import dtypes
+from ..lower import ir
 from .dtypes import c_literal
-from .loops import (Accumulate, GO, Matmul, OffsetTables, WeightGradient, bias_argument, data_at, fused_activation,
-                    fused_gradient, grad_at, layer_over_batch, loop_headers, loop_nest, loop_start, operand,
-                    progression, slot_index, tree_sum, unrolled)
+from .kernels import Call, call
+from .loops import (Accumulate, Matmul, OffsetTables, ReadGradient, WeightGradient, bias_arguments, data_at,
+                    fused_activation, fused_gradient, grad_at, layer_over_batch, loop_headers, loop_nest, loop_start,
+                    operand, progression, slot_index, tree_sum, unrolled)
+
 
 def nonzero_words(n):
     """int32 words of the nonzero lists of n input values: two counts and a word per chunk of
@@ -74,8 +77,8 @@ class Emitter:
         lists take after the batch's N_BATCH_SLOTS values."""
         p, lines = self.program, []
         for (first, n), offset in (self.row_lists or {}).items():
-            lines.append(f"    scan_rows(d + {p.input_base + first * p.capacity}, {p.capacity}, nb, {n}, "
-                         f"(int32_t *)(d + {p.n_slots}) + {offset});")
+            lines.append("    " + call("scan_rows", x=f"d + {p.input_base + first * p.capacity}", stride=p.capacity,
+                                         nb="nb", n=n, list=f"(int32_t *)(d + {p.n_slots}) + {offset}").render())
         words = sum(1 + n for _, n in (self.row_lists or {}))
         return (f"#define BATCH_LIST_WORDS {words}\nstatic void scan_batch_rows(real *restrict d, long nb)\n{{\n"
                 + "\n".join(lines) + "\n    (void)d; (void)nb;\n}")
@@ -83,7 +86,7 @@ class Emitter:
     def scan_nonzeros(self):
         """scan_nonzeros(d): every nonzero list from its input range's current values, and
         NONZERO_WORDS, the words they take after d's N_SLOTS values."""
-        lines = [f"    scan_range(d + {base}, {n}, (int32_t *)(d + N_SLOTS) + {offset});"
+        lines = ["    " + call("scan_range", x=f"d + {base}", n=n, nz=f"(int32_t *)(d + N_SLOTS) + {offset}").render()
                  for (base, n), offset in self.nonzero_lists.items()]
         words = sum(nonzero_words(n) for _, n in self.nonzero_lists)
         return (f"#define NONZERO_WORDS {words}\nstatic void scan_nonzeros(real *restrict d)\n{{\n"
@@ -118,11 +121,11 @@ class Emitter:
         step = at[1] if n > 1 else 0
         table = None if at == [step * k for k in range(n)] else self.offsets(at)
         if op.selects == "index":
-            i = f"gather_index({operand(args[0], self.dtype)}, {n})"
+            i = call("gather_index", x=operand(args[0], self.dtype), n=n)
         elif table is None:
-            i = f"largest_at(d + {slot_index(first)}, {step}, {n})"
+            i = call("largest_at", x=f"d + {slot_index(first)}", step=step, n=n)
         else:
-            i = f"largest_in(d + {slot_index(first)}, {table}, {n})"
+            i = call("largest_in", x=f"d + {slot_index(first)}", offsets=table, n=n)
         if offsets != at:
             table = self.offsets(offsets)
         offset = f"{table}[{i}]" if table else f"{step} * {i}" if step != 1 else i
@@ -134,8 +137,8 @@ class Emitter:
         if unrolled(v):
             return [data_at(v.start, o) for o in v.offsets]
         if v.contiguous:
-            return [f"sum_range(d + {slot_index(v.start)}, {n})"]
-        return [f"sum_offsets(d + {slot_index(v.start)}, {self.offsets(v.offsets)}, {n})"]
+            return [str(call("sum_range", x=f"d + {slot_index(v.start)}", n=n))]
+        return [str(call("sum_offsets", x=f"d + {slot_index(v.start)}", ox=self.offsets(v.offsets), n=n))]
 
     def _dot(self, a, b):
         n = len(a.offsets)
@@ -145,10 +148,11 @@ class Emitter:
             for other, inputs in ((a, b), (b, a)):
                 nonzeros = self._nonzeros(inputs)
                 if nonzeros:
-                    return [f"dot_nz(d + {slot_index(other.start)}, d + {slot_index(inputs.start)}, {n}, {nonzeros})"]
-            return [f"dot(d + {slot_index(a.start)}, d + {slot_index(b.start)}, {n})"]
-        return [f"dot_offsets(d + {slot_index(a.start)}, {self.offsets(a.offsets)}, "
-                f"d + {slot_index(b.start)}, {self.offsets(b.offsets)}, {n})"]
+                    return [str(call("dot_nz", a=f"d + {slot_index(other.start)}", x=f"d + {slot_index(inputs.start)}",
+                                     n=n, nz=nonzeros))]
+            return [str(call("dot", a=f"d + {slot_index(a.start)}", b=f"d + {slot_index(b.start)}", n=n))]
+        return [str(call("dot_offsets", a=f"d + {slot_index(a.start)}", oa=self.offsets(a.offsets),
+                         b=f"d + {slot_index(b.start)}", ob=self.offsets(b.offsets), n=n))]
 
     def forward_pass(self, groups):
         """The statements of a forward pass over `groups`; an activation of a layer's results
@@ -240,11 +244,11 @@ class Emitter:
                 break
         else:
             return None
-        bias = bias_argument(ops.terms, 1, lambda affine: affine.strides[-1])
-        call = (f"matvec({loop_start(ops.out, 1)}, {ops.out.strides[-1]}, {bias}, "
-                f"{loop_start(weights.start, 1)}, {weights.start.strides[-1]}, "
-                f"{loop_start(inputs.start, 1)}, {len(inputs.offsets)}, {shape[-1]}, {nonzeros});")
-        return "\n    ".join(loop_headers(shape[:-1]) + [call])
+        bias = bias_arguments(ops.terms, 1, lambda affine: affine.strides[-1])
+        product = call("matvec", out=loop_start(ops.out, 1), out_j=ops.out.strides[-1], **bias,
+                       w=loop_start(weights.start, 1), w_j=weights.start.strides[-1], x=loop_start(inputs.start, 1),
+                       n=len(inputs.offsets), J=shape[-1], nz=nonzeros)
+        return "\n    ".join(loop_headers(shape[:-1]) + [product.render()])
 
     def backward(self, g, sgd=False, tracked=False, activation=None):
         """Statements adding the group's gradients into its operands' gradients. With sgd (see
@@ -293,10 +297,10 @@ class Emitter:
             return []
         # Every contribution is go times something: none when go is 0 (a ReLU that is off), which
         # saves the kernels' passes; written-out statements stay branch-free, to be vectorised.
-        if any(isinstance(s, str) and s.split("(")[0].isidentifier() for s in grads + updates):  # a kernel
-            body = [f"{GO}{out_grad};", "if (go != 0) {", *grads, *updates, "}"]
+        if any(isinstance(s, Call) for s in grads + updates):  # a kernel
+            body = [ReadGradient(out_grad), "if (go != 0) {", *grads, *updates, "}"]
         else:
-            body = [f"{GO}{out_grad};", *grads, *updates]
+            body = [ReadGradient(out_grad), *grads, *updates]
         return snapshots + (loop_nest(g.shape, body, dots=not updates) if g.shape
                             else ["{ " + " ".join(loop_nest((), body)) + " }"])
 
@@ -379,9 +383,11 @@ class Emitter:
             "    for (uint32_t j = 1; j <= live[0]; j++) {\n"
             "        const uint32_t r = live[j];\n"
             "        if (stamp[r] == gen + 1)\n"
-            "            sgd_rank1_row(d + ROW_START[r], lr, rank1[r], snap + ROW_SNAPSHOT[r], ROW_LENGTH[r]);\n"
+            "            " + call("sgd_rank1_row", w="d + ROW_START[r]", lr="lr", alpha="rank1[r]",
+                                  x="snap + ROW_SNAPSHOT[r]", n="ROW_LENGTH[r]").render() + "\n"
             "        else\n"
-            "            sgd_row(d + ROW_START[r], lr, g + ROW_START[r], ROW_LENGTH[r]);\n"
+            "            " + call("sgd_row", w="d + ROW_START[r]", lr="lr", g="g + ROW_START[r]",
+                                  n="ROW_LENGTH[r]").render() + "\n"
             "    }\n}",
             f"static void write_rows(real *restrict g, {arrays.replace('const uint64_t', 'uint64_t')}, int all)\n{{\n"
             + "\n".join(write) + "\n    (void)g; (void)stamp; (void)rank1; (void)snap; (void)gen; (void)all;\n}",
@@ -402,12 +408,12 @@ class Emitter:
             return
         to_param = nodes[0].sgd_fused
         if v.contiguous:
-            contribute(to_param, f"add_range(g + {slot_index(v.start, grad=True)}, {go}, {n});",
-                       f"add_range(d + {slot_index(v.start)}, -(lr * {go}), {n});")
+            contribute(to_param, call("add_range", y=f"g + {slot_index(v.start, grad=True)}", alpha=go, n=n),
+                       call("add_range", y=f"d + {slot_index(v.start)}", alpha=f"-(lr * {go})", n=n))
         else:
             table = self.offsets(v.offsets)
-            contribute(to_param, f"add_offsets(g + {slot_index(v.start, grad=True)}, {table}, {go}, {n});",
-                       f"add_offsets(d + {slot_index(v.start)}, {table}, -(lr * {go}), {n});")
+            contribute(to_param, call("add_offsets", y=f"g + {slot_index(v.start, grad=True)}", oy=table, alpha=go, n=n),
+                       call("add_offsets", y=f"d + {slot_index(v.start)}", oy=table, alpha=f"-(lr * {go})", n=n))
 
     def _add_products(self, wrt, other, factors, go, contribute, out, shape=(), activation=None):
         """Factor list `wrt` of a dot gets go times the other list's values."""
@@ -442,18 +448,16 @@ class Emitter:
             return
         to_param = factors[0].sgd_fused
         nonzeros = self._nonzeros(other) if wrt.contiguous and other.contiguous else None
+        y, w, x = f"g + {slot_index(wrt.start, grad=True)}", f"d + {slot_index(wrt.start)}", f"d + {slot_index(other.start)}"
         if nonzeros:
-            contribute(to_param, f"axpy_nz(g + {slot_index(wrt.start, grad=True)}, {go}, d + {slot_index(other.start)}, {n}, {nonzeros});",
-                       f"sgd_axpy_nz(d + {slot_index(wrt.start)}, lr, {go}, d + {slot_index(other.start)}, {n}, {nonzeros});",
-                       lambda shape: self._track(wrt.start, other.start, n, shape, f"axpy_nz(g + {slot_index(wrt.start, grad=True)}, "
-                                                 f"{go}, d + {slot_index(other.start)}, {n}, {nonzeros});"))
+            accumulate = call("axpy_nz", y=y, alpha=go, x=x, n=n, nz=nonzeros)
+            contribute(to_param, accumulate, call("sgd_axpy_nz", w=w, lr="lr", alpha=go, x=x, n=n, nz=nonzeros),
+                       lambda shape: self._track(wrt.start, other.start, n, shape, accumulate.render()))
         elif wrt.contiguous and other.contiguous:
-            contribute(to_param, f"axpy(g + {slot_index(wrt.start, grad=True)}, {go}, d + {slot_index(other.start)}, {n});",
-                       f"sgd_axpy(d + {slot_index(wrt.start)}, lr, {go}, d + {slot_index(other.start)}, {n});",
-                       lambda shape: self._track(wrt.start, other.start, n, shape, f"axpy(g + {slot_index(wrt.start, grad=True)}, "
-                                                 f"{go}, d + {slot_index(other.start)}, {n});"))
+            accumulate = call("axpy", y=y, alpha=go, x=x, n=n)
+            contribute(to_param, accumulate, call("sgd_axpy", w=w, lr="lr", alpha=go, x=x, n=n),
+                       lambda shape: self._track(wrt.start, other.start, n, shape, accumulate.render()))
         else:
             tw, to = self.offsets(wrt.offsets), self.offsets(other.offsets)
-            contribute(to_param,
-                       f"axpy_offsets(g + {slot_index(wrt.start, grad=True)}, {tw}, {go}, d + {slot_index(other.start)}, {to}, {n});",
-                       f"sgd_axpy_offsets(d + {slot_index(wrt.start)}, {tw}, lr, {go}, d + {slot_index(other.start)}, {to}, {n});")
+            contribute(to_param, call("axpy_offsets", y=y, oy=tw, alpha=go, x=x, ox=to, n=n),
+                       call("sgd_axpy_offsets", w=w, ow=tw, lr="lr", alpha=go, x=x, ox=to, n=n))

@@ -2,7 +2,7 @@
 wasmtime package: its arguments, stdin, stdout and stderr are this process's, and it sees the
 file system as a native program would (for the files named on its command line).
 
-    python -m codegen.wasi mnist.wasm < pixels.f64
+    python -m codegen.backend.wasi mnist.wasm < pixels.f64
 """
 import sys
 

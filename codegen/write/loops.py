@@ -3,7 +3,7 @@ the loop indices i0, i1, ... (slot_index, data_at, grad_at), a nest of `for` loo
 (loop_nest) that sums accumulations which stay put over the innermost loop in a register or as
 a dot product after it, and the groups that are one kernel call: a layer over a batch (its
 forward matmul_set, its inputs' gradients matmul_acc, its weights' gradients matmul_nt:
-templates/kernels/gemm.c). codegen/statements.py writes the statements, codegen/emit.py cuts
+templates/kernels/gemm.c). codegen/write/statements.py writes the statements, codegen/write/emit.py cuts
 them into functions and files.
 """
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .dtypes import c_literal
+from .kernels import call
 
 # Lists up to this long are written out element by element, constant offsets the compiler sees
 # (a convolution's window); longer ones call the loop kernels of templates/kernels/, which for
@@ -108,10 +109,12 @@ def loop_start(affine, last, offset=0, grad=False):
     return f"{'g' if grad else 'd'} + {slot_index(_zero_last(affine, last), offset, grad=grad)}"
 
 
-def bias_argument(terms, last, step_of):
-    """A layer kernel's bias arguments: the loose term's start and its step along the neurons
+def bias_arguments(terms, last, step_of):
+    """A layer kernel's bias and bias_j: the loose term's start and its step along the neurons
     (step_of its Affine), or NULL, 0 without one."""
-    return f"{loop_start(terms.start, last, terms.offsets[0])}, {step_of(terms.start)}" if terms else "NULL, 0"
+    if not terms:
+        return {"bias": "NULL", "bias_j": 0}
+    return {"bias": loop_start(terms.start, last, terms.offsets[0]), "bias_j": step_of(terms.start)}
 
 
 def loop_headers(shape):
@@ -131,9 +134,9 @@ def kernel_loops(shape):
     return 2 if len(shape) >= 2 else 1
 
 
-def per_pass(shape, call):
-    """The kernel call once per pass of the loops outside those it runs itself."""
-    return "\n    ".join(loop_headers(shape[:-kernel_loops(shape)]) + [call])
+def per_pass(shape, kernel_call):
+    """The kernel call (a kernels.Call) once per pass of the loops outside those it runs itself."""
+    return "\n    ".join(loop_headers(shape[:-kernel_loops(shape)]) + [kernel_call.render()])
 
 
 def neurons(shape):
@@ -163,16 +166,16 @@ class Matmul:
         wrt, weights = self.wrt, self.weights
         if self.epilogue:
             function, y, a, o = self.epilogue
-            epilogue = ", ".join([function] + [f"{where} + {at.base}, {at.strides[0]}"
-                                                for where, at in (("g", y), ("d", a), ("d", o))])
+            epilogue = dict(epilogue=function, y=f"g + {y.base}", y_k=y.strides[0], a=f"d + {a.base}",
+                            a_k=a.strides[0], o=f"d + {o.base}", o_k=o.strides[0])
         else:
-            epilogue = "NULL, NULL, 0, NULL, 0, NULL, 0"
-        call = (f"matmul_acc({loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
-                f"{progression(wrt.offsets)}, {loop_start(weights.start, last, weights.offsets[0])}, "
-                f"{along_neurons(weights.start, shape)}, {progression(weights.offsets)}, "
-                f"{loop_start(self.out, last, grad=True)}, {along_neurons(self.out, shape)}, "
-                f"{neurons(shape)}, {shape[-1]}, {len(wrt.offsets)}, {epilogue});")
-        return per_pass(shape, call)
+            epilogue = dict(epilogue="NULL", y="NULL", y_k=0, a="NULL", a_k=0, o="NULL", o_k=0)
+        product = call("matmul_acc", out=loop_start(wrt.start, last, wrt.offsets[0], grad=True),
+                       out_k=progression(wrt.offsets), w=loop_start(weights.start, last, weights.offsets[0]),
+                       w_j=along_neurons(weights.start, shape), w_k=progression(weights.offsets),
+                       go=loop_start(self.out, last, grad=True), go_j=along_neurons(self.out, shape),
+                       J=neurons(shape), S=shape[-1], K=len(wrt.offsets), **epilogue)
+        return per_pass(shape, product)
 
     @staticmethod
     def fits(shape, wrt, other, out):
@@ -199,13 +202,14 @@ class WeightGradient:
     def render(self, shape):
         last = kernel_loops(shape)
         wrt, x = self.wrt, self.inputs
-        step = f"rate ? {loop_start(wrt.start, last, wrt.offsets[0])} : NULL, rate" if self.step else "NULL, 0"
-        call = (f"matmul_nt({loop_start(wrt.start, last, wrt.offsets[0], grad=True)}, "
-                f"{along_neurons(wrt.start, shape)}, {loop_start(self.out, last, grad=True)}, "
-                f"{along_neurons(self.out, shape)}, {loop_start(x.start, last, x.offsets[0])}, "
-                f"{progression(x.offsets)}, {neurons(shape)}, {len(wrt.offsets)}, {shape[-1]}, "
-                f"{self.rows}, {step});")
-        return per_pass(shape, call)
+        step = (dict(w=f"rate ? {loop_start(wrt.start, last, wrt.offsets[0])} : NULL", rate="rate") if self.step
+                else dict(w="NULL", rate=0))
+        product = call("matmul_nt", out=loop_start(wrt.start, last, wrt.offsets[0], grad=True),
+                       out_j=along_neurons(wrt.start, shape), go=loop_start(self.out, last, grad=True),
+                       go_j=along_neurons(self.out, shape), x=loop_start(x.start, last, x.offsets[0]),
+                       x_k=progression(x.offsets), J=neurons(shape), K=len(wrt.offsets), S=shape[-1],
+                       rows=self.rows, **step)
+        return per_pass(shape, product)
 
     def weights(self, shape):
         """The slots of the weights (all passes of the loops outside the batch's)."""
@@ -243,20 +247,20 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
             break
     else:
         return None
-    bias = bias_argument(ops.terms, last, lambda affine: along_neurons(affine, shape))
-    call = (f"matmul_set({loop_start(ops.out, last)}, {along_neurons(ops.out, shape)}, {bias}, "
-            f"{loop_start(weights.start, last, weights.offsets[0])}, {along_neurons(weights.start, shape)}, "
-            f"{progression(weights.offsets)}, {loop_start(rows.start, last, rows.offsets[0])}, "
-            f"{progression(rows.offsets)}, {neurons(shape)}, {shape[-1]}, {len(weights.offsets)}, "
-            f"{row_list(rows)}, {_epilogue_arguments(epilogue, shape)});")
-    return per_pass(shape, call)
+    bias = bias_arguments(ops.terms, last, lambda affine: along_neurons(affine, shape))
+    product = call("matmul_set", out=loop_start(ops.out, last), out_j=along_neurons(ops.out, shape), **bias,
+                   w=loop_start(weights.start, last, weights.offsets[0]), w_j=along_neurons(weights.start, shape),
+                   w_k=progression(weights.offsets), x=loop_start(rows.start, last, rows.offsets[0]),
+                   x_k=progression(rows.offsets), J=neurons(shape), S=shape[-1], K=len(weights.offsets),
+                   rows=row_list(rows), **_epilogue_arguments(epilogue, shape))
+    return per_pass(shape, product)
 
 
 def _epilogue_arguments(epilogue, shape):
     if epilogue is None:
-        return "NULL, NULL, 0"
+        return dict(epilogue="NULL", y="NULL", y_j=0)
     function, y = epilogue
-    return f"{function}, {loop_start(y, kernel_loops(shape))}, {along_neurons(y, shape)}"
+    return dict(epilogue=function, y=loop_start(y, kernel_loops(shape)), y_j=along_neurons(y, shape))
 
 
 def fused_activation(g, h):
@@ -327,23 +331,22 @@ def loop_nest(shape, body, dots=True, independent=False):
     writes (a forward loop writes only its group's results, which it never reads), which the
     C compiler is told, so that it vectorises without checking at run time."""
     if not shape:
-        return [s.render() if isinstance(s, Accumulate) else s for s in body]
+        return [render(s) for s in body]
     # the inputs' gradients first: they read the weights, which a weights' gradient may step
     matmuls = [s.render(shape) for s in sorted((s for s in body if isinstance(s, (Matmul, WeightGradient))),
                                                   key=lambda s: isinstance(s, WeightGradient))]
     if matmuls:
         body = [s for s in body if not isinstance(s, (Matmul, WeightGradient))]
-        rest = loop_nest(shape, body, dots) if any(not (isinstance(s, str) and s.startswith(GO)) for s in body) else []
+        rest = loop_nest(shape, body, dots) if any(not isinstance(s, ReadGradient) for s in body) else []
         return rest + matmuls
     held = [s for s in body if isinstance(s, Accumulate) and s.target.strides[-1] == 0]
     dotted = [s for s in held if dots and s.product and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
               and all(a.strides[-1] == 1 for a in s.product[:2] if a is not None)]
     summed = [s for s in held if s not in dotted]
     names = {id(s): f"sum{k}" for k, s in enumerate(summed)}
-    inner = [f"{names[id(s)]} += {s.term};" if id(s) in names else s.render() if isinstance(s, Accumulate)
-             else s for s in body if s not in dotted]
+    inner = [f"{names[id(s)]} += {s.term};" if id(s) in names else render(s) for s in body if s not in dotted]
     *outer, last = loop_headers(shape)
-    if all(s.startswith(GO) for s in inner):  # everything moved after it: no innermost loop
+    if all(isinstance(s, ReadGradient) for s in body if s not in dotted):  # everything moved after it: no innermost loop
         block = "{\n    " + "\n    ".join(_after_innermost(summed, dotted, names, shape)) + "\n    }"
         return ["\n    ".join(outer + [block])]
     # not a loop that also adds into register sums: Clang's vectorize pragma would let it reorder
@@ -364,19 +367,20 @@ def _after_innermost(summed, dotted, names, shape):
     """The held accumulations, after the innermost loop: register sums, dot products."""
     n = shape[-1]
     after = [s.render(names[id(s)]) for s in summed]
-    after += [s.render(f"sum_range(g + {slot_index(_at_start(s.product[0]), grad=True)}, {n})")
+    after += [s.render(call("sum_range", x=f"g + {slot_index(_at_start(s.product[0]), grad=True)}", n=n))
               for s in dotted if s.product[1] is None]
     for run in _dot_runs([s for s in dotted if s.product[1] is not None]):
         s = run[0]
         a, b = f"g + {slot_index(_at_start(s.product[0]), grad=True)}", f"d + {slot_index(_at_start(s.product[1]), s.product[2])}"
         if len(run) < 4 and n < DOT_ROWS_SCREEN:
-            after += [t.render(f"dot(g + {slot_index(_at_start(t.product[0]), grad=True)}, "
-                               f"d + {slot_index(_at_start(t.product[1]), t.product[2])}, {n})") for t in run]
+            after += [t.render(call("dot", a=f"g + {slot_index(_at_start(t.product[0]), grad=True)}",
+                                    b=f"d + {slot_index(_at_start(t.product[1]), t.product[2])}", n=n))
+                      for t in run]
         else:
             b_step, out_step = ((run[1].product[2] - s.product[2], run[1].offset - s.offset) if len(run) > 1
                                 else (0, 0))
-            after.append(f"dot_rows({a}, {b}, {b_step}, {n}, {len(run)}, "
-                         f"g + {slot_index(s.target, s.offset, grad=True)}, {out_step});")
+            after.append(call("dot_rows", a=a, b=b, b_step=b_step, n=n, m=len(run),
+                              out=f"g + {slot_index(s.target, s.offset, grad=True)}", out_step=out_step).render())
     return after
 
 
@@ -396,7 +400,19 @@ def _dot_runs(dotted):
     return runs
 
 
-GO = "const real go = "  # backward's first statement: the group's gradient
+@dataclass(frozen=True)
+class ReadGradient:
+    """Backward's first statement: `go`, the group's gradient, read from its slot (C)."""
+    at: str
+
+    def render(self):
+        return f"const real go = {self.at};"
+
+
+def render(statement):
+    """The C of a statement of a loop body: a line of C, or one of the typed statements here and
+    in codegen/write/kernels.py (Accumulate, ReadGradient, Call) that render themselves."""
+    return statement if isinstance(statement, str) else statement.render()
 
 
 def _independent_writes(body, n):
@@ -404,7 +420,7 @@ def _independent_writes(body, n):
     iterations: only gradient accumulations (besides reading the group's own gradient), all
     moving with one stride along it, none reaching a slot that another iteration reaches."""
     writes = [s for s in body if isinstance(s, Accumulate)]
-    if not writes or any(not isinstance(s, Accumulate) and not s.startswith(GO) for s in body):
+    if not writes or any(not isinstance(s, (Accumulate, ReadGradient)) for s in body):
         return False
     strides = {s.target.strides[-1] for s in writes}
     if len(strides) != 1 or 0 in strides:

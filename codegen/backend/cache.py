@@ -16,8 +16,8 @@ never unloaded). Eviction, after a build when the directory exceeds $MICROGRAD_C
 (default 1024), removes least-recently-used entries, skipping any whose locks it cannot take
 without waiting: an entry being built or in use by a process is never evicted.
 
-    python -m codegen.cache list            # entries: last used, size, compiler, flags, model
-    python -m codegen.cache clear [--older-than DAYS]
+    python -m codegen.backend.cache list            # entries: last used, size, compiler, flags, model
+    python -m codegen.backend.cache clear [--older-than DAYS]
 """
 from __future__ import annotations
 
@@ -257,7 +257,7 @@ def _listdir(directory: pathlib.Path) -> list[pathlib.Path]:
 
 # ---- the index by graph structure ---------------------------------------------------------------
 # A second way into the entries: compile() finds a graph's build by the graph's structural key
-# (codegen/graph.py) without generating its C. An index record names an entry; the entry is
+# (codegen/lower/graph.py) without generating its C. An index record names an entry; the entry is
 # checked as ever (open_entry), so a record whose entry is gone or damaged is simply not used,
 # and the build it falls back to writes it anew. Records are small files in a subdirectory,
 # which listing and eviction (files of the directory itself) do not see.
@@ -403,7 +403,7 @@ def _describe(entry: Entry) -> tuple[str, str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog='python -m codegen.cache', description=(
+    parser = argparse.ArgumentParser(prog='python -m codegen.backend.cache', description=(
         'List or clear the build cache ($MICROGRAD_C_CACHE, else ~/.cache/micrograd_c).'))
     parser.add_argument('--dir', type=pathlib.Path, help='the cache directory (default: the one builds use)')
     commands = parser.add_subparsers(dest='command')

@@ -16,7 +16,7 @@ def load_extension(path: str | os.PathLike, module_name: str) -> types.ModuleTyp
     sources live at different paths and load side by side, and must not replace an
     unrelated module of that name.
 
-    A build cache entry (a file with a record beside it, see codegen/cache.py) is checked
+    A build cache entry (a file with a record beside it, see codegen/backend/cache.py) is checked
     against its record before it is loaded: a damaged one raises ImportError (dlopen of a
     truncated file would kill the process with SIGBUS). Once loaded, it is kept from eviction
     for the life of the process.

@@ -1,7 +1,7 @@
 """Exported C built for other machines with zig cc (codegen.export(..., target=...)): a static
 library of the model and a command-line program around it, for aarch64, 32-bit ARM, RISC-V or
 x86-64 Linux (static executables on zig's own musl libc), run on this machine under qemu-user,
-or for WebAssembly with WASI (zig's wasi-libc), run by the wasmtime package (codegen/wasi.py).
+or for WebAssembly with WASI (zig's wasi-libc), run by the wasmtime package (codegen/backend/wasi.py).
 
 One row per target in TARGETS: its zig triple, its ELF machine, what runs it elsewhere, and what
 the exported C's loops become on it (`vectors`). Building C only: no graphs.
@@ -19,7 +19,7 @@ from .builds import ToolchainError
 from .toolchain import _run_compiler, find_compiler
 
 EMULATOR_ADVICE = "install qemu-user: `apt-get install qemu-user`"
-WASI_RUNNER = "wasmtime"  # the package that runs wasm32-wasi programs (codegen/wasi.py)
+WASI_RUNNER = "wasmtime"  # the package that runs wasm32-wasi programs (codegen/backend/wasi.py)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class TargetBuild:
         if self.target.emulator == WASI_RUNNER:
             if importlib.util.find_spec(WASI_RUNNER) is None:
                 raise EmulatorNotFound(f"{WASI_RUNNER} not found to run {self.program.name}; `pip install wasmtime`")
-            return [sys.executable, "-m", "codegen.wasi", str(self.program), *map(str, args)]
+            return [sys.executable, "-m", "codegen.backend.wasi", str(self.program), *map(str, args)]
         emulator = shutil.which(self.target.emulator)
         if emulator is None:
             raise EmulatorNotFound(f"{self.target.emulator} not found to run {self.program.name} for "

@@ -318,7 +318,7 @@ def build_key(sources: str | Sequence[str], name: str, compiler: str | Compiler 
 
 def structure_build_key(structure: str, name: str, compiler: str | Compiler | None = None, opt: int = 2,
                         native: bool = False, kind: str = 'extension') -> str:
-    """build_key's counterpart for a graph's structural key (codegen.graph.structural_key) instead
+    """build_key's counterpart for a graph's structural key (codegen.lower.graph.structural_key) instead
     of the C: the key under which the build cache indexes the build of that graph's C with this
     compiler and these flags (find_by_structure)."""
     return _build_plan(kind, ['structure ' + structure], name, compiler, opt, native)[3]
@@ -374,8 +374,8 @@ def _build_plan(kind, sources, name, compiler, opt, native):
 
 
 def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_memory) -> BuildResult:
-    # imported here, not at the top: `python -m codegen.cache` imports the codegen package (and so
-    # this module) first, and must not find codegen.cache imported already (runpy would warn)
+    # imported here, not at the top: `python -m codegen.backend.cache` imports the codegen package (and so
+    # this module) first, and must not find codegen.backend.cache imported already (runpy would warn)
     from . import cache as build_cache
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
         raise ValueError(f'timeout must be a number of seconds > 0 or None, not {timeout!r}')
@@ -395,7 +395,7 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_m
     def link(output_path, inputs):  # libraries after the inputs: --as-needed linkers drop earlier ones
         return [*compiler.argv, *flags, *map(str, inputs), '-o', str(output_path), '-lm', *compiler.link_args]
 
-    def look_up():  # the entry, checked against its record (see codegen/cache.py)
+    def look_up():  # the entry, checked against its record (see codegen/backend/cache.py)
         status, why, fd = build_cache.open_entry(output)
         if fd is not None:
             os.close(fd)

@@ -1,5 +1,5 @@
 """A lowered Program to the C sources of an extension module (or of exported C): each group's
-statements (codegen/statements.py, whose loop nests and kernel calls codegen/loops.py writes) cut
+statements (codegen/write/statements.py, whose loop nests and kernel calls codegen/write/loops.py writes) cut
 into functions of at most `chunk` statements, because optimising compilers slow down
 superlinearly on huge basic blocks, and big programs into several C files that the toolchain
 compiles in parallel; the layout's #defines, the tables, and the templates filled around them
@@ -10,7 +10,8 @@ import dataclasses
 
 import templates
 
-from . import dtypes, ir, optim
+from . import dtypes, optim
+from ..lower import ir
 from .dtypes import c_literal
 from .statements import Emitter
 
@@ -63,11 +64,11 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
          initial_params=None, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batched=None):
     """The C sources of the extension module `module_name` computing `program`: the module
     itself, then (for big programs) extra units of generated functions compiled alongside.
-    optimizer: a codegen.optim description (None: SGD); initial_params: values every load of
-    the module starts its parameters from (None: zeros); dtype: a name of codegen/dtypes.py, the
+    optimizer: a codegen.write.optim description (None: SGD); initial_params: values every load of
+    the module starts its parameters from (None: zeros); dtype: a name of codegen/write/dtypes.py, the
     element type of the whole state, the kernels and the module's views; sparse_inputs: dots
     that read an input range skip its chunks of zeros when most of them are (dense inputs keep
-    the dense kernels); batched: the program's codegen.batch.BatchedProgram (train() and
+    the dense kernels); batched: the program's codegen.lower.batch.BatchedProgram (train() and
     predict() run whole batches through it), or None."""
     if not isinstance(module_name, str):
         raise TypeError(f"module name must be a str, got {type(module_name).__name__}")
@@ -180,15 +181,15 @@ def _constants(constants, dtype, name="init_constants", table="CONSTANT_VALUES")
 
 def _index_inputs(index_inputs):
     """INDEX_INPUTS: the inputs gathers read as an index, {position, how many values}
-    (ir.index_inputs), which templates/samples.c's checks read; models without gathers have
-    none and keep their C."""
+    (ir.index_inputs), which templates/samples.c's check_index_slots and check_index_samples
+    read; models without gathers have none and keep their C."""
     rows = ", ".join(f"{{{position}, {n}}}" for position, n in index_inputs)
     return (f"#define N_INDEX_INPUTS {len(index_inputs)}\n"
             f"static const long INDEX_INPUTS[][2] = {{{rows}}};")
 
 
 def _batched_functions(eb):
-    """(name, parameters, statements) of the batched program's functions (codegen/batch.py):
+    """(name, parameters, statements) of the batched program's functions (codegen/lower/batch.py):
     forward_outputs_batch(d, nb), forward_rest_batch(d, nb), backward_batch(d, g, nb, rate) (rate:
     0, or the SGD step's, which it takes on eb.stepped); eb: its emitter, or None."""
     if eb is None:

@@ -1,5 +1,5 @@
-"""What a build is, for the toolchain (codegen/toolchain.py) and the in-memory compiler
-(codegen/libtcc.py) alike: its errors, its result, and where Debian keeps the system's headers
+"""What a build is, for the toolchain (codegen/backend/toolchain.py) and the in-memory compiler
+(codegen/backend/libtcc.py) alike: its errors, its result, and where Debian keeps the system's headers
 and libraries."""
 from __future__ import annotations
 

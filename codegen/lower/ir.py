@@ -1,6 +1,6 @@
 """Lowering: a Value graph to a flat program of groups over slots, as a list of named passes:
 
-    read_graph (codegen/graph.py: the Values read once, into arrays)
+    read_graph (codegen/lower/graph.py: the Values read once, into arrays)
     -> build_nodes (find_sums) -> mark_gradients -> vector.group -> layout -> vector.vectorize
     [-> vector.batch_innermost -> layout -> vector.vectorize] -> sgd_in_backward
     (scalar mode: ... layout -> share_gradients -> vector.vectorize -> ...)
@@ -114,7 +114,7 @@ def as_list(outputs):
 
 
 def read_graph(loss, inputs, params, outputs, walker=None, fuse=True):
-    """The user's graph, checked and read into arrays (codegen.graph.read; `walker`: the C walk,
+    """The user's graph, checked and read into arrays (codegen.lower.graph.read; `walker`: the C walk,
     codegen/walker.py's module, which codegen's entry points load: lowering builds nothing).
     With `fuse`, an engine.Dot is read as one node (find_sums takes it as the dot it is) unless
     one of its products has two constant factors (find_sums leaves such a product out of a dot);
