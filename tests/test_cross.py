@@ -65,11 +65,12 @@ def runs_here(triple):
 
 @pytest.fixture(scope="module")
 def trained(mnist):  # noqa: F811
-    """MLP(784, [8, 10]) trained on 2,000 images by the host module, its Values set to the result."""
+    """MLP(784, [8, 10]) trained on 2,000 images by the host module (tcc's: built in a second), its
+    Values set to the result."""
     requires("zig")
     train_X, train_Y, _, _ = mnist
     graph = build_graph(0, hidden=[HIDDEN], init="he")
-    net = graph.compile(compiler=None)
+    net = graph.compile(compiler="tcc")
     net.train(train_X[:2000], train_Y[:2000], LR, scale=PIXEL_SCALE)
     codegen.copy_to_values(net, graph.params)
     return graph, net
@@ -104,6 +105,7 @@ def check_predictions(exports, trained, mnist, triple, n):  # noqa: F811
     runs_here(HOST)
     graph, net = trained
     _, _, test_X, test_Y = mnist
+    codegen.copy_from_values(net, graph.params)  # the exported parameters (an earlier check trained it)
     build = exports(triple, frozen=True).build
     assert built_for(build)
     got = target_predictions(build, test_X[:n])
@@ -120,11 +122,12 @@ def check_training(exports, trained, mnist, triple, steps, tmp_path, fma=False):
     musl build's bits."""
     runs_here(triple)
     runs_here(HOST)
-    graph, _ = trained
+    graph, net = trained
     train_X, train_Y, _, _ = mnist
     rows = training_rows(train_X[2000:2000 + steps], train_Y[2000:2000 + steps])
     losses, params = exports(triple, frozen=False, fma=fma).build.train(rows, LR, tmp_path / "params.f64")
-    host_losses, host_params = module_steps(graph.compile(), rows, LR)
+    codegen.copy_from_values(net, graph.params)  # the exported parameters (an earlier check trained it)
+    host_losses, host_params = module_steps(net, rows, LR)
     assert len(losses) == steps and losses_agree(losses, host_losses)
     np.testing.assert_allclose(params, host_params, rtol=0, atol=PARAM_BOUND)
     assert not np.allclose(params, [p.data for p in graph.params], rtol=0, atol=1e-6)  # it trained
@@ -186,6 +189,7 @@ def check_microgpt(gpt, triple, steps, tmp_path):
     block, vocab = gpt.config.block_size, gpt.tokenizer.vocab_size
     frozen, trainable = gpt.export(triple, frozen=True), gpt.export(triple, frozen=False)
     assert built_for(frozen) and built_for(trainable)
+    codegen.copy_from_values(gpt.net, gpt.params)  # the exported parameters (an earlier check trained it)
     rows = gpt_export.token_rows(gpt.tokenizer, gpt.docs, block)
     rows = np.concatenate([rows, rows[:5] - vocab])  # -1 is the last token, as Python indexes
     logits = frozen.predict(rows)
@@ -196,7 +200,6 @@ def check_microgpt(gpt, triple, steps, tmp_path):
     assert np.array_equal(logits, gpt.export(HOST, frozen=True).predict(rows))
     training = gpt_export.training_rows(gpt.tokenizer, gpt.docs, steps, block)
     losses, params = trainable.train(training, GPT_LR, tmp_path / "params.f64")
-    codegen.copy_from_values(gpt.net, gpt.params)  # the module's steps start from the exported parameters
     host_losses, host_params = module_steps(gpt.net, training, GPT_LR)
     assert len(losses) == steps and losses_agree(losses, host_losses)
     np.testing.assert_allclose(params, host_params, rtol=0, atol=PARAM_BOUND)
@@ -294,6 +297,7 @@ def test_explain_names_the_vectors_of_a_target():
         codegen.explain(v * 2.0, [v], target="riscv")
 
 
+@pytest.mark.slow  # builds its own exports (15 s); test_the_gpt_export_script runs gpt's
 def test_the_make_export_script_for_a_target(trained, mnist, tmp_path, capsys):  # noqa: F811
     """python -m mnist.export --target (make export ARGS="--target=..."): builds, runs and checks."""
     from mnist import export as export_script
