@@ -62,7 +62,11 @@ def main(argv=None):
     parser.add_argument("--target", default=None,
                         help="also build both for this machine with zig cc, and check them there: "
                              + ", ".join(targets.TARGETS))
-    parser.add_argument("--target-opt", type=int, default=2, choices=range(4), help="zig cc's -O level (default 2)")
+    parser.add_argument("--target-opt", type=int, default=2, choices=range(4),
+                        help="zig cc's -O level for the trainable step (default 2)")
+    parser.add_argument("--frozen-opt", type=int, default=0, choices=range(4),
+                        help="zig cc's -O level for the frozen model (default 0: its straight-line code of "
+                             "every weight a constant takes -O2 minutes)")
     parser.add_argument("--check-docs", type=int, default=1000, metavar="N",
                         help="documents whose logits the --target check compares (default 1000)")
     parser.add_argument("--check-steps", type=int, default=1000, metavar="N",
@@ -79,7 +83,7 @@ def main(argv=None):
 
 def run(args, gpt_args):
     if args.target:
-        targets.check(args.target, args.target_opt)  # a bad target fails before training
+        targets.lookup(args.target)  # a bad target fails before training
     docs, tokenizer, state, params = train.setup(gpt_args)
     net, how, _, _ = train.compile_document(state, params, gpt_args.config, gpt_args)
     with tqdm(total=gpt_args.steps, unit="step", desc="training", file=sys.stderr, disable=None) as bar:
@@ -88,16 +92,15 @@ def run(args, gpt_args):
     print(f"trained {len(params):,} parameters for {gpt_args.steps} steps ({how}): last loss {losses[-1]:.4f}")
     started = time.perf_counter()
     doc = model.document(state, gpt_args.config)
-    build = {"target": args.target, "opt": args.target_opt}
-    frozen = export(doc, params, args.out, "gpt", frozen=True, **build)
-    trainable = export(doc, params, args.out, "gpt_train", **build)
+    frozen = export(doc, params, args.out, "gpt", frozen=True, target=args.target, opt=args.frozen_opt)
+    trainable = export(doc, params, args.out, "gpt_train", target=args.target, opt=args.target_opt)
     print(f"exported in {time.perf_counter() - started:.1f} s:")
     for exported in (frozen, trainable):
         for path in (exported.source, exported.header):
             print(f"  {path}  {path.stat().st_size:,} bytes")
         if exported.build:
-            b = exported.build
-            print(f"  {b.library}, {b.program}  built by zig cc -O{args.target_opt} in {b.seconds:.1f} s")
+            b, opt = exported.build, args.frozen_opt if exported is frozen else args.target_opt
+            print(f"  {b.library}, {b.program}  built by zig cc -O{opt} in {b.seconds:.1f} s")
     if args.target:
         check_target(frozen.build, trainable.build, doc, params, tokenizer, docs, args)
 

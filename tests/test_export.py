@@ -174,7 +174,7 @@ def test_microgpt_exports_check_their_tokens(cc, tmp_path):
     tokenizer = gpt_data.Tokenizer(DOCS)
     state, params = gpt_model.init_state(TINY, tokenizer.vocab_size)
     doc = gpt_model.document(state, TINY)
-    net = gpt_export.reference_module(doc, params, compiler=None)
+    net = gpt_export.reference_module(doc, params)
     programs = {}
     for kind, name in (("frozen", "g"), ("trainable", "g_train")):
         exported = gpt_export.export(doc, params, tmp_path, name, frozen=kind == "frozen")
