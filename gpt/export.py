@@ -123,8 +123,10 @@ def check_target(frozen, trainable, doc, params, tokenizer, docs, args):
         losses, trained = trainable.train(training, CHECK_LR, Path(directory) / "params.f64")
     seconds = time.perf_counter() - started
     module_losses, module_params = module_steps(net, training, CHECK_LR)
+    tenth = max(1, len(losses) // 10)
     print(f"check: {trainable.program.name} ({args.target}), {len(training):,} SGD steps (lr {CHECK_LR}) in "
-          f"{seconds:.1f} s: loss {losses[0]:.4f} -> {losses[-1]:.4f}, max relative loss difference "
+          f"{seconds:.1f} s: mean loss {np.mean(losses[:tenth]):.4f} over the first tenth, "
+          f"{np.mean(losses[-tenth:]):.4f} over the last; max relative loss difference "
           f"{np.max(np.abs(losses - module_losses) / module_losses):.2g}, max |parameter difference| "
           f"{np.max(np.abs(trained - module_params)):.2g}")
     bad = rows[:1].copy()
