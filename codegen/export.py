@@ -96,7 +96,6 @@ def _wrap(literals, per_line=6):
     return ",\n".join("    " + ", ".join(literals[i:i + per_line]) for i in range(0, len(literals), per_line))
 
 
-
 def module_steps(net, rows, lr):
     """The reference for an exported trainable program: the same SGD steps by a compiled module
     (one per row, through its step API), from its parameters. (losses, final parameters)."""
