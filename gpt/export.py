@@ -5,9 +5,9 @@
 
 Writes OUT/gpt.c, .h (frozen: gpt_predict(tokens, logits), block_size tokens in (model.Document's
 tokens; pad past the document's end with any valid token), the logits of every position out,
-block_size x vocab_size of them) and OUT/gpt_train.c, .h (trainable: gpt_set_input takes a row of
+block_size x vocab_size of them) and OUT/gpt_train.c, .h (trainable: gpt_train_set_input takes a row of
 data.row, the document's tokens, targets and weights; one SGD step per row). A token is an index
-input: gpt_predict and gpt_set_input return nonzero, computing nothing, for one that is not an
+input: gpt_predict and gpt_train_set_input return nonzero, computing nothing, for one that is not an
 integer from -vocab_size to vocab_size - 1. With --target (a zig triple, codegen.targets.TARGETS)
 both are also built for that machine by zig cc (OUT/<target>/: libgpt.a and the program gpt,
 libgpt_train.a and gpt_train) and checked there (under qemu-user or wasmtime on another machine):
