@@ -142,7 +142,6 @@ def test_cross_built_classifier_predicts_and_trains_as_the_host_module(exports, 
     assert check_training(exports, trained, mnist, triple, steps=QUICK_STEPS, tmp_path=tmp_path)
 
 
-@pytest.mark.slow
 def test_fused_multiply_adds_change_the_bits_within_the_bound(exports, trained, mnist, tmp_path):  # noqa: F811
     assert not check_training(exports, trained, mnist, "aarch64-linux-musl", steps=100, tmp_path=tmp_path, fma=True)
 
