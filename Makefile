@@ -111,7 +111,7 @@ bench-minibatch: torch jax
 clean:
 	rm -rf build $(VENV) *.egg-info .pytest_cache
 
-.PHONY: export bench-jit bench-minibatch bench-mpi bench-gpt
+.PHONY: export export-gpt bench-jit bench-minibatch bench-mpi bench-gpt
 # The trained MNIST classifier as plain C with no Python: build/export/mnist.c, .h (frozen) and
 # mnist_train.c, .h (trainable), checked against the module on the test set. ARGS="--target=T"
 # (a zig triple, e.g. aarch64-linux-musl) goes to mnist.export: both also built for T, checked there
@@ -121,6 +121,12 @@ export: $(VENV)/.installed
 	$(PY) -m mnist.train $(FLAGS) --module-dir $(BUILD) --save $(BUILD)/mnist_params.npz \
 		$(filter-out $(EXPORT_ARGS),$(ARGS))
 	$(PY) -m mnist.export --load $(BUILD)/mnist_params.npz --out $(BUILD)/export $(EXPORT_ARGS)
+
+# microgpt (docs/export.md#microgpt): trained as `make gpt` trains it (tcc), then build/export-gpt/gpt.c,
+# .h (frozen: tokens in, every position's logits out) and gpt_train.c, .h; with ARGS="--target=T" also
+# built for T and checked there against the module (1,000 documents' logits, 1,000 SGD steps)
+export-gpt: $(VENV)/.installed
+	$(PY) -m gpt.export --out $(BUILD)/export-gpt $(COMPILER) $(ARGS)
 
 # data-parallel training over MPI (docs/distributed.md): 1 vs 2 ranks, one thread each, MLP(784, [512, 256, 10])
 # float32 at a global batch of 128; installs the mpi extra first when mpi4py is missing

@@ -16,7 +16,6 @@ module's predictions, and the trainable one for --check-steps SGD steps, against
 """
 import argparse
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ import numpy as np
 
 import codegen
 from codegen.backend import toolchain
+from codegen.export import OUTPUT_BOUND, losses_agree, module_steps
 
 from .data import DataError, load_mnist
 from .model import DEFAULT_LR, N_CLASSES, N_PIXELS, PIXEL_SCALE, build_graph
@@ -101,7 +101,7 @@ def check(exported, name, graph, args):
         build = toolchain.build_library(exported.source.read_text(), name, compiler, opt=2, cache=Path(directory))
         build_seconds = build.seconds
         ffi = cffi.FFI()
-        ffi.cdef(f"void {name}_predict(const double *in, double *out);")
+        ffi.cdef(f"int {name}_predict(const double *in, double *out);")
         lib = ffi.dlopen(str(build.path))
         predict = getattr(lib, f"{name}_predict")
         pixels = np.ascontiguousarray(test_X * PIXEL_SCALE, dtype=np.float64)
@@ -121,19 +121,9 @@ def check(exported, name, graph, args):
         raise ValueError("the exported classifier disagrees with the compiled module")
 
 
-def run_program(build, *args, stdin=b""):
-    """The stdout of a program codegen.export built for a target, run here (under its emulator
-    elsewhere); ValueError with its stderr if it fails."""
-    done = subprocess.run(build.command(*args), input=stdin, capture_output=True)
-    if done.returncode != 0:
-        raise ValueError(f"{build.program} failed (exit status {done.returncode}): {done.stderr.decode()}")
-    return done.stdout.decode()
-
-
 def target_predictions(build, images):
     """The frozen program's logits for uint8 images, a row each."""
-    pixels = np.ascontiguousarray(images * PIXEL_SCALE, dtype=np.float64)
-    return np.array([[float(v) for v in line.split()] for line in run_program(build, stdin=pixels.tobytes()).splitlines()])
+    return build.predict(images * PIXEL_SCALE)
 
 
 def training_rows(images, labels):
@@ -142,37 +132,6 @@ def training_rows(images, labels):
     rows[:, :N_PIXELS] = images * PIXEL_SCALE
     rows[np.arange(len(rows)), N_PIXELS + labels.astype(int)] = 1.0
     return rows
-
-
-def target_training(build, rows, lr, params_file):
-    """The trainable program's losses, one SGD step per row, and its final parameters."""
-    losses = np.array([float(v) for v in run_program(build, repr(lr), params_file, stdin=rows.tobytes()).split()])
-    return losses, np.fromfile(params_file)
-
-
-def module_training(graph, rows, lr):
-    """The same steps by a fresh compiled module (it starts from the Values' parameters)."""
-    net, losses = graph.compile(), []
-    for row in rows:
-        net.set_input(row)
-        losses.append(net.forward())
-        net.zero_grad()
-        net.backward()
-        net.update(lr)
-    return np.array(losses), np.asarray(net.params)
-
-
-# How far a target's numbers may be from the module's: its libm is musl's, whose exp is 1 ulp from
-# glibc's for about 10% of arguments, and the frozen code sums left to right (docs/export.md).
-# Losses within LOSS_BOUND relative, or LOSS_ATOL: a loss of 1e-4 is -log of a probability near 1,
-# one ulp of which is 1.1e-16 of loss (measured: 2.2e-16, 1.9e-12 relative, in 1,000 steps)
-LOSS_BOUND, LOSS_ATOL, LOGIT_BOUND = 1e-12, 1e-15, 1e-12
-
-
-def losses_agree(losses, expected):
-    """Whether every loss is within LOSS_BOUND relative or LOSS_ATOL of the expected one."""
-    return len(losses) == len(expected) and bool(np.all(np.abs(losses - expected)
-                                                        <= LOSS_ATOL + LOSS_BOUND * np.abs(expected)))
 
 
 def check_target(frozen, trainable, graph, args):
@@ -192,14 +151,14 @@ def check_target(frozen, trainable, graph, args):
     rows, lr = training_rows(train_X[:args.check_steps], train_Y[:args.check_steps]), DEFAULT_LR["sgd"]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as directory:
-        losses, params = target_training(trainable.build, rows, lr, Path(directory) / "params.f64")
+        losses, params = trainable.build.train(rows, lr, Path(directory) / "params.f64")
     seconds = time.perf_counter() - started
-    module_losses, module_params = module_training(graph, rows, lr)
+    module_losses, module_params = module_steps(graph.compile(), rows, lr)
     print(f"check: {trainable.build.program.name} ({args.target}), {len(rows):,} SGD steps (lr {lr}) in "
           f"{seconds:.1f} s: max relative loss difference {np.max(np.abs(losses - module_losses) / module_losses):.2g}"
           f", max |loss difference| {np.max(np.abs(losses - module_losses)):.2g}, max |parameter difference| "
           f"{np.max(np.abs(params - module_params)):.2g}")
-    if agree != 1.0 or logit_difference > LOGIT_BOUND or not losses_agree(losses, module_losses):
+    if agree != 1.0 or logit_difference > OUTPUT_BOUND or not losses_agree(losses, module_losses):
         raise ValueError(f"the {args.target} build disagrees with the compiled module")
 
 

@@ -60,6 +60,15 @@ def test_make_export(make, mnist_dir, tmp_path):  # noqa: F811
         "mnist.c", "mnist.h", "mnist_train.c", "mnist_train.h", "freestanding"}
 
 
+def test_make_export_gpt(make, tmp_path):
+    names = tmp_path / "names.txt"
+    names.write_text("emma\nolivia\nava\nliam\nnoah\n")
+    out = make("export-gpt", f"ARGS=--data {names} --steps 5 --n-embd 4 --n-head 2 --block-size 4 --quiet")
+    assert "trained 288 parameters for 5 steps" in out  # wte, lm_head 10 x 4; wpe 4 x 4; the layer 12 x 16
+    assert {p.name for p in (tmp_path / "build" / "export-gpt").iterdir()} == {
+        "gpt.c", "gpt.h", "gpt_train.c", "gpt_train.h", "freestanding"}
+
+
 def test_make_compare_with_one_configuration(make, mnist_dir, tmp_path):  # noqa: F811
     out = make("compare", f"ARGS=--configs tcc numpy libtcc --n-train 300 --repeats 1 --data-dir {mnist_dir} "
                           f"--out {tmp_path / 'results'}")

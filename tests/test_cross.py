@@ -1,7 +1,7 @@
-"""codegen.export(..., target=...): the MNIST MLP exported and built by zig cc for aarch64,
-riscv64 and wasm32-wasi (32-bit ARM in the slow set), its programs run under qemu-user (wasmtime
-for WebAssembly), against the host's compiled module and against the same C built for this machine
-(x86_64-linux-musl, run natively).
+"""codegen.export(..., target=...): the MNIST MLP and microgpt exported and built by zig cc for
+aarch64, riscv64 and wasm32-wasi (32-bit ARM in the slow set), their programs run under qemu-user
+(wasmtime for WebAssembly), against the host's compiled module and against the same C built for
+this machine (x86_64-linux-musl, run natively).
 
 What holds, measured on an x86-64 host (qemu 7.2, zig 0.17.1): with -ffp-contract=off, the
 default, every target prints the x86-64 musl build's bits (the same operations in the same order,
@@ -9,9 +9,15 @@ IEEE double everywhere). The host module differs from them only through the C li
 is 1 ulp from musl's for about 10% of arguments (and its log for a few), so the module's losses
 are within 1e-13 of theirs, and the frozen classifier's logits within 1e-13 (its sums run left to
 right, the module's in sixteen lanes). With fma=True the multiply-adds fuse on aarch64 and riscv64:
-other bits, within the same bounds over the steps tested."""
+other bits, within the same bounds over the steps tested. A token (microgpt's index input) out of
+range or not an integer stops either program with the module's message.
+
+The default suite checks each target on a small case in seconds (20 images and 20 steps of the
+MNIST MLP; a tiny microgpt's logits for 40 names and 20 steps); the slow set (`make test-all`) runs
+all 10,000 test images and 1,000 steps, and microgpt's default configuration for 1,000 steps."""
 import functools
 import platform
+import random
 import sys
 
 import numpy as np
@@ -19,11 +25,14 @@ import pytest
 
 import codegen
 from codegen.backend import targets, toolchain
+from codegen.export import OUTPUT_BOUND, losses_agree, module_steps
 from codegen.backend.toolchain import CompileError, CompilerNotFound
 from conftest import requires
+from gpt import data as gpt_data
+from gpt import export as gpt_export
+from gpt import model as gpt_model
 from micrograd_c import Value
-from mnist.export import (LOGIT_BOUND, losses_agree, module_training, target_predictions, target_training,
-                          training_rows)
+from mnist.export import target_predictions, training_rows
 from mnist.model import PIXEL_SCALE, build_graph
 from test_wasm import REAL_MNIST, mnist  # noqa: F401  (the real MNIST files, as the other tests find them)
 
@@ -31,9 +40,19 @@ CROSS = ("aarch64-linux-musl", "riscv64-linux-musl", "wasm32-wasi")
 HOST = "x86_64-linux-musl"      # the reference: the same C and libm (musl), run without an emulator
 HIDDEN, LR = 8, 0.03            # MLP(784, [8, 10]): the frozen code is 13,000 statements
 # Against the host module (glibc's libm, the module's sixteen-lane sums), measured 7.1e-15 (logits)
-# and 1.2e-14 (losses, relative, 200 steps): bounds mnist.export's LOGIT_BOUND, losses_agree;
+# and 1.2e-14 (losses, relative, 200 steps): bounds codegen.export's OUTPUT_BOUND, losses_agree;
 # parameters 4.4e-16
 PARAM_BOUND = 1e-13
+QUICK_IMAGES, QUICK_STEPS = 20, 20  # the default suite's check of each target
+
+# microgpt: a tiny model in the default suite (its C builds in seconds at -O0), microgpt's default
+# configuration in the slow set; trained by SGD (the exported step's) from the drawn parameters
+GPT_TINY = gpt_model.Config(n_embd=4, n_head=2, n_layer=1, block_size=4)
+GPT_LR = gpt_export.CHECK_LR
+# The default suite's documents (the census names of ../shared/names are not in every checkout)
+NAMES = ("emma olivia ava isabella sophia mia charlotte amelia harper evelyn abigail emily ella elizabeth camila "
+         "luna sofia avery mila aria scarlett penelope layla chloe victoria madison eleanor grace nora riley liam "
+         "noah oliver elijah james william benjamin lucas henry theodore").split()
 
 
 def runs_here(triple):
@@ -46,11 +65,12 @@ def runs_here(triple):
 
 @pytest.fixture(scope="module")
 def trained(mnist):  # noqa: F811
-    """MLP(784, [8, 10]) trained on 2,000 images by the host module, its Values set to the result."""
+    """MLP(784, [8, 10]) trained on 2,000 images by the host module (tcc's: built in a second), its
+    Values set to the result."""
     requires("zig")
     train_X, train_Y, _, _ = mnist
     graph = build_graph(0, hidden=[HIDDEN], init="he")
-    net = graph.compile(compiler=None)
+    net = graph.compile(compiler="tcc")
     net.train(train_X[:2000], train_Y[:2000], LR, scale=PIXEL_SCALE)
     codegen.copy_to_values(net, graph.params)
     return graph, net
@@ -85,13 +105,14 @@ def check_predictions(exports, trained, mnist, triple, n):  # noqa: F811
     runs_here(HOST)
     graph, net = trained
     _, _, test_X, test_Y = mnist
+    codegen.copy_from_values(net, graph.params)  # the exported parameters (an earlier check trained it)
     build = exports(triple, frozen=True).build
     assert built_for(build)
     got = target_predictions(build, test_X[:n])
     expected = np.asarray(net.predict(test_X[:n], scale=PIXEL_SCALE))
     assert got.shape == expected.shape
     assert np.array_equal(got.argmax(axis=1), expected.argmax(axis=1))
-    assert np.max(np.abs(got - expected)) < LOGIT_BOUND
+    assert np.max(np.abs(got - expected)) < OUTPUT_BOUND
     assert np.mean(got.argmax(axis=1) == test_Y[:n]) > 0.5  # trained (measured 66%; chance is 10%)
     assert np.array_equal(got, target_predictions(exports(HOST, frozen=True).build, test_X[:n]))  # the same bits
 
@@ -101,26 +122,24 @@ def check_training(exports, trained, mnist, triple, steps, tmp_path, fma=False):
     musl build's bits."""
     runs_here(triple)
     runs_here(HOST)
-    graph, _ = trained
+    graph, net = trained
     train_X, train_Y, _, _ = mnist
     rows = training_rows(train_X[2000:2000 + steps], train_Y[2000:2000 + steps])
-    losses, params = target_training(exports(triple, frozen=False, fma=fma).build, rows, LR, tmp_path / "params.f64")
-    host_losses, host_params = module_training(graph, rows, LR)
+    losses, params = exports(triple, frozen=False, fma=fma).build.train(rows, LR, tmp_path / "params.f64")
+    codegen.copy_from_values(net, graph.params)  # the exported parameters (an earlier check trained it)
+    host_losses, host_params = module_steps(net, rows, LR)
     assert len(losses) == steps and losses_agree(losses, host_losses)
     np.testing.assert_allclose(params, host_params, rtol=0, atol=PARAM_BOUND)
     assert not np.allclose(params, [p.data for p in graph.params], rtol=0, atol=1e-6)  # it trained
-    reference = target_training(exports(HOST, frozen=False).build, rows, LR, tmp_path / "host.f64")
+    reference = exports(HOST, frozen=False).build.train(rows, LR, tmp_path / "host.f64")
     return np.array_equal(losses, reference[0]) and np.array_equal(params, reference[1])
 
 
 @pytest.mark.parametrize("triple", CROSS)
-def test_cross_built_classifier_predicts_as_the_host_module(exports, trained, mnist, triple):  # noqa: F811
-    check_predictions(exports, trained, mnist, triple, n=200)
-
-
-@pytest.mark.parametrize("triple", CROSS)
-def test_cross_built_training_follows_the_host_module(exports, trained, mnist, triple, tmp_path):  # noqa: F811
-    assert check_training(exports, trained, mnist, triple, steps=100, tmp_path=tmp_path)
+def test_cross_built_classifier_predicts_and_trains_as_the_host_module(exports, trained, mnist, triple,  # noqa: F811
+                                                                       tmp_path):
+    check_predictions(exports, trained, mnist, triple, n=QUICK_IMAGES)
+    assert check_training(exports, trained, mnist, triple, steps=QUICK_STEPS, tmp_path=tmp_path)
 
 
 def test_fused_multiply_adds_change_the_bits_within_the_bound(exports, trained, mnist, tmp_path):  # noqa: F811
@@ -132,6 +151,110 @@ def test_fused_multiply_adds_change_the_bits_within_the_bound(exports, trained, 
 def test_all_test_images_and_1000_steps(exports, trained, mnist, triple, tmp_path):  # noqa: F811
     check_predictions(exports, trained, mnist, triple, n=10_000)
     assert check_training(exports, trained, mnist, triple, steps=1000, tmp_path=tmp_path)
+
+
+class Microgpt:
+    """microgpt's Document graph of `config` on `docs` (parameters drawn as microgpt draws them),
+    its host module (SGD) and its exports, built once per target: the frozen straight-line code at
+    -O0 (zig cc -O2 takes minutes on the default configuration's), the trainable at trainable_opt."""
+
+    def __init__(self, config, docs, directory, trainable_opt):
+        random.seed(42)
+        self.config, self.docs = config, list(docs)
+        self.tokenizer = gpt_data.Tokenizer(self.docs)
+        state, self.params = gpt_model.init_state(config, self.tokenizer.vocab_size)
+        self.doc = gpt_model.document(state, config)
+        self.net = gpt_export.reference_module(self.doc, self.params)
+        self.directory, self.trainable_opt = directory, trainable_opt
+
+    @functools.lru_cache(maxsize=None)
+    def export(self, triple, frozen):
+        return gpt_export.export(self.doc, self.params, self.directory, "gpt" if frozen else "gpt_train",
+                                 frozen=frozen, target=triple, opt=0 if frozen else self.trainable_opt).build
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt(tmp_path_factory):
+    requires("zig")
+    return Microgpt(GPT_TINY, NAMES, tmp_path_factory.mktemp("gpt"), trainable_opt=0)
+
+
+def check_microgpt(gpt, triple, steps, tmp_path):
+    """The frozen program's logits for every document (and for them with negative tokens, as Python
+    indexes) and `steps` SGD steps of the trainable one: the host module's within the bounds, the
+    host musl build's bits."""
+    runs_here(triple)
+    runs_here(HOST)
+    block, vocab = gpt.config.block_size, gpt.tokenizer.vocab_size
+    frozen, trainable = gpt.export(triple, frozen=True), gpt.export(triple, frozen=False)
+    assert built_for(frozen) and built_for(trainable)
+    codegen.copy_from_values(gpt.net, gpt.params)  # the exported parameters (an earlier check trained it)
+    rows = gpt_export.token_rows(gpt.tokenizer, gpt.docs, block)
+    rows = np.concatenate([rows, rows[:5] - vocab])  # -1 is the last token, as Python indexes
+    logits = frozen.predict(rows)
+    expected = np.asarray(gpt.net.predict(rows))
+    assert logits.shape == expected.shape == (len(rows), block * vocab)
+    assert np.max(np.abs(logits - expected)) < OUTPUT_BOUND
+    assert np.array_equal(logits[-5:], logits[:5])
+    assert np.array_equal(logits, gpt.export(HOST, frozen=True).predict(rows))
+    training = gpt_export.training_rows(gpt.tokenizer, gpt.docs, steps, block)
+    losses, params = trainable.train(training, GPT_LR, tmp_path / "params.f64")
+    host_losses, host_params = module_steps(gpt.net, training, GPT_LR)
+    assert len(losses) == steps and losses_agree(losses, host_losses)
+    np.testing.assert_allclose(params, host_params, rtol=0, atol=PARAM_BOUND)
+    assert not np.allclose(params, [p.data for p in gpt.params], rtol=0, atol=1e-6)  # it trained
+    host = gpt.export(HOST, frozen=False).train(training, GPT_LR, tmp_path / "host.f64")
+    assert np.array_equal(losses, host[0]) and np.array_equal(params, host[1])
+    print(f"{triple}: {len(rows)} documents' logits within {np.max(np.abs(logits - expected)):.2g} of the module's; "
+          f"{steps} steps' losses within {np.max(np.abs(losses - host_losses) / host_losses):.2g} relative, "
+          f"parameters within {np.max(np.abs(params - host_params)):.2g}; the x86-64 musl build's bits")
+    return losses
+
+
+def refused(build, rows, *args):
+    """The message of a program that refused its rows."""
+    with pytest.raises(targets.ProgramFailed, match="exit status 1") as error:
+        build.run(*args, stdin=np.ascontiguousarray(rows, dtype=np.float64).tobytes())
+    return str(error.value)
+
+
+@pytest.mark.parametrize("triple", CROSS)
+def test_cross_built_microgpt_follows_the_host_module(tiny_gpt, triple, tmp_path):
+    check_microgpt(tiny_gpt, triple, steps=QUICK_STEPS, tmp_path=tmp_path)
+    # a token out of range, or not an integer, stops the program before it reads a table
+    vocab, block = tiny_gpt.tokenizer.vocab_size, GPT_TINY.block_size
+    rows = gpt_export.token_rows(tiny_gpt.tokenizer, NAMES[:3], block)
+    rows[2, 1] = vocab
+    assert refused(tiny_gpt.export(triple, frozen=True), rows).endswith(
+        f"row 2: input 1 is an index into {vocab} values, so it must hold an integer from -{vocab} to {vocab - 1}, "
+        f"not {vocab}")
+    training = gpt_export.training_rows(tiny_gpt.tokenizer, NAMES, 3, block)
+    training[1, block + 2] = 2.5  # a target
+    assert refused(tiny_gpt.export(triple, frozen=False), training, GPT_LR).endswith(
+        f"row 1: input {block + 2} is an index into {vocab} values, so it must hold an integer from -{vocab} to "
+        f"{vocab - 1}, not 2.5")
+
+
+@pytest.fixture(scope="module")
+def default_gpt(tmp_path_factory):
+    """microgpt's default configuration (n_embd 16, 4 heads, block 16) on 1,000 census names, the
+    trainable step built at -O2."""
+    requires("zig")
+    try:
+        names = gpt_data.load_docs(gpt_data.default_path())
+    except gpt_data.DataError as error:
+        pytest.skip(str(error))
+    random.seed(42)
+    random.shuffle(names)
+    return Microgpt(gpt_model.Config(), names[:1000], tmp_path_factory.mktemp("gpt-default"), trainable_opt=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("triple", CROSS)
+def test_microgpt_default_config_for_1000_steps(default_gpt, triple, tmp_path):
+    """The logits of 1,000 names and 1,000 SGD steps."""
+    losses = check_microgpt(default_gpt, triple, steps=1000, tmp_path=tmp_path)
+    assert np.mean(losses[-100:]) < np.mean(losses[:100]) - 0.2  # it learned (measured 2.70 -> 2.31)
 
 
 @pytest.mark.parametrize("triple, vector_instruction, vectors", [
@@ -180,6 +303,7 @@ def test_explain_names_the_vectors_of_a_target():
         codegen.explain(v * 2.0, [v], target="riscv")
 
 
+@pytest.mark.slow  # builds its own exports (15 s); test_the_gpt_export_script runs gpt's
 def test_the_make_export_script_for_a_target(trained, mnist, tmp_path, capsys):  # noqa: F811
     """python -m mnist.export --target (make export ARGS="--target=..."): builds, runs and checks."""
     from mnist import export as export_script
@@ -189,11 +313,33 @@ def test_the_make_export_script_for_a_target(trained, mnist, tmp_path, capsys): 
     np.savez(params, params=np.array([p.data for p in graph.params]), seed=0, hidden=[HIDDEN], epochs=1)
     out, data = tmp_path / "out", str(REAL_MNIST)
     common = ["--load", str(params), "--out", str(out), "--data-dir", data, "--target-opt", "0"]
-    assert export_script.main([*common, "--target=aarch64-linux-musl", "--check-images", "200",
-                               "--check-steps", "50"]) == 0
+    assert export_script.main([*common, "--target=aarch64-linux-musl", "--check-images", "20",
+                               "--check-steps", "10"]) == 0
     printed = capsys.readouterr().out
-    assert "same class as the module for 100.00%" in printed and "50 SGD steps" in printed
+    assert "same class as the module for 100.00%" in printed and "10 SGD steps" in printed
     assert {p.name for p in (out / "aarch64-linux-musl").iterdir()} == {
         "libmnist.a", "mnist", "mnist_main.c", "libmnist_train.a", "mnist_train", "mnist_train_main.c"}
     assert export_script.main([*common, "--target=mips-linux"]) == 2
+    assert "unknown target 'mips-linux'; the known targets: x86_64-linux-musl" in capsys.readouterr().err
+
+
+def test_the_gpt_export_script(tmp_path, capsys):
+    """python -m gpt.export --target (make export-gpt): trains, exports, builds, runs and checks."""
+    requires("zig")
+    runs_here(HOST)
+    names = tmp_path / "names.txt"
+    names.write_text("\n".join(NAMES) + "\n")
+    out = tmp_path / "out"
+    common = ["--out", str(out), "--data", str(names), "--steps", "10", "--n-embd", "4", "--n-head", "2",
+              "--block-size", "4", "--quiet"]
+    assert gpt_export.main([*common, f"--target={HOST}", "--target-opt", "0", "--check-docs", "40",
+                            "--check-steps", "20"]) == 0
+    printed = capsys.readouterr().out
+    assert "the logits of 40 documents" in printed and "20 SGD steps" in printed
+    vocab = gpt_data.Tokenizer(NAMES).vocab_size
+    assert (f"token {vocab} (out of range): input 0 is an index into {vocab} values, so it must hold an integer "
+            f"from -{vocab} to {vocab - 1}, not {vocab}") in printed
+    assert {p.name for p in (out / HOST).iterdir()} == {
+        "libgpt.a", "gpt", "gpt_main.c", "libgpt_train.a", "gpt_train", "gpt_train_main.c"}
+    assert gpt_export.main([*common, "--target=mips-linux"]) == 2
     assert "unknown target 'mips-linux'; the known targets: x86_64-linux-musl" in capsys.readouterr().err

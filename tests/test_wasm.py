@@ -24,7 +24,7 @@ WRAPPER = r"""
 static double in[@UPPER@_N_INPUTS], out[@UPPER@_N_OUTPUTS];
 double *input_buffer(void) { return in; }
 double *output_buffer(void) { return out; }
-void predict(void) { @NAME@_predict(in, out); }
+int predict(void) { return @NAME@_predict(in, out); }
 """
 
 

@@ -12,8 +12,11 @@ import importlib.util
 import pathlib
 import platform
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
+
+import numpy as np
 
 from .builds import ToolchainError
 from .toolchain import _run_compiler, find_compiler
@@ -55,6 +58,10 @@ class EmulatorNotFound(ToolchainError):
     pass
 
 
+class ProgramFailed(ValueError):
+    """A target's program exited with an error: a bad row (a token out of range), a partial row."""
+
+
 def lookup(triple: str) -> Target:
     """The row of TARGETS for a zig triple; a ValueError listing the known ones otherwise."""
     try:
@@ -92,6 +99,26 @@ class TargetBuild:
             raise EmulatorNotFound(f"{self.target.emulator} not found to run {self.program.name} for "
                                    f"{self.target.triple}; {EMULATOR_ADVICE}")
         return [emulator, str(self.program), *map(str, args)]
+
+    def run(self, *args, stdin: bytes = b"") -> str:
+        """The program's stdout, run here by command(); ProgramFailed with its stderr if it fails."""
+        done = subprocess.run(self.command(*args), input=stdin, capture_output=True)
+        if done.returncode != 0:
+            raise ProgramFailed(f"{self.program} failed (exit status {done.returncode}): "
+                                f"{done.stderr.decode(errors='replace').strip()}")
+        return done.stdout.decode()
+
+    def predict(self, rows) -> np.ndarray:
+        """The frozen program's outputs for float64 rows of inputs, a row each."""
+        rows = np.ascontiguousarray(rows, dtype=np.float64)
+        return np.array([[float(v) for v in line.split()] for line in self.run(stdin=rows.tobytes()).splitlines()])
+
+    def train(self, rows, lr: float, params_file) -> tuple[np.ndarray, np.ndarray]:
+        """The trainable program's losses, one SGD step of rate lr per float64 row of inputs, and its
+        final parameters (written to params_file)."""
+        rows = np.ascontiguousarray(rows, dtype=np.float64)
+        losses = self.run(repr(float(lr)), params_file, stdin=rows.tobytes()).split()
+        return np.array([float(v) for v in losses]), np.fromfile(params_file)
 
 
 def build(source: pathlib.Path, main: str, name: str, triple: str, opt: int = 2, fma: bool = False,

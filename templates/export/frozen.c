@@ -16,10 +16,15 @@
 @GRAPH@
 
 /* ---- the API ------------------------------------------------------------------------- */
+/*@INCLUDE export/index_inputs.c@*/
+
 static double work[N_SLOTS];
 
-void @NAME@_predict(const double *in, double *out)
+int @NAME@_predict(const double *in, double *out)
 {
+    int bad = check_index_inputs(in);
+    if (bad)
+        return bad;
 #ifdef N_CONSTANTS /* constants the graph's loops read from slots: written once */
     static int constants_ready;
     if (!constants_ready) {
@@ -31,4 +36,5 @@ void @NAME@_predict(const double *in, double *out)
     forward_outputs(work);
     for (int i = 0; i < N_OUTPUTS; i++)
         out[i] = work[OUTPUT_SLOTS[i]];
+    return 0;
 }

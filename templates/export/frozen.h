@@ -2,7 +2,7 @@
  * codegen.export(frozen=True); do not edit). The parameters are constants in the code.
  *
  *     double in[@UPPER@_N_INPUTS], out[@UPPER@_N_OUTPUTS];
- *     @NAME@_predict(in, out);
+ *     if (@NAME@_predict(in, out) != 0) ...   // a token out of range
  */
 #ifndef @GUARD@
 #define @GUARD@
@@ -14,9 +14,13 @@ extern "C" {
 #define @UPPER@_N_INPUTS @N_INPUTS@
 #define @UPPER@_N_OUTPUTS @N_OUTPUTS@
 
-/* The outputs for @UPPER@_N_INPUTS inputs. Not reentrant: it computes in one static array of
- * @N_SLOTS@ doubles (no allocation, no big stack frame), so one call at a time. */
-void @NAME@_predict(const double *in, double *out);
+/* The outputs for @UPPER@_N_INPUTS inputs; returns 0. An index input (a token: see
+ * @NAME@_index_size) that is not an integer from -n to n - 1 computes nothing: it returns 1 + that
+ * input's position. Not reentrant: it computes in one static array of @N_SLOTS@ doubles (no
+ * allocation, no big stack frame), so one call at a time. */
+int @NAME@_predict(const double *in, double *out);
+/* How many values input `position` indexes (a token's vocabulary), 0 for an input that is a number */
+long @NAME@_index_size(int position);
 
 #ifdef __cplusplus
 }

@@ -16,6 +16,8 @@
 @GRAPH@
 
 /* ---- the API ------------------------------------------------------------------------- */
+/*@INCLUDE export/index_inputs.c@*/
+
 /* The parameters then the inputs, as exported */
 static const double INITIAL[N_PARAMS + N_INPUTS + 1] = {
 @INITIAL@
@@ -30,9 +32,13 @@ void @NAME@_init(@NAME@_state *s)
 #endif
 }
 
-void @NAME@_set_input(@NAME@_state *s, const double *in)
+int @NAME@_set_input(@NAME@_state *s, const double *in)
 {
+    int bad = check_index_inputs(in);
+    if (bad)
+        return bad;
     memcpy(s->data + INPUT_BASE, in, N_INPUTS * sizeof(double));
+    return 0;
 }
 
 double @NAME@_forward(@NAME@_state *s)

@@ -3,7 +3,7 @@
  *
  *     static @NAME@_state s;               // 2 x @N_SLOTS@ doubles: keep it off small stacks
  *     @NAME@_init(&s);                      // the exported parameters, zero gradients
- *     @NAME@_set_input(&s, x);              // @N_INPUTS@ inputs
+ *     @NAME@_set_input(&s, x);              // @N_INPUTS@ inputs (nonzero: a token out of range)
  *     double loss = @NAME@_forward(&s);     // also computes the outputs: @NAME@_outputs(&s, y)
  *     @NAME@_zero_grad(&s); @NAME@_backward(&s); @NAME@_update(&s, 0.01);
  */
@@ -28,8 +28,12 @@ typedef struct {
 
 /* The parameters and inputs as exported (the Values' .data then), every gradient zero. */
 void @NAME@_init(@NAME@_state *s);
-/* Copies @UPPER@_N_INPUTS values into the inputs. */
-void @NAME@_set_input(@NAME@_state *s, const double *in);
+/* Copies @UPPER@_N_INPUTS values into the inputs; returns 0. An index input (a token: see
+ * @NAME@_index_size) that is not an integer from -n to n - 1 sets nothing: it returns 1 + that
+ * input's position. */
+int @NAME@_set_input(@NAME@_state *s, const double *in);
+/* How many values input `position` indexes (a token's vocabulary), 0 for an input that is a number */
+long @NAME@_index_size(int position);
 /* Evaluates the graph; returns the loss. */
 double @NAME@_forward(@NAME@_state *s);
 /* The outputs' values after @NAME@_forward: @UPPER@_N_OUTPUTS values into out. */

@@ -2,11 +2,14 @@
  * one SGD step per row of @UPPER@_N_INPUTS float64 values (this machine's byte order, no
  * header) on stdin, from the exported parameters; prints each step's loss (before its update)
  * with 17 significant digits, and with a second argument writes the final @UPPER@_N_PARAMS
- * parameters there as float64.
+ * parameters there as float64. A token (index input) out of range stops it with a message and exit
+ * status 1.
  *     @NAME@ LR [PARAMS_OUT.f64] < rows.f64 > losses.txt */
 #include <stdio.h>
 #include <stdlib.h>
 #include "@NAME@.h"
+
+/*@INCLUDE export/bad_index.c@*/
 
 static @NAME@_state s; /* 2 x @UPPER@_N_SLOTS doubles: not on the stack */
 
@@ -15,6 +18,8 @@ int main(int argc, char **argv)
     static double row[@UPPER@_N_INPUTS];
     char *end;
     size_t got;
+    long step = 0;
+    int bad;
     double lr = argc >= 2 ? strtod(argv[1], &end) : 0;
     if (argc < 2 || argc > 3 || *end != '\0' || end == argv[1]) {
         fprintf(stderr, "usage: %s LR [PARAMS_OUT.f64] < rows.f64 (rows of %d float64 values)\n", argv[0],
@@ -23,7 +28,9 @@ int main(int argc, char **argv)
     }
     @NAME@_init(&s);
     while ((got = fread(row, sizeof(double), @UPPER@_N_INPUTS, stdin)) == @UPPER@_N_INPUTS) {
-        @NAME@_set_input(&s, row);
+        if ((bad = @NAME@_set_input(&s, row)) != 0)
+            return bad_index(argv[0], step, row, bad);
+        step++;
         printf("%.17g\n", @NAME@_forward(&s));
         @NAME@_zero_grad(&s);
         @NAME@_backward(&s);
