@@ -4,6 +4,9 @@
  * (batch innermost) and the parameters at 0..N_PARAMS as in d. The parameters are copied in
  * before a pass and, after training, out again; every other state (the optimizer's, the
  * step-by-step API's) stays the module's. */
+#ifndef HAVE_BATCH
+#error "HAVE_BATCH must be defined (codegen/write/emit.py's _batch_layout)"
+#endif
 #if HAVE_BATCH
 
 /* The batch buffers, made on first use (their size is BATCH_CAPACITY times the one-sample

@@ -12,6 +12,9 @@
  * time. A small jit function (INLINE_GRAPH, set by codegen/jit.py) is inlined instead into
  * the row loops below, where its slots become registers. Python.h above has brought every system
  * header the graph includes, so only the graph sees this. */
+#ifndef INLINE_GRAPH
+#error "INLINE_GRAPH must be defined (codegen/jit.py)"
+#endif
 #if INLINE_GRAPH
 #define noinline always_inline
 #endif

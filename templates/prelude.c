@@ -7,7 +7,14 @@
 /* The element type of every slot, kernel and optimizer state: codegen/write/dtypes.py's define
  * sets REAL_IS_FLOAT before this file (dtype="float32": float, else double). The op table's
  * primitives go through real_exp, real_log, real_tanh and real_pow in float mode (the emitter
- * renames them), so that float code calls expf & co. instead of widening to double. */
+ * renames them), so that float code calls expf & co. instead of widening to double. What the
+ * generated C must define before this file is checked here: `#if` would read a missing one as 0. */
+#ifndef REAL_IS_FLOAT
+#error "REAL_IS_FLOAT must be defined before templates/prelude.c (codegen/write/dtypes.py's define)"
+#endif
+#ifndef HAVE_THREAD_POOL
+#error "HAVE_THREAD_POOL must be defined before templates/prelude.c (codegen/write/emit.py's _render)"
+#endif
 #if REAL_IS_FLOAT
 typedef float real;
 #define REAL_FORMAT "f"

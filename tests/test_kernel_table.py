@@ -23,10 +23,15 @@ from conftest import requires
 REPO = Path(__file__).resolve().parents[1]
 
 
-def syntax_errors(compiler, dtype, header, definitions=""):
-    """The compiler's complaints about the prelude (every kernel's definition) and `definitions`
-    followed by `header`, or "" when it takes them."""
-    source = DTYPES[dtype].define + "\n" + templates.read("prelude.c") + "\n" + definitions + "\n" + header + "\n"
+def prelude(dtype):
+    """templates/prelude.c (every kernel's definition) with what it needs defined before it."""
+    return DTYPES[dtype].define + "\n#define HAVE_THREAD_POOL 0\n" + templates.read("prelude.c")
+
+
+def syntax_errors(compiler, dtype, header, definitions="", source=None):
+    """The compiler's complaints about the prelude and `definitions` followed by `header` (or
+    about `source`), or "" when it takes them."""
+    source = source if source is not None else prelude(dtype) + "\n" + definitions + "\n" + header + "\n"
     argv = find_compiler(requires(compiler)).argv
     with tempfile.TemporaryDirectory() as folder:  # (zig cc takes no source on stdin)
         path = Path(folder) / "kernels.c"
@@ -99,7 +104,7 @@ def test_the_readme_walk_through_adds_a_kernel(dtype, monkeypatch):
     assert rendered.render() == f"{name}(g + 12, go, 8);"
     assert syntax_errors("gcc", dtype, templates.read(kernels.HEADER) + row, definition) == ""
     harness = definition + f"\nvoid run(real *g, real go) {{ {rendered.render()} }}\n"
-    build = toolchain.build_library(DTYPES[dtype].define + "\n" + templates.read("prelude.c") + harness, "added")
+    build = toolchain.build_library(prelude(dtype) + harness, "added")
     ffi = cffi.FFI()
     ffi.cdef(f"void run({DTYPES[dtype].c_type} *g, {DTYPES[dtype].c_type} go);")
     library = ffi.dlopen(str(build.path))
@@ -108,3 +113,13 @@ def test_the_readme_walk_through_adds_a_kernel(dtype, monkeypatch):
     expected[12:20] *= np.asarray(2.5, dtype=g.dtype)
     library.run(ffi.cast(f"{DTYPES[dtype].c_type} *", g.ctypes.data), 2.5)
     assert np.array_equal(g, expected)
+
+
+@pytest.mark.parametrize("compiler", ["tcc", "gcc"])
+@pytest.mark.parametrize("missing", ["REAL_IS_FLOAT", "HAVE_THREAD_POOL"])
+def test_the_prelude_names_what_is_missing(compiler, missing):
+    """What the generated C must define before templates/prelude.c, which reads it with `#if`
+    (a missing one would be read as 0), is checked there: leaving one out is a compile error that
+    names it."""
+    source = "\n".join(line for line in prelude("float64").splitlines() if not line.startswith(f"#define {missing} "))
+    assert f"{missing} must be defined" in syntax_errors(compiler, "float64", "", source=source)
