@@ -36,7 +36,7 @@ from mnist.export import target_predictions, training_rows
 from mnist.model import PIXEL_SCALE, build_graph
 from test_wasm import REAL_MNIST, mnist  # noqa: F401  (the real MNIST files, as the other tests find them)
 
-CROSS = ("aarch64-linux-musl", "riscv64-linux-musl", "wasm32-wasi")
+CROSS = ("aarch64-linux-musl", "riscv64-linux-musl", "riscv64-linux-musl+v", "wasm32-wasi")
 HOST = "x86_64-linux-musl"      # the reference: the same C and libm (musl), run without an emulator
 HIDDEN, LR = 8, 0.03            # MLP(784, [8, 10]): the frozen code is 13,000 statements
 # Against the host module (glibc's libm, the module's sixteen-lane sums), measured 7.1e-15 (logits)
@@ -260,6 +260,7 @@ def test_microgpt_default_config_for_1000_steps(default_gpt, triple, tmp_path):
 @pytest.mark.parametrize("triple, vector_instruction, vectors", [
     ("aarch64-linux-musl", "fmul\tv", "NEON"),       # fmul v0.2d, v1.2d, v2.2d: two doubles
     ("riscv64-linux-musl", "vfmul", "none"),         # no V extension: scalar fmul.d only
+    ("riscv64-linux-musl+v", "vfmul", "RVV"),        # vfmul.vv under vsetvli: the V extension
 ])
 def test_the_vectors_each_target_gets(exports, triple, vector_instruction, vectors):
     exported = exports(HOST, frozen=False)  # the trainable C: its dots are dot()'s sixteen lanes
@@ -272,7 +273,7 @@ def test_the_vectors_each_target_gets(exports, triple, vector_instruction, vecto
 def test_bad_targets_and_missing_tools(tmp_path, monkeypatch):
     v = Value(1.0)
     with pytest.raises(ValueError, match="unknown target 'sparc-linux'; the known targets: x86_64-linux-musl, "
-                                         "aarch64-linux-musl, riscv64-linux-musl, arm-linux-musleabihf"):
+                                         "aarch64-linux-musl, riscv64-linux-musl, riscv64-linux-musl\\+v, arm-linux-musleabihf"):
         codegen.export(v * 2.0, [v], path=tmp_path, target="sparc-linux")
     with pytest.raises(ValueError, match="opt must be 0, 1, 2 or 3, not 4"):
         codegen.export(v * 2.0, [v], path=tmp_path, target="aarch64-linux-musl", opt=4)

@@ -34,19 +34,36 @@ class Target:
     # lanes, templates/kernels/dot.c: Clang's SLP vectoriser packs them into the target's vectors,
     # each lane's sum in the same order as the scalar code's, so the bits do not depend on it)
     vectors: str
+    features: str = ""     # CPU features beyond the triple's baseline (zig's -mcpu=baseline+...)
+    emulator_cpu: str = ""  # qemu-user's -cpu for them
 
     @property
     def arch(self) -> str:
         return self.triple.partition("-")[0]
 
+    @property
+    def name(self) -> str:
+        """The key of TARGETS: the triple, then "+" and the features when there are some."""
+        return f"{self.triple}+{self.features}" if self.features else self.triple
 
-TARGETS = {t.triple: t for t in [
+    @property
+    def cpu(self) -> str:
+        """zig's -mcpu: the triple's baseline, plus the features (RISC-V names its baseline per width)."""
+        if not self.features:
+            return "baseline"
+        return ("baseline_rv64" if self.arch == "riscv64" else "baseline") + "+" + self.features
+
+
+TARGETS = {t.name: t for t in [
     Target("x86_64-linux-musl", 62, "qemu-x86_64",
            "SSE2, 2 doubles a vector (zig's baseline x86-64; -march=native is for the host's modules)"),
     Target("aarch64-linux-musl", 183, "qemu-aarch64",
            "NEON (Advanced SIMD), 2 doubles a vector: ARMv8-A's baseline, so every aarch64 machine runs it"),
     Target("riscv64-linux-musl", 243, "qemu-riscv64",
            "none: scalar rv64gc code (the vector extension, V, is not in zig's baseline RISC-V)"),
+    Target("riscv64-linux-musl", 243, "qemu-riscv64",
+           "RVV 1.0, the vector extension (rv64gcv: boards with V, e.g. SpacemiT K1; qemu at VLEN 128)",
+           features="v", emulator_cpu="rv64,v=true,vext_spec=v1.0,vlen=128"),
     Target("arm-linux-musleabihf", 40, "qemu-arm",
            "none: scalar VFP code (32-bit ARM's NEON has no float64 lanes)"),
     Target("wasm32-wasi", None, WASI_RUNNER,
@@ -63,7 +80,8 @@ class ProgramFailed(ValueError):
 
 
 def lookup(triple: str) -> Target:
-    """The row of TARGETS for a zig triple; a ValueError listing the known ones otherwise."""
+    """The row of TARGETS for a zig triple (with "+features" for a row that has some, e.g.
+    "riscv64-linux-musl+v"); a ValueError listing the known ones otherwise."""
     try:
         return TARGETS[triple]
     except (KeyError, TypeError):
@@ -98,7 +116,8 @@ class TargetBuild:
         if emulator is None:
             raise EmulatorNotFound(f"{self.target.emulator} not found to run {self.program.name} for "
                                    f"{self.target.triple}; {EMULATOR_ADVICE}")
-        return [emulator, str(self.program), *map(str, args)]
+        cpu = ["-cpu", self.target.emulator_cpu] if self.target.emulator_cpu else []
+        return [emulator, *cpu, str(self.program), *map(str, args)]
 
     def run(self, *args, stdin: bytes = b"") -> str:
         """The program's stdout, run here by command(); ProgramFailed with its stderr if it fails."""
@@ -132,7 +151,7 @@ def build(source: pathlib.Path, main: str, name: str, triple: str, opt: int = 2,
     CompilerNotFound (how to install it) without zig."""
     target = check(triple, opt)
     source = pathlib.Path(source)
-    zig, flags = _zig(), _flags(triple, opt, fma, source.parent)
+    zig, flags = _zig(), _flags(target, opt, fma, source.parent)
     directory = source.parent / triple
     directory.mkdir(parents=True, exist_ok=True)
     main_source = directory / f"{name}_main.c"
@@ -151,10 +170,10 @@ def build(source: pathlib.Path, main: str, name: str, triple: str, opt: int = 2,
 
 def assembly(source: pathlib.Path, triple: str, opt: int = 2, fma: bool = False) -> str:
     """The assembly zig cc makes of `source` for `triple` with build()'s flags: what its loops became."""
-    check(triple, opt)
+    target = check(triple, opt)
     source = pathlib.Path(source)
     output = source.parent / f"{source.stem}.{triple}.s"
-    _run_compiler([*_zig(), *_flags(triple, opt, fma, source.parent), "-S", str(source), "-o", str(output)], None)
+    _run_compiler([*_zig(), *_flags(target, opt, fma, source.parent), "-S", str(source), "-o", str(output)], None)
     text = output.read_text(errors="replace")
     output.unlink()
     return text
@@ -164,7 +183,7 @@ def _zig() -> tuple[str, ...]:
     return find_compiler("zig").argv  # (zig, "cc"); CompilerNotFound says how to install it
 
 
-def _flags(triple: str, opt: int, fma: bool, include: pathlib.Path) -> list[str]:
+def _flags(target: Target, opt: int, fma: bool, include: pathlib.Path) -> list[str]:
     # -fno-sanitize=undefined: zig cc's -O0 adds UBSan, which would make -O0 builds another program
-    return ["-target", triple, "-mcpu=baseline", f"-O{opt}", "-std=c99", "-fno-sanitize=undefined",
+    return ["-target", target.triple, f"-mcpu={target.cpu}", f"-O{opt}", "-std=c99", "-fno-sanitize=undefined",
             f"-ffp-contract={'on' if fma else 'off'}", f"-I{include}"]
