@@ -85,7 +85,7 @@ def run(args, gpt_args):
     if args.target:
         targets.lookup(args.target)  # a bad target fails before training
     docs, tokenizer, state, params = train.setup(gpt_args)
-    net, how, _, _ = train.compile_document(state, params, gpt_args.config, gpt_args)
+    net, how, *_ = train.compile_document(state, params, gpt_args.config, gpt_args)
     with tqdm(total=gpt_args.steps, unit="step", desc="training", file=sys.stderr, disable=None) as bar:
         losses = list(train.train_compiled(net, docs, tokenizer, gpt_args, bar))
     codegen.copy_to_values(net, params)
