@@ -11,6 +11,7 @@ import pytest
 
 import codegen
 from bench.models import cnn
+from codegen.backend.toolchain import COMPILER_NAMES
 from codegen.lower.batch import NotBatchable, batch_program
 from micrograd_c import MLP, Value, cross_entropy
 from tests.test_train import mnist_dir  # noqa: F401 (a fixture)
@@ -54,8 +55,17 @@ def assert_close(got, expected, dtype):
     np.testing.assert_allclose(got, expected, rtol=RTOL[dtype], atol=RTOL[dtype] * scale)
 
 
+def _batch_grid():
+    """Every optimizer on TCC and GCC; plain SGD and Adam on Clang and zig (the other optimizers'
+    C is the same for every compiler: with them in the slow set)."""
+    for compiler in COMPILER_NAMES:
+        for optimizer in OPTIMIZERS:
+            slow = compiler not in ("tcc", "gcc") and optimizer not in ("sgd", "adam")
+            yield pytest.param(compiler, optimizer, id=f"{compiler}-{optimizer}", marks=[pytest.mark.slow] * slow)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("compiler, optimizer", list(_batch_grid()), indirect=["compiler"])
 def test_batched_train_equals_sample_by_sample(compiler, dtype, optimizer):
     """Three epochs of batch 8 over 45 rows (a last batch of 5), shuffled: the same losses and
     parameters as one sample at a time with the gradients summed."""
