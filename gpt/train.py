@@ -177,7 +177,7 @@ def compiled_logits(net, tokenizer, config):
     return logits_at
 
 
-def compiled_loss(net, config):
+def compiled_loss_of(net, config):
     """A document's loss (its tokens) by the module's forward pass."""
     def loss_of(tokens):
         net.set_input(data.row(tokens, config.block_size))
@@ -185,7 +185,8 @@ def compiled_loss(net, config):
     return loss_of
 
 
-def interpreted_loss(state, config):
+def interpreted_loss_of(state, config):
+    """A document's loss (its tokens) by microgpt's graph on the interpreter."""
     return lambda tokens: model.interpreted_loss(state, config, tokens).data
 
 
@@ -215,7 +216,7 @@ def run(args, out=sys.stdout):
             state, params, args.config, args)
         print(f"module: graph {summary['graph_s']:.2f} s, codegen {summary['codegen_s']:.2f} s, "
               f"build {summary['build_s']:.2f} s ({compiler})", file=out)
-    loss_of = interpreted_loss(state, args.config) if args.interpret else compiled_loss(net, args.config)
+    loss_of = interpreted_loss_of(state, args.config) if args.interpret else compiled_loss_of(net, args.config)
     if held_out:
         summary["held_out_before"] = mean_loss(loss_of, held_out, tokenizer)
         print(f"held-out loss before training: {summary['held_out_before']:.4f}", file=out)

@@ -234,8 +234,8 @@ def test_held_out_split_and_its_loss(tiny):
         with pytest.raises(data.DataError):
             data.split(DOCS, bad)
     net = compiled(tiny)
-    compiled_mean = train.mean_loss(train.compiled_loss(net, TINY), held_out, tokenizer)
-    interpreted_mean = train.mean_loss(train.interpreted_loss(state, TINY), held_out, tokenizer)
+    compiled_mean = train.mean_loss(train.compiled_loss_of(net, TINY), held_out, tokenizer)
+    interpreted_mean = train.mean_loss(train.interpreted_loss_of(state, TINY), held_out, tokenizer)
     assert compiled_mean == pytest.approx(interpreted_mean, rel=1e-12)
 
 
