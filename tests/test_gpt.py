@@ -164,14 +164,19 @@ def test_max_chains_are_one_maximum(compiler):
 
 def test_attention_is_loops_not_statements(tiny):
     """The per-position code is shared: every position after the first two is one loop nest's
-    iteration, and the causal triangle runs as loop nests, not one statement per dot."""
-    config = model.Config(n_embd=8, n_head=2, n_layer=1, block_size=8)
-    state, params = model.init_state(config, tiny[0].vocab_size)
-    doc = model.document(state, config)
-    program = codegen.lower.ir.lower(doc.loss, doc.inputs, params, doc.outputs)
-    singles = sum(1 for g in program.forward if not g.shape)
-    assert singles <= 20, singles
-    assert any(g.shape[0] == config.block_size - 2 for g in program.forward if g.shape)  # positions as a loop
+    iteration, and the causal triangle is one loop nest over the positions, not one per position
+    (codegen/lower/vector.py's _families): the program has as many groups at every block_size."""
+    counts = []
+    for block_size in (8, 12):
+        config = model.Config(n_embd=8, n_head=2, n_layer=1, block_size=block_size)
+        state, params = model.init_state(config, tiny[0].vocab_size)
+        doc = model.document(state, config)
+        program = codegen.lower.ir.lower(doc.loss, doc.inputs, params, doc.outputs)
+        singles = sum(1 for g in program.forward if not g.shape)
+        assert singles <= 20, singles
+        assert any(g.shape[0] == config.block_size - 2 for g in program.forward if g.shape)  # positions as a loop
+        counts.append((len(program.forward), len(program.backward)))
+    assert counts[0] == counts[1], counts
 
 
 class _Bar:

@@ -21,7 +21,7 @@ no batched form: `batch_program` says why, and train()/predict() run sample by s
 
 from dataclasses import dataclass
 
-from .vector import Affine, Group, Operands, Vector
+from .vector import Affine, Extent, Group, Operands, Vector
 
 # Samples side by side in the batch buffers (the batch loop's largest extent): train()'s larger
 # batches run in pieces of this many, their gradients summed before the step.
@@ -104,8 +104,11 @@ class NotBatchable(Exception):
 def _span(affine, shape, offsets=(0,)):
     """The lowest and highest slot an Affine (plus offsets) reaches over the loop nest."""
     lo = hi = affine.base
-    for stride, n in zip(affine.strides, shape):
+    for stride, n in zip(affine.strides, shape):  # (a growing loop's extent is its largest)
         reach = stride * (n - 1)
+        lo, hi = lo + min(0, reach), hi + max(0, reach)
+    if affine.tri:
+        reach = affine.tri * ((shape[0] - 1) * (shape[0] - 2) // 2)
         lo, hi = lo + min(0, reach), hi + max(0, reach)
     return lo + min(offsets), hi + max(offsets)
 
@@ -119,14 +122,15 @@ def _affine(layout, affine, shape, offsets=(0,)):
     if region is None:
         raise NotBatchable("an operand list mixes per-sample values with parameters or constants")
     scale, stride = region
-    return Affine(layout.slot(affine.base), tuple(s * scale for s in affine.strides) + (stride,)), scale
+    strides = tuple(s.scaled(scale) if isinstance(s, Extent) else s * scale for s in affine.strides)
+    return Affine(layout.slot(affine.base), strides + (stride,), tri=affine.tri * scale), scale
 
 
 def _vector(layout, vector, shape):
     if vector is None:
         return None
     start, scale = _affine(layout, vector.start, shape, vector.offsets)
-    return Vector(start, tuple(o * scale for o in vector.offsets))
+    return Vector(start, tuple(o * scale for o in vector.offsets), vector.length)
 
 
 def _group(layout, g, extent):
@@ -138,7 +142,7 @@ def _group(layout, g, extent):
     batched = Group(g.members, tuple(shape) + (extent,))
     batched.operands = Operands(_affine(layout, ops.out, shape)[0], args, ops.constants, ops.term_positions,
                                 _vector(layout, ops.terms, shape), _vector(layout, ops.a, shape),
-                                _vector(layout, ops.b, shape))
+                                _vector(layout, ops.b, shape), ops.choices)
     return batched
 
 

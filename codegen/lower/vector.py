@@ -15,6 +15,7 @@ window `(0, 1, 2, 28, 29, 30, 56, 57, 58)`. Constants that differ between member
 that loops read them. A class that does not fit stays straight-line, one statement per node.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -22,14 +23,51 @@ from operator import attrgetter
 import numpy as np
 
 
+class Extent(int):
+    """The extent of a loop that grows with the outermost loop's index i0, `first + step * i0`
+    (a causal attention's keys: position t reads t + 1 of them), in a loop nest of `count`
+    passes of i0. As a number it is its largest value, which the emitter's choices of kernel
+    hold for (they hold for any shorter extent: batch.BatchExtent is the same idea)."""
+
+    def __new__(cls, first, step, count):
+        extent = super().__new__(cls, first + step * (count - 1))
+        extent.first, extent.step, extent.count = first, step, count
+        return extent
+
+    def __str__(self):
+        index = "i0" if self.step == 1 else f"{self.step} * i0"
+        return f"{self.first} + {index}" if self.first else index
+
+    __repr__ = __str__
+
+    # equal to no plain number: `stride == 1` and the like ask about every pass, not the largest
+    def __eq__(self, other):
+        return isinstance(other, Extent) and (self.first, self.step, self.count) == (other.first, other.step, other.count)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return hash((Extent, self.first, self.step, self.count))
+
+    def scaled(self, factor):
+        return Extent(self.first * factor, self.step * factor, self.count)
+
+    def __format__(self, spec):
+        return str(self) if not spec else int.__format__(self, spec)
+
+
 @dataclass(frozen=True)
 class Affine:
-    """A slot as a function of the loop indices: base + sum(strides[d] * i[d]). Its gradient
-    lives at grad_base + the same (grad_base differs from base only where straight-line code
-    shares a gradient slot)."""
+    """A slot as a function of the loop indices: base + sum(strides[d] * i[d]) + tri * (i0 *
+    (i0 - 1) / 2). Its gradient lives at grad_base + the same (grad_base differs from base only
+    where straight-line code shares a gradient slot). `tri` and strides that are Extents are a
+    family's (see _families): its parts' blocks grow with the part, so where part k starts is
+    quadratic in k, and a block laid out row by row has rows as long as the part's loop."""
     base: int
     strides: tuple = ()
     grad_base: int = None
+    tri: int = 0
 
     def grad_offset(self):
         return self.base if self.grad_base is None else self.grad_base
@@ -40,6 +78,12 @@ class Vector:
     """A list of operand slots: start (Affine) plus a fixed offset per element."""
     start: Affine
     offsets: tuple
+    length: Extent = None  # a family's list that grows with i0: the first `length` of the offsets
+
+    @property
+    def n(self):
+        """How many elements (a C expression's Extent for a growing list)."""
+        return len(self.offsets) if self.length is None else self.length
 
     @property
     def contiguous(self):
@@ -58,6 +102,11 @@ class Group:
     def first(self):
         return self.members[0]
 
+    @property
+    def ragged(self):
+        """Whether a loop's extent grows with the outermost index (a family: see _families)."""
+        return any(isinstance(n, Extent) for n in self.shape)
+
 
 @dataclass
 class Operands:
@@ -71,6 +120,7 @@ class Operands:
     terms: Vector = None
     a: Vector = None
     b: Vector = None
+    choices: Extent = None  # an op that selects, in a family whose candidates grow with i0: how many
 
 
 def group(compute):
@@ -125,7 +175,8 @@ def batch_innermost(groups, moved):
     changed; `layout` and `vectorize` must then run again."""
     changed = False
     for g in groups:
-        if len(g.shape) < 2 or g.shape[0] < 4 or id(g) in moved or not _params_constant_along_outer(g):
+        if (len(g.shape) < 2 or g.shape[0] < 4 or g.ragged or id(g) in moved
+                or not _params_constant_along_outer(g)):
             continue
         order = np.arange(len(g.members)).reshape(g.shape)
         order = order.transpose(list(range(1, len(g.shape))) + [0]).ravel()
@@ -152,33 +203,205 @@ def vectorize(groups, n_slots):
     from n_slots on. Returns (groups, constants as (slot, value), slot count)."""
     constants = []
     result = []
-    for g in (part for whole in groups for part in _uniform_parts(whole)):
-        if g.first.kind == "dot":
-            n_slots = _slot_factor_constants(g, constants, n_slots)
-        elif g.first.op.selects:
-            n_slots = _slot_gathered_constants(g, constants, n_slots)
-        if len(g.members) > 1:
-            literals, n_slots = _slot_varying_constants(g, constants, n_slots)
-            if _describe_loop(g, literals):
-                result.append(g)
-                continue
-            if g.first.kind == "dot":  # a shared constant in a list whose other elements move
-                n_slots, retry = _slot_factor_constants(g, constants, n_slots, columns=True)
-                if retry and _describe_loop(g, literals):
-                    result.append(g)
-                    continue
-            if _in_operand_order(g) and _describe_loop(g, literals):
-                result.append(g)
-                continue
-            parts = _rectangular_parts(g, literals)
-            if parts:
-                result += parts
-                continue
-        for m in g.members:  # straight-line, one statement per node
-            part = type(g)([m])
-            _describe_single(part)
-            result.append(part)
+    for whole in groups:
+        parts = []
+        for g in _uniform_parts(whole):
+            n_slots = _describe_part(g, parts, constants, n_slots)
+        result += _families(parts)
     return result, constants, n_slots
+
+
+def _describe_part(g, result, constants, n_slots):
+    """vectorize for one group of members with operand lists of one length: its loop nest, its
+    rectangular parts, or its single statements, appended to `result`. Returns the slot count."""
+    if g.first.kind == "dot":
+        n_slots = _slot_factor_constants(g, constants, n_slots)
+    elif g.first.op.selects:
+        n_slots = _slot_gathered_constants(g, constants, n_slots)
+    if len(g.members) > 1:
+        literals, n_slots = _slot_varying_constants(g, constants, n_slots)
+        if _describe_loop(g, literals):
+            result.append(g)
+            return n_slots
+        if g.first.kind == "dot":  # a shared constant in a list whose other elements move
+            n_slots, retry = _slot_factor_constants(g, constants, n_slots, columns=True)
+            if retry and _describe_loop(g, literals):
+                result.append(g)
+                return n_slots
+        if _in_operand_order(g) and _describe_loop(g, literals):
+            result.append(g)
+            return n_slots
+        parts = _rectangular_parts(g, literals)
+        if parts:
+            result += parts
+            return n_slots
+    for m in g.members:  # straight-line, one statement per node
+        part = type(g)([m])
+        _describe_single(part)
+        result.append(part)
+    return n_slots
+
+
+# Parts of one class that are alike but for where they start and how far they run become one loop
+# nest from this many on.
+MIN_FAMILY = 3
+
+
+def _families(parts):
+    """The loop nests of one class (in order), with runs of MIN_FAMILY or more consecutive
+    parts that differ only in where they start (quadratically in the part's number k at most),
+    in extents and operand-list lengths (linearly in k) as one loop nest, a family: a causal
+    attention's triangle, position t's loop nest over heads and its t + 1 keys, is then one
+    nest over positions, heads and keys, the keys' loop growing with the position (Extent),
+    instead of a loop nest per position. Its loops run in the parts' order, members too."""
+    result, run = [], []
+
+    def close():
+        family = _family(run) if len(run) >= MIN_FAMILY else None
+        result.extend([family] if family else run)
+
+    for part in parts:
+        if run and _family(run + [part]) is None:
+            close()
+            run = []
+        run.append(part)
+    close()
+    return result
+
+
+def _fit(values, quadratic=False):
+    """(c0, c1, c2) with values[k] == c0 + c1 * k + c2 * k * (k - 1) / 2 for every k (c2 == 0
+    unless quadratic), or None."""
+    c0 = values[0]
+    c1 = values[1] - c0 if len(values) > 1 else 0
+    c2 = values[2] - 2 * values[1] + c0 if quadratic and len(values) > 2 else 0
+    if any(v != c0 + c1 * k + c2 * (k * (k - 1) // 2) for k, v in enumerate(values)):
+        return None
+    return c0, c1, c2
+
+
+def _family(parts):
+    """The family of `parts` (see _families): a Group whose loop nest is one loop over the
+    parts (i0) around the parts' loops; None if they are not alike enough. Only loop nests that
+    read no parameter (whose gradients the optimizers may place elsewhere) and whose lists are
+    prefixes of the longest, each needing gradients throughout or not at all."""
+    first, m = parts[0], len(parts)
+    if (not first.shape or first.ragged or any(len(p.shape) != len(first.shape) for p in parts)
+            or any(x.kind == "param" for p in parts for x in p.first.reads())):
+        return None
+    shape = [m]
+    for d in range(len(first.shape)):
+        c = _fit([p.shape[d] for p in parts])
+        if c is None or c[0] < 1 or c[0] + c[1] * (m - 1) < 1:
+            return None
+        shape.append(c[0] if not c[1] else Extent(c[0], c[1], m))
+
+    def affine(xs):
+        if any(len(a.strides) != len(xs[0].strides) or a.grad_base is not None or a.tri for a in xs):
+            return None
+        strides = []
+        for d in range(len(xs[0].strides)):
+            c = _fit([a.strides[d] for a in xs])
+            if c is None or any(isinstance(a.strides[d], Extent) for a in xs):
+                return None
+            strides.append(c[0] if not c[1] else Extent(c[0], c[1], m))
+        c = _fit([a.base for a in xs], quadratic=True)
+        return None if c is None else Affine(c[0], (c[1], *strides), None, c[2])
+
+    def vector(vs):  # (the family's Vector or None, whether it fits)
+        if all(v is None for v in vs):
+            return None, True
+        if any(v is None for v in vs):
+            return None, False
+        longest = max(vs, key=lambda v: len(v.offsets)).offsets
+        start, c = affine([v.start for v in vs]), _fit([len(v.offsets) for v in vs])
+        if start is None or c is None or any(v.offsets != longest[:len(v.offsets)] for v in vs):
+            return None, False
+        return Vector(start, longest, Extent(c[0], c[1], m) if c[1] else None), True
+
+    ops = [p.operands for p in parts]
+    out = affine([o.out for o in ops])
+    if out is None:
+        return None
+    node = first.first
+    if node.kind == "op":
+        if len({len(o.args) for o in ops}) != 1 and not node.op.selects:
+            return None
+        lead = node.op.first_choice if node.op.selects else len(ops[0].args)
+        args = []
+        for i in range(lead):
+            column = [o.args[i] for o in ops]
+            if isinstance(column[0], float):
+                if any(c != column[0] for c in column):
+                    return None
+                args.append(column[0])
+            else:
+                a = affine(column) if all(isinstance(c, Affine) for c in column) else None
+                if a is None:
+                    return None
+                args.append(a)
+        choices = None
+        if node.op.selects:  # the candidates: evenly spaced in every part, a growing list
+            candidates = [Vector(o.args[lead], tuple(a.base - o.args[lead].base for a in o.args[lead:]))
+                          if all(isinstance(a, Affine) and a.strides == o.args[lead].strides for a in o.args[lead:])
+                          else None for o in ops]
+            if any(v is None for v in candidates):
+                return None
+            listed, fits = vector(candidates)
+            if (not fits or len(listed.offsets) < 2
+                    or listed.offsets != tuple(listed.offsets[1] * k for k in range(len(listed.offsets)))):
+                return None
+            args += [dataclasses.replace(listed.start, base=listed.start.base + o) for o in listed.offsets]
+            choices = listed.length
+        if not _same_needs(parts, [(p.first.args[:lead], p.first.args[lead:]) for p in parts], [False, True]):
+            return None
+        family = Group([m for p in parts for m in p.members], tuple(shape))
+        family.operands = Operands(out, tuple(args), choices=choices)
+        return family
+    if len({o.constants for o in ops}) != 1:
+        return None
+    vectors = []
+    for which in ("terms", "a", "b"):
+        v, fits = vector([getattr(o, which) for o in ops])
+        if not fits:
+            v = _same_constants(parts, which, len(shape))
+            if v is None:
+                return None
+        vectors.append(v)
+    if not _same_needs(parts, [(_terms(p.first, p.operands), p.first.a, p.first.b) for p in parts],
+                       [v is not None and v.length is not None for v in vectors]):
+        return None
+    family = Group([m for p in parts for m in p.members], tuple(shape))
+    family.operands = Operands(out, (), ops[0].constants, ops[0].term_positions, *vectors)
+    return family
+
+
+def _same_constants(parts, which, depth):
+    """A factor list of constants, the same values in every member (a subtraction's -1 that
+    vectorize gave a slot per member, see _slot_factor_constants' columns), read from the first
+    member's slots in every pass: a Vector over a loop nest `depth` deep, or None."""
+    lists = [getattr(m, which) for p in parts for m in p.members]
+    first = lists[0]
+    if (which == "terms" or not first or any(x.kind != "const" or x.slot is None for x in first)
+            or any(len(xs) != len(first) or any(y.kind != "const" or y.value != x.value for x, y in zip(first, xs))
+                   for xs in lists)):
+        return None
+    return Vector(Affine(first[0].slot, (0,) * depth), tuple(x.slot - first[0].slot for x in first))
+
+
+def _same_needs(parts, lists, growing):
+    """Whether every part's operands need gradients where the first's do (backward writes them
+    all as the first's), a growing list's throughout or nowhere. lists: per part, its operand
+    lists; growing: per list, whether it grows."""
+    keys = {tuple(frozenset(flags) if grows else flags for flags, grows in
+                  zip((tuple(x.needs_grad for x in xs) for xs in part_lists), growing)) for part_lists in lists}
+    return len(keys) == 1 and all(len(k) <= 1 for k in keys.pop() if isinstance(k, frozenset))
+
+
+def _terms(node, operands):
+    return [node.args[i] for i in operands.term_positions]
+
+
 
 
 def _in_operand_order(g):

@@ -7,11 +7,13 @@ templates/kernels/gemm.c). codegen/write/statements.py writes the statements, co
 them into functions and files.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..lower.vector import Extent
 from .dtypes import c_literal
 from .kernels import call
 
@@ -35,14 +37,25 @@ def tree_sum(parts):
 
 
 def unrolled(*vectors):
+    """Whether lists are written out element by element (a growing list never is)."""
+    if any(v.length is not None for v in vectors):
+        return False
     n = len(vectors[0].offsets)
     return n <= (UNROLL_MAX_CONTIGUOUS if all(v.contiguous for v in vectors) else UNROLL_MAX)
+
+
+def ragged(shape):
+    """Whether a loop nest has a loop that grows with the outermost index (vector.Extent)."""
+    return any(isinstance(n, Extent) for n in shape)
 
 
 def slot_index(affine, offset=0, grad=False):
     """The C index of an Affine slot (plus offset) in the loop indices i0, i1, ..."""
     parts = [str((affine.grad_offset() if grad else affine.base) + offset)]
-    parts += [f"i{d}" if s == 1 else f"{s} * i{d}" for d, s in enumerate(affine.strides) if s]
+    parts += [f"i{d}" if s == 1 else f"({s}) * i{d}" if isinstance(s, Extent) else f"{s} * i{d}"
+              for d, s in enumerate(affine.strides) if s]
+    if affine.tri:
+        parts.append(("" if affine.tri == 1 else f"{affine.tri} * ") + "(i0 * (i0 - 1) / 2)")
     return " + ".join(parts).replace("+ -", "- ")
 
 
@@ -95,12 +108,12 @@ class Accumulate:
 
 def _at_start(affine):
     """The Affine with the innermost loop index at 0."""
-    return type(affine)(affine.base, affine.strides[:-1] + (0,), affine.grad_base)
+    return dataclasses.replace(affine, strides=affine.strides[:-1] + (0,))
 
 
 def _zero_last(affine, n):
     """The Affine with its last n loop indices at 0."""
-    return type(affine)(affine.base, affine.strides[:-n] + (0,) * n, affine.grad_base)
+    return dataclasses.replace(affine, strides=affine.strides[:-n] + (0,) * n)
 
 
 def loop_start(affine, last, offset=0, grad=False):
@@ -180,8 +193,8 @@ class Matmul:
     @staticmethod
     def fits(shape, wrt, other, out):
         """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
-        return (len(shape) >= 1 and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2 and out.strides[-1] == 1
-                and wrt.start.strides[-1] == 1 and (len(shape) < 2 or wrt.start.strides[-2] == 0)
+        return (len(shape) >= 1 and not ragged(shape) and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
+                and out.strides[-1] == 1 and wrt.start.strides[-1] == 1 and (len(shape) < 2 or wrt.start.strides[-2] == 0)
                 and other.start.strides[-1] == 0
                 and progression(wrt.offsets) is not None and progression(other.offsets) is not None)
 
@@ -220,8 +233,8 @@ class WeightGradient:
     @staticmethod
     def fits(shape, wrt, other, out):
         """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
-        return (len(shape) >= 1 and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2 and out.strides[-1] == 1
-                and wrt.contiguous and wrt.start.strides[-1] == 0 and other.start.strides[-1] == 1
+        return (len(shape) >= 1 and not ragged(shape) and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
+                and out.strides[-1] == 1 and wrt.contiguous and wrt.start.strides[-1] == 0 and other.start.strides[-1] == 1
                 and (len(shape) < 2 or other.start.strides[-2] == 0) and progression(other.offsets) is not None)
 
 
@@ -234,7 +247,7 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
     C function, the Affine of its results) of an activation the kernel applies to each row as it
     finishes it (see fused_activation)."""
     ops, shape = g.operands, g.shape
-    if (g.first.kind != "dot" or not shape or shape[-1] < UNROLL_MAX_CONTIGUOUS // 2 or not ops.a
+    if (g.first.kind != "dot" or not shape or g.ragged or shape[-1] < UNROLL_MAX_CONTIGUOUS // 2 or not ops.a
             or ops.constants or ops.out.strides[-1] != 1
             or (ops.terms and (len(ops.terms.offsets) != 1 or ops.terms.start.strides[-1] != 0))):
         return None
@@ -420,7 +433,8 @@ def _independent_writes(body, n):
     iterations: only gradient accumulations (besides reading the group's own gradient), all
     moving with one stride along it, none reaching a slot that another iteration reaches."""
     writes = [s for s in body if isinstance(s, Accumulate)]
-    if not writes or any(not isinstance(s, (Accumulate, ReadGradient)) for s in body):
+    if (not writes or any(not isinstance(s, (Accumulate, ReadGradient)) for s in body)
+            or any(isinstance(stride, Extent) for s in writes for stride in s.target.strides)):
         return False
     strides = {s.target.strides[-1] for s in writes}
     if len(strides) != 1 or 0 in strides:

@@ -48,7 +48,7 @@ class Emitter:
         layer's pixels), the C pointer to its nonzero list (templates/kernels/sparse.c's dot_nz), which
         lives in the words after the N_SLOTS values of d; else None."""
         p, n = self.program, len(v.offsets)
-        if not (self.sparse_inputs and v.contiguous and not any(v.start.strides)
+        if not (self.sparse_inputs and v.length is None and v.contiguous and not any(v.start.strides)
                 and p.input_base <= v.start.base and v.start.base + n <= p.input_base + p.n_inputs):
             return None
         key = (v.start.base, n)
@@ -61,7 +61,7 @@ class Emitter:
         reads (Vector v) are a range of inputs, the same for the whole loop nest, the C pointer to
         the list of those that hold a nonzero in this batch (scan_batch_rows); else NULL."""
         p = self.program
-        if self.row_lists is None or len(v.offsets) < 2 or any(v.start.strides[:-1]) or v.start.strides[-1] != 1:
+        if self.row_lists is None or v.length is not None or len(v.offsets) < 2 or any(v.start.strides[:-1]) or v.start.strides[-1] != 1:
             return "NULL"
         first, step = v.start.base + v.offsets[0] - p.input_base, progression(v.offsets)
         if step != p.capacity or first < 0 or first % step or first // step + len(v.offsets) > p.n_inputs:
@@ -100,22 +100,24 @@ class Emitter:
         """An op group's C for its formula's placeholders: its arguments (for a gather, {a} is
         the operand its index picks), its constant attribute."""
         if node.op.selects:
-            names = {"a": self._picked(node.op, ops.args)}
+            names = {"a": self._picked(node.op, ops)}
         else:
             names = {n: operand(a, self.dtype) for n, a in zip("ab", ops.args)}
         if node.k is not None:
             names["k"] = c_literal(node.k, self.dtype)
         return names
 
-    def _picked(self, op, args, grad=False):
+    def _picked(self, op, ops, grad=False):
         """d[...] (or g[...]) of the candidate an op that selects picks among its arguments from
         op.first_choice on (Affines with the same strides: vector.vectorize saw to it): the
         first's slot plus the position picked times their spacing, or an offset table's entry
         where they are not evenly spaced. The position: a gather's index (args[0], checked before
         any forward: templates/samples.c's check_index), or the largest candidate's (the first of
-        equals), found again in backward from the values forward left."""
+        equals), found again in backward from the values forward left. A family's growing list of
+        candidates (ops.choices) is its longest's first ops.choices."""
+        args = ops.args
         choices = args[op.first_choice:]
-        first, n = choices[0], len(choices)
+        first, n = choices[0], ops.choices or len(choices)
         at = [a.base - first.base for a in choices]
         offsets = [a.grad_offset() - first.grad_offset() for a in choices] if grad else at
         step = at[1] if n > 1 else 0
@@ -133,7 +135,7 @@ class Emitter:
 
     def _sum(self, v):
         """C for the sum of a Vector's values (a list of parts, summed left to right)."""
-        n = len(v.offsets)
+        n = v.n
         if unrolled(v):
             return [data_at(v.start, o) for o in v.offsets]
         if v.contiguous:
@@ -141,7 +143,7 @@ class Emitter:
         return [str(call("sum_offsets", x=f"d + {slot_index(v.start)}", ox=self.offsets(v.offsets), n=n))]
 
     def _dot(self, a, b):
-        n = len(a.offsets)
+        n = a.n
         if unrolled(a, b):
             return [f"{data_at(a.start, i)} * {data_at(b.start, j)}" for i, j in zip(a.offsets, b.offsets)]
         if a.contiguous and b.contiguous:
@@ -234,7 +236,7 @@ class Emitter:
         Else None: over dense inputs a row at a time streams faster (microbenchmark of MNIST's
         first layer, gcc -O3 native: dot() per row 0.85x matvec's time)."""
         ops, shape = g.operands, g.shape
-        if (g.first.kind != "dot" or not shape or shape[-1] < 4 or not ops.a or ops.constants
+        if (g.first.kind != "dot" or not shape or g.ragged or shape[-1] < 4 or not ops.a or ops.constants
                 or (ops.terms and len(ops.terms.offsets) != 1) or not (ops.a.contiguous and ops.b.contiguous)
                 or unrolled(ops.a, ops.b)):
             return None
@@ -276,7 +278,7 @@ class Emitter:
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
             local = self._op_c(node, node.op.grads[0], names)
             if any(x.needs_grad for x in node.args[node.op.first_choice:]):
-                grads.append(f"{self._picked(node.op, ops.args, grad=True)} += "
+                grads.append(f"{self._picked(node.op, ops, grad=True)} += "
                              f"{out_grad if local == '1' else f'({local}) * {out_grad}'};")
             return loop_nest(g.shape, grads)
         if node.kind == "op":
@@ -398,7 +400,7 @@ class Emitter:
         needs = [x.needs_grad and not x.shares_grad for x in nodes]
         if not any(needs):
             return
-        n = len(nodes)
+        n = v.n
         if unrolled(v) or not all(needs):
             for x, o, need in zip(nodes, v.offsets, needs):
                 if need:
@@ -420,7 +422,7 @@ class Emitter:
         needs = [f.needs_grad for f in factors]
         if not any(needs):
             return
-        n = len(factors)
+        n = wrt.n
         if all(needs) and not any(f.sgd_fused for f in factors) and Matmul.fits(shape, wrt, other, out):
             laid = fused_gradient(wrt, shape, activation) if activation is not None else None
             epilogue = None
