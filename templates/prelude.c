@@ -93,6 +93,37 @@ static inline long largest_in(const real *x, const int32_t *offsets, long n)
     return k;
 }
 
+/* A family's short lists that grow with its outer loop (codegen/lower/vector.py's _families, a
+ * causal attention's t + 1 keys): a loop the C compiler sees through, in the list's order, where
+ * a call of dot() and the like would cost more than the few terms it sums (microgpt's step, 13%). */
+static inline real dot_short(const real *a, const real *b, long n)
+{
+    real s = 0;
+    for (long k = 0; k < n; k++)
+        s += a[k] * b[k];
+    return s;
+}
+
+static inline real sum_short(const real *x, long n)
+{
+    real s = 0;
+    for (long k = 0; k < n; k++)
+        s += x[k];
+    return s;
+}
+
+static inline void axpy_short(real *restrict y, real alpha, const real *restrict x, long n)
+{
+    for (long k = 0; k < n; k++)
+        y[k] += alpha * x[k];
+}
+
+static inline void add_short(real *y, real alpha, long n)
+{
+    for (long k = 0; k < n; k++)
+        y[k] += alpha;
+}
+
 /*@INCLUDE kernels/dot.c@*/
 
 /*@INCLUDE kernels/rows.c@*/

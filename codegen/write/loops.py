@@ -44,6 +44,12 @@ def unrolled(*vectors):
     return n <= (UNROLL_MAX_CONTIGUOUS if all(v.contiguous for v in vectors) else UNROLL_MAX)
 
 
+def short(*vectors):
+    """Whether contiguous lists that grow with the outer loop (a family's) stay short enough for
+    the inline loops of templates/prelude.c (dot_short and the like) instead of the kernels."""
+    return all(v.length is not None and v.contiguous and v.n <= UNROLL_MAX_CONTIGUOUS for v in vectors)
+
+
 def ragged(shape):
     """Whether a loop nest has a loop that grows with the outermost index (vector.Extent)."""
     return any(isinstance(n, Extent) for n in shape)

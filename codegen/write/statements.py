@@ -16,7 +16,7 @@ from .dtypes import c_literal
 from .kernels import Call, call
 from .loops import (Accumulate, Matmul, OffsetTables, ReadGradient, WeightGradient, bias_arguments, data_at,
                     fused_activation, fused_gradient, grad_at, layer_over_batch, loop_headers, loop_nest, loop_start,
-                    operand, progression, slot_index, tree_sum, unrolled)
+                    operand, progression, short, slot_index, tree_sum, unrolled)
 
 
 def nonzero_words(n):
@@ -139,7 +139,7 @@ class Emitter:
         if unrolled(v):
             return [data_at(v.start, o) for o in v.offsets]
         if v.contiguous:
-            return [str(call("sum_range", x=f"d + {slot_index(v.start)}", n=n))]
+            return [str(call("sum_short" if short(v) else "sum_range", x=f"d + {slot_index(v.start)}", n=n))]
         return [str(call("sum_offsets", x=f"d + {slot_index(v.start)}", ox=self.offsets(v.offsets), n=n))]
 
     def _dot(self, a, b):
@@ -152,7 +152,8 @@ class Emitter:
                 if nonzeros:
                     return [str(call("dot_nz", a=f"d + {slot_index(other.start)}", x=f"d + {slot_index(inputs.start)}",
                                      n=n, nz=nonzeros))]
-            return [str(call("dot", a=f"d + {slot_index(a.start)}", b=f"d + {slot_index(b.start)}", n=n))]
+            return [str(call("dot_short" if short(a, b) else "dot", a=f"d + {slot_index(a.start)}",
+                             b=f"d + {slot_index(b.start)}", n=n))]
         return [str(call("dot_offsets", a=f"d + {slot_index(a.start)}", oa=self.offsets(a.offsets),
                          b=f"d + {slot_index(b.start)}", ob=self.offsets(b.offsets), n=n))]
 
@@ -410,7 +411,8 @@ class Emitter:
             return
         to_param = nodes[0].sgd_fused
         if v.contiguous:
-            contribute(to_param, call("add_range", y=f"g + {slot_index(v.start, grad=True)}", alpha=go, n=n),
+            contribute(to_param, call("add_short" if short(v) else "add_range", y=f"g + {slot_index(v.start, grad=True)}",
+                                      alpha=go, n=n),
                        call("add_range", y=f"d + {slot_index(v.start)}", alpha=f"-(lr * {go})", n=n))
         else:
             table = self.offsets(v.offsets)
@@ -456,7 +458,7 @@ class Emitter:
             contribute(to_param, accumulate, call("sgd_axpy_nz", w=w, lr="lr", alpha=go, x=x, n=n, nz=nonzeros),
                        lambda shape: self._track(wrt.start, other.start, n, shape, accumulate.render()))
         elif wrt.contiguous and other.contiguous:
-            accumulate = call("axpy", y=y, alpha=go, x=x, n=n)
+            accumulate = call("axpy_short" if short(wrt, other) else "axpy", y=y, alpha=go, x=x, n=n)
             contribute(to_param, accumulate, call("sgd_axpy", w=w, lr="lr", alpha=go, x=x, n=n),
                        lambda shape: self._track(wrt.start, other.start, n, shape, accumulate.render()))
         else:

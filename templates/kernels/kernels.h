@@ -50,6 +50,12 @@ KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, l
 static void scan_range(const real *restrict x, long n, int32_t *restrict nz);
 KERNEL void scan_rows(const real *restrict x, long stride, long nb, long n, int32_t *restrict list);
 
+/* a family's short lists that grow (templates/prelude.c) */
+static inline real dot_short(const real *a, const real *b, long n);
+static inline real sum_short(const real *x, long n);
+static inline void axpy_short(real *restrict y, real alpha, const real *restrict x, long n);
+static inline void add_short(real *y, real alpha, long n);
+
 /* the ops that select (templates/prelude.c): a gather's index, a maximum's position */
 static inline long gather_index(double x, long n);
 static inline long largest_at(const real *x, long step, long n);
