@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter, not_
 
+import math
+
 import numpy as np
 
 from micrograd_c import ops
@@ -213,6 +215,8 @@ def build_nodes(graph, fuse):
     for i, code in zip(computed_at.tolist(), codes[computed_at].tolist()):
         if i in sums:
             terms, a, b = (tuple(nodes[positions].tolist()) for positions in sums[i])
+            if a:  # sum()'s start, 0 + x == x: a product with no loose term is a layer's (matmul kernels)
+                terms = tuple(x for x in terms if not _plus_zero(x))
             node = Node("dot", args=terms)
             node.a, node.b = a, b
         elif i in maxima:
@@ -236,6 +240,11 @@ def build_nodes(graph, fuse):
         return [nodes[i] if i >= 0 else Node(kind) for i in positions.tolist()]
     leaves = listed("param", graph.params) + listed("input", graph.inputs)
     return leaves + constants, compute, roots
+
+
+def _plus_zero(node):
+    """Whether a node is the constant +0.0 (what `sum(...)` starts from)."""
+    return node.kind == "const" and node.value == 0 and math.copysign(1.0, node.value) > 0
 
 
 # A leaf node's kind by its graph.role (CONST, PARAM, INPUT)
