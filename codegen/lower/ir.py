@@ -215,7 +215,7 @@ def build_nodes(graph, fuse):
     for i, code in zip(computed_at.tolist(), codes[computed_at].tolist()):
         if i in sums:
             terms, a, b = (tuple(nodes[positions].tolist()) for positions in sums[i])
-            if a:  # sum()'s start, 0 + x == x: a product with no loose term is a layer's (matmul kernels)
+            if a:  # sum()'s start (0 + x == x but for a zero's sign): a sum of products alone is a layer's (matmul kernels)
                 terms = tuple(x for x in terms if not _plus_zero(x))
             node = Node("dot", args=terms)
             node.a, node.b = a, b

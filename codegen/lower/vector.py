@@ -57,6 +57,11 @@ class Extent(int):
         return str(self) if not spec else int.__format__(self, spec)
 
 
+class Parts(int):
+    """A family's outermost extent, its count of parts (see _families): its loop also keeps
+    `tri0` = i0 * (i0 - 1) / 2, where Affine.tri's term is read (no division in the loop)."""
+
+
 @dataclass(frozen=True)
 class Affine:
     """A slot as a function of the loop indices: base + sum(strides[d] * i[d]) + tri * (i0 *
@@ -289,7 +294,7 @@ def _family(parts):
     if (not first.shape or first.ragged or any(len(p.shape) != len(first.shape) for p in parts)
             or any(x.kind == "param" for p in parts for x in p.first.reads())):
         return None
-    shape = [m]
+    shape = [Parts(m)]
     for d in range(len(first.shape)):
         c = _fit([p.shape[d] for p in parts])
         if c is None or c[0] < 1 or c[0] + c[1] * (m - 1) < 1:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..lower.vector import Extent
+from ..lower.vector import Extent, Parts
 from .dtypes import c_literal
 from .kernels import call
 
@@ -60,8 +60,8 @@ def slot_index(affine, offset=0, grad=False):
     parts = [str((affine.grad_offset() if grad else affine.base) + offset)]
     parts += [f"i{d}" if s == 1 else f"({s}) * i{d}" if isinstance(s, Extent) else f"{s} * i{d}"
               for d, s in enumerate(affine.strides) if s]
-    if affine.tri:
-        parts.append(("" if affine.tri == 1 else f"{affine.tri} * ") + "(i0 * (i0 - 1) / 2)")
+    if affine.tri:  # (tri0: i0 * (i0 - 1) / 2, kept by the family's loop: loop_headers)
+        parts.append(("" if affine.tri == 1 else f"{affine.tri} * ") + "tri0")
     return " + ".join(parts).replace("+ -", "- ")
 
 
@@ -137,8 +137,10 @@ def bias_arguments(terms, last, step_of):
 
 
 def loop_headers(shape):
-    """`for` headers of a loop nest over shape, index i0 outermost."""
-    return [f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape)]
+    """`for` headers of a loop nest over shape, index i0 outermost; a family's (vector.Parts)
+    keeps tri0 = i0 * (i0 - 1) / 2 as it goes."""
+    return [f"for (long i0 = 0, tri0 = 0; i0 < {n}; tri0 += i0, i0++)" if d == 0 and isinstance(n, Parts)
+            else f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape)]
 
 
 def progression(offsets):
