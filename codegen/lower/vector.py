@@ -265,8 +265,11 @@ def _families(parts):
         family = _family(run) if len(run) >= MIN_FAMILY else None
         result.extend([family] if family else run)
 
+    whole = _family(parts) if len(parts) >= MIN_FAMILY else None  # (the common case: at once)
+    if whole is not None:
+        return [whole]
     for part in parts:
-        if run and _family(run + [part]) is None:
+        if run and (not part.shape or _family(run + [part]) is None):
             close()
             run = []
         run.append(part)
