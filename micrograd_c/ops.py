@@ -7,7 +7,8 @@ a formula into a Python function once, at import; the C emitter substitutes slot
 string. So the interpreter and the compiled code evaluate the very same formula.
 
 Primitives: ``exp``, ``log``, ``tanh``, ``pow`` (the C library's; Python's math module calls the
-same libm) and ``where(cond, x, y)`` (C: a ``?:`` macro in templates/prelude.c).
+same libm), ``powk`` (``**`` by a number: the exponents micrograd's own code uses written out, C's
+in templates/prelude.c) and ``where(cond, x, y)`` (C: a ``?:`` macro in templates/prelude.c).
 """
 
 import math
@@ -37,11 +38,42 @@ def _pow(x, y):
     return math.nan if isinstance(result, complex) else result
 
 
+def _divide(x, y):
+    """x / y as C's: +-inf (or nan) where Python raises."""
+    try:
+        return x / y
+    except ZeroDivisionError:
+        return math.nan if x == 0 or math.isnan(x) else math.copysign(math.inf, x) * math.copysign(1.0, y)
+
+
+def _sqrt(x):
+    return math.sqrt(x) if x >= 0 else math.nan  # (sqrt(-0.0) is -0.0, as C's; nan stays nan)
+
+
+def _powk(x, k):
+    """x ** k for a number k, the exponents of micrograd's own idioms written out: `/` is `* y **
+    -1`, a square `** 2`, an RMSNorm's `** -0.5`, and their derivatives' k - 1. pow() would give
+    the same value or one a rounding away (1 / sqrt rounds twice) at several times the cost:
+    microgpt's step made ~1,100 pow calls, a quarter of its time. templates/prelude.c's powk
+    is the same, term for term."""
+    if k == 2:
+        return x * x
+    if k == -1:
+        return _divide(1.0, x)
+    if k == -2:
+        return _divide(1.0, x * x)
+    if k == -0.5:
+        return _divide(1.0, _sqrt(x))
+    if k == -1.5:
+        return _divide(1.0, x * _sqrt(x))
+    return _pow(x, k)
+
+
 def _where(cond, if_true, if_false):
     return if_true if cond else if_false
 
 
-PRIMITIVES = {"exp": _exp, "log": _log, "tanh": math.tanh, "pow": _pow, "where": _where}
+PRIMITIVES = {"exp": _exp, "log": _log, "tanh": math.tanh, "pow": _pow, "powk": _powk, "where": _where}
 
 # Names the formulas bind; the same names are the placeholders.
 _ARGS = ("a", "b", "out", "k")
@@ -85,7 +117,7 @@ def _python_fn(formula, names=_ARGS):
 _TABLE = [
     Op("add", "+", 2, "{a} + {b}", ("1", "1")),
     Op("mul", "*", 2, "{a} * {b}", ("{b}", "{a}")),
-    Op("pow", "**{k}", 1, "pow({a}, {k})", ("{k} * pow({a}, {k} - 1)",)),
+    Op("pow", "**{k}", 1, "powk({a}, {k})", ("{k} * powk({a}, {k} - 1)",)),
     # a ** b with b a Value too (a > 0 for the gradient in b: log a)
     Op("vpow", "**", 2, "pow({a}, {b})", ("{b} * pow({a}, {b} - 1)", "{out} * log({a})")),
     Op("relu", "ReLU", 1, "where({a} < 0, 0, {a})", ("({out} > 0)",)),

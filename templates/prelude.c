@@ -64,6 +64,15 @@ typedef double real;
 #define INDEPENDENT
 #endif
 
+/* The op table's `powk(a, k)` primitive, a ** k for a number k (micrograd_c/ops.py's _powk, term
+ * for term): the exponents micrograd's idioms use written out (`/` is `* y ** -1`), pow() for the
+ * others; with k a literal the compiler keeps one branch. (In float mode too: it calls real_pow.) */
+static inline real powk(real a, real k)
+{
+    return k == 2 ? a * a : k == -1 ? 1 / a : k == -2 ? 1 / (a * a) : k == -0.5 ? 1 / real_sqrt(a)
+         : k == -1.5 ? 1 / (a * real_sqrt(a)) : real_pow(a, k);
+}
+
 /* The op table's `where(cond, x, y)` primitive. */
 #define where(c, x, y) ((c) ? (x) : (y))
 

@@ -1,6 +1,6 @@
 /* The <math.h> that code exported by micrograd-c needs, for freestanding targets with no libc
  * (clang --target=wasm32 -ffreestanding -nostdlibinc -I<this directory>): exp, log, tanh, pow,
- * INFINITY and NAN. exp and log are musl's (from FreeBSD's msun), within 1 ulp of the C library;
+ * sqrt (the instruction: __builtin_sqrt), INFINITY and NAN. exp and log are musl's (from FreeBSD's msun), within 1 ulp of the C library;
  * tanh (via an expm1 built on them) within 8 ulp; pow with an integer exponent, what
  * `Value ** k` usually is, multiplies, and otherwise is exp(y log x), within 16 ulp for moderate
  * results (tests/test_export.py measures these). Uses clang and GCC builtins only. */
@@ -18,6 +18,8 @@
 #define log mgc_log
 #define tanh mgc_tanh
 #define pow mgc_pow
+#define sqrt __builtin_sqrt
+#define sqrtf __builtin_sqrtf
 
 typedef unsigned long long mgc_u64;
 
