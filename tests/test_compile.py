@@ -147,29 +147,50 @@ OP_CASES = {
 OP_ROWS = [[0.5, -1.5], [-0.7, 0.3], [1.2, 0.9]]
 
 
-def all_op_cases(params, inputs):
-    """Every op case side by side, the loss their sum, so that a column compiles once, not once
-    per op: case k reads only params[2k:2k+2] and inputs[2k:2k+2], so its value, its gradients
-    and its SGD steps are its own, and test_each_op compares them case by case."""
-    return [case(params[2 * k:2 * k + 2], inputs[2 * k:2 * k + 2]) for k, case in enumerate(OP_CASES.values())]
+@functools.cache
+def side_by_side(cases, shapes):
+    """One graph holding several cases' graphs, so that a column compiles them once: case k reads
+    only its own slice of the parameters and inputs (`shapes[k]`: its numbers of each), so its
+    value, its gradients and its SGD steps are its own; each case's value is a part (an output),
+    the loss their sum. Compared case by case (case_results)."""
+    def build(params, inputs):
+        parts, p, x = [], 0, 0
+        for case, (n_params, n_inputs) in zip(cases, shapes):
+            parts.append(case(params[p:p + n_params], inputs[x:x + n_inputs]))
+            p, x = p + n_params, x + n_inputs
+        return parts
+    return build
 
 
-def op_case_results(results, k):
-    """Case k's share of all_op_cases' results: its value (its part), then its gradients and
-    parameters (its two slots of each)."""
+def case_results(results, shapes, k):
+    """Case k's share of a side_by_side graph's results: its value (its part), then its gradients
+    and parameters (its slots of each)."""
     loss, param_grads, input_grads, params, parts = results
-    return [parts[k:k + 1]] + [values[2 * k:2 * k + 2] for values in (param_grads, input_grads, params)]
+    p, x = (sum(shape[i] for shape in shapes[:k]) for i in (0, 1))
+    n_params, n_inputs = shapes[k]
+    return [parts[k:k + 1], param_grads[p:p + n_params], input_grads[x:x + n_inputs], params[p:p + n_params]]
+
+
+def assert_cases_equivalent(build, shapes, names, param_values, rows, mode, **options):
+    """A side_by_side graph compiled equals the interpreter, case by case."""
+    expected = interpret_once(build, param_values, rows)
+    got = run_compiled(build, param_values, rows, **MODES[mode], **options)
+    for k, name in enumerate(names):
+        assert_results_close(case_results(expected, shapes, k), case_results(got, shapes, k), mode,
+                             names=["value"] + RESULT_NAMES[1:], what=f"{name}: ")
+
+
+# Every op case side by side: each reads two parameters and two inputs
+OP_SHAPES = ((2, 2),) * len(OP_CASES)
+all_op_cases = side_by_side(tuple(OP_CASES.values()), OP_SHAPES)
 
 
 def test_each_op(compiler, column):
     mode, opt = column
     n = len(OP_CASES)
     param_values, rows = [0.8, -0.4] * n, [row * n for row in OP_ROWS]
-    expected = interpret_once(all_op_cases, param_values, rows)
-    got = run_compiled(all_op_cases, param_values, rows, **MODES[mode], compiler=compiler, opt=opt)
-    for k, case in enumerate(OP_CASES):
-        assert_results_close(op_case_results(expected, k), op_case_results(got, k), mode,
-                             names=["value"] + RESULT_NAMES[1:], what=f"{case}: ")
+    assert_cases_equivalent(all_op_cases, OP_SHAPES, list(OP_CASES), param_values, rows, mode, compiler=compiler,
+                            opt=opt)
 
 
 @functools.cache
@@ -192,11 +213,13 @@ def mlp_case(nin, nouts, seed=1, activation="relu"):
 XOR_ROWS = [[0.0, 0.0, -1.0], [0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0, -1.0]]
 
 
-@pytest.mark.parametrize("activation", ["relu", "tanh"])
-def test_xor_mlp(activation, compiler, column):
+def test_xor_mlp(compiler, column):
+    """A relu MLP and a tanh MLP (8-input neurons: fused dots), side by side in one module."""
     mode, opt = column
-    build, init = mlp_case(2, (8, 8, 1), activation=activation)  # 8-input neurons: fused dots
-    assert_equivalent(build, init, XOR_ROWS, mode, compiler=compiler, opt=opt)
+    (relu, relu_init), (tanh, tanh_init) = (mlp_case(2, (8, 8, 1), activation=a) for a in ("relu", "tanh"))
+    shapes = ((len(relu_init), 3), (len(tanh_init), 3))
+    assert_cases_equivalent(side_by_side((relu, tanh), shapes), shapes, ["relu", "tanh"], relu_init + tanh_init,
+                            [row * 2 for row in XOR_ROWS], mode, compiler=compiler, opt=opt)
 
 
 def test_fused_dot_with_scattered_and_repeated_factors(compiler, opt):
@@ -284,32 +307,55 @@ def recipe_graph(constants, steps):
     return build
 
 
+RANDOM_GRAPHS = 8
+
+
+def in_range(recipe):
+    """Whether the interpreter runs a recipe's graph without overflow, every value it returns
+    finite and under 1e6 (recipes that do not are not examples)."""
+    constants, steps, param_values, rows = recipe
+    try:
+        expected = interpret(recipe_graph(constants, steps), param_values, rows)
+    except (OverflowError, ZeroDivisionError, ValueError):
+        return False
+    return all(math.isfinite(v) and abs(v) < 1e6 for v in [expected[0], *expected[1], *expected[2], *expected[3]])
+
+
 # Derandomized: the same examples on every run. In fused mode a random graph can put a relu or
 # max input within rounding of its kink, where a different summation order legitimately flips
 # the branch; a fixed set of examples keeps CI from tripping over such a case by chance.
-# Scalar mode's straight-line C at -O2 takes gcc, clang and zig 45-60 s for these 8 graphs: in the
-# slow set (make test-all); scalar mode stays in the default suite at -O0, and -O2 in fused mode.
-@pytest.mark.parametrize("column", [pytest.param(c, id=f"{c[0]}-O{c[1]}", marks=[pytest.mark.slow] * (c == ("scalar", 2)))
-                                    for c in COLUMNS])
-@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(recipe=recipes())
-def test_random_graphs(recipe, column, compiler):
-    mode_name, opt = column
-    check_random_graph(recipe, mode_name, compiler, opt)
+@functools.cache
+def random_graphs():
+    """The first RANDOM_GRAPHS recipes the strategy draws that are in range, side by side in one
+    graph (a column compiles them once, not once each): (build, shapes, names, parameter values,
+    rows). Row r holds each recipe's row r modulo its number of rows, as interpret() cycles them."""
+    drawn = []
+
+    @settings(max_examples=RANDOM_GRAPHS, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(recipe=recipes())
+    def draw(recipe):
+        assume(in_range(recipe))
+        drawn.append(recipe)
+
+    draw()
+    shapes = tuple((len(param_values), len(rows[0])) for _, _, param_values, rows in drawn)
+    n_rows = math.lcm(*(len(rows) for *_, rows in drawn))
+    build = side_by_side(tuple(recipe_graph(constants, steps) for constants, steps, _, _ in drawn), shapes)
+    names = [f"random graph {k} (constants, steps, parameters, rows = {recipe})" for k, recipe in enumerate(drawn)]
+    return (build, shapes, names, [v for *_, param_values, _ in drawn for v in param_values],
+            [[x for *_, rows in drawn for x in rows[r % len(rows)]] for r in range(n_rows)])
 
 
-def check_random_graph(recipe, mode_name, compiler, opt):
-    """A recipe's graph compiled equals the interpreter (recipes that overflow or leave 1e6 are
-    not examples)."""
-    constants, steps, param_values, rows = recipe
-    build = recipe_graph(constants, steps)
-    try:
-        expected = interpret_once(build, param_values, rows)
-    except (OverflowError, ZeroDivisionError, ValueError):
-        assume(False)
-    flat = [expected[0], *expected[1], *expected[2], *expected[3]]
-    assume(all(math.isfinite(v) and abs(v) < 1e6 for v in flat))
-    assert_equivalent(build, param_values, rows, mode_name, compiler=compiler, opt=opt)
+def check_random_graphs(mode, compiler, opt):
+    """The random graphs compiled equal the interpreter, graph by graph."""
+    build, shapes, names, param_values, rows = random_graphs()
+    assert_cases_equivalent(build, shapes, names, param_values, rows, mode, compiler=compiler, opt=opt)
+
+
+def test_random_graphs(compiler, column):
+    mode, opt = column
+    check_random_graphs(mode, compiler, opt)
 
 
 def test_long_chain_compiles_in_bounded_functions():
