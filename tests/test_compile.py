@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import codegen
-from micrograd_c import MLP, Value, mse
+from micrograd_c import MLP, Value, dot, mse
 
 MODES = {"scalar": dict(fuse=False), "fused": dict(fuse=True), "float32": dict(fuse=True, dtype="float32")}
 RTOL = {"scalar": 1e-12, "fused": 1e-9, "float32": 1e-4}
@@ -145,52 +145,51 @@ OP_CASES = {
     "number-pow-value": lambda p, x: 1.5 ** (p[0] * x[0] + p[1]),
 }
 OP_ROWS = [[0.5, -1.5], [-0.7, 0.3], [1.2, 0.9]]
+OP_CASE_LIST = tuple((name, case, (0.8, -0.4), tuple(map(tuple, OP_ROWS))) for name, case in OP_CASES.items())
+
+
+# A case: (name, build, parameter values, rows), build(params, inputs) a Value of as many
+# parameters and inputs as the case has values and row elements (all tuples: cases are cached).
 
 
 @functools.cache
-def side_by_side(cases, shapes):
-    """One graph holding several cases' graphs, so that a column compiles them once: case k reads
-    only its own slice of the parameters and inputs (`shapes[k]`: its numbers of each), so its
-    value, its gradients and its SGD steps are its own; each case's value is a part (an output),
-    the loss their sum. Compared case by case (case_results)."""
+def side_by_side(cases):
+    """Several cases' graphs as one, so that a column compiles them once: (build, parameter values,
+    rows). Case k reads only its own slice of the parameters and inputs, so its value, gradients
+    and SGD steps are its own; each case's value is a part (an output), the loss their sum. Row r
+    holds each case's row r modulo its number of rows, as interpret() cycles them."""
     def build(params, inputs):
         parts, p, x = [], 0, 0
-        for case, (n_params, n_inputs) in zip(cases, shapes):
-            parts.append(case(params[p:p + n_params], inputs[x:x + n_inputs]))
-            p, x = p + n_params, x + n_inputs
+        for _, case, values, rows in cases:
+            parts.append(case(params[p:p + len(values)], inputs[x:x + len(rows[0])]))
+            p, x = p + len(values), x + len(rows[0])
         return parts
-    return build
+    n_rows = math.lcm(*(len(rows) for *_, rows in cases))
+    return (build, [v for _, _, values, _ in cases for v in values],
+            [[x for *_, rows in cases for x in rows[r % len(rows)]] for r in range(n_rows)])
 
 
-def case_results(results, shapes, k):
-    """Case k's share of a side_by_side graph's results: its value (its part), then its gradients
-    and parameters (its slots of each)."""
-    loss, param_grads, input_grads, params, parts = results
-    p, x = (sum(shape[i] for shape in shapes[:k]) for i in (0, 1))
-    n_params, n_inputs = shapes[k]
-    return [parts[k:k + 1], param_grads[p:p + n_params], input_grads[x:x + n_inputs], params[p:p + n_params]]
-
-
-def assert_cases_equivalent(build, shapes, names, param_values, rows, mode, **options):
-    """A side_by_side graph compiled equals the interpreter, case by case."""
+def check_cases(cases, mode, names=None, got=None, **options):
+    """The cases side by side, compiled with `options` (or `got`, their compiled results), equal the
+    interpreter case by case (the cases named, else all): each one's value, then its slots of the
+    gradients and of the parameters after the SGD steps, to the mode's tolerance."""
+    assert names is None or set(names) <= {name for name, *_ in cases}, names
+    build, param_values, rows = side_by_side(cases)
     expected = interpret_once(build, param_values, rows)
-    got = run_compiled(build, param_values, rows, **MODES[mode], **options)
-    for k, name in enumerate(names):
-        assert_results_close(case_results(expected, shapes, k), case_results(got, shapes, k), mode,
-                             names=["value"] + RESULT_NAMES[1:], what=f"{name}: ")
+    if got is None:
+        got = run_compiled(build, param_values, rows, **MODES[mode], **options)
+    p = x = 0
+    for k, (name, _, values, case_rows) in enumerate(cases):
+        n, m = len(values), len(case_rows[0])
+        if names is None or name in names:
+            expected_k, got_k = ([parts[k:k + 1], param_grads[p:p + n], input_grads[x:x + m], params[p:p + n]]
+                                 for _, param_grads, input_grads, params, parts in (expected, got))
+            assert_results_close(expected_k, got_k, mode, names=["value"] + RESULT_NAMES[1:], what=f"{name}: ")
+        p, x = p + n, x + m
 
 
-# Every op case side by side: each reads two parameters and two inputs
-OP_SHAPES = ((2, 2),) * len(OP_CASES)
-all_op_cases = side_by_side(tuple(OP_CASES.values()), OP_SHAPES)
-
-
-def test_each_op(compiler, column):
-    mode, opt = column
-    n = len(OP_CASES)
-    param_values, rows = [0.8, -0.4] * n, [row * n for row in OP_ROWS]
-    assert_cases_equivalent(all_op_cases, OP_SHAPES, list(OP_CASES), param_values, rows, mode, compiler=compiler,
-                            opt=opt)
+def tuples(rows):
+    return tuple(map(tuple, rows))
 
 
 @functools.cache
@@ -211,44 +210,71 @@ def mlp_case(nin, nouts, seed=1, activation="relu"):
 
 
 XOR_ROWS = [[0.0, 0.0, -1.0], [0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0, -1.0]]
+XOR_CASES = tuple((f"xor {activation}", *(lambda build, init: (build, tuple(init)))(*mlp_case(
+    2, (8, 8, 1), activation=activation)), tuples(XOR_ROWS)) for activation in ("relu", "tanh"))  # 8-input neurons
+
+
+SCATTERED = [3, 0, 4, 1, 2, 5]
+
+
+def scattered_dots(p, x):
+    """Dots whose factors are not contiguous (gathered through index tables), and x_i * x_i."""
+    scattered = sum((p[i] * x[j] for i, j in enumerate(SCATTERED)), p[6])
+    squares = sum((x[i] * x[i] for i in range(6)), Value(0.0))
+    return scattered.tanh() * squares + sum((p[i] * p[i] for i in range(6)), p[7])
+
+
+def explicit_dot(params, inputs):
+    return dot(params[:9], inputs, params[9]).tanh()
+
+
+DOT_CASES = (
+    ("scattered dots", scattered_dots, tuple(0.5 - 0.13 * i for i in range(8)),
+     tuples([[0.1 * (i + 1) * (-1) ** i for i in range(6)], [0.3, -0.2, 0.5, 0.1, -0.4, 0.6]])),
+    ("explicit dot", explicit_dot, tuple(0.1 * i - 0.3 for i in range(10)), (tuple(0.2 * j - 0.7 for j in range(9)),)),
+)
+
+
+@functools.cache
+def shared_cases():
+    """The cases of the tests below, side by side in one module per compiler, mode and -O level
+    (the tests of a column share it: a build takes seconds, running it milliseconds)."""
+    return OP_CASE_LIST + XOR_CASES + DOT_CASES + random_graph_cases()
+
+
+@functools.cache
+def shared_module_results(compiler, mode, opt):
+    build, param_values, rows = side_by_side(shared_cases())
+    return run_compiled(build, param_values, rows, **MODES[mode], compiler=compiler, opt=opt)
+
+
+def check_shared(names, compiler, mode, opt):
+    """The named cases of the shared module compiled with the compiler, mode and -O level equal
+    the interpreter."""
+    check_cases(shared_cases(), mode, names, got=shared_module_results(compiler, mode, opt))
+
+
+def test_each_op(compiler, column):
+    mode, opt = column
+    check_shared(list(OP_CASES), compiler, mode, opt)
 
 
 def test_xor_mlp(compiler, column):
-    """A relu MLP and a tanh MLP (8-input neurons: fused dots), side by side in one module."""
     mode, opt = column
-    (relu, relu_init), (tanh, tanh_init) = (mlp_case(2, (8, 8, 1), activation=a) for a in ("relu", "tanh"))
-    shapes = ((len(relu_init), 3), (len(tanh_init), 3))
-    assert_cases_equivalent(side_by_side((relu, tanh), shapes), shapes, ["relu", "tanh"], relu_init + tanh_init,
-                            [row * 2 for row in XOR_ROWS], mode, compiler=compiler, opt=opt)
+    check_shared([name for name, *_ in XOR_CASES], compiler, mode, opt)
 
 
 def test_fused_dot_with_scattered_and_repeated_factors(compiler, opt):
-    """Dots whose factors are not contiguous (gathered through index tables), and x_i * x_i."""
-    order = [3, 0, 4, 1, 2, 5]
-
-    def build(p, x):
-        scattered = sum((p[i] * x[j] for i, j in enumerate(order)), p[6])
-        squares = sum((x[i] * x[i] for i in range(6)), Value(0.0))
-        return scattered.tanh() * squares + sum((p[i] * p[i] for i in range(6)), p[7])
-
-    rows = [[0.1 * (i + 1) * (-1) ** i for i in range(6)], [0.3, -0.2, 0.5, 0.1, -0.4, 0.6]]
-    assert_equivalent(build, [0.5 - 0.13 * i for i in range(8)], rows, "fused", compiler=compiler, opt=opt)
+    check_shared(["scattered dots"], compiler, "fused", opt)
     params, inputs = [Value(0.0) for _ in range(8)], [Value(0.0) for _ in range(6)]
-    program = codegen.lower.ir.lower(build(params, inputs), inputs, params)
+    program = codegen.lower.ir.lower(scattered_dots(params, inputs), inputs, params)
     assert sum(n.kind == "dot" for n in program.nodes) == 3
 
 
 def test_explicit_dot_compiles_to_one_fused_loop(compiler):
-    from micrograd_c import dot
-    w, x = [Value(0.1 * i - 0.3) for i in range(9)], [Value(0.0) for _ in range(9)]
-
-    def build(params, inputs):
-        return dot(params[:9], inputs, params[9]).tanh()
-
-    assert_equivalent(build, [0.1 * i - 0.3 for i in range(10)], [[0.2 * j - 0.7 for j in range(9)]],
-                      "fused", compiler=compiler, opt=2)
-    params = w + [Value(0.5)]
-    program = codegen.lower.ir.lower(build(params, x), x, params)
+    check_shared(["explicit dot"], compiler, "fused", 2)
+    params, x = [Value(0.1 * i - 0.3) for i in range(10)], [Value(0.0) for _ in range(9)]
+    program = codegen.lower.ir.lower(explicit_dot(params, x), x, params)
     assert [n.kind for n in program.nodes] == ["dot", "op"]
     with pytest.raises(ValueError, match="dot of 2 values with 1"):
         dot([Value(1.0), Value(2.0)], [Value(1.0)])
@@ -325,10 +351,8 @@ def in_range(recipe):
 # max input within rounding of its kink, where a different summation order legitimately flips
 # the branch; a fixed set of examples keeps CI from tripping over such a case by chance.
 @functools.cache
-def random_graphs():
-    """The first RANDOM_GRAPHS recipes the strategy draws that are in range, side by side in one
-    graph (a column compiles them once, not once each): (build, shapes, names, parameter values,
-    rows). Row r holds each recipe's row r modulo its number of rows, as interpret() cycles them."""
+def random_graph_cases():
+    """The first RANDOM_GRAPHS recipes the strategy draws that are in range, as cases."""
     drawn = []
 
     @settings(max_examples=RANDOM_GRAPHS, deadline=None, derandomize=True, database=None,
@@ -339,23 +363,18 @@ def random_graphs():
         drawn.append(recipe)
 
     draw()
-    shapes = tuple((len(param_values), len(rows[0])) for _, _, param_values, rows in drawn)
-    n_rows = math.lcm(*(len(rows) for *_, rows in drawn))
-    build = side_by_side(tuple(recipe_graph(constants, steps) for constants, steps, _, _ in drawn), shapes)
-    names = [f"random graph {k} (constants, steps, parameters, rows = {recipe})" for k, recipe in enumerate(drawn)]
-    return (build, shapes, names, [v for *_, param_values, _ in drawn for v in param_values],
-            [[x for *_, rows in drawn for x in rows[r % len(rows)]] for r in range(n_rows)])
+    return tuple((f"random graph {k} (constants, steps, parameters, rows = {recipe})", recipe_graph(*recipe[:2]),
+                  tuple(recipe[2]), tuples(recipe[3])) for k, recipe in enumerate(drawn))
 
 
 def check_random_graphs(mode, compiler, opt):
-    """The random graphs compiled equal the interpreter, graph by graph."""
-    build, shapes, names, param_values, rows = random_graphs()
-    assert_cases_equivalent(build, shapes, names, param_values, rows, mode, compiler=compiler, opt=opt)
+    """The random graphs, side by side in a module of their own, compiled equal the interpreter."""
+    check_cases(random_graph_cases(), mode, compiler=compiler, opt=opt)
 
 
 def test_random_graphs(compiler, column):
     mode, opt = column
-    check_random_graphs(mode, compiler, opt)
+    check_shared([name for name, *_ in random_graph_cases()], compiler, mode, opt)
 
 
 def test_long_chain_compiles_in_bounded_functions():
@@ -366,5 +385,5 @@ def test_long_chain_compiles_in_bounded_functions():
     sources = codegen.generate(y, [x], [p], fuse=False)
     assert len(sources) > 1  # several files, compiled in parallel
     assert sum(s.count("CHUNK void forward_rest_") for s in sources) >= 20  # small functions
-    net = codegen.compile(y, [x], [p], compiler=None, opt=1)
+    net = codegen.compile(y, [x], [p], compiler=None, opt=1, tiered=False)  # the optimising build itself
     assert net.forward() == pytest.approx(y.data, rel=1e-12)
