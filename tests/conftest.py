@@ -136,14 +136,14 @@ def compiler(request) -> str:
     return requires(request.param)
 
 
-def compiler_diagonal(values, ids=str):
-    """Parameters (compiler, value) for the `compiler` fixture (indirect) of a grid of compilers by
-    values, cut for the default suite: every value on TCC (its builds take a fraction of a second),
-    each on one optimising compiler, in turn (value n on the (n mod 3)-th of GCC, Clang and zig),
-    and each of them one at least (list the values that matter most first); the rest of the grid in
-    the slow set (make test-all)."""
-    optimising = [name for name in COMPILER_NAMES if name != 'tcc']
-    for name in COMPILER_NAMES:
+def compiler_diagonal(values, ids=str, compilers=COMPILER_NAMES):
+    """Parameters (compiler, value) (for the `compiler` fixture: indirect) of a grid of compilers
+    by values, cut for the default suite: every value on TCC (its builds take a fraction of a
+    second), each on one optimising compiler, in turn (value n on the (n mod 3)-th of GCC, Clang
+    and zig), and each of them one at least (list the values that matter most first); the rest of
+    the grid in the slow set (make test-all)."""
+    optimising = [name for name in compilers if name != 'tcc']
+    for name in compilers:
         k = optimising.index(name) if name in optimising else None
         for n, value in enumerate(values):
             default = k is None or n % len(optimising) == k or n == k % len(values)

@@ -166,8 +166,7 @@ def cpu_vector_bytes():
 
 # each width on one optimising compiler (SSE2's and AVX-512's first: unforced, the widest this CPU has
 # runs in the test above); the rest in the slow set
-@pytest.mark.parametrize("family, width", [pytest.param(family, width, id=f"{width}-{family}", marks=[
-    pytest.mark.slow] * (k != n)) for k, width in enumerate([16, 64, 32]) for n, family in enumerate(["gcc", "clang", "zig"])])
+@pytest.mark.parametrize("family, width", list(compiler_diagonal([16, 64, 32], compilers=["gcc", "clang", "zig"])))
 def test_each_adam_vector_pass(family, width):
     """Adam's pass runs on the widest vectors the CPU has (templates/optim.c); each width, forced,
     follows the reference (the model's 21 parameters: whole vectors, then a tail). A width this
