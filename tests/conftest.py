@@ -157,13 +157,14 @@ os.environ.setdefault('MICROGRAD_C_THREADS', '1')
 
 
 @pytest.fixture(autouse=True, scope='session')
-def _private_build_cache(tmp_path_factory):
+def _private_build_cache(tmp_path_factory, request):
     """Tests build into the run's own cache, not the user's: one for all the run's workers
     (pytest-xdist's basetemp/popen-gwN share basetemp), so that a module that tests in two workers
-    compile is compiled once (the cache's build lock makes the second wait for the first)."""
+    compile is compiled once (the cache's build lock makes the second wait for the first). (A
+    worker is told by its config, not by the environment, which a pytest it starts inherits.)"""
     previous = os.environ.get('MICROGRAD_C_CACHE')
     run = tmp_path_factory.getbasetemp()
-    directory = (run.parent if os.environ.get('PYTEST_XDIST_WORKER') else run) / 'build-cache'
+    directory = (run.parent if hasattr(request.config, 'workerinput') else run) / 'build-cache'
     directory.mkdir(exist_ok=True)
     os.environ['MICROGRAD_C_CACHE'] = str(directory)
     yield
