@@ -136,6 +136,20 @@ def compiler(request) -> str:
     return requires(request.param)
 
 
+def compiler_diagonal(values, ids=str, compilers=COMPILER_NAMES):
+    """Parameters (compiler, value) (for the `compiler` fixture: indirect) of a grid of compilers
+    by values, cut for the default suite: every value on TCC (its builds take a fraction of a
+    second), each on one optimising compiler, in turn (value n on the (n mod 3)-th of GCC, Clang
+    and zig), and each of them one at least (list the values that matter most first); the rest of
+    the grid in the slow set (make test-all)."""
+    optimising = [name for name in compilers if name != 'tcc']
+    for name in compilers:
+        k = optimising.index(name) if name in optimising else None
+        for n, value in enumerate(values):
+            default = k is None or n % len(optimising) == k or n == k % len(values)
+            yield pytest.param(name, value, id=f'{name}-{ids(value)}', marks=[pytest.mark.slow] * (not default))
+
+
 # Modules run a batch's products on one thread unless a test asks for more (test_batch.py does):
 # make test already runs a worker per core, and more threads than cores would only wait for each
 # other (templates/pool.c).
@@ -143,10 +157,16 @@ os.environ.setdefault('MICROGRAD_C_THREADS', '1')
 
 
 @pytest.fixture(autouse=True, scope='session')
-def _private_build_cache(tmp_path_factory):
-    """Tests build into their own cache, not the user's."""
+def _private_build_cache(tmp_path_factory, request):
+    """Tests build into the run's own cache, not the user's: one for all the run's workers
+    (pytest-xdist's basetemp/popen-gwN share basetemp), so that a module that tests in two workers
+    compile is compiled once (the cache's build lock makes the second wait for the first). (A
+    worker is told by its config, not by the environment, which a pytest it starts inherits.)"""
     previous = os.environ.get('MICROGRAD_C_CACHE')
-    os.environ['MICROGRAD_C_CACHE'] = str(tmp_path_factory.mktemp('build-cache'))
+    run = tmp_path_factory.getbasetemp()
+    directory = (run.parent if hasattr(request.config, 'workerinput') else run) / 'build-cache'
+    directory.mkdir(exist_ok=True)
+    os.environ['MICROGRAD_C_CACHE'] = str(directory)
     yield
     if previous is None:
         del os.environ['MICROGRAD_C_CACHE']

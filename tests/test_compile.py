@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import codegen
-from micrograd_c import MLP, Value, mse
+from micrograd_c import MLP, Value, dot, mse
 
 MODES = {"scalar": dict(fuse=False), "fused": dict(fuse=True), "float32": dict(fuse=True, dtype="float32")}
 RTOL = {"scalar": 1e-12, "fused": 1e-9, "float32": 1e-4}
@@ -145,31 +145,51 @@ OP_CASES = {
     "number-pow-value": lambda p, x: 1.5 ** (p[0] * x[0] + p[1]),
 }
 OP_ROWS = [[0.5, -1.5], [-0.7, 0.3], [1.2, 0.9]]
+OP_CASE_LIST = tuple((name, case, (0.8, -0.4), tuple(map(tuple, OP_ROWS))) for name, case in OP_CASES.items())
 
 
-def all_op_cases(params, inputs):
-    """Every op case side by side, the loss their sum, so that a column compiles once, not once
-    per op: case k reads only params[2k:2k+2] and inputs[2k:2k+2], so its value, its gradients
-    and its SGD steps are its own, and test_each_op compares them case by case."""
-    return [case(params[2 * k:2 * k + 2], inputs[2 * k:2 * k + 2]) for k, case in enumerate(OP_CASES.values())]
+# A case: (name, build, parameter values, rows), build(params, inputs) a Value of as many
+# parameters and inputs as the case has values and row elements (all tuples: cases are cached).
 
 
-def op_case_results(results, k):
-    """Case k's share of all_op_cases' results: its value (its part), then its gradients and
-    parameters (its two slots of each)."""
-    loss, param_grads, input_grads, params, parts = results
-    return [parts[k:k + 1]] + [values[2 * k:2 * k + 2] for values in (param_grads, input_grads, params)]
+@functools.cache
+def side_by_side(cases):
+    """Several cases' graphs as one, so that a column compiles them once: (build, parameter values,
+    rows). Case k reads only its own slice of the parameters and inputs, so its value, gradients
+    and SGD steps are its own; each case's value is a part (an output), the loss their sum. Row r
+    holds each case's row r modulo its number of rows, as interpret() cycles them."""
+    def build(params, inputs):
+        parts, p, x = [], 0, 0
+        for _, case, values, rows in cases:
+            parts.append(case(params[p:p + len(values)], inputs[x:x + len(rows[0])]))
+            p, x = p + len(values), x + len(rows[0])
+        return parts
+    n_rows = math.lcm(*(len(rows) for *_, rows in cases))
+    return (build, [v for _, _, values, _ in cases for v in values],
+            [[x for *_, rows in cases for x in rows[r % len(rows)]] for r in range(n_rows)])
 
 
-def test_each_op(compiler, column):
-    mode, opt = column
-    n = len(OP_CASES)
-    param_values, rows = [0.8, -0.4] * n, [row * n for row in OP_ROWS]
-    expected = interpret_once(all_op_cases, param_values, rows)
-    got = run_compiled(all_op_cases, param_values, rows, **MODES[mode], compiler=compiler, opt=opt)
-    for k, case in enumerate(OP_CASES):
-        assert_results_close(op_case_results(expected, k), op_case_results(got, k), mode,
-                             names=["value"] + RESULT_NAMES[1:], what=f"{case}: ")
+def check_cases(cases, mode, names=None, got=None, **options):
+    """The cases side by side, compiled with `options` (or `got`, their compiled results), equal the
+    interpreter case by case (the cases named, else all): each one's value, then its slots of the
+    gradients and of the parameters after the SGD steps, to the mode's tolerance."""
+    assert names is None or set(names) <= {name for name, *_ in cases}, names
+    build, param_values, rows = side_by_side(cases)
+    expected = interpret_once(build, param_values, rows)
+    if got is None:
+        got = run_compiled(build, param_values, rows, **MODES[mode], **options)
+    p = x = 0
+    for k, (name, _, values, case_rows) in enumerate(cases):
+        n, m = len(values), len(case_rows[0])
+        if names is None or name in names:
+            expected_k, got_k = ([parts[k:k + 1], param_grads[p:p + n], input_grads[x:x + m], params[p:p + n]]
+                                 for _, param_grads, input_grads, params, parts in (expected, got))
+            assert_results_close(expected_k, got_k, mode, names=["value"] + RESULT_NAMES[1:], what=f"{name}: ")
+        p, x = p + n, x + m
+
+
+def tuples(rows):
+    return tuple(map(tuple, rows))
 
 
 @functools.cache
@@ -190,42 +210,71 @@ def mlp_case(nin, nouts, seed=1, activation="relu"):
 
 
 XOR_ROWS = [[0.0, 0.0, -1.0], [0.0, 1.0, 1.0], [1.0, 0.0, 1.0], [1.0, 1.0, -1.0]]
+XOR_CASES = tuple((f"xor {activation}", *(lambda build, init: (build, tuple(init)))(*mlp_case(
+    2, (8, 8, 1), activation=activation)), tuples(XOR_ROWS)) for activation in ("relu", "tanh"))  # 8-input neurons
 
 
-@pytest.mark.parametrize("activation", ["relu", "tanh"])
-def test_xor_mlp(activation, compiler, column):
+SCATTERED = [3, 0, 4, 1, 2, 5]
+
+
+def scattered_dots(p, x):
+    """Dots whose factors are not contiguous (gathered through index tables), and x_i * x_i."""
+    scattered = sum((p[i] * x[j] for i, j in enumerate(SCATTERED)), p[6])
+    squares = sum((x[i] * x[i] for i in range(6)), Value(0.0))
+    return scattered.tanh() * squares + sum((p[i] * p[i] for i in range(6)), p[7])
+
+
+def explicit_dot(params, inputs):
+    return dot(params[:9], inputs, params[9]).tanh()
+
+
+DOT_CASES = (
+    ("scattered dots", scattered_dots, tuple(0.5 - 0.13 * i for i in range(8)),
+     tuples([[0.1 * (i + 1) * (-1) ** i for i in range(6)], [0.3, -0.2, 0.5, 0.1, -0.4, 0.6]])),
+    ("explicit dot", explicit_dot, tuple(0.1 * i - 0.3 for i in range(10)), (tuple(0.2 * j - 0.7 for j in range(9)),)),
+)
+
+
+@functools.cache
+def shared_cases():
+    """The cases of the tests below, side by side in one module per compiler, mode and -O level
+    (the tests of a column share it: a build takes seconds, running it milliseconds)."""
+    return OP_CASE_LIST + XOR_CASES + DOT_CASES + random_graph_cases()
+
+
+@functools.cache
+def shared_module_results(compiler, mode, opt):
+    build, param_values, rows = side_by_side(shared_cases())
+    return run_compiled(build, param_values, rows, **MODES[mode], compiler=compiler, opt=opt)
+
+
+def check_shared(names, compiler, mode, opt):
+    """The named cases of the shared module compiled with the compiler, mode and -O level equal
+    the interpreter."""
+    check_cases(shared_cases(), mode, names, got=shared_module_results(compiler, mode, opt))
+
+
+def test_each_op(compiler, column):
     mode, opt = column
-    build, init = mlp_case(2, (8, 8, 1), activation=activation)  # 8-input neurons: fused dots
-    assert_equivalent(build, init, XOR_ROWS, mode, compiler=compiler, opt=opt)
+    check_shared(list(OP_CASES), compiler, mode, opt)
+
+
+def test_xor_mlp(compiler, column):
+    mode, opt = column
+    check_shared([name for name, *_ in XOR_CASES], compiler, mode, opt)
 
 
 def test_fused_dot_with_scattered_and_repeated_factors(compiler, opt):
-    """Dots whose factors are not contiguous (gathered through index tables), and x_i * x_i."""
-    order = [3, 0, 4, 1, 2, 5]
-
-    def build(p, x):
-        scattered = sum((p[i] * x[j] for i, j in enumerate(order)), p[6])
-        squares = sum((x[i] * x[i] for i in range(6)), Value(0.0))
-        return scattered.tanh() * squares + sum((p[i] * p[i] for i in range(6)), p[7])
-
-    rows = [[0.1 * (i + 1) * (-1) ** i for i in range(6)], [0.3, -0.2, 0.5, 0.1, -0.4, 0.6]]
-    assert_equivalent(build, [0.5 - 0.13 * i for i in range(8)], rows, "fused", compiler=compiler, opt=opt)
+    check_shared(["scattered dots"], compiler, "fused", opt)
     params, inputs = [Value(0.0) for _ in range(8)], [Value(0.0) for _ in range(6)]
-    program = codegen.lower.ir.lower(build(params, inputs), inputs, params)
+    program = codegen.lower.ir.lower(scattered_dots(params, inputs), inputs, params)
     assert sum(n.kind == "dot" for n in program.nodes) == 3
 
 
 def test_explicit_dot_compiles_to_one_fused_loop(compiler):
-    from micrograd_c import dot
-    w, x = [Value(0.1 * i - 0.3) for i in range(9)], [Value(0.0) for _ in range(9)]
-
-    def build(params, inputs):
-        return dot(params[:9], inputs, params[9]).tanh()
-
-    assert_equivalent(build, [0.1 * i - 0.3 for i in range(10)], [[0.2 * j - 0.7 for j in range(9)]],
-                      "fused", compiler=compiler, opt=2)
-    params = w + [Value(0.5)]
-    program = codegen.lower.ir.lower(build(params, x), x, params)
+    check_shared(["explicit dot"], compiler, "fused", 2)
+    params, x = [Value(0.1 * i - 0.3) for i in range(10)], [Value(0.0) for _ in range(9)]
+    program = codegen.lower.ir.lower(explicit_dot(params, x), x, params)
     assert [n.kind for n in program.nodes] == ["dot", "op"]
     with pytest.raises(ValueError, match="dot of 2 values with 1"):
         dot([Value(1.0), Value(2.0)], [Value(1.0)])
@@ -284,32 +333,48 @@ def recipe_graph(constants, steps):
     return build
 
 
+RANDOM_GRAPHS = 8
+
+
+def in_range(recipe):
+    """Whether the interpreter runs a recipe's graph without overflow, every value it returns
+    finite and under 1e6 (recipes that do not are not examples)."""
+    constants, steps, param_values, rows = recipe
+    try:
+        expected = interpret(recipe_graph(constants, steps), param_values, rows)
+    except (OverflowError, ZeroDivisionError, ValueError):
+        return False
+    return all(math.isfinite(v) and abs(v) < 1e6 for v in [expected[0], *expected[1], *expected[2], *expected[3]])
+
+
 # Derandomized: the same examples on every run. In fused mode a random graph can put a relu or
 # max input within rounding of its kink, where a different summation order legitimately flips
 # the branch; a fixed set of examples keeps CI from tripping over such a case by chance.
-# Scalar mode's straight-line C at -O2 takes gcc, clang and zig 45-60 s for these 8 graphs: in the
-# slow set (make test-all); scalar mode stays in the default suite at -O0, and -O2 in fused mode.
-@pytest.mark.parametrize("column", [pytest.param(c, id=f"{c[0]}-O{c[1]}", marks=[pytest.mark.slow] * (c == ("scalar", 2)))
-                                    for c in COLUMNS])
-@settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(recipe=recipes())
-def test_random_graphs(recipe, column, compiler):
-    mode_name, opt = column
-    check_random_graph(recipe, mode_name, compiler, opt)
+@functools.cache
+def random_graph_cases():
+    """The first RANDOM_GRAPHS recipes the strategy draws that are in range, as cases."""
+    drawn = []
+
+    @settings(max_examples=RANDOM_GRAPHS, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(recipe=recipes())
+    def draw(recipe):
+        assume(in_range(recipe))
+        drawn.append(recipe)
+
+    draw()
+    return tuple((f"random graph {k} (constants, steps, parameters, rows = {recipe})", recipe_graph(*recipe[:2]),
+                  tuple(recipe[2]), tuples(recipe[3])) for k, recipe in enumerate(drawn))
 
 
-def check_random_graph(recipe, mode_name, compiler, opt):
-    """A recipe's graph compiled equals the interpreter (recipes that overflow or leave 1e6 are
-    not examples)."""
-    constants, steps, param_values, rows = recipe
-    build = recipe_graph(constants, steps)
-    try:
-        expected = interpret_once(build, param_values, rows)
-    except (OverflowError, ZeroDivisionError, ValueError):
-        assume(False)
-    flat = [expected[0], *expected[1], *expected[2], *expected[3]]
-    assume(all(math.isfinite(v) and abs(v) < 1e6 for v in flat))
-    assert_equivalent(build, param_values, rows, mode_name, compiler=compiler, opt=opt)
+def check_random_graphs(mode, compiler, opt):
+    """The random graphs, side by side in a module of their own, compiled equal the interpreter."""
+    check_cases(random_graph_cases(), mode, compiler=compiler, opt=opt)
+
+
+def test_random_graphs(compiler, column):
+    mode, opt = column
+    check_shared([name for name, *_ in random_graph_cases()], compiler, mode, opt)
 
 
 def test_long_chain_compiles_in_bounded_functions():
@@ -320,5 +385,5 @@ def test_long_chain_compiles_in_bounded_functions():
     sources = codegen.generate(y, [x], [p], fuse=False)
     assert len(sources) > 1  # several files, compiled in parallel
     assert sum(s.count("CHUNK void forward_rest_") for s in sources) >= 20  # small functions
-    net = codegen.compile(y, [x], [p], compiler=None, opt=1)
+    net = codegen.compile(y, [x], [p], compiler=None, opt=1, tiered=False)  # the optimising build itself
     assert net.forward() == pytest.approx(y.data, rel=1e-12)

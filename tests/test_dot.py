@@ -8,7 +8,7 @@ import pytest
 import codegen
 from micrograd_c import MLP, Neuron, Value, dot
 from micrograd_c.engine import _PREV, Dot, topological_order, value_count
-from test_compile import assert_equivalent
+from test_compile import check_cases
 
 
 def operands(n, seed=0):
@@ -108,7 +108,11 @@ def with_chains(params, inputs):
 
 @pytest.mark.parametrize("mode", ["scalar", "fused", "float32"])
 def test_dots_compile_to_the_c_of_their_chains(compiler, mode):
-    assert_equivalent(with_dots, INIT, ROWS, mode, compiler=compiler, opt=2)
+    """An MLP of Dots, a Dot with a product of constants and a Dot read once by a sum, side by side
+    in one module, compiled equal the interpreter; the MLP's C is its chains'."""
+    rows = tuple(map(tuple, ROWS))
+    check_cases(tuple((case.__name__, case, tuple(INIT[:n]), rows) for case, n in (
+        (with_dots, N_PARAMS), (constant_products, 3), (read_by_a_sum, 5))), mode, compiler=compiler, opt=2)
     sources = []
     for build in (with_dots, with_chains):
         params, inputs = [Value(v) for v in INIT], [Value(x) for x in ROWS[0]]
@@ -124,8 +128,7 @@ def constant_products(params, inputs):
     return dot([params[0], constants[0], inputs[0]], [inputs[1], constants[1], params[1]], params[2]) ** 2
 
 
-def test_a_dot_of_constants_compiles_as_its_chain(compiler):
-    assert_equivalent(constant_products, INIT[:3], ROWS, "fused", compiler=compiler, opt=2)
+def test_a_dot_of_constants_compiles_as_its_chain():
     params, inputs = [Value(v) for v in INIT[:3]], [Value(x) for x in ROWS[0]]
     loss = constant_products(params, inputs)
     d = loss._prev[0]
@@ -147,10 +150,6 @@ def read_by_a_sum(params, inputs):
     would have joined the sum's dot; the numbers are the same to the fused bound)."""
     out = dot(params[:3], inputs, params[3])
     return (out - inputs[0] * params[4]) ** 2
-
-
-def test_a_dot_read_once_by_a_sum(compiler):
-    assert_equivalent(read_by_a_sum, INIT[:5], ROWS, "fused", compiler=compiler, opt=2)
 
 
 def test_parameters_in_one_pass_and_a_subclass_own():

@@ -11,6 +11,7 @@ import codegen
 import templates
 from codegen.write import dtypes
 from codegen.backend.toolchain import FAMILIES
+from conftest import compiler_diagonal
 from test_module import N_CLASSES, N_IN, data, small_classifier
 
 RTOL = 1e-4  # see test_compile.py: float32 against float64, small models
@@ -69,8 +70,12 @@ def test_train_and_predict_follow_float64(compiler):
         narrow.train(np.full((2, N_IN), np.nan, np.float32), labels[:2], 0.1)
 
 
-@pytest.mark.parametrize("optimizer", [codegen.SGD(momentum=0.9, nesterov=True, weight_decay=0.01),
-                                       codegen.Adam(weight_decay=0.01), codegen.AdamW()], ids=repr)
+OPTIMIZERS = [codegen.SGD(momentum=0.9, nesterov=True, weight_decay=0.01), codegen.Adam(weight_decay=0.01),
+              codegen.AdamW()]
+
+
+# every optimizer on TCC, each on one optimising compiler; the rest in the slow set
+@pytest.mark.parametrize("compiler, optimizer", list(compiler_diagonal(OPTIMIZERS, repr)), indirect=["compiler"])
 def test_optimizers_in_float32(optimizer, compiler):
     """Every optimizer's step in float (Adam's vector square roots too: -march=native where the
     compiler takes it), its state float32, the parameters close to float64's after 200 steps."""

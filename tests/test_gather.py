@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import codegen
+from conftest import compiler_diagonal
 from micrograd_c import Table, Value, dot, gather
 from test_compile import COLUMNS, MODES, RTOL, assert_results_close, interpret_once, run_compiled
 
@@ -51,11 +52,6 @@ def columns(rows, n_x):
 def params():
     rng = np.random.default_rng(7)
     return rng.normal(0, 0.5, N_PARAMS).tolist()
-
-
-@pytest.fixture(params=COLUMNS, ids=[f"{m}-O{o}" for m, o in COLUMNS])
-def column(request):
-    return request.param
 
 
 def test_interpreter_is_python_indexing():
@@ -101,6 +97,10 @@ def test_gradient_lands_in_the_picked_row_only(compiler):
         np.testing.assert_array_equal(grad, expected)
 
 
+# Every column on TCC, each on one optimising compiler (the -O2 ones first); the rest in the slow set
+@pytest.mark.parametrize("compiler, column", list(compiler_diagonal(
+    sorted(COLUMNS, key=lambda column: (-column[1], column[0] != "fused")), lambda column: "%s-O%d" % column)),
+    indirect=["compiler"])
 def test_compiled_equals_interpreted(compiler, column):
     mode, opt = column
     expected = interpret_once(next_token_loss, tuple(params()), ROWS)

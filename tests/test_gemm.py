@@ -19,7 +19,7 @@ import pytest
 import templates
 from codegen.backend import toolchain
 from codegen.backend.toolchain import COMPILER_NAMES
-from conftest import requires
+from conftest import compiler_diagonal, requires
 from pathlib import Path
 
 HARNESS = """
@@ -166,13 +166,18 @@ def cpu_variants():
         {"avx512 6x2"} if "avx512f" in flags else set())
 
 
-@pytest.fixture(params=[name for name in COMPILER_NAMES if toolchain.FAMILIES[name].native])
+VECTOR_COMPILERS = [name for name in COMPILER_NAMES if toolchain.FAMILIES[name].native]
+
+
+@pytest.fixture(params=VECTOR_COMPILERS)
 def vector_compiler(request):
     """Each compiler that builds the vector kernels (not TCC: it builds the plain loops only)."""
     return requires(request.param)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+# each variant on one compiler (the rest in the slow set)
+@pytest.mark.parametrize("vector_compiler, variant", list(compiler_diagonal(
+    ["avx2 6x2", "plain", "avx512 6x2"], compilers=VECTOR_COMPILERS)), indirect=["vector_compiler"])
 def test_each_variant(vector_compiler, variant):
     """Each variant (GCC, Clang: the plain loops, AVX2's tile, AVX-512's), forced, its sums in slices
     of 7 terms (tails in every slice) and in one piece: run where the CPU has it, built (not run) where it does not (an
@@ -185,7 +190,9 @@ def test_each_variant(vector_compiler, variant):
         kernels(vector_compiler, "float32", variant)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+# each dtype on one compiler at least (the rest in the slow set)
+@pytest.mark.parametrize("vector_compiler, dtype", list(compiler_diagonal(list(DTYPES), compilers=VECTOR_COMPILERS)),
+                         indirect=["vector_compiler"])
 def test_same_bits_in_every_vector_variant(vector_compiler, dtype):
     """The vector variants this CPU runs, and the sums' slices (3 terms, the L2's depth, one
     piece), give the same bits: each element is summed the same way in each (the choice of

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import codegen
+from conftest import compiler_diagonal
 from gpt import data, model, train
 from micrograd_c import Value
 from test_optim import OPTIMIZERS, Reference
@@ -40,7 +41,7 @@ def compiled(tiny, compiler="tcc", dtype="float64", batch=1):
                            dtype=dtype, batch=batch, optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS))
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float64", "float32"])), indirect=["compiler"])
 def test_every_length_equals_microgpts_loss(tiny, compiler, dtype):
     """One module for documents of 1 to block_size positions (and longer ones, cut as microgpt
     cuts them): loss and every parameter's gradient as microgpt's graph of that length gives."""

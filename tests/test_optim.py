@@ -7,6 +7,7 @@ The model is compiled in the straight-line scalar mode, whose gradients are the 
 the bit, so that the tests hold the optimizer alone (to 1e-12).
 """
 
+import functools
 import math
 import platform
 import random
@@ -18,7 +19,7 @@ import pytest
 
 import codegen
 from codegen.backend.toolchain import find_compiler
-from conftest import requires
+from conftest import compiler_diagonal, requires
 from micrograd_c import MLP, Value, mse
 
 STEPS = 100
@@ -117,23 +118,33 @@ def reference_state(ref):
     return {"step": [ref.t], "exp_avg": ref.m, "exp_avg_sq": ref.v}
 
 
-@pytest.mark.parametrize("name", OPTIMIZERS)
+@functools.cache
+def reference_steps(name):
+    """The reference's 100 steps of update() (the same for every compiler: computed once): the
+    interpreted gradient of each step, then the parameters and the Reference after them."""
+    build, p, rows = model_case()
+    ref = Reference(OPTIMIZERS[name], len(p))
+    grads = []
+    for step in range(STEPS):
+        grads.append(interpreted_gradient(build, p, rows[step % len(rows)]))
+        p = ref.step(p, grads[-1], learning_rate(step))
+    return grads, p, ref
+
+
+# every optimizer on TCC, each on one optimising compiler; the rest in the slow set
+@pytest.mark.parametrize("compiler, name", list(compiler_diagonal(list(OPTIMIZERS))), indirect=["compiler"])
 def test_update_follows_the_reference_for_100_steps(name, compiler):
     optimizer = OPTIMIZERS[name]
     build, p, rows = model_case()
     net = compiled(build, p, optimizer, compiler)
-    ref = Reference(optimizer, len(p))
+    grads, p, ref = reference_steps(name)
     for step in range(STEPS):
-        row = rows[step % len(rows)]
-        net.set_input(row)
+        net.set_input(rows[step % len(rows)])
         net.forward()
         net.zero_grad()
         net.backward()
-        grad = interpreted_gradient(build, p, row)
-        assert_close(np.asarray(net.grad)[:net.n_params], grad, f"gradient at step {step}")
-        lr = learning_rate(step)
-        net.update(lr)
-        p = ref.step(p, grad, lr)
+        assert_close(np.asarray(net.grad)[:net.n_params], grads[step], f"gradient at step {step}")
+        net.update(learning_rate(step))
     assert_close(np.asarray(net.params), p, "parameters after 100 steps")
     expected_state = reference_state(ref)
     assert sorted(net.optimizer_state) == sorted(expected_state)
@@ -153,8 +164,9 @@ def cpu_vector_bytes():
     return {16} | ({32} if "avx" in flags else set()) | ({64} if "avx512f" in flags else set())
 
 
-@pytest.mark.parametrize("width", [16, 32, 64])
-@pytest.mark.parametrize("family", ["gcc", "clang", "zig"])
+# each width on one optimising compiler (SSE2's and AVX-512's first: unforced, the widest this CPU has
+# runs in the test above); the rest in the slow set
+@pytest.mark.parametrize("family, width", list(compiler_diagonal([16, 64, 32], compilers=["gcc", "clang", "zig"])))
 def test_each_adam_vector_pass(family, width):
     """Adam's pass runs on the widest vectors the CPU has (templates/optim.c); each width, forced,
     follows the reference (the model's 21 parameters: whole vectors, then a tail). A width this
@@ -169,23 +181,31 @@ def test_each_adam_vector_pass(family, width):
             assert compiled(build, p, OPTIMIZERS[name], forced).optimizer == repr(OPTIMIZERS[name])
 
 
-@pytest.mark.parametrize("batch_size", [1, 5])
-@pytest.mark.parametrize("name", OPTIMIZERS)
-def test_train_follows_the_reference(name, batch_size, compiler):
-    """train(): one optimizer step per batch on its mean gradient; the last batch may be short."""
-    optimizer = OPTIMIZERS[name]
+@functools.cache
+def reference_epochs(name, batch_size):
+    """The reference's training (the same for every compiler: computed once): the number of
+    epochs, then the parameters and the Reference after them."""
     build, p, rows = model_case()
-    net = compiled(build, p, optimizer, compiler)
-    ref = Reference(optimizer, len(p))
+    ref = Reference(OPTIMIZERS[name], len(p))
     epochs = STEPS // math.ceil(len(rows) / batch_size)
-    X, Y = np.ascontiguousarray(rows[:, :3]), np.ascontiguousarray(rows[:, 3:])
     for epoch in range(epochs):
-        lr = learning_rate(epoch * 10)
-        net.train(X, Y, lr, batch_size=batch_size)
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
             grad = sum(interpreted_gradient(build, p, row) for row in batch) / len(batch)
-            p = ref.step(p, grad, lr)
+            p = ref.step(p, grad, learning_rate(epoch * 10))
+    return epochs, p, ref
+
+
+@pytest.mark.parametrize("batch_size", [1, 5])
+@pytest.mark.parametrize("compiler, name", list(compiler_diagonal(list(OPTIMIZERS))), indirect=["compiler"])
+def test_train_follows_the_reference(name, batch_size, compiler):
+    """train(): one optimizer step per batch on its mean gradient; the last batch may be short."""
+    build, init, rows = model_case()
+    net = compiled(build, init, OPTIMIZERS[name], compiler)
+    epochs, p, ref = reference_epochs(name, batch_size)
+    X, Y = np.ascontiguousarray(rows[:, :3]), np.ascontiguousarray(rows[:, 3:])
+    for epoch in range(epochs):
+        net.train(X, Y, learning_rate(epoch * 10), batch_size=batch_size)
     assert_close(np.asarray(net.params), p, f"parameters after {epochs} epochs")
     assert not np.any(np.asarray(net.grad)[:net.n_params])  # zeroed after every step
     for key, value in reference_state(ref).items():
@@ -206,7 +226,7 @@ def test_update_follows_torch_optim(name):
     torch = requires("torch")
     optimizer = OPTIMIZERS[name]
     build, p, rows = model_case()
-    net = compiled(build, p, optimizer, None)
+    net = compiled(build, p, optimizer, "tcc")  # (the optimizer's C is the same for every compiler)
     tensor = torch.tensor(p, dtype=torch.float64, requires_grad=True)
     theirs = torch_optimizer(torch, optimizer, tensor)
     for step in range(STEPS):
@@ -229,13 +249,15 @@ def test_update_follows_torch_optim(name):
 SUBNORMAL_STEPS = 40  # 45 times the smallest normal number, decaying by 0.8-0.9 a step, is then below it
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("name", ["momentum", "nesterov", "adam", "adamw"])
-def test_moments_decaying_into_subnormals(name, dtype, compiler):
+@pytest.mark.parametrize("compiler, case", list(compiler_diagonal(
+    [(name, dtype) for dtype in ("float64", "float32") for name in ("momentum", "nesterov", "adam", "adamw")],
+    "-".join)), indirect=["compiler"])
+def test_moments_decaying_into_subnormals(case, compiler):
     """A gradient seen once, then zeros: the momentum buffer and Adam's first moment decay
     geometrically into subnormal numbers, which the steps flush to zero (templates/optim.c: x86
     CPUs take microcode assists on them). The parameters still follow the reference, which keeps
     the subnormals, and the caller's floating-point mode is back after every step."""
+    name, dtype = case
     optimizer = OPTIMIZERS[name]
     tiny = np.finfo(dtype).tiny
     build, p, _ = model_case()

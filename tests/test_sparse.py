@@ -11,6 +11,7 @@ import pytest
 
 import codegen
 import templates
+from conftest import compiler_diagonal
 from micrograd_c import MLP, Value
 from micrograd_c.losses import cross_entropy
 from test_compile import assert_equivalent, mlp_case
@@ -35,7 +36,7 @@ def rows(n=6, seed=0):
     return out
 
 
-@pytest.mark.parametrize("mode", ["fused", "float32"])
+@pytest.mark.parametrize("compiler, mode", list(compiler_diagonal(["fused", "float32"])), indirect=["compiler"])
 def test_sparse_rows_equal_the_interpreter(compiler, mode):
     build, init = mlp_case(N_PIXELS, (8, 1))
     assert_equivalent(build, init, rows(), mode, compiler=compiler, opt=2, sparse_inputs=True)
@@ -69,12 +70,16 @@ def chunk_patterns(n_in, n=48, seed=1):
     return X
 
 
-@pytest.mark.parametrize("n_in", [19, 45, 64])
+# every (inputs, dtype) on TCC, two on each optimising compiler (one width, both dtypes); the rest
+# in the slow set
 @pytest.mark.parametrize("batch_size", [1, 4])
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_train_equals_the_dense_kernels(compiler, n_in, batch_size, dtype):
+@pytest.mark.parametrize("compiler, case", list(compiler_diagonal(
+    [(19, "float64"), (45, "float32"), (64, "float64"), (19, "float32"), (45, "float64"), (64, "float32")],
+    lambda case: "%d-%s" % case)), indirect=["compiler"])
+def test_train_equals_the_dense_kernels(compiler, case, batch_size):
     """train() and predict() on mixed sparse and dense rows give the dense kernels' numbers
     exactly: the chunks left out add exact zeros and the rest are summed in dot()'s lanes."""
+    n_in, dtype = case
     random.seed(n_in)
     model = MLP(n_in, [8, N_CLASSES])
     xs, ys = [Value(0.0) for _ in range(n_in)], [Value(0.0) for _ in range(N_CLASSES)]

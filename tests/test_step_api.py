@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import codegen
+from conftest import compiler_diagonal
 from micrograd_c import MLP, Value, cross_entropy
 
 N_IN, HIDDEN, N_CLASSES = 24, 20, 5  # lists of 24 and 20 weights: kernels, so rows are tracked
@@ -200,9 +201,13 @@ def test_rows_are_tracked():
     assert source.count("rank1[") >= 2 and "sgd_rank1_row(" in source
 
 
-@pytest.mark.parametrize("options", [{}, {"sparse_inputs": True}, {"opt": 0}], ids=["O2", "sparse", "O0"])
-def test_random_sequences_equal_the_interpreter(compiler, options):
-    net, init = compile_classifier(compiler, **{"opt": 2, **options})
+BUILDS = {"O2": {}, "sparse": {"sparse_inputs": True}, "O0": {"opt": 0}}
+
+
+# each build on TCC, one on each optimising compiler (the rest in the slow set)
+@pytest.mark.parametrize("compiler, build", list(compiler_diagonal(list(BUILDS))), indirect=["compiler"])
+def test_random_sequences_equal_the_interpreter(compiler, build):
+    net, init = compile_classifier(compiler, **{"opt": 2, **BUILDS[build]})
     rng = np.random.default_rng(0)
     _, x, labels = sample_rows(12, 99)
     for _ in range(6):

@@ -14,7 +14,8 @@ import codegen
 import templates
 from codegen.lower import ir, vector
 from micrograd_c import MLP, Value, cross_entropy, dot
-from test_compile import assert_equivalent, opt  # noqa: F401 (the -O0/-O2 fixture)
+from conftest import compiler_diagonal
+from test_compile import assert_equivalent
 
 
 def lowered(build, n_params, n_inputs):
@@ -108,16 +109,24 @@ def mlp_rows(nin=12, classes=3, n=3):
 
 # ---- equivalence -----------------------------------------------------------------------------
 
+# -O0 and -O2 on TCC, one of them on each optimising compiler (the rest in the slow set)
+OPT_DIAGONAL = pytest.mark.parametrize("compiler, opt", list(compiler_diagonal([2, 0], lambda o: f"O{o}")),
+                                       indirect=["compiler"])
+
+
+@OPT_DIAGONAL
 def test_demo_batch_in_one_graph(compiler, opt):
     build, init = demo_case()
     assert_equivalent(build, init, [[]], "fused", compiler=compiler, opt=opt)
 
 
+@OPT_DIAGONAL
 def test_convolution(compiler, opt):
     build, init, n_inputs = cnn_case()
     assert_equivalent(build, init, cnn_rows(), "fused", compiler=compiler, opt=opt)
 
 
+@OPT_DIAGONAL
 def test_deep_mlp_cross_entropy(compiler, opt):
     build, init = mlp_ce_case()
     assert_equivalent(build, init, mlp_rows(), "fused", compiler=compiler, opt=opt)
@@ -193,15 +202,17 @@ def batch_layer_case(loss):
     return build, init, [[0.5], [0.2]]
 
 
-@pytest.mark.parametrize("mode", ["fused", "float32"])
-@pytest.mark.parametrize("loss", ["squares", "hinge"])
-def test_layer_over_a_batch_kernels(compiler, mode, loss):
+@pytest.mark.parametrize("compiler, case", list(compiler_diagonal(
+    [("fused", "squares"), ("float32", "hinge"), ("fused", "hinge"), ("float32", "squares")], "-".join)),
+    indirect=["compiler"])
+def test_layer_over_a_batch_kernels(compiler, case):
     """A layer over a batch of 37 constant samples: forward, one matmul_set call (the matrix
     product of templates/kernels/gemm.c: six neurons by two vectors of samples, then the tails);
     its weights' gradients are dot_rows calls (each neuron's gradient row against its 6 inputs'
     rows, four rows at a time, then the rest; with the hinge, samples 8-23 are flat whatever the
     weights: whole chunks of zero gradients that dot_rows skips), its inputs' gradients one
     matmul_acc call, the last layer's one too (one neuron). All equal to the interpreter."""
+    mode, loss = case
     build, init, rows = batch_layer_case(loss)
     assert_equivalent(build, init, rows, mode, compiler=compiler, opt=2)
     params, inputs = [Value(v) for v in init], [Value(0.0)]
