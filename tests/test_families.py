@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import codegen
+from conftest import compiler_diagonal
 from codegen.lower import ir
 from codegen.lower.vector import Extent
 from micrograd_c import Value
@@ -77,14 +78,15 @@ def test_the_triangle_is_one_loop_nest_at_every_length():
     assert lists  # the softmax's sum and the weighted sums: lists that grow with the position
 
 
-@pytest.mark.parametrize("mode", ["fused", "float32"])  # (scalar mode makes no loops: test_compile's columns)
+# (scalar mode makes no loops: test_compile's columns run it)
+@pytest.mark.parametrize("compiler, mode", list(compiler_diagonal(["fused", "float32"])), indirect=["compiler"])
 def test_the_family_equals_the_interpreter(compiler, mode):
     opt = 2
     params, rows = initial(6)
     assert_equivalent(attention, params, rows, mode, compiler=compiler, opt=opt)
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float64", "float32"])), indirect=["compiler"])
 def test_a_batch_through_the_family_equals_samples_one_by_one(compiler, dtype):
     """train() over batches of 4 (a last one of 2) through the batched program's families: the
     losses and parameters of the same module run sample by sample."""
