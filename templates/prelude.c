@@ -1,5 +1,5 @@
 /* What every generated C file starts with: the op table's primitives and the kernels that
- * fused dot products call. Spliced into templates/module.c and into each extra unit. */
+ * fused dot products call. Spliced into templates/model.c, templates/runtime.c and each extra unit. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

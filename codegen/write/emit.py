@@ -88,8 +88,20 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
             raise ValueError(f"{len(initial_params)} initial parameter values for {program.n_params} parameters")
         constants += ("\n#define HAVE_INITIAL_PARAMS 1\nstatic const double INITIAL_PARAMS[] = {"
                       + ", ".join(map(c_literal, initial_params)) + "};")
-    module = templates.fill("module.c", CONSTANTS=constants, GRAPH=graph)
-    return [module] + extra
+    module = templates.fill("model.c", CONSTANTS=constants, GRAPH=graph)
+    return [module] + extra + [runtime_source(dtype)]
+
+
+def runtime_source(dtype=dtypes.DEFAULT.name):
+    """templates/runtime.c for modules of element type `dtype`: the same C for every model, which
+    the toolchain compiles once per compiler and flags (templates.SharedSource)."""
+    return templates.SharedSource(templates.fill("runtime.c", PRELUDE=_prelude(dtypes.lookup(dtype), True)))
+
+
+def _prelude(dtype, thread_pool):
+    """What every generated C file starts with: the element type, whether a thread pool runs
+    products (templates/pool.c), templates/prelude.c."""
+    return dtype.define + f"\n#define HAVE_THREAD_POOL {int(thread_pool)}\n" + templates.read("prelude.c")
 
 
 def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False):
@@ -141,8 +153,7 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
     units = _units(pieces, unit) if unit else [pieces]
     # modules (sparse_inputs not None) run products on their threads (templates/pool.c)
     thread_pool = sparse_inputs is not None if thread_pool is None else thread_pool
-    prelude = (dtype.define + f"\n#define HAVE_THREAD_POOL {int(thread_pool)}\n"
-               + templates.read("prelude.c"))
+    prelude = _prelude(dtype, thread_pool)
     output_slots = [n.slot for n in program.outputs] or [0]
     layout = "\n".join([
         f"#define N_SLOTS {program.n_slots}",
