@@ -17,7 +17,7 @@ static void release_samples(Samples *s)
         PyBuffer_Release(&s->y);
 }
 
-/* Index inputs (MODEL.index_inputs, codegen/write/emit.py's _index_inputs: {input position, n} for each input a gather
+/* Index inputs (MODEL.index_inputs, codegen/write/contract.py's Layout: {input position, n} for each input a gather
  * reads as its index) must hold an integer from -n to n - 1, as Python's indexing takes: checked
  * before any forward reads them, so that no gather reads outside the values it picks among. */
 

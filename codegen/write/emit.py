@@ -2,8 +2,10 @@
 statements (codegen/write/statements.py, whose loop nests and kernel calls codegen/write/loops.py writes) cut
 into functions of at most `chunk` statements, because optimising compilers slow down
 superlinearly on huge basic blocks, and big programs into several C files that the toolchain
-compiles in parallel; the layout's #defines, the tables, and the templates filled around them
-(templates/module.c, the prelude). Per-op C comes from the op table (micrograd_c/ops.py).
+compiles in parallel; the layout's #defines (codegen/write/contract.py), the tables, and the
+templates filled around them (templates/model.c, the prelude). A module's sources end with the
+module runtime (templates/runtime.c), the same C for every model of a dtype, which the toolchain
+compiles once and keeps. Per-op C comes from the op table (micrograd_c/ops.py).
 """
 
 import dataclasses
