@@ -85,13 +85,21 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
 def runtime_source(dtype=dtypes.DEFAULT.name):
     """templates/runtime.c for modules of element type `dtype`: the same C for every model, which
     the toolchain compiles once per compiler and flags (templates.SharedSource)."""
-    return templates.SharedSource(templates.fill("runtime.c", PRELUDE=_prelude(dtypes.lookup(dtype), True)))
+    return templates.SharedSource(templates.fill("runtime.c", PRELUDE=_prelude(dtypes.lookup(dtype), True,
+                                                                              RUNTIME_DEFINES_PRODUCTS)))
 
 
-def _prelude(dtype, thread_pool):
+# templates/kernels/gemm.c's RUNTIME_PRODUCTS: the matrix products defined in each file (exported
+# and jit C), in the module runtime, or declared in a module's model units and defined there
+STATIC_PRODUCTS, RUNTIME_DEFINES_PRODUCTS, RUNTIME_HAS_PRODUCTS = 0, 2, 1
+
+
+def _prelude(dtype, thread_pool, products=STATIC_PRODUCTS):
     """What every generated C file starts with: the element type, whether a thread pool runs
-    products (templates/pool.c), templates/prelude.c."""
-    return dtype.define + f"\n#define HAVE_THREAD_POOL {int(thread_pool)}\n" + templates.read("prelude.c")
+    products (templates/pool.c), where the products are defined, templates/prelude.c."""
+    return (dtype.define + f"\n#define HAVE_THREAD_POOL {int(thread_pool)}\n"
+            + (f"#define RUNTIME_PRODUCTS {products}\n" if products != STATIC_PRODUCTS else "")
+            + templates.read("prelude.c"))
 
 
 def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False):
@@ -143,7 +151,8 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
     units = _units(pieces, unit) if unit else [pieces]
     # modules (sparse_inputs not None) run products on their threads (templates/pool.c)
     thread_pool = sparse_inputs is not None if thread_pool is None else thread_pool
-    prelude = _prelude(dtype, thread_pool)
+    # a module's units (sparse_inputs not None) call the products its runtime defines
+    prelude = _prelude(dtype, thread_pool, STATIC_PRODUCTS if sparse_inputs is None else RUNTIME_HAS_PRODUCTS)
     layout = "\n".join([
         contract.Layout.of(program).render(),
         _constants(program.constants, dtype),
