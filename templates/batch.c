@@ -48,7 +48,7 @@ typedef struct {
 #define LOAD_COLUMNS(type)                                                                         \
     for (long k = first; k < last; k++) {                                                          \
         const type *x = (const type *)s->x.buf + k;                                                \
-        real *restrict to = a->in + k * MODEL.batch_capacity;                                            \
+        real *restrict to = a->in + k * MODEL.batch_capacity;                                      \
         for (long b = 0; b < a->nb; b++)                                                           \
             to[b] = (real)(x[a->rows[b] * s->n_x] * s->scale);                                     \
     }

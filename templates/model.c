@@ -19,7 +19,7 @@
 #error "N_OUTPUTS, SGD_IN_BACKWARD, N_CONSTANTS and NONZERO_WORDS must be defined: codegen/write/contract.py"
 #endif
 #if !defined(N_TRACKED_ROWS) || !defined(N_SNAPSHOT) || !defined(N_SWEPT_RUNS)
-#error "the tracked rows (N_TRACKED_ROWS, N_SNAPSHOT, N_SWEPT_RUNS) must be defined: codegen/write/statements.py's step_rows"
+#error "N_TRACKED_ROWS, N_SNAPSHOT and N_SWEPT_RUNS must be defined: codegen/write/statements.py's step_rows"
 #endif
 #if !defined(HAVE_BATCH) || !defined(MODULE_NAME_STR) || !defined(MODULE_INIT)
 #error "HAVE_BATCH, MODULE_NAME_STR and MODULE_INIT must be defined: codegen/write/contract.py"

@@ -1,9 +1,9 @@
 /* The module runtime: the fixed part of every micrograd-c training-step module (state, the
  * exported functions, the training driver, the optimizers, the threads, the lifecycle), which
  * knows a model only through its descriptor MODEL (templates/model.h). The same C for every
- * model: codegen/write/emit.py's runtime_source puts the element type, then
- * templates/prelude.c, at its PRELUDE placeholder, and the toolchain compiles it once per compiler and flags into a cached
- * object that each model's build links (codegen/backend/toolchain.py). Every slot of the graph
+ * model: codegen/write/emit.py's runtime_source puts the element type, then templates/prelude.c,
+ * at its PRELUDE placeholder, and the toolchain compiles it once per compiler and flags into a
+ * cached object that each model's build links (codegen/backend/toolchain.py). Every slot of the graph
  * lives in d[] (values) and g[] (gradients): parameters first, then inputs, then intermediates.
  * Its INCLUDE markers are replaced by those templates (templates/__init__.py). */
 #define PY_SSIZE_T_CLEAN
@@ -524,8 +524,8 @@ static int module_exec(PyObject *module)
     }
     /* after d's slots, the sparse inputs' nonzero lists (int32, codegen/write/statements.py's scan_nonzeros) */
     const Py_ssize_t nonzero_reals = (MODEL.nonzero_words * 4 + (Py_ssize_t)sizeof(real) - 1) / (Py_ssize_t)sizeof(real);
-    if (!(s->d = aligned_slots(&s->data_buf, &d0, MODEL.n_slots + nonzero_reals)) || !(s->g = aligned_slots(&s->grad_buf, &g0, MODEL.n_slots)) ||
-        add_optimizer_state(module, s) < 0)
+    if (!(s->d = aligned_slots(&s->data_buf, &d0, MODEL.n_slots + nonzero_reals)) ||
+        !(s->g = aligned_slots(&s->grad_buf, &g0, MODEL.n_slots)) || add_optimizer_state(module, s) < 0)
         return -1;
     if (alloc_tracked_rows(s) < 0 || add_grad(module) < 0)
         return -1;

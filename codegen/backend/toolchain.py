@@ -398,8 +398,7 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_m
         if kind == 'extension' and FAMILIES[compiler.family].parallel_units else []
     sources = [s for s in sources if not any(s is t for t in shared)]
     c_files = [cache / unit_file_name(stem, i) for i in range(len(sources))]
-    shared_paths = [cache / f'{SHARED_OBJECT_NAME}_{_build_plan("object", [str(s)], SHARED_OBJECT_NAME, compiler, opt, native)[3][:16]}.o'
-                    for s in shared]
+    shared_paths = [cache / f'{SHARED_OBJECT_NAME}_{_shared_key(s, compiler, opt, native)[:16]}.o' for s in shared]
 
     def link(output_path, inputs):  # libraries after the inputs: --as-needed linkers drop earlier ones
         if kind == 'object':
@@ -437,6 +436,11 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_m
                            objects=[path.name for path in shared_paths], build_seconds=seconds)
     build_cache.evict(cache, size_limit, keep=(stem,))
     return result(cached=False, seconds=seconds, peak_rss=peak_rss)
+
+
+def _shared_key(source, compiler, opt, native):
+    """The cache key of a shared source's object (what _shared_object builds)."""
+    return _build_plan('object', [str(source)], SHARED_OBJECT_NAME, compiler, opt, native)[3]
 
 
 def _shared_object(source, compiler, opt, native, cache, timeout, measure_memory):

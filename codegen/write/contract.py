@@ -43,8 +43,8 @@ class Module:
         lines = [f'#define MODULE_NAME_STR "{self.name}"', f"#define MODULE_INIT PyInit_{self.name}",
                  self.optimizer.c_defines()]
         if self.initial_params is not None:
-            lines += ["#define HAVE_INITIAL_PARAMS 1",
-                      "static const double INITIAL_PARAMS[] = {" + ", ".join(map(c_literal, self.initial_params)) + "};"]
+            values = ", ".join(map(c_literal, self.initial_params))
+            lines += ["#define HAVE_INITIAL_PARAMS 1", f"static const double INITIAL_PARAMS[] = {{{values}}};"]
         return "\n".join(lines)
 
 
