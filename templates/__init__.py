@@ -4,7 +4,9 @@ self-contained: the cache keys it by its text, and the C kept beside a build is 
 `fill(name, KEY=value, ...)` is that text with its placeholders `@KEY@` replaced: the one way the
 generated C gets into a template.
 
-    module.c    the training-step module: state, exported functions, lifecycle
+    model.c     a model's own unit: the generated graph, its descriptor MODEL, PyInit_<name>
+    model.h     the contract: the descriptor the runtime reads (sizes, slots, tables, functions)
+    runtime.c   the module runtime, the same for every model: state, exported functions, lifecycle
     args.c      CPython argument checking (counts, numbers, buffers), shared with jit.c
     threads.c   the module's lock, the GIL and signal checks
     samples.c   train()/predict()'s rows: checking X and Y, loading one sample
@@ -28,6 +30,12 @@ from importlib import resources
 
 _INCLUDE = re.compile(r"^/\*@INCLUDE ([\w./-]+)@\*/$", re.MULTILINE)
 _PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")
+
+
+class SharedSource(str):
+    """A C source that many builds share word for word (runtime.c, the module runtime): a
+    toolchain that compiles units apart may compile it once per compiler and flags and keep the
+    object (codegen/backend/toolchain.py); any other treats it as one more unit."""
 
 
 def read(name: str) -> str:

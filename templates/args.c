@@ -1,4 +1,4 @@
-/* CPython argument checking for the generated modules (templates/module.c, templates/jit.c):
+/* CPython argument checking for the generated modules (templates/runtime.c, templates/jit.c):
  * counts, keywords, numbers and buffers, each failure a TypeError or ValueError naming the
  * function and the argument. On failure a buffer already obtained is released. */
 static int check_nargs(const char *fn, Py_ssize_t nargs, Py_ssize_t lo, Py_ssize_t hi)

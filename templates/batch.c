@@ -1,13 +1,9 @@
 /* train() and predict() over whole batches: the batched program's (codegen/lower/batch.py) functions
- * (codegen/write/emit.py's _batched_functions: forward_outputs_batch, forward_rest_batch,
- * backward_batch) on the batch buffers, where slot s of a sample b sits at s's batched slot + b
+ * (MODEL's forward_outputs_batch, forward_rest_batch, backward_batch: codegen/write/emit.py's
+ * _batched_functions) on the batch buffers, where slot s of a sample b sits at s's batched slot + b
  * (batch innermost) and the parameters at 0..N_PARAMS as in d. The parameters are copied in
  * before a pass and, after training, out again; every other state (the optimizer's, the
  * step-by-step API's) stays the module's. */
-#ifndef HAVE_BATCH
-#error "HAVE_BATCH must be defined (codegen/write/emit.py's _batch_layout)"
-#endif
-#if HAVE_BATCH
 
 /* The batch buffers, made on first use (their size is BATCH_CAPACITY times the one-sample
  * program's), zeroed, 64-byte aligned, the constants written. 0, or -1 with MemoryError set. */
@@ -16,7 +12,7 @@ static int batch_buffers(State *st)
     if (st->bd)
         return 0;
     /* after d's slots, the inputs' row lists (int32, codegen/write/statements.py's scan_batch_rows) */
-    const size_t bytes = (size_t)N_BATCH_SLOTS * sizeof(real) + BATCH_LIST_WORDS * 4;
+    const size_t bytes = (size_t)MODEL.n_batch_slots * sizeof(real) + MODEL.batch_list_words * 4;
     void *d = NULL, *g = NULL;
     if (posix_memalign(&d, 64, bytes ? bytes : 64) != 0 || posix_memalign(&g, 64, bytes ? bytes : 64) != 0) {
         free(d);
@@ -25,7 +21,7 @@ static int batch_buffers(State *st)
     }
     memset(d, 0, bytes);
     memset(g, 0, bytes);
-    init_batch_constants((real *)d);
+    MODEL.init_batch_constants((real *)d);
     st->bd = (real *)d;
     st->bg = (real *)g;
     return 0;
@@ -52,7 +48,7 @@ typedef struct {
 #define LOAD_COLUMNS(type)                                                                         \
     for (long k = first; k < last; k++) {                                                          \
         const type *x = (const type *)s->x.buf + k;                                                \
-        real *restrict to = a->in + k * BATCH_CAPACITY;                                            \
+        real *restrict to = a->in + k * MODEL.batch_capacity;                                      \
         for (long b = 0; b < a->nb; b++)                                                           \
             to[b] = (real)(x[a->rows[b] * s->n_x] * s->scale);                                     \
     }
@@ -75,21 +71,21 @@ static void load_columns(void *args, long first, long last)
 static void load_batch(const Samples *s, const Py_ssize_t *rows, long nb, const real *restrict inputs,
                        real *restrict bd)
 {
-    real *in = bd + BATCH_INPUT_BASE;
+    real *in = bd + MODEL.batch_input_base;
     LoadArgs args = {s, rows, nb, in};
     if (s->n_x * nb < BATCH_PARALLEL_MIN)
         load_columns(&args, 0, s->n_x);
     else
         parallel_rows(load_columns, &args, s->n_x, 16);
-    for (Py_ssize_t k = s->n_x; k < N_INPUTS; k++) {
-        real *restrict to = in + k * BATCH_CAPACITY;
+    for (Py_ssize_t k = s->n_x; k < MODEL.n_inputs; k++) {
+        real *restrict to = in + k * MODEL.batch_capacity;
         for (long b = 0; b < nb; b++)
             to[b] = s->have_y && !s->y_is_labels ? (real)read_float(&s->y, rows[b] * s->n_y + (k - s->n_x))
                   : s->have_y ? 0 : inputs[k];
     }
     if (s->have_y && s->y_is_labels)
         for (long b = 0; b < nb; b++)
-            in[(s->n_x + read_int(&s->y, rows[b])) * BATCH_CAPACITY + b] = 1;
+            in[(s->n_x + read_int(&s->y, rows[b])) * MODEL.batch_capacity + b] = 1;
 }
 
 /* The per-sample gradients (all but the parameters') of the first nb samples back to 0, on the
@@ -102,17 +98,17 @@ typedef struct {
 static void clear_slots(void *args, long first, long last)
 {
     const ClearArgs *a = (const ClearArgs *)args;
-    real *from = a->g + N_PARAMS + first * BATCH_CAPACITY;
-    if (a->nb == BATCH_CAPACITY)
-        memset(from, 0, (size_t)(last - first) * BATCH_CAPACITY * sizeof(real));
+    real *from = a->g + MODEL.n_params + first * MODEL.batch_capacity;
+    if (a->nb == MODEL.batch_capacity)
+        memset(from, 0, (size_t)(last - first) * MODEL.batch_capacity * sizeof(real));
     else
         for (long slot = first; slot < last; slot++)
-            memset(from + (slot - first) * BATCH_CAPACITY, 0, (size_t)a->nb * sizeof(real));
+            memset(from + (slot - first) * MODEL.batch_capacity, 0, (size_t)a->nb * sizeof(real));
 }
 
 static void clear_batch_gradients(real *g, long nb)
 {
-    const long slots = (BATCH_CONSTANTS_BASE - N_PARAMS) / BATCH_CAPACITY;
+    const long slots = (MODEL.batch_constants_base - MODEL.n_params) / MODEL.batch_capacity;
     ClearArgs args = {g, nb};
     if (slots * nb < BATCH_PARALLEL_MIN)
         clear_slots(&args, 0, slots);
@@ -139,17 +135,17 @@ static void sgd_rows(void *args, long first, long last)
     /* the runs ascend; the last, (N_PARAMS, 0), closes the last gap. The first run that ends
      * after `first`, by bisection: a layer's runs are its neurons (hundreds), and each chunk of
      * the step would walk past those before it. */
-    int lo = 0, hi = N_BATCH_STEPPED_RUNS;
+    int lo = 0, hi = MODEL.n_batch_stepped_runs;
     while (lo < hi) {
         const int mid = (lo + hi) / 2;
-        if (BATCH_STEPPED_RUNS[mid][0] + BATCH_STEPPED_RUNS[mid][1] <= first)
+        if (MODEL.batch_stepped_runs[mid][0] + MODEL.batch_stepped_runs[mid][1] <= first)
             lo = mid + 1;
         else
             hi = mid;
     }
     long at = first;
-    for (int r = lo; r <= N_BATCH_STEPPED_RUNS && at < last; r++) {
-        const long run = BATCH_STEPPED_RUNS[r][0], end = run + BATCH_STEPPED_RUNS[r][1];
+    for (int r = lo; r <= MODEL.n_batch_stepped_runs && at < last; r++) {
+        const long run = MODEL.batch_stepped_runs[r][0], end = run + MODEL.batch_stepped_runs[r][1];
         const long gap_end = run < last ? run : last;
         if (gap_end > at)
             sgd_step(a->d + at, a->g + at, a->rate, gap_end - at);
@@ -166,22 +162,22 @@ static real sgd_rate(double lr, long long n)
 
 static void step_after_batch(State *st, real *d, real *g, double lr, long long n, int stepped)
 {
-    if (!PLAIN_SGD) {
+    if (!MODEL.optimizer.plain_sgd) {
         batch_step(st, d, g, lr, n);
         return;
     }
     SgdArgs args = {d, g, sgd_rate(lr, n), stepped};
-    if (N_PARAMS < 65536)
-        sgd_rows(&args, 0, N_PARAMS);
+    if (MODEL.n_params < 65536)
+        sgd_rows(&args, 0, MODEL.n_params);
     else
-        parallel_rows(sgd_rows, &args, N_PARAMS, 4096);
+        parallel_rows(sgd_rows, &args, MODEL.n_params, 4096);
 }
 
 /* Whether backward_batch can take train()'s SGD steps on the weights of BATCH_STEPPED_RUNS (see
  * matmul_nt): plain SGD, and batches of one piece (train() starts from zero gradients). */
 static int backward_steps(long long batch)
 {
-    return PLAIN_SGD && N_BATCH_STEPPED_RUNS > 0 && batch <= BATCH_CAPACITY;
+    return MODEL.optimizer.plain_sgd && MODEL.n_batch_stepped_runs > 0 && batch <= MODEL.batch_capacity;
 }
 
 /* The rows order[0..count) forward and backward in pieces of at most BATCH_CAPACITY samples on the
@@ -192,19 +188,19 @@ static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *o
                                 double *loss_sum, real rate)
 {
     real *d = st->bd, *g = st->bg;
-    for (Py_ssize_t first = 0; first < count; first += BATCH_CAPACITY) {
-        const long nb = count - first < BATCH_CAPACITY ? (long)(count - first) : BATCH_CAPACITY;
-        load_batch(s, order + first, nb, st->d + INPUT_BASE, d);
-        scan_batch_rows(d, nb);
-        forward_outputs_batch(d, nb);
-        forward_rest_batch(d, nb);
+    for (Py_ssize_t first = 0; first < count; first += MODEL.batch_capacity) {
+        const long nb = count - first < MODEL.batch_capacity ? (long)(count - first) : MODEL.batch_capacity;
+        load_batch(s, order + first, nb, st->d + MODEL.input_base, d);
+        MODEL.scan_batch_rows(d, nb);
+        MODEL.forward_outputs_batch(d, nb);
+        MODEL.forward_rest_batch(d, nb);
         for (long b = 0; b < nb; b++)
-            *loss_sum += d[BATCH_LOSS_SLOT + b];
+            *loss_sum += d[MODEL.batch_loss_slot + b];
         /* every sample's loss has gradient 1; the other per-sample gradients restart from 0 */
         clear_batch_gradients(g, nb);
         for (long b = 0; b < nb; b++)
-            g[BATCH_LOSS_SLOT + b] = 1;
-        backward_batch(d, g, nb, rate);
+            g[MODEL.batch_loss_slot + b] = 1;
+        MODEL.backward_batch(d, g, nb, rate);
     }
 }
 
@@ -216,8 +212,8 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, d
     real *d = st->bd, *g = st->bg;
     double next_check = now_ms() + SIGNAL_CHECK_MS;
     int interrupted = 0;
-    memcpy(d, st->d, N_PARAMS * sizeof(real));
-    memcpy(g, st->g, N_PARAMS * sizeof(real));
+    memcpy(d, st->d, MODEL.n_params * sizeof(real));
+    memcpy(g, st->g, MODEL.n_params * sizeof(real));
     const int stepping = backward_steps(batch);
     pool_hold(1);
     for (Py_ssize_t i = 0; i < s->n && !interrupted;) {
@@ -229,8 +225,8 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, d
         i = end;
     }
     pool_hold(0);
-    memcpy(st->d, d, N_PARAMS * sizeof(real));
-    memcpy(st->g, g, N_PARAMS * sizeof(real));
+    memcpy(st->d, d, MODEL.n_params * sizeof(real));
+    memcpy(st->g, g, MODEL.n_params * sizeof(real));
     return interrupted;
 }
 
@@ -240,18 +236,18 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, d
  * program addresses the parameters inside its own buffers). */
 static void gradient_batches(State *st, const Samples *s, double *loss_sum)
 {
-    Py_ssize_t rows[BATCH_CAPACITY];
-    memcpy(st->bd, st->d, N_PARAMS * sizeof(real));
-    memcpy(st->bg, st->g, N_PARAMS * sizeof(real));
+    Py_ssize_t rows[MODEL.batch_capacity];
+    memcpy(st->bd, st->d, MODEL.n_params * sizeof(real));
+    memcpy(st->bg, st->g, MODEL.n_params * sizeof(real));
     pool_hold(1);
-    for (Py_ssize_t first = 0; first < s->n; first += BATCH_CAPACITY) {
-        const Py_ssize_t count = s->n - first < BATCH_CAPACITY ? s->n - first : BATCH_CAPACITY;
+    for (Py_ssize_t first = 0; first < s->n; first += MODEL.batch_capacity) {
+        const Py_ssize_t count = s->n - first < MODEL.batch_capacity ? s->n - first : MODEL.batch_capacity;
         for (Py_ssize_t b = 0; b < count; b++)
             rows[b] = first + b;
         add_batch_gradients(st, s, rows, count, loss_sum, 0);
     }
     pool_hold(0);
-    memcpy(st->g, st->bg, N_PARAMS * sizeof(real));
+    memcpy(st->g, st->bg, MODEL.n_params * sizeof(real));
 }
 
 /* predict_rows over pieces of BATCH_CAPACITY rows. */
@@ -259,42 +255,22 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, PyTh
 {
     real *d = st->bd;
     double next_check = now_ms() + SIGNAL_CHECK_MS;
-    Py_ssize_t rows[BATCH_CAPACITY];
+    Py_ssize_t rows[MODEL.batch_capacity];
     int interrupted = 0;
-    memcpy(d, st->d, N_PARAMS * sizeof(real));
+    memcpy(d, st->d, MODEL.n_params * sizeof(real));
     pool_hold(1);
-    for (Py_ssize_t first = 0; first < s->n && !interrupted; first += BATCH_CAPACITY) {
-        const long nb = s->n - first < BATCH_CAPACITY ? (long)(s->n - first) : BATCH_CAPACITY;
+    for (Py_ssize_t first = 0; first < s->n && !interrupted; first += MODEL.batch_capacity) {
+        const long nb = s->n - first < MODEL.batch_capacity ? (long)(s->n - first) : MODEL.batch_capacity;
         for (long b = 0; b < nb; b++)
             rows[b] = first + b;
-        load_batch(s, rows, nb, st->d + INPUT_BASE, d);
-        scan_batch_rows(d, nb);
-        forward_outputs_batch(d, nb);
+        load_batch(s, rows, nb, st->d + MODEL.input_base, d);
+        MODEL.scan_batch_rows(d, nb);
+        MODEL.forward_outputs_batch(d, nb);
         for (long b = 0; b < nb; b++)
-            for (int j = 0; j < N_OUTPUTS; j++)
-                out[(first + b) * N_OUTPUTS + j] = d[BATCH_OUTPUT_SLOTS[j] + b];
+            for (int j = 0; j < MODEL.n_outputs; j++)
+                out[(first + b) * MODEL.n_outputs + j] = d[MODEL.batch_output_slots[j] + b];
         interrupted = interrupted_now(&next_check, save);
     }
     pool_hold(0);
     return interrupted;
 }
-
-#else /* no batched form: train() and predict() run sample by sample, and never call these */
-static void free_batch_buffers(State *st) { (void)st; }
-static int batch_buffers(State *st) { (void)st; return 0; }
-static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, double lr, long long batch,
-                         double *loss_sum, PyThreadState **save)
-{
-    (void)st, (void)s, (void)order, (void)lr, (void)batch, (void)loss_sum, (void)save;
-    return 0;
-}
-static int predict_batches(State *st, const Samples *s, real *restrict out, PyThreadState **save)
-{
-    (void)st, (void)s, (void)out, (void)save;
-    return 0;
-}
-static void gradient_batches(State *st, const Samples *s, double *loss_sum)
-{
-    (void)st, (void)s, (void)loss_sum;
-}
-#endif

@@ -1,19 +1,19 @@
 /* The training and prediction loops over the generated functions (forward_outputs, forward_rest,
  * backward_body, backward_sgd_body) and the optimizer (templates/optim.c): plain C on the module's
- * State, run without the GIL by train() and predict() (templates/module.c), which check the
+ * State, run without the GIL by train() and predict() (templates/runtime.c), which check the
  * arguments and hold the buffers and the lock. */
 /* The output's gradient is 1; every other non-parameter gradient restarts from 0, while
  * parameter gradients accumulate until zero_grad(), as in micrograd. */
 static void seed_gradients(real *restrict g)
 {
-    memset(g + N_PARAMS, 0, (size_t)(N_SLOTS - N_PARAMS) * sizeof(real));
-    g[LOSS_SLOT] = 1.0;
+    memset(g + MODEL.n_params, 0, (size_t)(MODEL.n_slots - MODEL.n_params) * sizeof(real));
+    g[MODEL.loss_slot] = 1.0;
 }
 
 static void backward_all(real *restrict d, real *restrict g)
 {
     seed_gradients(g);
-    backward_body(d, g);
+    MODEL.backward_body(d, g);
 }
 
 /* train()'s step after a batch of n samples, on the parameters and gradients d, g (the module's,
@@ -22,12 +22,12 @@ static void backward_all(real *restrict d, real *restrict g)
  * for the next batch. */
 static void batch_step(State *s, real *restrict d, real *restrict g, double lr, long long n)
 {
-    if (PLAIN_SGD) {
-        sgd_step(d, g, lr / (double)n, N_PARAMS);
+    if (MODEL.optimizer.plain_sgd) {
+        sgd_step(d, g, lr / (double)n, MODEL.n_params);
         return;
     }
     if (n > 1)
-        for (long i = 0; i < N_PARAMS; i++)
+        for (long i = 0; i < MODEL.n_params; i++)
             g[i] /= (double)n;
     optimizer_step(d, g, s->opt_m, s->opt_v, s->opt_step, lr, 1);
 }
@@ -35,11 +35,11 @@ static void batch_step(State *s, real *restrict d, real *restrict g, double lr, 
 /* The sample `row` of s into the input slots of d, forward; returns its loss. */
 static double forward_sample(const Samples *s, Py_ssize_t row, real *restrict d)
 {
-    load_sample(s, row, d + INPUT_BASE);
-    scan_nonzeros(d);
-    forward_outputs(d);
-    forward_rest(d);
-    return d[LOSS_SLOT];
+    load_sample(s, row, d + MODEL.input_base);
+    MODEL.scan_nonzeros(d);
+    MODEL.forward_outputs(d);
+    MODEL.forward_rest(d);
+    return d[MODEL.loss_slot];
 }
 
 /* One pass of train() over the rows in `order` (the samples s, loaded one at a time), without the
@@ -54,10 +54,10 @@ static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, doub
     Py_ssize_t in_batch = 0;
     for (Py_ssize_t i = 0; i < s->n; i++) {
         *loss_sum += forward_sample(s, order[i], d);
-        if (SGD_IN_BACKWARD && PLAIN_SGD && batch == 1) {
+        if (MODEL.sgd_in_backward && MODEL.optimizer.plain_sgd && batch == 1) {
             seed_gradients(g);
-            backward_sgd_body(d, g, lr);
-            sgd_after_backward(d, g, lr);
+            MODEL.backward_sgd_body(d, g, lr);
+            MODEL.sgd_after_backward(d, g, lr);
         } else {
             backward_all(d, g);
             if (++in_batch == batch) { /* the mean gradient of the minibatch */
@@ -90,11 +90,11 @@ static int predict_rows(State *st, const Samples *s, real *restrict out, PyThrea
     real *d = st->d;
     double next_check = now_ms() + SIGNAL_CHECK_MS;
     for (Py_ssize_t i = 0; i < s->n; i++) {
-        load_sample(s, i, d + INPUT_BASE);
-        scan_nonzeros(d);
-        forward_outputs(d);
-        for (int j = 0; j < N_OUTPUTS; j++)
-            out[i * N_OUTPUTS + j] = d[OUTPUT_SLOTS[j]];
+        load_sample(s, i, d + MODEL.input_base);
+        MODEL.scan_nonzeros(d);
+        MODEL.forward_outputs(d);
+        for (int j = 0; j < MODEL.n_outputs; j++)
+            out[i * MODEL.n_outputs + j] = d[MODEL.output_slots[j]];
         if (interrupted_at(i, &next_check, save))
             return 1;
     }

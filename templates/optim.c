@@ -1,62 +1,77 @@
 /* ---- optimizer steps ----------------------------------------------------------------------- */
 /* One optimizer step over the parameter block, PyTorch's formulas in PyTorch's order of
- * operations (torch.optim.SGD with dampening 0, Adam, AdamW). codegen/write/optim.py chose the rule:
- * OPTIMIZER (0 SGD, 1 SGD with momentum, 2 Adam/AdamW) and its hyperparameters are #defines, so
- * the compiler folds away every branch that does not apply. `m` and `v` are the optimizer's
- * per-parameter state (momentum buffer; exp_avg and exp_avg_sq), `step` Adam's step count. */
+ * operations (torch.optim.SGD with dampening 0, Adam, AdamW). The model's descriptor holds the
+ * rule (MODEL.optimizer: kind 0 SGD, 1 SGD with momentum, 2 Adam/AdamW, codegen/write/optim.py)
+ * and its hyperparameters; every combination of the switches that change a loop's operations
+ * (weight decay or not, Nesterov, AdamW's decoupled decay, zeroing the gradients) is compiled
+ * here as its own loop, chosen once per step, so that no loop tests them per parameter and the
+ * module runtime serves every optimizer. `m` and `v` are the optimizer's per-parameter state
+ * (momentum buffer; exp_avg and exp_avg_sq), `step` Adam's step count. */
+#if defined(__GNUC__) && !defined(__TINYC__)
+#define SPECIALISED __attribute__((always_inline)) inline
+#else
+#define SPECIALISED inline
+#endif
 /* Adam's update of one parameter (p, its gradient g, moments m and v): written once, used on
- * reals and on vectors of reals. The scalars are cast to real, so that float32 modules compute
- * in float (and vector arithmetic takes them). */
-#define ADAM_ELEMENT(SQRT, p, g, m, v)                                       \
-    do {                                                                     \
-        if (DECOUPLED_DECAY)                                                 \
-            p = p * decay;                                                   \
-        if (weight < 0.5)                                                    \
-            m = m + weight * (ADAM_GRAD(p, g) - m);                          \
-        else                                                                 \
-            m = ADAM_GRAD(p, g) - (ADAM_GRAD(p, g) - m) * (real)(1.0 - weight); \
-        v = v * (real)BETA2 + ((real)(1.0 - BETA2) * ADAM_GRAD(p, g)) * ADAM_GRAD(p, g); \
-        p = p + (-step_size * m) / (SQRT(v) * inv_correction2_sqrt + (real)EPS); \
+ * reals and on vectors of reals. DECOUPLED (AdamW) decays p; L2 (Adam with weight decay) adds
+ * to the gradient. The scalars are reals (k below), so that float32 modules compute in float
+ * (and vector arithmetic takes them). */
+#define ADAM_ELEMENT(SQRT, DECOUPLED, L2, p, g, m, v)                                           \
+    do {                                                                                         \
+        if (DECOUPLED)                                                                           \
+            p = p * k.decay;                                                                     \
+        if (k.weight < 0.5)                                                                      \
+            m = m + k.weight * (ADAM_GRAD(L2, p, g) - m);                                        \
+        else                                                                                     \
+            m = ADAM_GRAD(L2, p, g) - (ADAM_GRAD(L2, p, g) - m) * k.rest1;                       \
+        v = v * k.beta2 + (k.rest2 * ADAM_GRAD(L2, p, g)) * ADAM_GRAD(L2, p, g);                 \
+        p = p + (-k.step_size * m) / (SQRT(v) * k.inv_correction2_sqrt + k.eps);                 \
     } while (0)
-/* Adam's L2 weight decay adds to the gradient (AdamW's decays p instead) */
-#define ADAM_GRAD(p, g) (DECOUPLED_DECAY || WEIGHT_DECAY == 0.0 ? (g) : (g) + (real)WEIGHT_DECAY * (p))
+#define ADAM_GRAD(L2, p, g) (L2 ? (g) + k.weight_decay * (p) : (g))
+
+/* A step's scalars, as reals: step_size = lr / (1 - beta1^t), 1 / sqrt(1 - beta2^t), AdamW's
+ * 1 - lr * weight_decay, torch's lerp weight 1 - beta1 and its 1 - weight, beta2 and 1 - beta2,
+ * eps, weight_decay. */
+typedef struct {
+    real step_size, inv_correction2_sqrt, decay, weight, rest1, beta2, rest2, eps, weight_decay;
+} AdamScalars;
 
 /* Adam's pass over the parameters in vectors of `vec_t` (its square root SQRT, one per lane:
  * the C library's sqrt would set errno and serialise the loop); returns how many parameters it
- * stepped, whole vectors from the first (the rest are done one by one). A function per vector width, chosen when the
- * step runs (adam_vectors below), so that a build without -march=native still gets the widest
- * vectors the CPU has: this AMD EPYC's divider, which bounds the pass, does a 512-bit vector in
- * about the time of a 256-bit one (the pass over MNIST's 39,760 parameters: 31 us -> 16 us). */
-typedef struct {
-    real step_size, inv_correction2_sqrt, decay, weight;
-} AdamScalars;
-#if OPTIMIZER == 2 && defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__) /* GCC, Clang */
+ * stepped, whole vectors from the first (the rest are done one by one). A function per vector
+ * width and kind of decay, chosen when the step runs (adam_vectors below), so that a build
+ * without -march=native still gets the widest vectors the CPU has: this AMD EPYC's divider,
+ * which bounds the pass, does a 512-bit vector in about the time of a 256-bit one (the pass over
+ * MNIST's 39,760 parameters: 31 us -> 16 us). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__) /* GCC, Clang */
 #define ADAM_VECTOR_PASSES 1
 #include <immintrin.h>
-#define ADAM_PASS(name, attributes, vec_t, SQRT)                                                   \
+#define ADAM_PASS(name, attributes, vec_t, SQRT, DECOUPLED, L2)                                    \
     static attributes long name(real *restrict p, real *restrict g, real *restrict m,              \
-                                real *restrict v, AdamScalars k, int clear)                        \
+                                real *restrict v, long n, AdamScalars k, int clear)                \
     {                                                                                              \
-        const real step_size = k.step_size, inv_correction2_sqrt = k.inv_correction2_sqrt,         \
-                   decay = k.decay, weight = k.weight;                                             \
         const long lanes = (long)(sizeof(vec_t) / sizeof(real));                                   \
         long i = 0;                                                                                \
-        for (; i + lanes <= N_PARAMS; i += lanes) {                                                \
+        for (; i + lanes <= n; i += lanes) {                                                       \
             vec_t P, G, M, V;                                                                      \
             memcpy(&P, p + i, sizeof P);                                                           \
             memcpy(&G, g + i, sizeof G);                                                           \
             memcpy(&M, m + i, sizeof M);                                                           \
             memcpy(&V, v + i, sizeof V);                                                           \
-            ADAM_ELEMENT(SQRT, P, G, M, V);                                                        \
+            ADAM_ELEMENT(SQRT, DECOUPLED, L2, P, G, M, V);                                         \
             memcpy(p + i, &P, sizeof P);                                                           \
             memcpy(m + i, &M, sizeof M);                                                           \
             memcpy(v + i, &V, sizeof V);                                                           \
             if (clear)                                                                             \
                 memset(g + i, 0, sizeof G);                                                        \
         }                                                                                          \
-        (void)decay;                                                                               \
         return i;                                                                                  \
     }
+/* one width's three passes: no weight decay, Adam's L2, AdamW's decoupled decay */
+#define ADAM_PASSES(name, attributes, vec_t, SQRT)                                                 \
+    ADAM_PASS(name##_plain, attributes, vec_t, SQRT, 0, 0)                                         \
+    ADAM_PASS(name##_l2, attributes, vec_t, SQRT, 0, 1)                                            \
+    ADAM_PASS(name##_decoupled, attributes, vec_t, SQRT, 1, 0)
 typedef real vec16 __attribute__((vector_size(16)));
 typedef real vec32 __attribute__((vector_size(32)));
 typedef real vec64 __attribute__((vector_size(64)));
@@ -69,24 +84,28 @@ typedef real vec64 __attribute__((vector_size(64)));
 #define SQRT32(x) ((vec32)_mm256_sqrt_pd((__m256d)(x)))
 #define SQRT64(x) ((vec64)_mm512_sqrt_pd((__m512d)(x)))
 #endif
-ADAM_PASS(adam_pass_sse2, , vec16, SQRT16)
-ADAM_PASS(adam_pass_avx, __attribute__((target("avx"))), vec32, SQRT32)
-ADAM_PASS(adam_pass_avx512, __attribute__((target("avx512f"))), vec64, SQRT64)
+ADAM_PASSES(adam_pass_sse2, , vec16, SQRT16)
+ADAM_PASSES(adam_pass_avx, __attribute__((target("avx"))), vec32, SQRT32)
+ADAM_PASSES(adam_pass_avx512, __attribute__((target("avx512f"))), vec64, SQRT64)
+#define ADAM_WIDTH(name, decoupled, l2)                                                            \
+    ((decoupled) ? name##_decoupled(p, g, m, v, n, k, clear)                                       \
+     : (l2) ? name##_l2(p, g, m, v, n, k, clear) : name##_plain(p, g, m, v, n, k, clear))
 #endif
 
-static long adam_vectors(real *p, real *g, real *m, real *v, AdamScalars k, int clear)
+static long adam_vectors(real *p, real *g, real *m, real *v, long n, AdamScalars k, int clear, int decoupled,
+                         int l2)
 {
 #ifdef ADAM_VECTOR_PASSES
 #ifndef ADAM_VECTOR_BYTES /* the widest the CPU has (tests/test_optim.py sets it, to hold each pass) */
 #define ADAM_VECTOR_BYTES (__builtin_cpu_supports("avx512f") ? 64 : __builtin_cpu_supports("avx") ? 32 : 16)
 #endif
     switch (ADAM_VECTOR_BYTES) {
-    case 64: return adam_pass_avx512(p, g, m, v, k, clear);
-    case 32: return adam_pass_avx(p, g, m, v, k, clear);
-    default: return adam_pass_sse2(p, g, m, v, k, clear);
+    case 64: return ADAM_WIDTH(adam_pass_avx512, decoupled, l2);
+    case 32: return ADAM_WIDTH(adam_pass_avx, decoupled, l2);
+    default: return ADAM_WIDTH(adam_pass_sse2, decoupled, l2);
     }
-#else /* TCC, other CPUs (or no Adam): the parameters one by one */
-    (void)p, (void)g, (void)m, (void)v, (void)k, (void)clear;
+#else /* TCC, other CPUs: the parameters one by one */
+    (void)p, (void)g, (void)m, (void)v, (void)n, (void)k, (void)clear, (void)decoupled, (void)l2;
     return 0;
 #endif
 }
@@ -122,51 +141,90 @@ static void restore_fp_mode(unsigned int mode)
 #endif
 }
 
+/* The loops of one kind of step, each specialised by its callers' constants (DECAY: weight decay
+ * added to the gradient; CLEAR: the gradients zeroed in the same pass, train()'s next batch
+ * starting from zero). */
+static SPECIALISED void sgd_loop(real *restrict p, real *restrict g, long n, real rate, real weight_decay,
+                                 const int DECAY, const int CLEAR)
+{
+    for (long i = 0; i < n; i++) {
+        real grad = DECAY ? g[i] + weight_decay * p[i] : g[i];
+        p[i] = p[i] + -rate * grad;
+        if (CLEAR)
+            g[i] = 0;
+    }
+}
+
+/* PyTorch starts the buffer as a copy of the first gradient: momentum * 0 + grad is that. */
+static SPECIALISED void momentum_loop(real *restrict p, real *restrict g, real *restrict m, long n, real rate,
+                                      real weight_decay, real momentum, const int DECAY, const int NESTEROV,
+                                      const int CLEAR)
+{
+    for (long i = 0; i < n; i++) {
+        real grad = DECAY ? g[i] + weight_decay * p[i] : g[i];
+        m[i] = m[i] * momentum + grad;
+        grad = NESTEROV ? grad + momentum * m[i] : m[i];
+        p[i] = p[i] + -rate * grad;
+        if (CLEAR)
+            g[i] = 0;
+    }
+}
+
+/* Adam's parameters from `first` one by one (after the vector passes) */
+static SPECIALISED void adam_loop(real *restrict p, real *restrict g, real *restrict m, real *restrict v, long first,
+                                  long n, AdamScalars k, const int DECOUPLED, const int L2, const int CLEAR)
+{
+    for (long i = first; i < n; i++) {
+        ADAM_ELEMENT(real_sqrt, DECOUPLED, L2, p[i], g[i], m[i], v[i]);
+        if (CLEAR)
+            g[i] = 0;
+    }
+}
+
 /* With `clear` the step also zeroes the gradients, in the same pass (train(): the next batch
  * starts from zero). It is a constant at each call, so the step is compiled once each way. */
-#if defined(__GNUC__) && !defined(__TINYC__)
-#define SPECIALISED __attribute__((always_inline)) inline
-#else
-#define SPECIALISED inline
-#endif
 static SPECIALISED void optimizer_step(real *restrict p, real *restrict g, real *restrict m,
-                                       real *restrict v, real *step, double lr, int clear)
+                                       real *restrict v, real *step, double lr, const int clear)
 {
-    const real rate = (real)lr;
-    const unsigned int fp_mode = OPTIMIZER != 0 ? flush_subnormals() : 0;
-    if (OPTIMIZER == 0) {
-        for (long i = 0; i < N_PARAMS; i++) {
-            real grad = WEIGHT_DECAY != 0.0 ? g[i] + (real)WEIGHT_DECAY * p[i] : g[i];
-            p[i] = p[i] + -rate * grad;
-            if (clear)
-                g[i] = 0;
-        }
-    } else if (OPTIMIZER == 1) {
-        /* PyTorch starts the buffer as a copy of the first gradient: momentum * 0 + grad is that. */
-        for (long i = 0; i < N_PARAMS; i++) {
-            real grad = WEIGHT_DECAY != 0.0 ? g[i] + (real)WEIGHT_DECAY * p[i] : g[i];
-            m[i] = m[i] * (real)MOMENTUM + grad;
-            grad = NESTEROV ? grad + (real)MOMENTUM * m[i] : m[i];
-            p[i] = p[i] + -rate * grad;
-            if (clear)
-                g[i] = 0;
-        }
+    const ModelOptimizer *o = &MODEL.optimizer;
+    const long n = MODEL.n_params;
+    const real rate = (real)lr, weight_decay = (real)o->weight_decay;
+    const int decay = o->weight_decay != 0.0;
+    const unsigned int fp_mode = o->kind != 0 ? flush_subnormals() : 0;
+    if (o->kind == 0) {
+        if (decay)
+            sgd_loop(p, g, n, rate, weight_decay, 1, clear);
+        else
+            sgd_loop(p, g, n, rate, weight_decay, 0, clear);
+    } else if (o->kind == 1) {
+        const real momentum = (real)o->momentum;
+        if (decay && o->nesterov)
+            momentum_loop(p, g, m, n, rate, weight_decay, momentum, 1, 1, clear);
+        else if (decay)
+            momentum_loop(p, g, m, n, rate, weight_decay, momentum, 1, 0, clear);
+        else if (o->nesterov)
+            momentum_loop(p, g, m, n, rate, weight_decay, momentum, 0, 1, clear);
+        else
+            momentum_loop(p, g, m, n, rate, weight_decay, momentum, 0, 0, clear);
     } else {
         double t = *step += 1;
-        const real step_size = (real)(lr / (1.0 - pow(BETA1, t)));
         /* PyTorch divides by sqrt(1 - beta2^t); multiplying by its reciprocal is at most an ulp
          * away and spares a division per parameter, which is what bounds this loop. */
-        const real inv_correction2_sqrt = (real)(1.0 / sqrt(1.0 - pow(BETA2, t)));
-        const real decay = (real)(1.0 - lr * WEIGHT_DECAY); /* AdamW's decoupled decay */
-        const real weight = (real)(1.0 - BETA1);            /* torch's lerp(m, grad, 1 - beta1) */
-        const AdamScalars k = {step_size, inv_correction2_sqrt, decay, weight};
-        long i = adam_vectors(p, g, m, v, k, clear);
-        for (; i < N_PARAMS; i++) {
-            ADAM_ELEMENT(real_sqrt, p[i], g[i], m[i], v[i]);
-            if (clear)
-                g[i] = 0;
-        }
+        const real weight = (real)(1.0 - o->beta1); /* torch's lerp(m, grad, 1 - beta1) */
+        const AdamScalars k = {
+            (real)(lr / (1.0 - pow(o->beta1, t))), (real)(1.0 / sqrt(1.0 - pow(o->beta2, t))),
+            (real)(1.0 - lr * o->weight_decay), /* AdamW's decoupled decay */
+            weight, (real)(1.0 - weight), (real)o->beta2, (real)(1.0 - o->beta2), (real)o->eps, weight_decay,
+        };
+        const int decoupled = o->decoupled_decay, l2 = !o->decoupled_decay && decay;
+        long i = adam_vectors(p, g, m, v, n, k, clear, decoupled, l2);
+        if (decoupled)
+            adam_loop(p, g, m, v, i, n, k, 1, 0, clear);
+        else if (l2)
+            adam_loop(p, g, m, v, i, n, k, 0, 1, clear);
+        else
+            adam_loop(p, g, m, v, i, n, k, 0, 0, clear);
     }
-    if (OPTIMIZER != 0)
+    if (o->kind != 0)
         restore_fp_mode(fp_mode);
 }

@@ -1,5 +1,5 @@
 /* What every generated C file starts with: the op table's primitives and the kernels that
- * fused dot products call. Spliced into templates/module.c and into each extra unit. */
+ * fused dot products call. Spliced into templates/model.c, templates/runtime.c and each extra unit. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -13,7 +13,10 @@
 #error "REAL_IS_FLOAT must be defined before templates/prelude.c (codegen/write/dtypes.py's define)"
 #endif
 #ifndef HAVE_THREAD_POOL
-#error "HAVE_THREAD_POOL must be defined before templates/prelude.c (codegen/write/emit.py's _render)"
+#error "HAVE_THREAD_POOL must be defined before templates/prelude.c (codegen/write/emit.py's _prelude)"
+#endif
+#ifndef RUNTIME_PRODUCTS /* where the matrix products are defined (templates/kernels/gemm.c): 0 here, static */
+#define RUNTIME_PRODUCTS 0
 #endif
 #if REAL_IS_FLOAT
 typedef float real;
@@ -42,11 +45,13 @@ typedef double real;
 #define SHARED __attribute__((visibility("hidden")))
 #define CHUNK __attribute__((noinline, visibility("hidden")))
 #define KERNEL __attribute__((noinline, aligned(64))) static
+#define SHARED_KERNEL __attribute__((noinline, aligned(64), visibility("hidden"))) /* (a module's runtime's) */
 #define EPILOGUE __attribute__((unused)) static /* (defined in every unit, called in some) */
 #else
 #define SHARED
 #define CHUNK
 #define KERNEL static
+#define SHARED_KERNEL
 #define EPILOGUE static
 #endif
 

@@ -17,19 +17,15 @@ static void release_samples(Samples *s)
         PyBuffer_Release(&s->y);
 }
 
-/* Index inputs (codegen/write/emit.py's _index_inputs: {input position, n} for each input a gather
+/* Index inputs (MODEL.index_inputs, codegen/write/contract.py's Layout: {input position, n} for each input a gather
  * reads as its index) must hold an integer from -n to n - 1, as Python's indexing takes: checked
  * before any forward reads them, so that no gather reads outside the values it picks among. */
-#ifndef N_INDEX_INPUTS
-#define N_INDEX_INPUTS 0
-static const long INDEX_INPUTS[1][2] = {{0, 0}};
-#endif
 
 /* 0 if input k of INDEX_INPUTS holds x (the module's rounding of it) well; else IndexError (row < 0:
  * no row to name) and -1. */
 static int check_index(const char *fn, int k, double x, Py_ssize_t row)
 {
-    long position = INDEX_INPUTS[k][0], n = INDEX_INPUTS[k][1];
+    long position = MODEL.index_inputs[k][0], n = MODEL.index_inputs[k][1];
     x = (double)(real)x;
     if (x == floor(x) && x >= (double)-n && x < (double)n)
         return 0;
@@ -45,8 +41,8 @@ static int check_index(const char *fn, int k, double x, Py_ssize_t row)
 /* The index inputs of the slots `in` (what set_input or the `inputs` view left there) */
 static int check_index_slots(const char *fn, const real *in)
 {
-    for (int k = 0; k < N_INDEX_INPUTS; k++)
-        if (check_index(fn, k, (double)in[INDEX_INPUTS[k][0]], -1) < 0)
+    for (int k = 0; k < MODEL.n_index_inputs; k++)
+        if (check_index(fn, k, (double)in[MODEL.index_inputs[k][0]], -1) < 0)
             return -1;
     return 0;
 }
@@ -54,9 +50,9 @@ static int check_index_slots(const char *fn, const real *in)
 /* The index inputs of every row of train()'s or predict()'s samples, as load_sample will set them */
 static int check_index_samples(const char *fn, const Samples *s)
 {
-    for (Py_ssize_t row = 0; N_INDEX_INPUTS && row < s->n; row++)
-        for (int k = 0; k < N_INDEX_INPUTS; k++) {
-            Py_ssize_t j = INDEX_INPUTS[k][0];
+    for (Py_ssize_t row = 0; MODEL.n_index_inputs && row < s->n; row++)
+        for (int k = 0; k < MODEL.n_index_inputs; k++) {
+            Py_ssize_t j = MODEL.index_inputs[k][0];
             double x;
             if (j < s->n_x)
                 x = (element_type(&s->x) == 'B' ? ((const unsigned char *)s->x.buf)[row * s->n_x + j]
@@ -90,9 +86,9 @@ static int get_samples(const char *fn, PyObject *xobj, PyObject *yobj, double sc
         return -1;
     s->n = s->x.shape[0];
     s->n_x = s->x.shape[1];
-    if (s->n_x > N_INPUTS) {
+    if (s->n_x > MODEL.n_inputs) {
         PyErr_Format(PyExc_ValueError, "%s(): X has %zd columns but the model has only %d inputs", fn,
-                     s->n_x, N_INPUTS);
+                     s->n_x, MODEL.n_inputs);
         PyBuffer_Release(&s->x);
         return -1;
     }
@@ -100,7 +96,7 @@ static int get_samples(const char *fn, PyObject *xobj, PyObject *yobj, double sc
         return -1;
     if (!yobj)
         return checked_samples(fn, s);
-    s->n_y = N_INPUTS - s->n_x;
+    s->n_y = MODEL.n_inputs - s->n_x;
     Py_buffer probe;
     if (PyObject_GetBuffer(yobj, &probe, PyBUF_ND) < 0) {
         PyErr_Clear();
@@ -130,7 +126,7 @@ static int get_samples(const char *fn, PyObject *xobj, PyObject *yobj, double sc
     } else {
         if (s->y.shape[1] != s->n_y) {
             PyErr_Format(PyExc_ValueError, "%s(): Y has %zd columns; with X's %zd columns it must have "
-                         "%zd to fill the model's %d inputs", fn, s->y.shape[1], s->n_x, s->n_y, N_INPUTS);
+                         "%zd to fill the model's %d inputs", fn, s->y.shape[1], s->n_x, s->n_y, MODEL.n_inputs);
             goto fail_y;
         }
         if (check_no_nan(fn, "Y", s->n * s->n_y, &s->y) < 0) {

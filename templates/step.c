@@ -1,4 +1,4 @@
-/* The step-by-step API's gradients (included by templates/module.c after optim.c): zero_grad(),
+/* The step-by-step API's gradients (included by templates/runtime.c after optim.c): zero_grad(),
  * backward() and update() without sweeping every parameter, micrograd's semantics unchanged.
  *
  * With plain SGD, the parameter rows that backward's dots write (and the biases beside them:
@@ -17,20 +17,20 @@
  * zero_grad() zeroes every row, so that the buffer never shows stale values and what is written
  * through it is what update() reads. Other optimizers step every parameter every time: their
  * gradients are always written out (the stamps stay current). */
-#define LAZY_ROWS (PLAIN_SGD && N_TRACKED_ROWS > 0)
+#define LAZY_ROWS (MODEL.optimizer.plain_sgd && MODEL.n_tracked_rows > 0)
 
 /* Every tracked row of this generation is listed for update() */
 static void list_all_rows(State *s)
 {
-    for (long i = 0; i < N_TRACKED_ROWS; i++)
+    for (long i = 0; i < MODEL.n_tracked_rows; i++)
         s->live[i + 1] = (uint32_t)i;
-    s->live[0] = N_TRACKED_ROWS;
+    s->live[0] = MODEL.n_tracked_rows;
 }
 
 /* Every tracked row holds its gradient (after zeroing them all): stamped current. */
 static void stamp_all_rows(State *s)
 {
-    for (long i = 0; i < N_TRACKED_ROWS; i++)
+    for (long i = 0; i < MODEL.n_tracked_rows; i++)
         s->stamp[i] = s->gen;
     list_all_rows(s);
 }
@@ -38,13 +38,13 @@ static void stamp_all_rows(State *s)
 /* Every parameter's gradient 0, written out: the eager zero_grad(), and train()'s start */
 static void zero_all_gradients(State *s)
 {
-    memset(s->g, 0, N_PARAMS * sizeof(real));
+    memset(s->g, 0, MODEL.n_params * sizeof(real));
     stamp_all_rows(s);
 }
 
 static void write_out_rows(State *s, int zero_stale)
 {
-    write_rows(s->g, s->stamp, s->rank1, s->snap, s->gen, zero_stale);
+    MODEL.write_rows(s->g, s->stamp, s->rank1, s->snap, s->gen, zero_stale);
     if (zero_stale) /* every row is now of this generation */
         list_all_rows(s);
 }
@@ -54,8 +54,8 @@ static void zero_gradients(State *s)
     if (LAZY_ROWS && s->grad_exports == 0) {
         s->gen += 2;
         s->live[0] = 0;
-        for (long r = 0; r < N_SWEPT_RUNS; r++)
-            for (long i = SWEPT_RUNS[r][0]; i < SWEPT_RUNS[r][0] + SWEPT_RUNS[r][1]; i++)
+        for (long r = 0; r < MODEL.n_swept_runs; r++)
+            for (long i = MODEL.swept_runs[r][0]; i < MODEL.swept_runs[r][0] + MODEL.swept_runs[r][1]; i++)
                 s->g[i] = 0;
     } else {
         zero_all_gradients(s);
@@ -69,7 +69,7 @@ static void backward_step(State *s)
         write_out_rows(s, 0);
     s->backward_gen = s->gen;
     seed_gradients(s->g);
-    backward_tracked_body(s->d, s->g, s->stamp, s->rank1, s->snap, s->live, s->gen);
+    MODEL.backward_tracked_body(s->d, s->g, s->stamp, s->rank1, s->snap, s->live, s->gen);
 }
 
 static void update_step(State *s, double lr)
@@ -81,9 +81,9 @@ static void update_step(State *s, double lr)
     /* optimizer_step's plain SGD (p + -rate * grad), over the rows of this generation */
     const real rate = (real)lr;
     real *restrict d = s->d, *restrict g = s->g;
-    sgd_live_rows(d, g, s->stamp, s->rank1, s->snap, s->live, s->gen, rate);
-    for (long r = 0; r < N_SWEPT_RUNS; r++)
-        for (long i = SWEPT_RUNS[r][0]; i < SWEPT_RUNS[r][0] + SWEPT_RUNS[r][1]; i++)
+    MODEL.sgd_live_rows(d, g, s->stamp, s->rank1, s->snap, s->live, s->gen, rate);
+    for (long r = 0; r < MODEL.n_swept_runs; r++)
+        for (long i = MODEL.swept_runs[r][0]; i < MODEL.swept_runs[r][0] + MODEL.swept_runs[r][1]; i++)
             d[i] = d[i] + -rate * g[i];
 }
 
@@ -91,10 +91,10 @@ static void update_step(State *s, double lr)
  * and is listed. */
 static int alloc_tracked_rows(State *s)
 {
-    s->stamp = PyMem_Calloc(N_TRACKED_ROWS + 1, sizeof(uint64_t));
-    s->live = PyMem_Calloc(N_TRACKED_ROWS + 1, sizeof(uint32_t));
-    s->rank1 = PyMem_Calloc(N_TRACKED_ROWS + N_SNAPSHOT + 1, sizeof(real));
-    s->snap = s->rank1 ? s->rank1 + N_TRACKED_ROWS : NULL;
+    s->stamp = PyMem_Calloc(MODEL.n_tracked_rows + 1, sizeof(uint64_t));
+    s->live = PyMem_Calloc(MODEL.n_tracked_rows + 1, sizeof(uint32_t));
+    s->rank1 = PyMem_Calloc(MODEL.n_tracked_rows + MODEL.n_snapshot + 1, sizeof(real));
+    s->snap = s->rank1 ? s->rank1 + MODEL.n_tracked_rows : NULL;
     s->gen = 0;
     s->backward_gen = (uint64_t)-1;
     if (s->stamp && s->rank1 && s->live) {
@@ -128,7 +128,7 @@ typedef struct {
 
 static int grad_getbuffer(PyObject *self, Py_buffer *view, int flags)
 {
-    static Py_ssize_t shape[1] = {N_SLOTS}, strides[1] = {sizeof(real)};
+    static Py_ssize_t shape[1], strides[1] = {sizeof(real)};
     PyObject *module = ((GradBuffer *)self)->module;
     if (!module) {
         PyErr_SetString(PyExc_ValueError, "grad: the module is gone");
@@ -143,11 +143,12 @@ static int grad_getbuffer(PyObject *self, Py_buffer *view, int flags)
     Py_INCREF(self);
     view->obj = self;
     view->buf = s->g;
-    view->len = N_SLOTS * (Py_ssize_t)sizeof(real);
+    view->len = MODEL.n_slots * (Py_ssize_t)sizeof(real);
     view->readonly = 0;
     view->itemsize = sizeof(real);
     view->format = flags & PyBUF_FORMAT ? REAL_FORMAT : NULL;
     view->ndim = 1;
+    shape[0] = MODEL.n_slots;
     view->shape = shape;
     view->strides = strides;
     view->suboffsets = NULL;
@@ -205,7 +206,7 @@ static int grad_ass_subscript(PyObject *self, PyObject *key, PyObject *value)
 static Py_ssize_t grad_length(PyObject *self)
 {
     (void)self;
-    return N_SLOTS;
+    return MODEL.n_slots;
 }
 
 static PyObject *grad_iter(PyObject *self)
@@ -246,7 +247,7 @@ static PyObject *grad_repr(PyObject *self)
 {
     (void)self;
     return PyUnicode_FromFormat("<grad of %s: %d %s gradients, one per slot; numpy.asarray(grad) "
-                                "to see them>", MODULE_NAME_STR, (int)N_SLOTS, REAL_FORMAT[0] == 'f' ? "float32" : "float64");
+                                "to see them>", MODEL.name, (int)MODEL.n_slots, REAL_FORMAT[0] == 'f' ? "float32" : "float64");
 }
 
 /* A heap type, made per module (and holding it), not a static one: a static type readied from
@@ -273,13 +274,14 @@ static PyType_Slot grad_slots[] = {
 #ifndef Py_TPFLAGS_DISALLOW_INSTANTIATION /* Python < 3.10 */
 #define Py_TPFLAGS_DISALLOW_INSTANTIATION 0
 #endif
-static PyType_Spec grad_spec = {MODULE_NAME_STR ".GradBuffer", sizeof(GradBuffer), 0,
+static PyType_Spec grad_spec = {NULL /* MODEL.grad_type_name, set by add_grad */, sizeof(GradBuffer), 0,
                                 Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION,
                                 grad_slots};
 
 /* module.grad */
 static int add_grad(PyObject *module)
 {
+    grad_spec.name = MODEL.grad_type_name;
     PyTypeObject *type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &grad_spec, NULL);
     GradBuffer *grad = type ? PyObject_GC_New(GradBuffer, type) : NULL; /* holds its type */
     Py_XDECREF(type);

@@ -1,4 +1,4 @@
-/* The module's lock and the GIL (included by templates/module.c after its State).
+/* The module's lock and the GIL (included by templates/runtime.c after its State).
  * Every function touching d and g holds the module's lock, so two threads using one module take
  * turns (no torn state), while different modules run in parallel: train(), predict() and the
  * passes over big graphs release the GIL. Deadlock rule: never wait for the lock while holding the
@@ -31,7 +31,7 @@ static void unlock_state(State *s)
 }
 
 /* One forward or backward pass over a graph this big is worth releasing the GIL for. */
-#define BIG_GRAPH (N_SLOTS >= 16384)
+#define BIG_GRAPH (MODEL.n_slots >= 16384)
 #define WITHOUT_GIL_IF(condition, statement)                                                     \
     do {                                                                                         \
         if (condition) {                                                                         \

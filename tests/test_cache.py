@@ -117,6 +117,55 @@ def test_the_loader_refuses_a_damaged_entry_instead_of_crashing(tmp_path):
         codegen.backend.loader.load_extension(so_path, "nn")
 
 
+# ---- the module runtime: one cached object that every optimising build links -------------------
+
+def compile_gcc(directory, hidden):
+    loss, xs, params = tiny_model(hidden)
+    return codegen.compile(loss, xs, params, compiler="gcc", cache=directory)
+
+
+def runtime_objects(directory):
+    return sorted(directory.glob(f"{toolchain.SHARED_OBJECT_NAME}_*.o"))
+
+
+@pytest.mark.requires("gcc")
+def test_models_share_one_runtime_object(tmp_path):
+    """The runtime (templates/runtime.c) is compiled by the first build and linked by the next."""
+    first = compile_gcc(tmp_path, 4)
+    (runtime,) = runtime_objects(tmp_path)
+    built = runtime.stat().st_mtime_ns
+    second = compile_gcc(tmp_path, 5)
+    assert runtime_objects(tmp_path) == [runtime] and runtime.stat().st_mtime_ns == built
+    assert str(runtime) in first.build.command and str(runtime) in second.build.command
+    assert cache.read_record(second.build.path)["objects"] == [runtime.name]
+    assert first.forward() == expected_forward(4) and second.forward() == expected_forward(5)
+
+
+@pytest.mark.requires("gcc")
+@pytest.mark.parametrize("damage", ["truncate", "flip", "missing"])
+def test_a_damaged_or_missing_runtime_object_is_rebuilt(tmp_path, damage):
+    compile_gcc(tmp_path, 4)
+    (runtime,) = runtime_objects(tmp_path)
+    data = bytearray(runtime.read_bytes())
+    if damage == "truncate":
+        runtime.write_bytes(data[:1000])
+    elif damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+        runtime.write_bytes(data)
+    else:
+        runtime.unlink()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        net = compile_gcc(tmp_path, 5)
+    messages = [str(w.message) for w in caught if issubclass(w.category, cache.CacheWarning)]
+    if damage == "missing":
+        assert messages == []
+    else:
+        assert len(messages) == 1 and runtime.name in messages[0] and "damaged" in messages[0], messages
+    assert not net.build.cached and net.forward() == expected_forward(5)
+    assert cache.open_entry(runtime)[0] == cache.VALID
+
+
 @pytest.mark.parametrize("leftover", ["c files only", "temporary .so", "so without record", "record without so",
                                       "stale lock file"])
 def test_an_interrupted_build_leaves_nothing_that_loads_wrongly(tmp_path, leftover):

@@ -134,6 +134,6 @@ def test_programs_split_into_several_units(compiler):
     y = x
     for i in range(20_000):
         y = y * p + 0.25 if i % 2 else (y * 0.5).tanh()
-    assert len(codegen.generate(y, [x], [p], fuse=False)) > 1
+    assert len(codegen.generate(y, [x], [p], fuse=False)) > 2  # the model's, then the module runtime
     net = codegen.compile(y, [x], [p], compiler="libtcc", fuse=False)
     assert net.forward() == y.data

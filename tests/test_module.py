@@ -150,8 +150,8 @@ def test_templates_fill_every_placeholder():
     """templates.fill is the one way generated C gets into a template: a placeholder left without a
     value is an error, not C that fails to compile."""
     import templates
-    with pytest.raises(KeyError, match="module.c: no value for @GRAPH@"):
-        templates.fill("module.c", CONSTANTS="")
+    with pytest.raises(KeyError, match="model.c: no value for @GRAPH@"):
+        templates.fill("model.c", CONSTANTS="")
     header = templates.fill("export/frozen.h", NAME="m", UPPER="M", GUARD="M_H", N_INPUTS=1, N_OUTPUTS=2, N_SLOTS=3,
                             UNUSED="values a template does not use are left out")
     assert "@" not in header and "int m_predict(const double *in, double *out);" in header
@@ -164,13 +164,16 @@ def test_generated_sources_are_self_contained():
     from codegen import jit
 
     g = small_classifier(seed=3)
-    module = codegen.generate(g[4], g[1] + g[2], g[0].parameters(), g[3])[0]
+    sources = codegen.generate(g[4], g[1] + g[2], g[0].parameters(), g[3])
+    runtime = sources[-1]  # the module runtime, the same for every model
+    assert isinstance(runtime, templates.SharedSource) and not any(isinstance(s, templates.SharedSource)
+                                                                   for s in sources[:-1])
     jitted = jit.jit_source(codegen.lower.ir.lower(g[4], g[1] + g[2], g[0].parameters(), g[3]))
-    for source, included in ((module, ["threads.c", "optim.c", "args.c", "samples.c", "driver.c"]),
-                             (jitted, ["args.c"])):
+    for source, included in ((runtime, ["threads.c", "optim.c", "args.c", "samples.c", "driver.c", "step.c"]),
+                             (sources[0], ["model.h"]), (jitted, ["args.c"])):
         assert "@INCLUDE" not in source
         for name in included:
-            first_function = next(line for line in templates.read(name).splitlines() if line.startswith("static"))
+            first_function = next(line for line in templates.read(name).splitlines() if line.startswith(("static", "SHARED")))
             assert source.count(first_function) == 1, (name, first_function)
 
 

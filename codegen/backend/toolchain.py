@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import templates
+
 from . import libtcc, loader
 from .builds import (BuildResult, CompileError, CompilerNotFound, CompileTimeout, ToolchainError,  # noqa: F401
                      multiarch_triplet)
@@ -354,8 +356,8 @@ def index_by_structure(key: str, build: BuildResult, cache: pathlib.Path | None 
 
 def _build_plan(kind, sources, name, compiler, opt, native):
     """(sources as a list, Compiler, flags, cache key), the arguments checked."""
-    if kind not in ('extension', 'library'):
-        raise ValueError(f"kind must be 'extension' or 'library', not {kind!r}")
+    if kind not in ('extension', 'library', 'object'):
+        raise ValueError(f"kind must be 'extension', 'library' or 'object', not {kind!r}")
     check_identifier(name)
     sources = [sources] if isinstance(sources, str) else list(sources)
     if not isinstance(compiler, Compiler):
@@ -364,7 +366,7 @@ def _build_plan(kind, sources, name, compiler, opt, native):
         raise ValueError(f'{compiler.family} builds into memory only, not a file: name a compiler '
                          f'({", ".join(COMPILER_NAMES)}), or use codegen.compile')
     flags = compile_flags(compiler, opt, native)
-    if kind == 'extension':
+    if kind in ('extension', 'object'):  # (an object is a part of an extension: the module runtime)
         flags.append('-I' + sysconfig.get_paths()['include'])
     key = hashlib.sha256(json.dumps([
         kind, name, sources, compiler.family, compiler.argv, compiler.link_args, compiler.version, flags,
@@ -389,10 +391,18 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_m
     size_limit = build_cache.max_bytes()  # a malformed $MICROGRAD_C_CACHE_MAX_MB fails before building
     # A new path for every key: re-importing a rebuilt .so at the same path returns the old module.
     stem = f'{name}_{key[:16]}'
-    output = cache / (stem + (ext_suffix if kind == 'extension' else '.so'))
+    output = cache / (stem + {'extension': ext_suffix, 'library': '.so', 'object': '.o'}[kind])
+    # The sources many builds share (the module runtime) are compiled once into cached objects
+    # by the compilers that compile units apart, and linked; for the others they are units.
+    shared = [s for s in sources if isinstance(s, templates.SharedSource)] \
+        if kind == 'extension' and FAMILIES[compiler.family].parallel_units else []
+    sources = [s for s in sources if not any(s is t for t in shared)]
     c_files = [cache / unit_file_name(stem, i) for i in range(len(sources))]
+    shared_paths = [cache / f'{SHARED_OBJECT_NAME}_{_shared_key(s, compiler, opt, native)[:16]}.o' for s in shared]
 
     def link(output_path, inputs):  # libraries after the inputs: --as-needed linkers drop earlier ones
+        if kind == 'object':
+            return [*compiler.argv, *flags, '-c', *map(str, inputs), '-o', str(output_path)]
         return [*compiler.argv, *flags, *map(str, inputs), '-o', str(output_path), '-lm', *compiler.link_args]
 
     def look_up():  # the entry, checked against its record (see codegen/backend/cache.py)
@@ -403,7 +413,8 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_m
 
     def result(cached, seconds=0.0, peak_rss=None):
         return BuildResult(output, cached=cached, seconds=seconds, peak_rss=peak_rss,
-                           command=tuple(link(output, c_files)), source=c_files[0], c_files=tuple(c_files), key=key)
+                           command=tuple(link(output, [*c_files, *shared_paths])), source=c_files[0],
+                           c_files=tuple(c_files), key=key)
 
     if look_up()[0] == build_cache.VALID:
         return result(cached=True)
@@ -417,27 +428,50 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_m
             warnings.warn(f'build cache entry {output} is damaged ({why}); removing and rebuilding it',
                           build_cache.CacheWarning, stacklevel=4)
         build_cache.remove_entry(output)
-        seconds, peak_rss = _compile(compiler, flags, link, sources, c_files, cache, output, timeout, measure_memory)
+        seconds, peak_rss = _compile(compiler, flags, link, sources, c_files, cache, output, timeout, measure_memory,
+                                     (lambda: [_shared_object(s, compiler, opt, native, cache, timeout, measure_memory)
+                                               for s in shared]) if shared else None)
         build_cache.commit(output, kind=kind, name=name, compiler=compiler.family,
                            compiler_version=compiler.version, flags=flags, sources=[c.name for c in c_files],
-                           build_seconds=seconds)
+                           objects=[path.name for path in shared_paths], build_seconds=seconds)
     build_cache.evict(cache, size_limit, keep=(stem,))
     return result(cached=False, seconds=seconds, peak_rss=peak_rss)
 
 
+def _shared_key(source, compiler, opt, native):
+    """The cache key of a shared source's object (what _shared_object builds)."""
+    return _build_plan('object', [str(source)], SHARED_OBJECT_NAME, compiler, opt, native)[3]
+
+
+def _shared_object(source, compiler, opt, native, cache, timeout, measure_memory):
+    """The cached object of a shared source (templates.SharedSource: the module runtime), built if
+    missing, rebuilt with a CacheWarning if damaged: (its BuildResult, a descriptor holding its
+    shared lock, which keeps it from eviction until the build that links it closes it)."""
+    from . import cache as build_cache
+    for _ in range(8):  # each retry follows an eviction between the build and the lock
+        build = _build('object', [str(source)], SHARED_OBJECT_NAME, compiler, opt, native, cache, timeout,
+                       measure_memory)
+        status, _, fd = build_cache.open_entry(build.path)
+        if status == build_cache.VALID:
+            return build, fd
+    raise ToolchainError(f'the module runtime object {build.path} keeps changing under this build')
+
+
 def _compile(compiler, flags, link, sources, c_files, cache, output, timeout,
-             measure_memory) -> tuple[float, int | None]:
-    """Write the C files and build `output` from them: wall seconds and the compiler's peak RSS
-    (None unless measure_memory)."""
+             measure_memory, shared=None) -> tuple[float, int | None]:
+    """Write the C files and build `output` from them, and from the objects shared() gives
+    ((BuildResult, descriptor holding it) pairs: built alongside the units, linked in, let go
+    after): wall seconds and the compiler's peak RSS (None unless measure_memory)."""
     # Write and compile into temporary files, then rename: concurrent readers never see partial files.
     for c_file, text in zip(c_files, sources):
         write_atomically(c_file, text)
     temp_output = _temp_file(cache, output.name)
-    parallel = len(c_files) > 1 and FAMILIES[compiler.family].parallel_units
+    parallel = (len(c_files) > 1 or shared is not None) and FAMILIES[compiler.family].parallel_units
     # (objects end in .o: zig cc hands a file of another ending to a system linker, which a bare machine lacks)
     objects = [_temp_file(cache, c.name, suffix='.o') for c in c_files] if parallel else []
     start = time.perf_counter()
     owner = getattr(_owner, 'value', None)  # (read here: the pool's threads have their own)
+    held = []  # the shared objects' (build, descriptor)
 
     def remaining():
         return None if timeout is None else max(0.0, start + timeout - time.perf_counter())
@@ -446,15 +480,25 @@ def _compile(compiler, flags, link, sources, c_files, cache, output, timeout,
         return _run_compiler([*compiler.argv, *flags, '-c', str(c_file), '-o', str(obj)], remaining(), measure_memory,
                              owner)
 
+    def build_shared():
+        with build_owner(owner):
+            held.extend(shared())
+        return 0.0, max([b.peak_rss or 0 for b, _ in held], default=0) if measure_memory else None
+
     try:
         if not parallel:  # one compiler process for all the units
             seconds, peak_rss = _run_compiler(link(temp_output, c_files), remaining(), measure_memory, owner)
         else:  # several units: compile them on every core, then link; the time is the wall clock's
             with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+                # the shared objects (a cold module runtime) build beside the units
+                waiting = pool.submit(build_shared) if shared is not None else None
                 runs = list(pool.map(compile_unit, c_files, objects))
-            runs.append(_run_compiler(link(temp_output, objects), remaining(), measure_memory, owner))
+                if waiting is not None:
+                    runs.append(waiting.result())
+            linked = [*objects, *(b.path for b, _ in held)]
+            runs.append(_run_compiler(link(temp_output, linked), remaining(), measure_memory, owner))
             seconds = time.perf_counter() - start
-            peak_rss = max(peak for _, peak in runs) if measure_memory else None
+            peak_rss = max(peak or 0 for _, peak in runs) if measure_memory else None
         os.replace(temp_output, output)
     except CompileTimeout:  # report the whole build's limit, not what was left of it
         raise CompileTimeout(link(output, c_files), timeout) from None
@@ -462,7 +506,13 @@ def _compile(compiler, flags, link, sources, c_files, cache, output, timeout,
         for path in [temp_output, *objects]:
             if os.path.exists(path):
                 os.unlink(path)
+        for _, fd in held:
+            os.close(fd)
     return seconds, peak_rss
+
+
+# The cache entries of shared objects (the module runtime) are named runtime_<16 hex>.o
+SHARED_OBJECT_NAME = 'runtime'
 
 
 def unit_file_name(stem: str, index: int) -> str:

@@ -2,15 +2,17 @@
 statements (codegen/write/statements.py, whose loop nests and kernel calls codegen/write/loops.py writes) cut
 into functions of at most `chunk` statements, because optimising compilers slow down
 superlinearly on huge basic blocks, and big programs into several C files that the toolchain
-compiles in parallel; the layout's #defines, the tables, and the templates filled around them
-(templates/module.c, the prelude). Per-op C comes from the op table (micrograd_c/ops.py).
+compiles in parallel; the layout's #defines (codegen/write/contract.py), the tables, and the
+templates filled around them (templates/model.c, the prelude). A module's sources end with the
+module runtime (templates/runtime.c), the same C for every model of a dtype, which the toolchain
+compiles once and keeps. Per-op C comes from the op table (micrograd_c/ops.py).
 """
 
 import dataclasses
 
 import templates
 
-from . import dtypes, optim
+from . import contract, dtypes, optim
 from ..lower import ir
 from .dtypes import c_literal
 from .statements import Emitter
@@ -70,26 +72,34 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
     that read an input range skip its chunks of zeros when most of them are (dense inputs keep
     the dense kernels); batched: the program's codegen.lower.batch.BatchedProgram (train() and
     predict() run whole batches through it), or None."""
-    if not isinstance(module_name, str):
-        raise TypeError(f"module name must be a str, got {type(module_name).__name__}")
-    if not module_name.isidentifier() or not module_name.isascii():
-        raise ValueError(f"module name must be a C identifier, got {module_name!r}")
-    optimizer = optim.check(optimizer)
-    if program.sgd_in_backward and not optimizer.plain_sgd:  # (its backward copies would never run)
+    module = contract.Module(module_name, optim.check(optimizer),
+                             None if initial_params is None else tuple(initial_params))
+    if program.sgd_in_backward and not module.optimizer.plain_sgd:  # (its backward copies would never run)
         program = dataclasses.replace(program, sgd_in_backward=False, sgd_after_backward=[])
+    if initial_params is not None and len(initial_params) != program.n_params:
+        raise ValueError(f"{len(initial_params)} initial parameter values for {program.n_params} parameters")
     graph, extra = _render(program, chunk, unit, dtype, sparse_inputs, batched)
-    constants = "\n".join([
-        f'#define MODULE_NAME_STR "{module_name}"',
-        f"#define MODULE_INIT PyInit_{module_name}",
-        optimizer.c_defines(),
-    ])
-    if initial_params is not None:
-        if len(initial_params) != program.n_params:
-            raise ValueError(f"{len(initial_params)} initial parameter values for {program.n_params} parameters")
-        constants += ("\n#define HAVE_INITIAL_PARAMS 1\nstatic const double INITIAL_PARAMS[] = {"
-                      + ", ".join(map(c_literal, initial_params)) + "};")
-    module = templates.fill("module.c", CONSTANTS=constants, GRAPH=graph)
-    return [module] + extra
+    return [templates.fill("model.c", CONSTANTS=module.render(), GRAPH=graph)] + extra + [runtime_source(dtype)]
+
+
+def runtime_source(dtype=dtypes.DEFAULT.name):
+    """templates/runtime.c for modules of element type `dtype`: the same C for every model, which
+    the toolchain compiles once per compiler and flags (templates.SharedSource)."""
+    return templates.SharedSource(templates.fill("runtime.c", PRELUDE=_prelude(dtypes.lookup(dtype), True,
+                                                                              RUNTIME_DEFINES_PRODUCTS)))
+
+
+# templates/kernels/gemm.c's RUNTIME_PRODUCTS: the matrix products defined in each file (exported
+# and jit C), in the module runtime, or declared in a module's model units and defined there
+STATIC_PRODUCTS, RUNTIME_DEFINES_PRODUCTS, RUNTIME_HAS_PRODUCTS = 0, 2, 1
+
+
+def _prelude(dtype, thread_pool, products=STATIC_PRODUCTS):
+    """What every generated C file starts with: the element type, whether a thread pool runs
+    products (templates/pool.c), where the products are defined, templates/prelude.c."""
+    return (dtype.define + f"\n#define HAVE_THREAD_POOL {int(thread_pool)}\n"
+            + (f"#define RUNTIME_PRODUCTS {products}\n" if products != STATIC_PRODUCTS else "")
+            + templates.read("prelude.c"))
 
 
 def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False):
@@ -141,20 +151,10 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
     units = _units(pieces, unit) if unit else [pieces]
     # modules (sparse_inputs not None) run products on their threads (templates/pool.c)
     thread_pool = sparse_inputs is not None if thread_pool is None else thread_pool
-    prelude = (dtype.define + f"\n#define HAVE_THREAD_POOL {int(thread_pool)}\n"
-               + templates.read("prelude.c"))
-    output_slots = [n.slot for n in program.outputs] or [0]
+    # a module's units (sparse_inputs not None) call the products its runtime defines
+    prelude = _prelude(dtype, thread_pool, STATIC_PRODUCTS if sparse_inputs is None else RUNTIME_HAS_PRODUCTS)
     layout = "\n".join([
-        f"#define N_SLOTS {program.n_slots}",
-        f"#define N_PARAMS {program.n_params}",
-        f"#define N_INPUTS {program.n_inputs}",
-        f"#define INPUT_BASE {program.input_base}",
-        f"#define LOSS_SLOT {program.loss.slot}",
-        f"#define N_OUTPUTS {len(program.outputs)}",
-        f"#define SGD_IN_BACKWARD {int(program.sgd_in_backward)}",
-        f"#define N_CONSTANTS {len(program.constants)}",
-        f"static const long OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
-        *([_index_inputs(program.index_inputs)] if program.index_inputs else []),
+        contract.Layout.of(program).render(),
         _constants(program.constants, dtype),
         _sgd_after_backward(program.sgd_after_backward),
         *([e.scan_nonzeros(), e.step_rows(program.n_params)] if sparse_inputs is not None else []),
@@ -179,15 +179,6 @@ def _constants(constants, dtype, name="init_constants", table="CONSTANT_VALUES")
             f"sizeof {table}); }}")
 
 
-def _index_inputs(index_inputs):
-    """INDEX_INPUTS: the inputs gathers read as an index, {position, how many values}
-    (ir.index_inputs), which templates/samples.c's check_index_slots and check_index_samples
-    read; models without gathers have none and keep their C."""
-    rows = ", ".join(f"{{{position}, {n}}}" for position, n in index_inputs)
-    return (f"#define N_INDEX_INPUTS {len(index_inputs)}\n"
-            f"static const long INDEX_INPUTS[][2] = {{{rows}}};")
-
-
 def _batched_functions(eb):
     """(name, parameters, statements) of the batched program's functions (codegen/lower/batch.py):
     forward_outputs_batch(d, nb), forward_rest_batch(d, nb), backward_batch(d, g, nb, rate) (rate:
@@ -203,32 +194,15 @@ def _batched_functions(eb):
 
 
 def _batch_layout(eb, dtype):
-    """The batched program's layout and row lists (templates/batch.c; eb: its emitter, which
-    emitted its functions), HAVE_BATCH 0 without one."""
+    """The batched program's layout (codegen/write/contract.py's BatchLayout), its constants and
+    row lists (templates/batch.c; eb: its emitter, which emitted its functions), or none."""
     if eb is None:
-        return "#define HAVE_BATCH 0"
-    batched = eb.program
-    output_slots = batched.output_slots or [0]
+        return contract.BatchLayout.render_none()
     return "\n".join([
-        "#define HAVE_BATCH 1",
-        f"#define BATCH_CAPACITY {batched.capacity}",
-        f"#define N_BATCH_SLOTS {batched.n_slots}",
-        f"#define BATCH_INPUT_BASE {batched.input_base}",
-        f"#define BATCH_LOSS_SLOT {batched.loss_slot}",
-        f"#define BATCH_CONSTANTS_BASE {batched.constants_base}",
-        f"static const long BATCH_OUTPUT_SLOTS[] = {{{', '.join(map(str, output_slots))}}};",
-        *_stepped_runs(eb.stepped),
-        _constants(batched.constants, dtype, "init_batch_constants", "BATCH_CONSTANT_VALUES"),
+        contract.BatchLayout.of(eb.program, eb.stepped).render(),
+        _constants(eb.program.constants, dtype, "init_batch_constants", "BATCH_CONSTANT_VALUES"),
         eb.scan_batch_rows(),
     ])
-
-
-def _stepped_runs(runs):
-    """BATCH_STEPPED_RUNS: the runs (first slot, count) of the weights backward_batch steps,
-    ascending, with a (N_PARAMS, 0) after them; N_BATCH_STEPPED_RUNS."""
-    runs = sorted(runs) + [("N_PARAMS", 0)]
-    return [f"#define N_BATCH_STEPPED_RUNS {len(runs) - 1}",
-            "static const long BATCH_STEPPED_RUNS[][2] = {" + ", ".join(f"{{{a}, {n}}}" for a, n in runs) + "};"]
 
 
 def _sgd_after_backward(runs):

@@ -31,7 +31,7 @@ class Optimizer:
         return self.kind == _SGD and self._constants().get("WEIGHT_DECAY", 0.0) == 0
 
     def c_defines(self):
-        """The #defines templates/optim.c and templates/module.c read."""
+        """The #defines templates/model.c puts in the model's descriptor (MODEL.optimizer, templates/model.h)."""
         arrays = [name for name in self.state_names if name != "step"]
         starts = (["0"] if "step" in self.state_names else []) + \
             [f"{_STATE_LINE} + {i} * N_PARAMS" for i in range(len(arrays))]
@@ -41,6 +41,7 @@ class Optimizer:
                  f"#define PLAIN_SGD {int(self.plain_sgd)}",
                  f'#define OPTIMIZER_REPR "{self!r}"',
                  f"#define OPTIMIZER_STATE_ARRAYS {len(arrays)}",
+                 f"#define OPTIMIZER_STATE_VIEWS {len(self.state_names)}",
                  "#define OPTIMIZER_STATE_NAMES " + (", ".join(f'"{n}"' for n in self.state_names) or '""'),
                  f"#define OPTIMIZER_STATE_STARTS {', '.join(starts) or '-1'}"]
         lines += [f"#define {name} {value if isinstance(value, int) else c_literal(value)}"

@@ -29,6 +29,26 @@
 typedef void (*Epilogue)(const real *restrict x, real *restrict y, const real *restrict a, const real *restrict o,
                          long count);
 
+/* A module's products are defined once, in its runtime (templates/runtime.c: RUNTIME_PRODUCTS 2,
+ * compiled once and kept), and only declared in its model's units (1), each of which would
+ * otherwise compile them again (1.75 s of gcc -O2 a unit); exported and jit C (0) defines them
+ * static in its one file. The prototypes are checked against the definitions in the runtime. */
+#if RUNTIME_PRODUCTS
+SHARED void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
+                       const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
+                       long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j);
+SHARED void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
+                       const real *restrict go, long go_j, long J, long S, long K, Epilogue epilogue, real *y,
+                       long y_k, const real *a, long a_k, const real *o, long o_k);
+SHARED void matmul_nt(real *restrict out, long out_j, const real *restrict go, long go_j,
+                      const real *restrict x, long x_k, long J, long K, long S, const int32_t *rows, real *w,
+                      real rate);
+#define PRODUCT SHARED_KERNEL
+#else
+#define PRODUCT KERNEL
+#endif
+#if RUNTIME_PRODUCTS != 1
+
 /* (filled by field name: a field left out is 0) */
 typedef struct {
     real *C;
@@ -351,6 +371,7 @@ static void gemm(const GemmArgs *g, long M)
     else
         parallel_rows(gemm_task, (void *)g, M, gemm_variant()->tile_rows);
 }
+#endif
 
 /* A list of input rows (sparse_inputs: the rows of a batch that hold a nonzero, found by
  * scan_rows): rows[0] of them, at rows[1..], increasing; 0: all K. */
@@ -372,11 +393,12 @@ KERNEL void scan_rows(const real *restrict x, long stride, long nb, long n, int3
     list[0] = count;
 }
 
+#if RUNTIME_PRODUCTS != 1
 /* out[j * out_j + s] = bias[j * bias_j] + sum over k < K of w[j * w_j + k * w_k] * x[k * x_k + s],
  * for j < J and s < S (bias 0: no bias), over the listed k only (rows: see above): a layer's J
  * neurons over a batch of S (x: its K inputs' rows); with an epilogue f (else 0), also
  * y[j * y_j + s] = f(out[j * out_j + s]): the layer's activation. */
-KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
+PRODUCT void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
                        const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
                        long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j)
 {
@@ -393,7 +415,7 @@ KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias
  * epilogue (else 0), the gradient of the activation whose results the inputs are, into
  * y[k * y_k + s], from a[k * a_k + s] and o[k * o_k + s] (see Epilogue). */
 #define GEMM_ACC_LISTED 4096 /* neurons a list is kept for (on the stack); more run dense */
-KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
+PRODUCT void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
                        const real *restrict go, long go_j, long J, long S, long K, Epilogue epilogue, real *y,
                        long y_k, const real *a, long a_k, const real *o, long o_k)
 {
@@ -506,7 +528,7 @@ static void matmul_nt_rows(void *args, long first, long last)
     matmul_nt_part(a, 0, matmul_nt_blocks(a), first, last);
 }
 
-KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, long go_j,
+PRODUCT void matmul_nt(real *restrict out, long out_j, const real *restrict go, long go_j,
                       const real *restrict x, long x_k, long J, long K, long S, const int32_t *rows, real *w,
                       real rate)
 {
@@ -522,3 +544,4 @@ KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, l
     else
         parallel_rows(matmul_nt_rows, &args, J, tile * ((J + tile * threads - 1) / (tile * threads)));
 }
+#endif

@@ -1,7 +1,10 @@
-/* A micrograd-c training-step module. Generated code is spliced in at the @...@ markers by
- * codegen/write/emit.py; everything else is this fixed skeleton. Every slot of the graph lives in
- * d[] (values) and g[] (gradients): parameters first, then inputs, then intermediates. Their
- * element type `real` is double or float (codegen.compile's dtype, templates/prelude.c).
+/* The module runtime: the fixed part of every micrograd-c training-step module (state, the
+ * exported functions, the training driver, the optimizers, the threads, the lifecycle), which
+ * knows a model only through its descriptor MODEL (templates/model.h). The same C for every
+ * model: codegen/write/emit.py's runtime_source puts the element type, then templates/prelude.c,
+ * at its PRELUDE placeholder, and the toolchain compiles it once per compiler and flags into a
+ * cached object that each model's build links (codegen/backend/toolchain.py). Every slot of the graph
+ * lives in d[] (values) and g[] (gradients): parameters first, then inputs, then intermediates.
  * Its INCLUDE markers are replaced by those templates (templates/__init__.py). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -9,10 +12,9 @@
 #include <sched.h>
 #include <time.h>
 
-@CONSTANTS@
+@PRELUDE@
 
-/* ---- the graph: prelude, kernels, layout, generated functions ------------------------- */
-@GRAPH@
+/*@INCLUDE model.h@*/
 
 /*@INCLUDE pool.c@*/
 
@@ -64,8 +66,8 @@ static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *w
     if (check_nargs(fn, nargs, 1, 1) < 0 || get_buffer(fn, what, args[0], &view, 1, "df", 0) < 0 ||
         check_length(fn, what, &view, count) < 0 || check_no_nan(fn, what, count, &view) < 0)
         return NULL;
-    for (int k = 0; offset == INPUT_BASE && k < N_INDEX_INPUTS; k++)
-        if (check_index(fn, k, read_float(&view, INDEX_INPUTS[k][0]), -1) < 0) {
+    for (int k = 0; offset == MODEL.input_base && k < MODEL.n_index_inputs; k++)
+        if (check_index(fn, k, read_float(&view, MODEL.index_inputs[k][0]), -1) < 0) {
             PyBuffer_Release(&view);
             return NULL;
         }
@@ -80,7 +82,7 @@ static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *w
     /* set_input in a loop over the rows of an array gets the next row next: ask for it now, so
      * that it arrives during this step (measured: 5% of the MNIST step loop; a prefetch of an
      * address that is not the next row, or not mapped, costs nothing more than the instruction) */
-    for (Py_ssize_t k = 0; offset == INPUT_BASE && k < view.len && k < 16384; k += 64)
+    for (Py_ssize_t k = 0; offset == MODEL.input_base && k < view.len && k < 16384; k += 64)
         __builtin_prefetch((const char *)view.buf + view.len + k);
 #endif
     if (same_type)
@@ -95,12 +97,12 @@ static PyObject *copy_into_slots(PyObject *module, const char *fn, const char *w
 
 static PyObject *fn_set_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    return copy_into_slots(module, "set_input", "the input", args, nargs, INPUT_BASE, N_INPUTS);
+    return copy_into_slots(module, "set_input", "the input", args, nargs, MODEL.input_base, MODEL.n_inputs);
 }
 
 static PyObject *fn_set_params(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    return copy_into_slots(module, "set_params", "the parameters", args, nargs, 0, N_PARAMS);
+    return copy_into_slots(module, "set_params", "the parameters", args, nargs, 0, MODEL.n_params);
 }
 
 static PyObject *fn_forward(PyObject *module, PyObject *unused)
@@ -109,13 +111,13 @@ static PyObject *fn_forward(PyObject *module, PyObject *unused)
     if (!s)
         return NULL;
     real *d = s->d;
-    if (check_index_slots("forward", d + INPUT_BASE) < 0) { /* (the `inputs` view may have written them) */
+    if (check_index_slots("forward", d + MODEL.input_base) < 0) { /* (the `inputs` view may have written them) */
         unlock_state(s);
         return NULL;
     }
-    scan_nonzeros(d); /* the inputs may have been written through the `inputs` or `data` views */
-    WITHOUT_GIL_IF(BIG_GRAPH, forward_outputs(d); forward_rest(d));
-    double loss = d[LOSS_SLOT];
+    MODEL.scan_nonzeros(d); /* the inputs may have been written through the `inputs` or `data` views */
+    WITHOUT_GIL_IF(BIG_GRAPH, MODEL.forward_outputs(d); MODEL.forward_rest(d));
+    double loss = d[MODEL.loss_slot];
     unlock_state(s);
     return PyFloat_FromDouble(loss);
 }
@@ -125,11 +127,11 @@ static PyObject *fn_backward(PyObject *module, PyObject *unused)
     State *s = lock_state(module, "backward");
     if (!s)
         return NULL;
-    if (check_index_slots("backward", s->d + INPUT_BASE) < 0) {
+    if (check_index_slots("backward", s->d + MODEL.input_base) < 0) {
         unlock_state(s);
         return NULL;
     }
-    scan_nonzeros(s->d);
+    MODEL.scan_nonzeros(s->d);
     WITHOUT_GIL_IF(BIG_GRAPH, backward_step(s));
     unlock_state(s);
     Py_RETURN_NONE;
@@ -162,7 +164,7 @@ static PyObject *fn_update(PyObject *module, PyObject *const *args, Py_ssize_t n
 static PyObject *fn_outputs(PyObject *module, PyObject *unused)
 {
     /* copied under the lock, boxed after it: allocating may run finalizers that use the module */
-    double *values = PyMem_Malloc((N_OUTPUTS ? N_OUTPUTS : 1) * sizeof(double));
+    double *values = PyMem_Malloc((MODEL.n_outputs ? MODEL.n_outputs : 1) * sizeof(double));
     if (!values)
         return PyErr_NoMemory();
     State *s = lock_state(module, "outputs");
@@ -170,11 +172,11 @@ static PyObject *fn_outputs(PyObject *module, PyObject *unused)
         PyMem_Free(values);
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < N_OUTPUTS; i++)
-        values[i] = (double)s->d[OUTPUT_SLOTS[i]];
+    for (Py_ssize_t i = 0; i < MODEL.n_outputs; i++)
+        values[i] = (double)s->d[MODEL.output_slots[i]];
     unlock_state(s);
-    PyObject *out = PyTuple_New(N_OUTPUTS);
-    for (Py_ssize_t i = 0; out && i < N_OUTPUTS; i++) {
+    PyObject *out = PyTuple_New(MODEL.n_outputs);
+    for (Py_ssize_t i = 0; out && i < MODEL.n_outputs; i++) {
         PyObject *v = PyFloat_FromDouble(values[i]);
         if (!v) {
             Py_CLEAR(out);
@@ -228,7 +230,7 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     double loss_sum = 0.0;
     int interrupted;
     /* a batch of several samples runs as one (templates/batch.c), when the program has a batched form */
-    const int batched = HAVE_BATCH && batch > 1 && s.n > 1;
+    const int batched = MODEL.have_batch && batch > 1 && s.n > 1;
     if (batched && batch_buffers(st) < 0) {
         unlock_state(st);
         PyMem_Free(order);
@@ -267,7 +269,7 @@ static PyObject *fn_gradients(PyObject *module, PyObject *const *args, Py_ssize_
     if (get_samples("gradients", a[0], a[1], scale, &s) < 0)
         return NULL;
     State *st = lock_state(module, "gradients");
-    const int batched = HAVE_BATCH && s.n > 1;
+    const int batched = MODEL.have_batch && s.n > 1;
     if (!st || (batched && batch_buffers(st) < 0)) {
         if (st)
             unlock_state(st);
@@ -318,7 +320,7 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
         (a[1] && get_finite("predict", "scale", a[1], &scale) < 0) ||
         get_threads("predict", a[2], &threads) < 0)
         return NULL;
-    if (N_OUTPUTS == 0) {
+    if (MODEL.n_outputs == 0) {
         PyErr_SetString(PyExc_ValueError, "predict(): the model has no outputs to predict; compile it "
                         "with outputs=[...]");
         return NULL;
@@ -330,9 +332,9 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     /* Empty, then resized: when PyByteArray_FromStringAndSize cannot allocate, it frees a half-built
      * bytearray (CPython 3.11 then prints "deallocated bytearray object has exported buffers"). */
     PyObject *bytes = PyByteArray_FromStringAndSize(NULL, 0);
-    if (bytes && (rows > PY_SSIZE_T_MAX / ((N_OUTPUTS ? N_OUTPUTS : 1) * (Py_ssize_t)sizeof(real))
+    if (bytes && (rows > PY_SSIZE_T_MAX / ((MODEL.n_outputs ? MODEL.n_outputs : 1) * (Py_ssize_t)sizeof(real))
                       ? (PyErr_NoMemory(), -1)
-                      : PyByteArray_Resize(bytes, rows * N_OUTPUTS * (Py_ssize_t)sizeof(real))) < 0)
+                      : PyByteArray_Resize(bytes, rows * MODEL.n_outputs * (Py_ssize_t)sizeof(real))) < 0)
         Py_CLEAR(bytes);
     State *st = bytes ? lock_state(module, "predict") : NULL;
     if (!st) {
@@ -342,7 +344,7 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     real *out = (real *)PyByteArray_AS_STRING(bytes);
     int interrupted;
-    const int batched = HAVE_BATCH && s.n > 1;
+    const int batched = MODEL.have_batch && s.n > 1;
     if (batched && batch_buffers(st) < 0) {
         unlock_state(st);
         Py_DECREF(bytes);
@@ -366,7 +368,7 @@ static PyObject *fn_predict(PyObject *module, PyObject *const *args, Py_ssize_t 
     Py_DECREF(bytes);
     if (!view)
         return NULL;
-    PyObject *shaped = PyObject_CallMethod(view, "cast", "s(nn)", REAL_FORMAT, rows, (Py_ssize_t)N_OUTPUTS);
+    PyObject *shaped = PyObject_CallMethod(view, "cast", "s(nn)", REAL_FORMAT, rows, (Py_ssize_t)MODEL.n_outputs);
     Py_DECREF(view);
     if (shaped && n == 0) {
         PyObject *empty = PySequence_GetSlice(shaped, 0, 0);
@@ -479,33 +481,33 @@ static real *aligned_slots(PyObject **owner, Py_ssize_t *first, Py_ssize_t count
 }
 
 /* The optimizer's state, zeroed, in one aligned block: its step count (padded to a cache line),
- * then OPTIMIZER_STATE_ARRAYS arrays of N_PARAMS; `optimizer_state` maps PyTorch's names for
- * them to views, and `optimizer` is the optimizer's description. */
+ * then MODEL.optimizer.state_arrays arrays of n_params; `optimizer_state` maps PyTorch's names
+ * for them to views, and `optimizer` is the optimizer's description. */
 static int add_optimizer_state(PyObject *module, State *s)
 {
-    const Py_ssize_t line = 8, m0 = line, v0 = line + N_PARAMS; /* codegen/write/optim.py's _STATE_LINE */
-    static const char *const names[] = {OPTIMIZER_STATE_NAMES};
-    static const Py_ssize_t starts[] = {OPTIMIZER_STATE_STARTS};
+    const Py_ssize_t line = 8, m0 = line, v0 = line + MODEL.n_params; /* codegen/write/optim.py's _STATE_LINE */
+    const ModelOptimizer *o = &MODEL.optimizer;
     Py_ssize_t first;
-    real *block = aligned_slots(&s->opt_buf, &first, line + OPTIMIZER_STATE_ARRAYS * N_PARAMS);
+    real *block = aligned_slots(&s->opt_buf, &first, line + o->state_arrays * MODEL.n_params);
     if (!block)
         return -1;
     s->opt_step = block;
-    s->opt_m = OPTIMIZER_STATE_ARRAYS > 0 ? block + m0 : NULL;
-    s->opt_v = OPTIMIZER_STATE_ARRAYS > 1 ? block + v0 : NULL;
+    s->opt_m = o->state_arrays > 0 ? block + m0 : NULL;
+    s->opt_v = o->state_arrays > 1 ? block + v0 : NULL;
     PyObject *views = PyDict_New(), *raw = PyMemoryView_FromObject(s->opt_buf);
     PyObject *typed = raw ? PyObject_CallMethod(raw, "cast", "s", REAL_FORMAT) : NULL;
     int status = views && typed ? 0 : -1;
-    for (size_t i = 0; status == 0 && i < sizeof starts / sizeof *starts && starts[i] >= 0; i++) {
-        Py_ssize_t stop = starts[i] ? first + starts[i] + N_PARAMS : first + 1; /* the step count: one value */
-        PyObject *view = PySequence_GetSlice(typed, first + starts[i], stop);
-        status = view ? PyDict_SetItemString(views, names[i], view) : -1;
+    for (int i = 0; status == 0 && i < o->n_state_views; i++) {
+        const Py_ssize_t start = o->state_starts[i];
+        Py_ssize_t stop = start ? first + start + MODEL.n_params : first + 1; /* the step count: one value */
+        PyObject *view = PySequence_GetSlice(typed, first + start, stop);
+        status = view ? PyDict_SetItemString(views, o->state_names[i], view) : -1;
         Py_XDECREF(view);
     }
     Py_XDECREF(raw);
     Py_XDECREF(typed);
     if (status == 0 && PyModule_AddObject(module, "optimizer_state", views) == 0)
-        return PyModule_AddStringConstant(module, "optimizer", OPTIMIZER_REPR);
+        return PyModule_AddStringConstant(module, "optimizer", o->repr);
     Py_XDECREF(views);
     return -1;
 }
@@ -521,26 +523,25 @@ static int module_exec(PyObject *module)
         return -1;
     }
     /* after d's slots, the sparse inputs' nonzero lists (int32, codegen/write/statements.py's scan_nonzeros) */
-    const Py_ssize_t nonzero_reals = (NONZERO_WORDS * 4 + (Py_ssize_t)sizeof(real) - 1) / (Py_ssize_t)sizeof(real);
-    if (!(s->d = aligned_slots(&s->data_buf, &d0, N_SLOTS + nonzero_reals)) || !(s->g = aligned_slots(&s->grad_buf, &g0, N_SLOTS)) ||
-        add_optimizer_state(module, s) < 0)
+    const Py_ssize_t nonzero_reals = (MODEL.nonzero_words * 4 + (Py_ssize_t)sizeof(real) - 1) / (Py_ssize_t)sizeof(real);
+    if (!(s->d = aligned_slots(&s->data_buf, &d0, MODEL.n_slots + nonzero_reals)) ||
+        !(s->g = aligned_slots(&s->grad_buf, &g0, MODEL.n_slots)) || add_optimizer_state(module, s) < 0)
         return -1;
     if (alloc_tracked_rows(s) < 0 || add_grad(module) < 0)
         return -1;
-    init_constants(s->d);
+    MODEL.init_constants(s->d);
     s->threads = available_cores();
-#ifdef HAVE_INITIAL_PARAMS /* the parameters' values when compiled (codegen.compile(embed_params=True)) */
-    for (long i = 0; i < N_PARAMS; i++)
-        s->d[i] = (real)INITIAL_PARAMS[i];
-#endif
-    if (add_view(module, "data", s->data_buf, d0, d0 + N_SLOTS) < 0 ||
-        add_view(module, "params", s->data_buf, d0, d0 + N_PARAMS) < 0 ||
-        add_view(module, "inputs", s->data_buf, d0 + INPUT_BASE, d0 + INPUT_BASE + N_INPUTS) < 0 ||
-        PyModule_AddIntConstant(module, "n_slots", N_SLOTS) < 0 ||
-        PyModule_AddIntConstant(module, "n_params", N_PARAMS) < 0 ||
-        PyModule_AddIntConstant(module, "n_inputs", N_INPUTS) < 0 ||
-        PyModule_AddIntConstant(module, "n_outputs", N_OUTPUTS) < 0 ||
-        PyModule_AddIntConstant(module, "loss_slot", LOSS_SLOT) < 0)
+    /* the parameters' values when compiled (codegen.compile(embed_params=True)) */
+    for (long i = 0; MODEL.initial_params && i < MODEL.n_params; i++)
+        s->d[i] = (real)MODEL.initial_params[i];
+    if (add_view(module, "data", s->data_buf, d0, d0 + MODEL.n_slots) < 0 ||
+        add_view(module, "params", s->data_buf, d0, d0 + MODEL.n_params) < 0 ||
+        add_view(module, "inputs", s->data_buf, d0 + MODEL.input_base, d0 + MODEL.input_base + MODEL.n_inputs) < 0 ||
+        PyModule_AddIntConstant(module, "n_slots", MODEL.n_slots) < 0 ||
+        PyModule_AddIntConstant(module, "n_params", MODEL.n_params) < 0 ||
+        PyModule_AddIntConstant(module, "n_inputs", MODEL.n_inputs) < 0 ||
+        PyModule_AddIntConstant(module, "n_outputs", MODEL.n_outputs) < 0 ||
+        PyModule_AddIntConstant(module, "loss_slot", MODEL.loss_slot) < 0)
         return -1;
     return 0;
 }
@@ -586,10 +587,19 @@ static void module_free(void *module)
 static PyModuleDef_Slot slots[] = {{Py_mod_exec, (void *)module_exec}, {0, NULL}};
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, MODULE_NAME_STR, "A compiled micrograd-c training step.",
+    PyModuleDef_HEAD_INIT, NULL /* MODEL.name, set by runtime_module_init */, "A compiled micrograd-c training step.",
     sizeof(State), methods, slots, module_traverse, module_clear, module_free,
 };
 
 /* The multi-phase init gives each load its own State, so one model compiled twice in one
  * process (one cached .so) still trains as two independent copies. */
-PyMODINIT_FUNC MODULE_INIT(void) { return PyModuleDef_Init(&module_def); }
+SHARED PyObject *runtime_module_init(void)
+{
+    if (MODEL.real_size != (int)sizeof(real)) { /* a runtime of the other dtype: a build error */
+        PyErr_Format(PyExc_ImportError, "%s: the model's element type (%d bytes) is not the module runtime's "
+                     "(%d bytes); rebuild it", MODEL.name, MODEL.real_size, (int)sizeof(real));
+        return NULL;
+    }
+    module_def.m_name = MODEL.name;
+    return PyModuleDef_Init(&module_def);
+}
