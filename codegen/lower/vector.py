@@ -62,6 +62,11 @@ class Parts(int):
     `tri0` = i0 * (i0 - 1) / 2, where Affine.tri's term is read (no division in the loop)."""
 
 
+def is_family(shape):
+    """Whether a loop nest over `shape` is a family's (its outermost extent a Parts)."""
+    return bool(shape) and isinstance(shape[0], Parts)
+
+
 @dataclass(frozen=True)
 class Affine:
     """A slot as a function of the loop indices: base + sum(strides[d] * i[d]) + tri * (i0 *
@@ -108,9 +113,10 @@ class Group:
         return self.members[0]
 
     @property
-    def ragged(self):
-        """Whether a loop's extent grows with the outermost index (a family: see _families)."""
-        return any(isinstance(n, Extent) for n in self.shape)
+    def family(self):
+        """Whether it is a family's loop nest (see _families): extents, strides and lists may
+        grow with its outermost index, so that nothing may take them for a rectangle's."""
+        return is_family(self.shape)
 
 
 @dataclass
@@ -180,7 +186,7 @@ def batch_innermost(groups, moved):
     changed; `layout` and `vectorize` must then run again."""
     changed = False
     for g in groups:
-        if (len(g.shape) < 2 or g.shape[0] < 4 or g.ragged or id(g) in moved
+        if (len(g.shape) < 2 or g.shape[0] < 4 or g.family or id(g) in moved
                 or not _params_constant_along_outer(g)):
             continue
         order = np.arange(len(g.members)).reshape(g.shape)
@@ -294,7 +300,7 @@ def _family(parts):
     read no parameter (whose gradients the optimizers may place elsewhere) and whose lists are
     prefixes of the longest, each needing gradients throughout or not at all."""
     first, m = parts[0], len(parts)
-    if (not first.shape or first.ragged or any(len(p.shape) != len(first.shape) for p in parts)
+    if (not first.shape or first.family or any(len(p.shape) != len(first.shape) for p in parts)
             or any(x.kind == "param" for p in parts for x in p.first.reads())):
         return None
     shape = [Parts(m)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..lower.vector import Extent, Parts
+from ..lower.vector import Extent, Parts, is_family
 from .dtypes import c_literal
 from .kernels import call
 
@@ -48,11 +48,6 @@ def short(*vectors):
     """Whether contiguous lists that grow with the outer loop (a family's) stay short enough for
     the inline loops of templates/prelude.c (dot_short and the like) instead of the kernels."""
     return all(v.length is not None and v.contiguous and v.n <= UNROLL_MAX_CONTIGUOUS for v in vectors)
-
-
-def ragged(shape):
-    """Whether a loop nest has a loop that grows with the outermost index (vector.Extent)."""
-    return any(isinstance(n, Extent) for n in shape)
 
 
 def slot_index(affine, offset=0, grad=False):
@@ -201,7 +196,7 @@ class Matmul:
     @staticmethod
     def fits(shape, wrt, other, out):
         """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
-        return (len(shape) >= 1 and not ragged(shape) and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
+        return (len(shape) >= 1 and not is_family(shape) and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
                 and out.strides[-1] == 1 and wrt.start.strides[-1] == 1 and (len(shape) < 2 or wrt.start.strides[-2] == 0)
                 and other.start.strides[-1] == 0
                 and progression(wrt.offsets) is not None and progression(other.offsets) is not None)
@@ -241,7 +236,7 @@ class WeightGradient:
     @staticmethod
     def fits(shape, wrt, other, out):
         """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
-        return (len(shape) >= 1 and not ragged(shape) and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
+        return (len(shape) >= 1 and not is_family(shape) and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
                 and out.strides[-1] == 1 and wrt.contiguous and wrt.start.strides[-1] == 0 and other.start.strides[-1] == 1
                 and (len(shape) < 2 or other.start.strides[-2] == 0) and progression(other.offsets) is not None)
 
@@ -255,7 +250,7 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
     C function, the Affine of its results) of an activation the kernel applies to each row as it
     finishes it (see fused_activation)."""
     ops, shape = g.operands, g.shape
-    if (g.first.kind != "dot" or not shape or g.ragged or shape[-1] < UNROLL_MAX_CONTIGUOUS // 2 or not ops.a
+    if (g.first.kind != "dot" or not shape or g.family or shape[-1] < UNROLL_MAX_CONTIGUOUS // 2 or not ops.a
             or ops.constants or ops.out.strides[-1] != 1
             or (ops.terms and (len(ops.terms.offsets) != 1 or ops.terms.start.strides[-1] != 0))):
         return None
@@ -318,7 +313,7 @@ def fused_gradient(wrt, shape, h):
 def _activation(h):
     """Whether group h applies a one-argument op to slots (not constants)."""
     return (h.first.kind == "op" and h.first.op.arity == 1 and len(h.operands.args) == 1
-            and hasattr(h.operands.args[0], "base"))
+            and hasattr(h.operands.args[0], "base") and not h.family)
 
 
 def _laid(affine, along, shape):

@@ -237,7 +237,7 @@ class Emitter:
         Else None: over dense inputs a row at a time streams faster (microbenchmark of MNIST's
         first layer, gcc -O3 native: dot() per row 0.85x matvec's time)."""
         ops, shape = g.operands, g.shape
-        if (g.first.kind != "dot" or not shape or g.ragged or shape[-1] < 4 or not ops.a or ops.constants
+        if (g.first.kind != "dot" or not shape or g.family or shape[-1] < 4 or not ops.a or ops.constants
                 or (ops.terms and len(ops.terms.offsets) != 1) or not (ops.a.contiguous and ops.b.contiguous)
                 or unrolled(ops.a, ops.b)):
             return None
