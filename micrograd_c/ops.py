@@ -38,12 +38,9 @@ def _pow(x, y):
     return math.nan if isinstance(result, complex) else result
 
 
-def _divide(x, y):
-    """x / y as C's: +-inf (or nan) where Python raises."""
-    try:
-        return x / y
-    except ZeroDivisionError:
-        return math.nan if x == 0 or math.isnan(x) else math.copysign(math.inf, x) * math.copysign(1.0, y)
+def _reciprocal(x):
+    """1 / x as C's: +-inf for +-0 where Python raises (nan stays nan)."""
+    return 1.0 / x if x != 0 else math.copysign(math.inf, x)
 
 
 def _sqrt(x):
@@ -59,13 +56,13 @@ def _powk(x, k):
     if k == 2:
         return x * x
     if k == -1:
-        return _divide(1.0, x)
+        return _reciprocal(x)
     if k == -2:
-        return _divide(1.0, x * x)
+        return _reciprocal(x * x)
     if k == -0.5:
-        return _divide(1.0, _sqrt(x))
+        return _reciprocal(_sqrt(x))
     if k == -1.5:
-        return _divide(1.0, x * _sqrt(x))
+        return _reciprocal(x * _sqrt(x))
     return _pow(x, k)
 
 

@@ -367,7 +367,7 @@ def _family(parts):
                 return None
             args += [dataclasses.replace(listed.start, base=listed.start.base + o) for o in listed.offsets]
             choices = listed.length
-        if not _same_needs(parts, [(p.first.args[:lead], p.first.args[lead:]) for p in parts], [False, True]):
+        if not _same_needs([(p.first.args[:lead], p.first.args[lead:]) for p in parts], [False, True]):
             return None
         family = Group([m for p in parts for m in p.members], tuple(shape))
         family.operands = Operands(out, tuple(args), choices=choices)
@@ -382,7 +382,7 @@ def _family(parts):
             if v is None:
                 return None
         vectors.append(v)
-    if not _same_needs(parts, [(_terms(p.first, p.operands), p.first.a, p.first.b) for p in parts],
+    if not _same_needs([(_terms(p.first, p.operands), p.first.a, p.first.b) for p in parts],
                        [v is not None and v.length is not None for v in vectors]):
         return None
     family = Group([m for p in parts for m in p.members], tuple(shape))
@@ -403,7 +403,7 @@ def _same_constants(parts, which, depth):
     return Vector(Affine(first[0].slot, (0,) * depth), tuple(x.slot - first[0].slot for x in first))
 
 
-def _same_needs(parts, lists, growing):
+def _same_needs(lists, growing):
     """Whether every part's operands need gradients where the first's do (backward writes them
     all as the first's), a growing list's throughout or nowhere. lists: per part, its operand
     lists; growing: per list, whether it grows."""
