@@ -12,7 +12,7 @@ from micrograd_c.engine import value_count
 
 import templates
 
-from .lower import batch, ir
+from .lower import batch, ir, positions
 from .write import emit, optim
 from .backend import targets
 
@@ -41,6 +41,7 @@ class Explanation:
     batched: str = ""  # whether train() and predict() run whole batches, or why not
     vectors: str = ""  # with target=: what the loops become on that machine (codegen/backend/targets.py)
     straight_line: str = ""  # what the single statements became (functions, backward copies)
+    positions: str = ""  # whether a sequence's loops stop at the sample's length (lower/positions.py), or why not
 
     @property
     def loops(self):
@@ -52,7 +53,8 @@ class Explanation:
         return (f"{self.values:,} Values -> {sum(s.nodes for s in self.steps):,} nodes after fusing sums -> "
                 f"{len(self.steps):,} steps: {len(self.loops):,} loop nests ({covered:,} nodes) and "
                 f"{single:,} single statements; {self.c_lines:,} lines of generated C; {self.straight_line}; "
-                f"{self.batched}" + (f"; {self.vectors}" if self.vectors else ""))
+                f"{self.batched}" + (f"; {self.positions}" if self.positions else "")
+                + (f"; {self.vectors}" if self.vectors else ""))
 
     def __str__(self):
         rows = [f"{'#':>4}  {'computes':<40} {'loop nest':<16} {'nodes':>9}  reads"]
@@ -89,14 +91,19 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
     steps = []
     for i, g in enumerate(program.forward):
         reads = sorted({step_of[id(x)] for node in g.members for x in node.reads() if id(x) in step_of} - {i})
-        steps.append(Step(i, _what(g.first), tuple(g.shape), len(g.members), reads,
+        steps.append(Step(i, _what(g.first), tuple(f"<={int(n)}" if isinstance(n, positions.Bounded) else n
+                                                   for n in g.shape), len(g.members), reads,
                           "outputs" if g.first.for_outputs else "loss"))
     c_lines = len(emit.standalone(program).splitlines()) - len(templates.read("prelude.c").splitlines())
     values = value_count(*outputs, loss)
     batched, why_not = batch.batched_form(program)
     how = (f"batched over up to {batched.capacity} samples (train() with batch_size > 1, predict())" if batched
            else f"no batched form ({why_not}): train() and predict() run sample by sample")
-    return Explanation(values, steps, c_lines, program, how, vectors, _straight_line(program, optim.check(optimizer)))
+    sequence = (f"loops stop at each training sample's length (one past its last nonzero loss weight, of "
+                f"{len(program.sequence.weights)})" if program.sequence
+                else f"every position computed ({program.unbounded})" if program.unbounded else "")
+    return Explanation(values, steps, c_lines, program, how, vectors, _straight_line(program, optim.check(optimizer)),
+                       sequence)
 
 
 def _straight_line(program, optimizer):

@@ -7,10 +7,11 @@ MLP, a language-model head. What differs from microgpt.py, and why (docs/gpt.md 
 - softmax takes its max with `Value.max` in the graph instead of `max(v.data ...)`, which compiled
   would be a constant frozen from one document (the same bits: a max is exact);
 - the target's probability is `gather(probs, target)` instead of `probs[target_id]`;
-- one graph covers every document length up to block_size (`document`): every position is
-  computed and the loss weighs position t by an input, 1/n for the document's n positions and 0
-  past its end. Causality makes the first n positions exactly the document's own, and a weight
-  of 0 sends no gradient back from the others.
+- one graph covers every document length up to block_size (`document`): the loss weighs
+  position t by an input, 1/n for the document's n positions and 0 past its end. Causality makes
+  the first n positions exactly the document's own, a weight of 0 sends no gradient back from
+  the others, and the compiled training pass stops at the document's end
+  (codegen/lower/positions.py).
 """
 
 import functools

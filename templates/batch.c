@@ -191,6 +191,7 @@ static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *o
     for (Py_ssize_t first = 0; first < count; first += MODEL.batch_capacity) {
         const long nb = count - first < MODEL.batch_capacity ? (long)(count - first) : MODEL.batch_capacity;
         load_batch(s, order + first, nb, st->d + MODEL.input_base, d);
+        bound_positions(d, MODEL.batch_positions_slot, MODEL.batch_position_weights, nb);
         MODEL.scan_batch_rows(d, nb);
         MODEL.forward_outputs_batch(d, nb);
         MODEL.forward_rest_batch(d, nb);
@@ -264,6 +265,7 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, PyTh
         for (long b = 0; b < nb; b++)
             rows[b] = first + b;
         load_batch(s, rows, nb, st->d + MODEL.input_base, d);
+        all_positions(d, MODEL.batch_positions_slot);
         MODEL.scan_batch_rows(d, nb);
         MODEL.forward_outputs_batch(d, nb);
         for (long b = 0; b < nb; b++)

@@ -32,10 +32,33 @@ static void batch_step(State *s, real *restrict d, real *restrict g, double lr, 
     optimizer_step(d, g, s->opt_m, s->opt_v, s->opt_step, lr, 1);
 }
 
-/* The sample `row` of s into the input slots of d, forward; returns its loss. */
+/* How many of a sequence's positions the loops run (codegen/lower/positions.py): a training pass,
+ * one past the last loss weight that is not 0 (of the batch's nb samples, the largest), so that
+ * nothing past the sample's end is computed; any other pass, every position. */
+static void bound_positions(real *restrict d, long slot, const long *weights, long nb)
+{
+    if (slot < 0)
+        return;
+    long n = 0;
+    for (long t = 0; t < MODEL.n_positions; t++)
+        for (long b = 0; b < nb; b++)
+            if (d[weights[t] + b] != 0)
+                n = t + 1;
+    d[slot] = (real)n;
+}
+
+static void all_positions(real *restrict d, long slot)
+{
+    if (slot >= 0)
+        d[slot] = (real)(MODEL.n_positions + 1);
+}
+
+/* The sample `row` of s into the input slots of d, forward (a training pass: bound_positions);
+ * returns its loss. */
 static double forward_sample(const Samples *s, Py_ssize_t row, real *restrict d)
 {
     load_sample(s, row, d + MODEL.input_base);
+    bound_positions(d, MODEL.positions_slot, MODEL.position_weights, 1);
     MODEL.scan_nonzeros(d);
     MODEL.forward_outputs(d);
     MODEL.forward_rest(d);
@@ -91,6 +114,7 @@ static int predict_rows(State *st, const Samples *s, real *restrict out, PyThrea
     double next_check = now_ms() + SIGNAL_CHECK_MS;
     for (Py_ssize_t i = 0; i < s->n; i++) {
         load_sample(s, i, d + MODEL.input_base);
+        all_positions(d, MODEL.positions_slot);
         MODEL.scan_nonzeros(d);
         MODEL.forward_outputs(d);
         for (int j = 0; j < MODEL.n_outputs; j++)

@@ -35,6 +35,19 @@ static void tracked_backward(real *restrict d, real *restrict g, uint64_t *restr
     backward_tracked_body(d, g, stamp, rank1, snap, live, gen);
 }
 
+#ifdef POSITIONS_SLOT /* loops bounded by a sequence's length (codegen/lower/positions.py) */
+static const long POSITION_WEIGHTS[] = {POSITION_WEIGHTS_LIST};
+#else
+#define POSITIONS_SLOT (-1)
+#define N_POSITIONS 0
+static const long POSITION_WEIGHTS[1] = {0};
+#endif
+#ifdef BATCH_POSITIONS_SLOT
+static const long BATCH_POSITION_WEIGHTS[] = {BATCH_POSITION_WEIGHTS_LIST};
+#else
+#define BATCH_POSITIONS_SLOT (-1)
+static const long BATCH_POSITION_WEIGHTS[1] = {0};
+#endif
 #ifndef N_INDEX_INPUTS /* no gathers */
 #define N_INDEX_INPUTS 0
 static const long INDEX_INPUTS[1][2] = {{0, 0}};
@@ -58,6 +71,9 @@ SHARED const Model MODEL = {
 #ifdef HAVE_INITIAL_PARAMS
     .initial_params = INITIAL_PARAMS,
 #endif
+    .positions_slot = POSITIONS_SLOT,
+    .n_positions = N_POSITIONS,
+    .position_weights = POSITION_WEIGHTS,
     .n_index_inputs = N_INDEX_INPUTS,
     .index_inputs = INDEX_INPUTS,
     .nonzero_words = NONZERO_WORDS,
@@ -76,6 +92,8 @@ SHARED const Model MODEL = {
     .sgd_live_rows = sgd_live_rows,
     .write_rows = write_rows,
     .have_batch = HAVE_BATCH,
+    .batch_positions_slot = BATCH_POSITIONS_SLOT,
+    .batch_position_weights = BATCH_POSITION_WEIGHTS,
 #if HAVE_BATCH
     .batch_capacity = BATCH_CAPACITY,
     .n_batch_slots = N_BATCH_SLOTS,

@@ -33,6 +33,11 @@ typedef struct {
     int sgd_in_backward;              /* backward_sgd_body steps plain SGD inside backward */
     long n_constants;
     const double *initial_params;     /* every load's parameters (embed_params), or NULL: zeros */
+    /* a sequence's loops cut at its length (codegen/lower/positions.py; slot -1: none): before a
+     * training pass d[positions_slot] is one past the last of the n_positions weights that is not 0,
+     * before any other the constant it starts with, n_positions + 1 (every position) */
+    long positions_slot, n_positions;
+    const long *position_weights;
     /* the inputs a gather reads as an index: {position, n} (templates/samples.c's check_index) */
     long n_index_inputs;
     const long (*index_inputs)[2];
@@ -57,6 +62,8 @@ typedef struct {
     long batch_capacity, n_batch_slots, batch_input_base, batch_loss_slot, batch_constants_base;
     long batch_list_words;            /* int32 words after the batch buffer's slots: the row lists */
     const long *batch_output_slots;
+    long batch_positions_slot;        /* the same in the batch buffers (sample b's weights at + b) */
+    const long *batch_position_weights;
     long n_batch_stepped_runs;        /* the runs backward_batch steps, then (n_params, 0) */
     const long (*batch_stepped_runs)[2];
     SlotsFunction init_batch_constants;

@@ -81,6 +81,14 @@ static inline real powk(real a, real k)
 /* The op table's `where(cond, x, y)` primitive. */
 #define where(c, x, y) ((c) ? (x) : (y))
 
+/* A loop over a sequence's positions first, first + 1, ... (first + n at most) cut where the sample
+ * ends: `bound` is the sample's count of positions (codegen/lower/positions.py). */
+static inline long upto(real bound, long first, long n)
+{
+    long m = (long)bound - first;
+    return m < 0 ? 0 : m < n ? m : n;
+}
+
 /* A gather's index (an input holding an integer, checked against -n..n-1 before any forward by
  * templates/samples.c's check_index) as the position it picks among n, as Python's
  * indexing does. */

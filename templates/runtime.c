@@ -116,6 +116,7 @@ static PyObject *fn_forward(PyObject *module, PyObject *unused)
         return NULL;
     }
     MODEL.scan_nonzeros(d); /* the inputs may have been written through the `inputs` or `data` views */
+    all_positions(d, MODEL.positions_slot); /* (the outputs of every position) */
     WITHOUT_GIL_IF(BIG_GRAPH, MODEL.forward_outputs(d); MODEL.forward_rest(d));
     double loss = d[MODEL.loss_slot];
     unlock_state(s);

@@ -21,6 +21,7 @@ no batched form: `batch_program` says why, and train()/predict() run sample by s
 
 from dataclasses import dataclass
 
+from .positions import Bounded, Sequence
 from .vector import Affine, Extent, Group, Operands, Vector
 
 # Samples side by side in the batch buffers (the batch loop's largest extent): train()'s larger
@@ -65,6 +66,7 @@ class BatchedProgram:
     n_output_groups: int
     backward: list
     constants: list        # (slot, value)
+    sequence: object = None  # positions.Sequence in the batched slots (sample b's weights at + b)
 
 
 class _Layout:
@@ -139,7 +141,9 @@ def _group(layout, g, extent):
     op = g.first.op
     if g.first.kind == "op" and op.selects and len({a.strides for a in args[op.first_choice:]}) > 1:
         raise NotBatchable(f"a {op.name} picks among per-sample values and parameters or constants at once")
-    batched = Group(g.members, tuple(shape) + (extent,))
+    batched = Group(g.members, tuple(n.at(layout.slot(n.slot)) if isinstance(n, Bounded) else n for n in shape)
+                    + (extent,), guard=g.guard and (layout.slot(g.guard[0]), g.guard[1]),
+                    masked=None if g.masked is None else layout.slot(g.masked))
     batched.operands = Operands(_affine(layout, ops.out, shape)[0], args, ops.constants, ops.term_positions,
                                 _vector(layout, ops.terms, shape), _vector(layout, ops.a, shape),
                                 _vector(layout, ops.b, shape), ops.choices)
@@ -169,7 +173,9 @@ def batch_program(program, capacity=DEFAULT_CAPACITY):
         output_slots=[layout.slot(n.slot) for n in program.outputs], constants_base=layout.constants_base,
         forward=forward,
         n_output_groups=program.n_output_groups, backward=[by_id[id(g)] for g in program.backward],
-        constants=[(layout.slot(slot), value) for slot, value in program.constants])
+        constants=[(layout.slot(slot), value) for slot, value in program.constants],
+        sequence=program.sequence and Sequence(layout.slot(program.sequence.slot),
+                                               tuple(layout.slot(w) for w in program.sequence.weights)))
 
 
 def batched_form(program, capacity=DEFAULT_CAPACITY):

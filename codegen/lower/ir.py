@@ -31,7 +31,7 @@ from micrograd_c import ops
 from micrograd_c.engine import Value, no_gc
 
 from . import graph as graph_arrays
-from . import vector
+from . import positions, vector
 from .graph import CONST as CONST_ROLE
 from .vector import Group
 
@@ -84,6 +84,8 @@ class Program:
     sgd_in_backward: bool = False  # a batch-1 SGD step updates parameters in backward (see the pass)
     sgd_after_backward: list = field(default_factory=list)  # (slot, count) runs of the others
     index_inputs: list = field(default_factory=list)  # (input position, n): inputs gathers read (see index_inputs)
+    sequence: object = None  # positions.Sequence: the loops stop at the sample's length (positions.py)
+    unbounded: str = None    # why not, when they do not
 
     @property
     def input_base(self):
@@ -164,6 +166,8 @@ def _lower(graph, inputs, params, fuse, input_grads):
         forward=groups, n_output_groups=sum(g.first.for_outputs for g in groups), backward=backward,
         constants=constants, fused=fuse)
     program.index_inputs = index_inputs(compute, len(params))
+    if fuse:
+        program.unbounded = positions.bound_positions(program, input_grads)
     program.sgd_in_backward = fuse and not straight_line_heavy(program) and sgd_in_backward(program)
     if program.sgd_in_backward:
         program.sgd_after_backward = unfused_params(program, leaves[:len(params)])

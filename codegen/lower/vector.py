@@ -107,6 +107,8 @@ class Group:
     loop order."""
     members: list
     shape: tuple = ()
+    guard: tuple = None  # (slot, p): every member is position p, run while d[slot] > p (lower/positions.py)
+    masked: int = None   # the loss's sum, whose terms t run while d[masked] > t (lower/positions.py)
 
     @property
     def first(self):

@@ -22,6 +22,16 @@ def _table(name, rows):
     return f"static const long {name}[]{'[2]' if pairs else ''} = {{{cells}}};"
 
 
+def _sequence(prefix, sequence):
+    """<prefix>POSITIONS_SLOT and <prefix>POSITION_WEIGHTS_LIST (and N_POSITIONS) of a Sequence,
+    or none (a list, not a table: exported C, which runs every position, has no use for it)."""
+    if sequence is None:
+        return []
+    return ([f"#define {prefix}POSITIONS_SLOT {sequence.slot}"]
+            + ([] if prefix else [f"#define N_POSITIONS {len(sequence.weights)}"])
+            + [f"#define {prefix}POSITION_WEIGHTS_LIST {', '.join(map(str, sequence.weights))}"])
+
+
 @dataclass(frozen=True)
 class Module:
     """A module's identity: `name` (PyInit_<name>, a C identifier), its optimizer (a
@@ -63,17 +73,19 @@ class Layout:
     sgd_in_backward: bool
     n_constants: int
     index_inputs: tuple
+    sequence: object = None  # codegen/lower/positions.py's Sequence, or None
 
     @classmethod
     def of(cls, program):
         return cls(program.n_slots, program.n_params, program.n_inputs, program.input_base, program.loss.slot,
                    tuple(n.slot for n in program.outputs), bool(program.sgd_in_backward), len(program.constants),
-                   tuple(program.index_inputs or ()))
+                   tuple(program.index_inputs or ()), program.sequence)
 
     def render(self):
         """N_SLOTS, N_PARAMS, N_INPUTS, INPUT_BASE, LOSS_SLOT, N_OUTPUTS, SGD_IN_BACKWARD,
         N_CONSTANTS, OUTPUT_SLOTS (a 0 when none); N_INDEX_INPUTS and INDEX_INPUTS when there are
-        index inputs (templates/model.c: none otherwise)."""
+        index inputs; POSITIONS_SLOT, N_POSITIONS and POSITION_WEIGHTS_LIST when the loops stop at a
+        sequence's length (templates/model.c: none otherwise)."""
         lines = [f"#define N_SLOTS {self.n_slots}",
                  f"#define N_PARAMS {self.n_params}",
                  f"#define N_INPUTS {self.n_inputs}",
@@ -83,6 +95,7 @@ class Layout:
                  f"#define SGD_IN_BACKWARD {int(self.sgd_in_backward)}",
                  f"#define N_CONSTANTS {self.n_constants}",
                  _table("OUTPUT_SLOTS", list(self.output_slots) or [0])]
+        lines += _sequence("", self.sequence)
         if self.index_inputs:
             lines += [f"#define N_INDEX_INPUTS {len(self.index_inputs)}",
                       _table("INDEX_INPUTS", [tuple(pair) for pair in self.index_inputs])]
@@ -102,11 +115,12 @@ class BatchLayout:
     constants_base: int
     output_slots: tuple
     stepped_runs: tuple
+    sequence: object = None
 
     @classmethod
     def of(cls, batched, stepped):
         return cls(batched.capacity, batched.n_slots, batched.input_base, batched.loss_slot, batched.constants_base,
-                   tuple(batched.output_slots), tuple(sorted(stepped)))
+                   tuple(batched.output_slots), tuple(sorted(stepped)), batched.sequence)
 
     @staticmethod
     def render_none():
@@ -127,4 +141,5 @@ class BatchLayout:
             _table("BATCH_OUTPUT_SLOTS", list(self.output_slots) or [0]),
             f"#define N_BATCH_STEPPED_RUNS {len(runs) - 1}",
             _table("BATCH_STEPPED_RUNS", runs),
+            *_sequence("BATCH_", self.sequence),
         ])

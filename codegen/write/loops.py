@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..lower.positions import Bounded
 from ..lower.vector import Extent, Parts, is_family
 from .dtypes import c_literal
 from .kernels import call
@@ -133,9 +134,23 @@ def bias_arguments(terms, last, step_of):
 
 def loop_headers(shape):
     """`for` headers of a loop nest over shape, index i0 outermost; a family's (vector.Parts)
-    keeps tri0 = i0 * (i0 - 1) / 2 as it goes."""
-    return [f"for (long i0 = 0, tri0 = 0; i0 < {n}; tri0 += i0, i0++)" if d == 0 and isinstance(n, Parts)
-            else f"for (long i{d} = 0; i{d} < {n}; i{d}++)" for d, n in enumerate(shape)]
+    keeps tri0 = i0 * (i0 - 1) / 2 as it goes; an extent cut at run time (positions.Bounded) is
+    read once, before the loop (the loop's stores to d could change it, for all the compiler knows)."""
+    headers = []
+    for d, n in enumerate(shape):
+        start, end = (f"i{d} = 0, n{d} = {n}", f"n{d}") if isinstance(n, Bounded) else (f"i{d} = 0", n)
+        headers.append(f"for (long {start}, tri0 = 0; i0 < {end}; tri0 += i0, i0++)" if d == 0 and isinstance(n, Parts)
+                       else f"for (long {start}; i{d} < {end}; i{d}++)")
+    return headers
+
+
+def guarded(g, statements):
+    """A group's statements, run only while the sample has more positions than its members'
+    (Group.guard, lower/positions.py)."""
+    if g.guard is None or not statements:
+        return statements
+    slot, p = g.guard
+    return [f"if (d[{slot}] > {p}) {{\n    " + "\n    ".join(map(render, statements)) + "\n    }"]
 
 
 def progression(offsets):
@@ -246,13 +261,15 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
     outside the neurons' and samples': the results move with the batch (innermost) and with the
     neurons; one factor list (the weights) stays put over the batch, the other (the inputs'
     rows) moves with it and stays put over the neurons, each at a constant step along the list;
-    at most one loose term (the bias), which stays put over the batch. Else None. epilogue: (the
-    C function, the Affine of its results) of an activation the kernel applies to each row as it
-    finishes it (see fused_activation)."""
+    at most one loose term: the bias, which stays put over the batch, or one that moves with it
+    (a residual: `x + W h`, of 8 products or more: not a subtraction's `a + b * -1`), added
+    after the product. Else None. epilogue: (the C function, the
+    Affine of its results) of an activation the kernel applies to each row as it finishes it
+    (see fused_activation; not after a residual, which is added later: takes_epilogue)."""
     ops, shape = g.operands, g.shape
     if (g.first.kind != "dot" or not shape or g.family or shape[-1] < UNROLL_MAX_CONTIGUOUS // 2 or not ops.a
-            or ops.constants or ops.out.strides[-1] != 1
-            or (ops.terms and (len(ops.terms.offsets) != 1 or ops.terms.start.strides[-1] != 0))):
+            or ops.constants or ops.out.strides[-1] != 1 or (ops.terms and len(ops.terms.offsets) != 1)
+            or (_residual(ops) and (epilogue is not None or len(ops.a.offsets) < UNROLL_MAX_CONTIGUOUS // 2))):
         return None
     last = kernel_loops(shape)
     batched = last == 2
@@ -263,13 +280,27 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
             break
     else:
         return None
-    bias = bias_arguments(ops.terms, last, lambda affine: along_neurons(affine, shape))
+    residual = _residual(ops)
+    bias = bias_arguments(None if residual else ops.terms, last, lambda affine: along_neurons(affine, shape))
     product = call("matmul_set", out=loop_start(ops.out, last), out_j=along_neurons(ops.out, shape), **bias,
                    w=loop_start(weights.start, last, weights.offsets[0]), w_j=along_neurons(weights.start, shape),
                    w_k=progression(weights.offsets), x=loop_start(rows.start, last, rows.offsets[0]),
                    x_k=progression(rows.offsets), J=neurons(shape), S=shape[-1], K=len(weights.offsets),
                    rows=row_list(rows), **_epilogue_arguments(epilogue, shape))
-    return per_pass(shape, product)
+    if not residual:
+        return per_pass(shape, product)
+    add = f"{data_at(ops.out)} += {data_at(ops.terms.start, ops.terms.offsets[0])};"  # (x + W h: the same sum)
+    return "\n    ".join([per_pass(shape, product), *loop_nest(shape, [add], independent=True)])
+
+
+def _residual(ops):
+    """Whether a layer's loose term moves with the batch (not a bias)."""
+    return bool(ops.terms) and ops.terms.start.strides[-1] != 0
+
+
+def takes_epilogue(g):
+    """Whether g is a layer over a batch whose product can finish with an activation."""
+    return layer_over_batch(g) is not None and not _residual(g.operands)
 
 
 def _epilogue_arguments(epilogue, shape):

@@ -14,9 +14,9 @@ from . import dtypes
 from ..lower import ir
 from .dtypes import c_literal
 from .kernels import Call, call
-from .loops import (Accumulate, Matmul, OffsetTables, ReadGradient, WeightGradient, bias_arguments, data_at,
+from .loops import (Accumulate, Matmul, OffsetTables, ReadGradient, WeightGradient, bias_arguments, data_at, guarded,
                     fused_activation, fused_gradient, grad_at, layer_over_batch, loop_headers, loop_nest, loop_start,
-                    operand, progression, short, slot_index, tree_sum, unrolled)
+                    operand, progression, short, slot_index, takes_epilogue, tree_sum, unrolled)
 
 
 def nonzero_words(n):
@@ -157,6 +157,13 @@ class Emitter:
         return [str(call("dot_offsets", a=f"d + {slot_index(a.start)}", oa=self.offsets(a.offsets),
                          b=f"d + {slot_index(b.start)}", ob=self.offsets(b.offsets), n=n))]
 
+    @staticmethod
+    def _masked_dot(a, b, slot):
+        """The loss's products, the t-th left out (0) unless the sample has more than t positions
+        (Group.masked, lower/positions.py): its factor is then a skipped position's stale value."""
+        return [f"where(d[{slot}] > {t}, {data_at(a.start, i)} * {data_at(b.start, j)}, 0)"
+                for t, (i, j) in enumerate(zip(a.offsets, b.offsets))]
+
     def forward_pass(self, groups):
         """The statements of a forward pass over `groups`; an activation of a layer's results
         (loops.fused_activation) becomes the epilogue of the layer's product instead of a pass of
@@ -166,14 +173,14 @@ class Emitter:
             if id(g) in folded:
                 continue
             epilogue = None
-            if layer_over_batch(g) is not None:
+            if takes_epilogue(g):
                 for h in groups[i + 1:]:
-                    y = fused_activation(g, h)
+                    y = fused_activation(g, h) if h.guard == g.guard else None
                     if y is not None:
                         folded.add(id(h))
                         epilogue = (self._epilogue(h.first), y)
                         break
-            statements += self.forward(g, epilogue)
+            statements += guarded(g, self.forward(g, epilogue))
         return statements
 
     def _epilogue(self, node, gradient=False):
@@ -205,9 +212,9 @@ class Emitter:
         for i, g in enumerate(groups):
             if g is skip:
                 continue
-            after = groups[i + 1] if i + 1 < len(groups) else None
+            after = groups[i + 1] if i + 1 < len(groups) and groups[i + 1].guard == g.guard else None
             self._folded = None
-            statements += self.backward(g, activation=after, **options)
+            statements += guarded(g, self.backward(g, activation=after, **options))
             skip = self._folded
         return statements
 
@@ -225,7 +232,7 @@ class Emitter:
             if ops.terms:
                 parts += self._sum(ops.terms)
             if ops.a:
-                parts += self._dot(ops.a, ops.b)
+                parts += self._dot(ops.a, ops.b) if g.masked is None else self._masked_dot(ops.a, ops.b, g.masked)
             value = tree_sum(parts)
         return loop_nest(g.shape, [f"{data_at(ops.out)} = {value};"], independent=True)
 

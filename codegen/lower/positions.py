@@ -1,0 +1,228 @@
+"""Positions: a sequence model's loops stop at the sample's own length, read at run time.
+
+A graph written for sequences of up to T positions, whose loss is `sum(w[t] * loss[t])` with the
+weights w[t] inputs (microgpt's port: 1/n for a document's n positions, 0 after them), computes
+every position whatever the sample's length. Where w[t] is 0 for every t >= n, nothing that
+reaches the loss only through the terms t >= n changes the loss or any gradient: this pass finds
+that work and lets the C skip it.
+
+Each computed node gets a position: the first term t its value reaches (the least t over its
+consumers; -1 for what reaches the loss otherwise, T for what does not reach it: outputs only).
+A node of position p is needed exactly when p < n, and it reads only nodes of positions <= p, so
+the needed nodes read only needed ones. In a causal model the position is the sequence's own:
+the attention of position t reads the keys of positions <= t. Every group must then run its
+members of positions < n and skip the others, each group in one of three ways:
+
+- all its members one position p: it runs while `n > p` (Group.guard: (slot, p));
+- positions p + i_k along one loop index and constant along the others: that loop's extent is
+  cut at run time to n - p (a Bounded extent: `upto(d[slot], p, N)`);
+- every member -1: it always runs.
+
+If any group fits none of these, nothing is bounded (a group that ran every position would read
+the skipped nodes' stale values); `bound_positions` says why. The loss's own sum leaves out the
+terms t >= n (Group.masked), whose factors are then stale.
+
+n lives in one slot (a constant slot, so that a batch shares it), which the runtime writes before
+a training pass (templates/driver.c, templates/batch.c: one past the last nonzero weight; a
+batch's largest); every other path (predict(), forward(), exported C) leaves the constant's value,
+T + 1, which runs every group. The results are those of the unbounded program (a skipped term's
+contributions are exact zeros), which tests/test_positions.py checks against the full run.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from .vector import Affine, Extent, Parts, is_family
+
+
+class Bounded:
+    """A loop extent cut at run time: `N` as a number (the emitter's choices hold for any
+    shorter loop, as for batch.BatchExtent); in C the count of the loop's passes whose members
+    are of positions < n, n the sample's count in d[slot]: `upto(d[slot], first, N)` where the
+    loop's pass i is position first + i (n - first clamped to 0..N), else `counts[n]` from a
+    table (a loop whose members' positions rise by steps of other sizes). `cut` makes one: an
+    int, or a family's vector.Parts."""
+    __slots__ = ()
+
+    def __str__(self):
+        if self.counts is None:
+            return f"upto(d[{self.slot}], {self.first}, {int(self)})"
+        return f"((const long[]){{{', '.join(map(str, self.counts))}}})[(long)d[{self.slot}]]"
+
+    __repr__ = __str__
+
+    def __format__(self, spec):
+        return str(self) if not spec else int.__format__(self, spec)
+
+    def at(self, slot):
+        """The same extent with its bound read from another slot (the batched layout's)."""
+        return cut(self, slot, self.first, self.counts)
+
+
+class _BoundedExtent(Bounded, int):
+    pass
+
+
+class _BoundedParts(Bounded, Parts):
+    pass
+
+
+def cut(extent, slot, first, counts=None):
+    """`extent` (a number, or a family's Parts) cut at run time (Bounded)."""
+    bounded = (_BoundedParts if isinstance(extent, Parts) else _BoundedExtent)(int(extent))
+    bounded.slot, bounded.first, bounded.counts = slot, first, counts
+    return bounded
+
+
+@dataclasses.dataclass(frozen=True)
+class Sequence:
+    """What the runtime needs to bound a pass: the slot it writes n into, and the slots of the
+    loss's weights w[0..T) (n = one past the last that is not 0)."""
+    slot: int
+    weights: tuple
+
+    @property
+    def all(self):
+        """The slot's value that runs every group: T + 1 (T is what reaches no loss term)."""
+        return len(self.weights) + 1
+
+
+def bound_positions(program, input_grads=False):
+    """Bounds the loops of `program` (an ir.Program, changed in place: group shapes, guards, the
+    slot, program.sequence) by the positions the sample has. Returns why not, for a loss that
+    weighs terms by inputs but whose loops cannot be cut (a loss of another form is no sequence:
+    None, as when they are cut)."""
+    loss = program.loss
+    if loss.kind != "dot" or not loss.a:
+        return None
+    pairs = []
+    for x, y in zip(loss.a, loss.b):
+        weight, term = (x, y) if x.kind == "input" else (y, x)
+        if weight.kind != "input" or term.kind not in ("op", "dot"):
+            return None
+        pairs.append((weight, term))
+    if len(pairs) < 2 or len({id(w) for w, _ in pairs}) != len(pairs):
+        return None
+    if input_grads:
+        return "the inputs' gradients are asked for (the loss's weights would get the skipped terms')"
+    T = len(pairs)
+    position = {}
+    for t, (_, term) in enumerate(pairs):
+        position[id(term)] = min(position.get(id(term), T), t)
+    for x in loss.args:
+        position[id(x)] = -1
+    groups = program.forward
+    for g in reversed(groups):
+        for node in g.members:
+            if node is loss:
+                continue
+            p = position.get(id(node), T)
+            for x in node.reads():
+                if x.kind in ("op", "dot"):
+                    position[id(x)] = min(position.get(id(x), T), p)
+    slot = program.n_slots
+    bounds = []
+    for g in groups:
+        if any(node is loss for node in g.members):
+            bounds.append(None)
+            continue
+        bound = _bound(g, np.array([position.get(id(m), T) for m in g.members]), slot, T)
+        if bound is False:
+            what = g.first.op.name if g.first.kind == "op" else "sum"
+            return f"a loop nest's positions do not rise along one of its loops (a {what} of {len(g.members)} nodes)"
+        bounds.append(bound)
+    if all(b is None for b in bounds):
+        return "no loop depends on the positions"
+    for g, bound in zip(groups, bounds):
+        if isinstance(bound, int):
+            g.guard = (slot, bound)
+        elif bound is not None:
+            g.shape, g.operands = bound
+        if any(node is loss for node in g.members):
+            g.masked = slot
+    program.n_slots += 1
+    program.constants.append((slot, float(T + 1)))
+    program.sequence = Sequence(slot, tuple(w.slot for w, _ in pairs))
+    return None
+
+
+def _indices(shape, count):
+    """The loop indices of a loop nest's members, in member order (a family's inner extents
+    grow with i0), as an array (members x loops); None if they are not `count`."""
+    if not shape:
+        return np.zeros((count, 0), dtype=np.int64) if count == 1 else None
+    if not is_family(shape):
+        if int(np.prod([int(n) for n in shape])) != count:
+            return None
+        return np.indices([int(n) for n in shape]).reshape(len(shape), -1).T
+    rows = []
+    for i0 in range(int(shape[0])):
+        inner = [n.first + n.step * i0 if isinstance(n, Extent) else int(n) for n in shape[1:]]
+        index = np.indices(inner).reshape(len(inner), -1).T
+        rows.append(np.column_stack([np.full(len(index), i0), index]))
+    index = np.concatenate(rows)
+    return index if len(index) == count else None
+
+
+def _bound(g, positions, slot, T):
+    """How group g skips its members of positions >= n: None (it always runs), p (it runs while
+    n > p), (its shape with one extent Bounded (_cut_along), its operands over that shape), or
+    False (it cannot)."""
+    first = int(positions[0])
+    if (positions == first).all():
+        return None if first < 0 else first
+    if positions.min() < 0:
+        return False
+    index = _indices(g.shape, len(positions))
+    if index is not None:
+        shape = _cut_along(g.shape, index, positions, slot, T)
+        if shape is not None:
+            return shape, g.operands
+    if len(g.shape) == 1 and _plain(g.operands):  # one loop: as rows of a loop nest, each alike
+        n = int(g.shape[0])
+        for length in range(2, n // 2 + 1):
+            if n % length == 0 and (positions.reshape(-1, length) == positions[:length]).all():
+                shape = (n // length, length)
+                index = np.indices(shape).reshape(2, -1).T
+                cut_shape = _cut_along(shape, index, positions, slot, T)
+                if cut_shape is not None:
+                    return cut_shape, _as_rows(g.operands, length)
+    return False
+
+
+def _cut_along(shape, index, positions, slot, T):
+    """`shape` with the extent of the loop along which the positions rise (and along no other)
+    cut at run time; None if there is no such loop."""
+    for k in range(index.shape[1]):
+        if isinstance(shape[k], Extent):
+            continue
+        along = np.full(int(shape[k]), -1)
+        along[index[:, k]] = positions
+        if (along[index[:, k]] != positions).any() or (np.diff(along) < 0).any():
+            continue
+        if (along == along[0] + np.arange(len(along))).all():
+            return shape[:k] + (cut(shape[k], slot, int(along[0])),) + shape[k + 1:]
+        counts = tuple(int(c) for c in np.searchsorted(along, np.arange(T + 2)))
+        return shape[:k] + (cut(shape[k], slot, None, counts),) + shape[k + 1:]
+    return None
+
+
+def _plain(operands):
+    """Whether a one-loop group's operands are plain slots along it (no family's growth)."""
+    affines = [operands.out] + [a for a in operands.args if isinstance(a, Affine)]
+    affines += [v.start for v in (operands.terms, operands.a, operands.b) if v is not None]
+    return (operands.choices is None and all(len(a.strides) == 1 and not a.tri for a in affines)
+            and all(v.length is None for v in (operands.terms, operands.a, operands.b) if v is not None))
+
+
+def _as_rows(operands, length):
+    """A one-loop group's operands over two loops, rows of `length` passes."""
+    def rows(a):
+        return dataclasses.replace(a, strides=(a.strides[0] * length, a.strides[0]))
+
+    def vector(v):
+        return None if v is None else dataclasses.replace(v, start=rows(v.start))
+    return dataclasses.replace(operands, out=rows(operands.out),
+                               args=tuple(rows(a) if isinstance(a, Affine) else a for a in operands.args),
+                               terms=vector(operands.terms), a=vector(operands.a), b=vector(operands.b))

@@ -1,0 +1,169 @@
+"""Loops that stop at the sample's length (codegen/lower/positions.py): a loss that weighs each
+position's term by an input (microgpt's port: 1/n for a document's n positions, 0 after) makes
+train() and gradients() skip every position past the last nonzero weight. The results are the
+unbounded program's, bit for bit (forward() and predict() run every position), and microgpt's
+own per-length graph's."""
+
+import random
+
+import numpy as np
+import pytest
+
+import codegen
+from conftest import compiler_diagonal
+from gpt import data, model, train
+from micrograd_c import Value
+
+CONFIG = model.Config(n_embd=4, n_head=2, n_layer=1, block_size=5)
+DOCS = ["ava", "bo", "cy", "dee", "e", "abcde", "bac", "edcba", "ca", "adeb"]
+LENGTHS = ["abcde", "", "a", "ab", "abc", "abcd", "edcbaab"]  # 2..5 positions, and cut at block_size
+
+
+@pytest.fixture
+def tiny():
+    random.seed(3)
+    tokenizer = data.Tokenizer(DOCS)
+    state, params = model.init_state(CONFIG, tokenizer.vocab_size)
+    return tokenizer, state, params
+
+
+def _compile(tiny, compiler="tcc", dtype="float64", batch=1):
+    tokenizer, state, params = tiny
+    doc = model.document(state, CONFIG)
+    return codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, compiler=compiler,
+                           dtype=dtype, batch=batch, optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS))
+
+
+def _split(rows):
+    rows = np.atleast_2d(rows)
+    block = CONFIG.block_size
+    return np.ascontiguousarray(rows[:, :2 * block]), np.ascontiguousarray(rows[:, 2 * block:])
+
+
+def _full(net, row, n_params):
+    """Loss and parameter gradients of forward() and backward(), which run every position."""
+    net.set_input(row)
+    loss = net.forward()
+    net.zero_grad()
+    net.backward()
+    return loss, np.array(net.grad)[:n_params].copy()
+
+
+def _bounded(net, row, n_params):
+    """The same from gradients(), a training pass: the loops stop at the document's end."""
+    net.zero_grad()
+    loss = net.gradients(*_split(row))
+    return loss, np.array(net.grad)[:n_params].copy()
+
+
+def test_microgpts_graph_is_bounded_by_its_weights(tiny):
+    tokenizer, state, params = tiny
+    doc = model.document(state, CONFIG)
+    explanation = codegen.explain(doc.loss, doc.inputs, params, doc.outputs)
+    program = explanation.program
+    assert program.sequence is not None and program.unbounded is None
+    assert len(program.sequence.weights) == CONFIG.block_size
+    assert "loops stop at each training sample's length" in explanation.summary()
+    # every group reads a token: each is cut (a loop stops at the length) or guarded (one position's)
+    cut = [s for s in explanation.steps if any(str(n).startswith("<=") for n in s.shape)]
+    guarded = [g for g in program.forward if g.guard is not None]
+    assert len(cut) >= 30 and len(guarded) >= 10
+    assert len(cut) + len(guarded) == len(program.forward) - 1, str(explanation)  # (and the loss's sum)
+    assert program.forward[-1].masked == program.sequence.slot
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float64", "float32"])), indirect=["compiler"])
+def test_a_training_pass_equals_every_position_computed(tiny, compiler, dtype):
+    """Every length (and weights all 0): gradients()'s loss and gradients are forward() and
+    backward()'s bit for bit, and microgpt's graph of that length's (the interpreter)."""
+    tokenizer, state, params = tiny
+    net = _compile(tiny, compiler, dtype)
+    tolerance = 1e-9 if dtype == "float64" else 1e-4
+    rows = [data.row(tokenizer.encode(d), CONFIG.block_size) for d in LENGTHS]
+    silent = rows[1].copy()
+    silent[2 * CONFIG.block_size:] = 0
+    for doc, row in [*zip(LENGTHS, rows), (None, silent)]:
+        full_loss, full_grads = _full(net, row, len(params))
+        loss, grads = _bounded(net, row, len(params))
+        assert loss == full_loss, doc
+        np.testing.assert_array_equal(grads, full_grads, err_msg=str(doc))
+        if doc is None:
+            assert loss == 0 and not grads.any()
+            continue
+        expected = model.interpreted_loss(state, CONFIG, tokenizer.encode(doc))
+        for p in params:
+            p.grad = 0
+        expected.backward()
+        assert loss == pytest.approx(expected.data, rel=tolerance), doc
+        np.testing.assert_allclose(grads, [p.grad for p in params], rtol=tolerance,
+                                   atol=tolerance * max(abs(p.grad) for p in params), err_msg=doc)
+
+
+@pytest.mark.parametrize("compiler", ["tcc", "gcc"], indirect=True)
+def test_a_batch_stops_at_its_longest_document(tiny, compiler):
+    """The batched program (gradients() of several rows) runs to the batch's longest document:
+    the sum of the documents' gradients, one by one with every position, within the fused bound."""
+    tokenizer, state, params = tiny
+    net = _compile(tiny, compiler, batch=4)
+    for docs in (["a", "ab", "", "b"], ["abc", "a", "edcbaab", "ca"]):
+        rows = np.stack([data.row(tokenizer.encode(d), CONFIG.block_size) for d in docs])
+        one_by_one = [_full(net, row, len(params)) for row in rows]
+        loss, grads = _bounded(net, rows, len(params))
+        assert loss == pytest.approx(sum(l for l, _ in one_by_one), rel=1e-12)
+        expected = sum(g for _, g in one_by_one)
+        np.testing.assert_allclose(grads, expected, rtol=1e-9, atol=1e-12 * np.abs(expected).max())
+
+
+def test_positions_past_the_end_are_skipped_and_predict_runs_them_all(tiny):
+    """After a training pass on a short document the outputs of the later positions are the
+    previous pass's (not computed); predict() and forward() compute every position."""
+    tokenizer, state, params = tiny
+    net = _compile(tiny)
+    long, short = (data.row(tokenizer.encode(d), CONFIG.block_size) for d in ("abcde", "b"))
+    vocab = tokenizer.vocab_size
+    net.set_input(long)
+    net.forward()
+    before = np.array(net.outputs())
+    net.gradients(*_split(short))
+    after = np.array(net.outputs())
+    assert not np.array_equal(after[vocab:2 * vocab], before[vocab:2 * vocab])  # position 1: the new document's
+    np.testing.assert_array_equal(after[2 * vocab:], before[2 * vocab:])  # positions 2..: skipped
+    predicted = np.asarray(net.predict(_split(short)[0]))[0]
+    net.set_input(short)
+    net.forward()
+    np.testing.assert_array_equal(predicted, net.outputs())
+    assert not np.array_equal(predicted[2 * vocab:], before[2 * vocab:])
+
+
+def test_training_steps_equal_the_unbounded_module(tiny):
+    """train() on documents of mixed lengths, one a step (Adam), against the same steps taken
+    from forward() and backward() and update(): the same parameters, bit for bit."""
+    tokenizer, state, params = tiny
+    bounded, full = _compile(tiny), _compile(tiny)
+    assert bounded is not full
+    for doc in ["ab", "abcde", "a", "edcbaab", "", "dee"]:
+        row = data.row(tokenizer.encode(doc), CONFIG.block_size)
+        loss = bounded.train(*_split(row), 0.01)
+        full.set_input(row)
+        assert full.forward() == loss
+        full.zero_grad()
+        full.backward()
+        full.update(0.01)
+        np.testing.assert_array_equal(np.asarray(bounded.params), np.asarray(full.params))
+
+
+def test_a_loss_whose_loops_cannot_stop_computes_every_position():
+    """A layer whose members reach the weighted terms out of order (member 0 term 2, member 1
+    term 0, ...) cannot stop at a length: nothing is cut, explain says why, results as before."""
+    xs = [Value(0.0) for _ in range(3)]
+    ws = [Value(0.0) for _ in range(3)]
+    ps = [Value(0.3 * (i + 1)) for i in range(3)]
+    h = [(x * p).tanh() for x, p in zip(xs, ps)]
+    terms = [h[1] * 2.0, h[2] * 2.0, h[0] * 2.0]
+    loss = sum(w * t for w, t in zip(ws, terms))
+    explanation = codegen.explain(loss, xs + ws, ps)
+    assert explanation.program.sequence is None
+    assert "every position computed (a loop nest's positions do not rise" in explanation.summary()
+    net = codegen.compile(loss, inputs=xs + ws, params=ps, compiler="tcc")
+    row = np.array([[0.5, -1.0, 2.0, 1.0, 0.0, 0.0]])
+    assert net.gradients(row[:, :3], row[:, 3:]) == pytest.approx(2.0 * np.tanh(-1.0 * 0.6), rel=1e-12)
