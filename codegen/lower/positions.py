@@ -30,6 +30,7 @@ contributions are exact zeros), which tests/test_positions.py checks against the
 """
 
 import dataclasses
+from itertools import chain
 
 import numpy as np
 
@@ -113,14 +114,16 @@ def bound_positions(program, input_grads=False):
     for x in loss.args:
         position[id(x)] = -1
     groups = program.forward
-    for g in reversed(groups):
+    get = position.get
+    for g in reversed(groups):  # (consumers before what they read)
         for node in g.members:
             if node is loss:
                 continue
-            p = position.get(id(node), T)
-            for x in node.reads():
-                if x.kind in ("op", "dot"):
-                    position[id(x)] = min(position.get(id(x), T), p)
+            p = get(id(node), T)
+            for x in chain(node.args, node.a, node.b):
+                kind = x.kind
+                if (kind == "op" or kind == "dot") and get(id(x), T) > p:
+                    position[id(x)] = p
     slot = program.n_slots
     bounds = []
     for g in groups:
