@@ -167,3 +167,20 @@ def test_a_loss_whose_loops_cannot_stop_computes_every_position():
     net = codegen.compile(loss, inputs=xs + ws, params=ps, compiler="tcc")
     row = np.array([[0.5, -1.0, 2.0, 1.0, 0.0, 0.0]])
     assert net.gradients(row[:, :3], row[:, 3:]) == pytest.approx(2.0 * np.tanh(-1.0 * 0.6), rel=1e-12)
+
+
+def test_a_batch_runs_each_positions_projections_as_one_product(tiny):
+    """In the batched program a projection over (outputs, positions, batch) moves its positions'
+    loop outside (codegen/lower/batch.py): per position, one matmul_set over the batch, and its
+    weights' gradient one matmul_nt where its rows are 16 long or more (here the MLP's, whose
+    lists of 4 otherwise stay written out), for the q/k/v, output, MLP and head projections."""
+    tokenizer, state, params = tiny
+    doc = model.document(state, CONFIG)
+    units = codegen.generate(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=8,
+                             optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS))
+    text = "\n".join(str(u) for u in units)
+    batched = text[text.index("void forward_outputs_batch_0(real *restrict d, long nb)\n{"):]
+    forward = batched[:batched.index("void forward_rest_batch_0")]
+    backward = batched[batched.index("void backward_batch_0(real *restrict d, real *restrict g, long nb, real rate)\n{"):]
+    assert forward.count("matmul_set(") >= 6 and backward.count("matmul_nt(") >= 4
+    assert "n0 = upto(" in forward  # (the positions' loop, outside, stops at the batch's longest document)

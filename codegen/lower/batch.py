@@ -21,6 +21,8 @@ no batched form: `batch_program` says why, and train()/predict() run sample by s
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .positions import Bounded, Sequence
 from .vector import Affine, Extent, Group, Operands, Vector
 
@@ -147,7 +149,55 @@ def _group(layout, g, extent):
     batched.operands = Operands(_affine(layout, ops.out, shape)[0], args, ops.constants, ops.term_positions,
                                 _vector(layout, ops.terms, shape), _vector(layout, ops.a, shape),
                                 _vector(layout, ops.b, shape), ops.choices)
-    return batched
+    return _sequence_outside(batched)
+
+
+def _sequence_outside(g):
+    """A batched layer whose one-sample program ran it over a sequence (microgpt's projections:
+    outputs by positions, the positions where a layer has its batch) with the positions' loop
+    moved outside the outputs': per position, the outputs over the batch are then a layer over a
+    batch, one matrix product (codegen/write/loops.py's layer_over_batch); else g. The pattern:
+    a dot group of three loops or more, one factor list (the weights) moving along an outer loop
+    k only, the other (the inputs) along the loop before the batch's and the batch's only, each
+    list at a constant step."""
+    ops, shape = g.operands, g.shape
+    if g.first.kind != "dot" or len(shape) < 3 or g.family or ops.constants or not ops.a or \
+            any(isinstance(n, Extent) for n in shape):
+        return g
+    inner = len(shape) - 2  # the loop just outside the batch's
+    for weights, rows in ((ops.a, ops.b), (ops.b, ops.a)):
+        w, x = weights.start.strides, rows.start.strides
+        moving = [k for k in range(inner) if w[k]]
+        if (len(moving) == 1 and w[inner] == 0 and w[-1] == 0 and x[-1] == 1 and x[inner] and x[moving[0]] == 0
+                and _steady(weights.offsets) and _steady(rows.offsets)):
+            return _swapped(g, moving[0], inner)
+    return g
+
+
+def _steady(offsets):
+    return all(b - a == offsets[1] - offsets[0] for a, b in zip(offsets, offsets[1:]))
+
+
+def _swapped(g, k, j):
+    """Group g with its loops k and j swapped (strides, extents, members in the new loop order)."""
+    order = list(range(len(g.shape)))
+    order[k], order[j] = order[j], order[k]
+
+    def swap(affine):
+        return Affine(affine.base, tuple(affine.strides[d] for d in order), affine.grad_base, affine.tri)
+
+    def vector(v):
+        return None if v is None else Vector(swap(v.start), v.offsets, v.length)
+    members = np.empty(len(g.members), dtype=object)
+    members[:] = g.members
+    one_sample = [int(n) for n in g.shape[:-1]]
+    members = list(members.reshape(one_sample).transpose(order[:-1]).ravel())
+    swapped = Group(members, tuple(g.shape[d] for d in order), guard=g.guard, masked=g.masked)
+    ops = g.operands
+    swapped.operands = Operands(swap(ops.out), tuple(a if isinstance(a, float) else swap(a) for a in ops.args),
+                                ops.constants, ops.term_positions, vector(ops.terms), vector(ops.a), vector(ops.b),
+                                ops.choices)
+    return swapped
 
 
 def batch_program(program, capacity=DEFAULT_CAPACITY):

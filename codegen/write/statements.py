@@ -12,9 +12,10 @@ import numpy as np
 
 from . import dtypes
 from ..lower import ir
+from ..lower.batch import BatchExtent
 from .dtypes import c_literal
 from .kernels import Call, call
-from .loops import (Accumulate, Matmul, OffsetTables, ReadGradient, WeightGradient, bias_arguments, data_at, guarded,
+from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, OffsetTables, ReadGradient, WeightGradient, bias_arguments, data_at, guarded,
                     fused_activation, fused_gradient, grad_at, layer_over_batch, loop_headers, loop_nest, loop_start,
                     operand, progression, short, slot_index, takes_epilogue, tree_sum, unrolled)
 
@@ -443,7 +444,11 @@ class Emitter:
         # (a loop whose weights stay put over its innermost loop gives them several contributions:
         # batch-1 SGD never updates them in backward; the batched program steps them after the
         # sum over its batch when they have no other, train()'s rate permitting)
-        if all(needs) and not unrolled(wrt, other) and WeightGradient.fits(shape, wrt, other, out):
+        # (lists written out are summed in registers over a loop of a fixed count (the zoo's demo:
+        # measured faster); over a run-time batch, rows of 16 and more make a product worth its call)
+        if (all(needs) and (not unrolled(wrt, other) or (shape and isinstance(shape[-1], BatchExtent)
+                                                         and len(wrt.offsets) >= UNROLL_MAX_CONTIGUOUS))
+                and WeightGradient.fits(shape, wrt, other, out)):
             step = self.stepped is not None and all(f.kind == "param" and f.sgd_fused for f in factors)
             product = WeightGradient(wrt, other, out, self._row_list(other), step)
             if step:
