@@ -164,7 +164,7 @@ def test_max_chains_are_one_maximum(compiler):
 
 
 def test_attention_is_loops_not_statements(tiny):
-    """The per-position code is shared: every position after the first two is one loop nest's
+    """The per-position code is shared: every position after the first one or two is one loop nest's
     iteration, and the causal triangle is one loop nest over the positions, not one per position
     (codegen/lower/vector.py's _families): the program has as many groups at every block_size."""
     counts = []
@@ -175,7 +175,7 @@ def test_attention_is_loops_not_statements(tiny):
         program = codegen.lower.ir.lower(doc.loss, doc.inputs, params, doc.outputs)
         singles = sum(1 for g in program.forward if not g.shape)
         assert singles <= 20, singles
-        assert any(g.shape[0] == config.block_size - 2 for g in program.forward if g.shape)  # positions as a loop
+        assert any(g.shape[0] >= config.block_size - 2 for g in program.forward if g.shape)  # positions as a loop
         counts.append((len(program.forward), len(program.backward)))
     assert counts[0] == counts[1], counts
 
