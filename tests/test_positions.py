@@ -4,8 +4,6 @@ train() and gradients() skip every position past the last nonzero weight. The re
 unbounded program's, bit for bit (forward() and predict() run every position), and microgpt's
 own per-length graph's."""
 
-import random
-
 import numpy as np
 import pytest
 
@@ -13,25 +11,9 @@ import codegen
 from conftest import compiler_diagonal
 from gpt import data, model, train
 from micrograd_c import Value
+from test_gpt import TINY as CONFIG, compiled as _compile, tiny  # noqa: F401 (tiny: the fixture)
 
-CONFIG = model.Config(n_embd=4, n_head=2, n_layer=1, block_size=5)
-DOCS = ["ava", "bo", "cy", "dee", "e", "abcde", "bac", "edcba", "ca", "adeb"]
 LENGTHS = ["abcde", "", "a", "ab", "abc", "abcd", "edcbaab"]  # 2..5 positions, and cut at block_size
-
-
-@pytest.fixture
-def tiny():
-    random.seed(3)
-    tokenizer = data.Tokenizer(DOCS)
-    state, params = model.init_state(CONFIG, tokenizer.vocab_size)
-    return tokenizer, state, params
-
-
-def _compile(tiny, compiler="tcc", dtype="float64", batch=1):
-    tokenizer, state, params = tiny
-    doc = model.document(state, CONFIG)
-    return codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, compiler=compiler,
-                           dtype=dtype, batch=batch, optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS))
 
 
 def _split(rows):
