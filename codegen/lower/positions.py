@@ -14,8 +14,11 @@ the attention of position t reads the keys of positions <= t. Every group must t
 members of positions < n and skip the others, each group in one of three ways:
 
 - all its members one position p: it runs while `n > p` (Group.guard: (slot, p));
-- positions p + i_k along one loop index and constant along the others: that loop's extent is
-  cut at run time to n - p (a Bounded extent: `upto(d[slot], p, N)`);
+- positions that rise along one loop and stay along the others: that loop's extent is cut at
+  run time (a Bounded extent), to n - p where pass i is position p + i (`upto(d[slot], p, N)`),
+  else to a table's count of the passes below n (a causal triangle's rows); a one-loop group
+  whose positions repeat in rows (a triangle's values laid flat, head after head) is read as a
+  loop nest over the rows first;
 - every member -1: it always runs.
 
 If any group fits none of these, nothing is bounded (a group that ran every position would read
@@ -84,7 +87,7 @@ class Sequence:
     weights: tuple
 
     @property
-    def all(self):
+    def every(self):
         """The slot's value that runs every group: T + 1 (T is what reaches no loss term)."""
         return len(self.weights) + 1
 
@@ -124,29 +127,30 @@ def bound_positions(program, input_grads=False):
                 kind = x.kind
                 if (kind == "op" or kind == "dot") and get(id(x), T) > p:
                     position[id(x)] = p
-    slot = program.n_slots
-    bounds = []
+    sequence = Sequence(program.n_slots, tuple(w.slot for w, _ in pairs))
+    bounds = {}
     for g in groups:
         if any(node is loss for node in g.members):
-            bounds.append(None)
             continue
-        bound = _bound(g, np.array([position.get(id(m), T) for m in g.members]), slot, T)
+        bound = _bound(g, np.array([get(id(m), T) for m in g.members]), sequence.slot, T)
         if bound is False:
             what = g.first.op.name if g.first.kind == "op" else "sum"
             return f"a loop nest's positions do not rise along one of its loops (a {what} of {len(g.members)} nodes)"
-        bounds.append(bound)
-    if all(b is None for b in bounds):
+        if bound is not None:
+            bounds[id(g)] = bound
+    if not bounds:
         return "no loop depends on the positions"
-    for g, bound in zip(groups, bounds):
+    for g in groups:
+        bound = bounds.get(id(g))
         if isinstance(bound, int):
-            g.guard = (slot, bound)
+            g.guard = (sequence.slot, bound)
         elif bound is not None:
             g.shape, g.operands = bound
-        if any(node is loss for node in g.members):
-            g.masked = slot
+        elif any(node is loss for node in g.members):
+            g.masked = sequence.slot
     program.n_slots += 1
-    program.constants.append((slot, float(T + 1)))
-    program.sequence = Sequence(slot, tuple(w.slot for w, _ in pairs))
+    program.constants.append((sequence.slot, float(sequence.every)))
+    program.sequence = sequence
     return None
 
 
