@@ -278,8 +278,7 @@ static const GemmVariant *gemm_variant(void)
 #else
         for (int v = 1; v < count; v++) {
 #if defined(GEMM_RUNTIME_CHOICE)
-            const int runs = gemm_variants[v].vector_bytes == 64 ? __builtin_cpu_supports("avx512f")
-                           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+            const int runs = cpu_features() & (gemm_variants[v].vector_bytes == 64 ? CPU_AVX512F : CPU_AVX2_FMA);
 #else
             const int runs = 1;
 #endif
