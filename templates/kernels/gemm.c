@@ -112,6 +112,17 @@ typedef struct {
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__) /* GCC, Clang */
 #define GEMM_VECTOR_KERNELS 1
+/* A tile's rows of A packed (copied into a panel on the stack, term after term) before its
+ * columns run, when A is not read along its rows (matmul_acc reads W down its columns: a tile's
+ * 6 values of a term in one row of W, the next term a row further, so the slice's terms fall in
+ * few cache sets and left the L1 between the tile's column blocks) or only at listed terms
+ * (sparse inputs: a gather), and more than one block of columns reads them; up to GEMM_PANEL
+ * terms (a slice of the sum, gemm_depth, is fewer), else read in place. */
+#if HAVE_THREAD_POOL
+#define GEMM_PANEL 512
+#else /* exported C's small stack (see GEMM_NT_COLUMNS) */
+#define GEMM_PANEL 128
+#endif
 /* rows [first, last) with vectors of vec_t: a register tile of ROWS rows (TILE_ROWS(op, VECS)
  * expands op for each) by VECS vectors of columns at a time, then one row at a time (blocks of
  * 4 and 2 for the rest made the zoo's demo, layers of 16, 5% faster, but each block is another
@@ -128,6 +139,8 @@ typedef struct {
         const long a_i = g->a_i, a_p = g->a_p, b_p = g->b_p, c_i = g->c_i, N = g->N, P = g->P;    \
         const int32_t *restrict p_list = g->p_list;                                                \
         const real rate = g->rate;                                                                 \
+        const int pack = a_p != 1 && N > (vectors) * V && P <= GEMM_PANEL;                         \
+        real panel[(ROWS) * GEMM_PANEL];                                                           \
         long i = first;                                                                            \
         for (; i + (ROWS) <= last; i += (ROWS))                                                    \
             GEMM_BLOCK(TILE_ROWS, ROWS, VECS, vectors)                                             \
@@ -144,7 +157,13 @@ typedef struct {
     {                                                                                              \
         real *restrict c = g->C + i * c_i;                                                         \
         real *restrict w = g->step ? g->step + i * c_i : 0;                                        \
-        const real *restrict a = A + i * a_i;                                                      \
+        if (pack && a_i == 1) /* (matmul_acc's) a tile's values of a term side by side in A */     \
+            GEMM_OVER_P(memcpy(panel + t * (count), A + i + p * a_p, (count) * sizeof(real));)     \
+        else if (pack)                                                                             \
+            GEMM_OVER_P(ROWS(GEMM_PACK, count))                                                    \
+        /* A's value for row r and the sum's term q at a[r * a_r + q * a_q] */                      \
+        const real *restrict a = pack ? panel : A + i * a_i;                                       \
+        const long a_r = pack ? 1 : a_i, a_q = pack ? (count) : a_p;                               \
         long n = 0;                                                                                \
         for (; n + (vectors) * V <= N; n += (vectors) * V)                                         \
             GEMM_COLUMNS(ROWS, VECS)                                                               \
@@ -166,15 +185,19 @@ typedef struct {
         GEMM_OVER_P(VECS(GEMM_LOAD_B, _) ROWS(GEMM_FMA, VECS))                                     \
         ROWS(GEMM_STORE, VECS)                                                                     \
     }
-/* the sum's loop over p, written twice: the dense one counts, the listed one reads the list */
+/* the sum's loop over p, written twice: the dense one counts, the listed one reads the list (t
+ * counts its terms, q is A's: t in the panel, p in A) */
 #define GEMM_OVER_P(...)                                                                           \
     if (p_list)                                                                                    \
         for (long t = 0; t < P; t++) {                                                             \
-            const long p = p_list[t];                                                              \
+            const long p = p_list[t], q = pack ? t : p;                                            \
+            (void)q;                                                                               \
             __VA_ARGS__                                                                            \
         }                                                                                          \
     else                                                                                           \
         for (long p = 0; p < P; p++) {                                                             \
+            const long t = p, q = p;                                                               \
+            (void)t, (void)q;                                                                      \
             __VA_ARGS__                                                                            \
         }
 /* the pieces, for row r of the tile: vector accumulators s<r>_<v>, B's vectors b<v>; a scalar t<r> */
@@ -193,7 +216,7 @@ typedef struct {
     memcpy(&b##v, B + p * b_p + n + v * V, sizeof b##v);
 #define GEMM_FMA(r, VECS)                                                                          \
     {                                                                                              \
-        const real x = a[r * a_i + p * a_p];                                                       \
+        const real x = a[r * a_r + q * a_q];                                                       \
         VECS(GEMM_FMA_VECTOR, r)                                                                   \
     }
 #define GEMM_FMA_VECTOR(r, v) s##r##_##v += x * b##v;
@@ -201,7 +224,9 @@ typedef struct {
 #define GEMM_STORE_COLUMNS(r, v) GEMM_STORE_VECTOR(r * c_i + n + v * V, s##r##_##v)
 #define GEMM_DECLARE_SCALAR(r, _) real t##r;
 #define GEMM_INIT_SCALAR(r, _) t##r = g->accumulate ? c[r * c_i + n] : GEMM_INIT(g, i + r);
-#define GEMM_FMA_SCALAR(r, _) t##r += a[r * a_i + p * a_p] * b0;
+#define GEMM_FMA_SCALAR(r, _) t##r += a[r * a_r + q * a_q] * b0;
+/* A's tile of rows copied into the panel, term by term (t) in the sum's order */
+#define GEMM_PACK(r, count) panel[t * (count) + r] = A[(i + r) * a_i + p * a_p];
 /* a sum into C at `at`, or (step) into the parameters' step, C cleared if asked */
 #define GEMM_STORE_VECTOR(at, sum)                                                                 \
     if (w) {                                                                                       \
