@@ -113,21 +113,23 @@ typedef struct {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__) /* GCC, Clang */
 #define GEMM_VECTOR_KERNELS 1
 /* A tile's rows of A packed (copied into a panel on the stack, term after term) before its
- * columns run, when A is not read along its rows (matmul_acc reads W down its columns: a tile's
+ * columns run, when A is read down its columns (matmul_acc reads W so: a tile's
  * 6 values of a term in one row of W, the next term a row further, so the slice's terms fall in
- * few cache sets and left the L1 between the tile's column blocks) or only at listed terms
- * (sparse inputs: a gather), and more than one block of columns reads them; up to GEMM_PANEL
- * terms (a slice of the sum, gemm_depth, is fewer), else read in place. */
+ * few cache sets and left the L1 between the tile's column blocks) and more than one block of
+ * columns reads them; up to GEMM_PANEL terms (a slice of the sum, gemm_depth, is fewer), else
+ * read in place. Zen 3, float32, thread CPU time: matmul_acc at 512x256x128 32.5 -> 37.8 G
+ * multiply-adds/s. (Packing the listed terms of sparse inputs' gather measured slower.) */
 #if HAVE_THREAD_POOL
 #define GEMM_PANEL 512
 #else /* exported C's small stack (see GEMM_NT_COLUMNS) */
 #define GEMM_PANEL 128
 #endif
 /* rows [first, last) with vectors of vec_t: a register tile of ROWS rows (TILE_ROWS(op, VECS)
- * expands op for each) by VECS vectors of columns at a time, then one row at a time (blocks of
- * 4 and 2 for the rest made the zoo's demo, layers of 16, 5% faster, but each block is another
- * copy of the loops: gcc -O3 took 0.35 s more per unit that uses the kernels); along a row, VECS
- * vectors of columns at a time, then one vector, then single columns. Every element of C is
+ * expands op for each) by VECS vectors of columns at a time, then a block of 4 rows if 4 are
+ * left (a layer of 16: 6 + 6 + 4), then single rows of 4 vectors (a single row of 2 vectors is 2
+ * chains of multiply-adds, which wait on each other's latency: the zoo's demo, layers of 16,
+ * ran its products 8-40% faster, float64 on Zen 3); along a row, VECS vectors of columns at a
+ * time, then one vector, then single columns. Every element of C is
  * summed the same way in each of these loops (a multiply-add per p, in p order, from its init),
  * so a variant's tile changes no bit of the result. */
 #define GEMM_KERNEL(name, attributes, vec_t, TILE_ROWS, ROWS, VECS, vectors)                        \
@@ -139,17 +141,23 @@ typedef struct {
         const long a_i = g->a_i, a_p = g->a_p, b_p = g->b_p, c_i = g->c_i, N = g->N, P = g->P;    \
         const int32_t *restrict p_list = g->p_list;                                                \
         const real rate = g->rate;                                                                 \
-        const int pack = a_p != 1 && N > (vectors) * V && P <= GEMM_PANEL;                         \
+        const int pack = a_i == 1 && a_p != 1 && N > (vectors) * V && P <= GEMM_PANEL;             \
         real panel[(ROWS) * GEMM_PANEL];                                                           \
         long i = first;                                                                            \
         for (; i + (ROWS) <= last; i += (ROWS))                                                    \
             GEMM_BLOCK(TILE_ROWS, ROWS, VECS, vectors)                                             \
-        for (; i < last; i++)                                                                      \
-            GEMM_BLOCK(GEMM_ROWS1, 1, VECS, vectors)                                               \
+        if (i + 4 <= last) {                                                                       \
+            GEMM_BLOCK(GEMM_ROWS4, 4, VECS, vectors)                                               \
+            i += 4;                                                                                \
+        }                                                                                          \
+        for (; i < last; i++) /* one row: 4 vectors, chains enough to hide the multiply-add's latency */ \
+            GEMM_BLOCK(GEMM_ROWS1, 1, GEMM_VECS4, 4)                                               \
     }
 /* the tile's rows, and a row's vectors */
 #define GEMM_ROWS6(op, VECS) op(0, VECS) op(1, VECS) op(2, VECS) op(3, VECS) op(4, VECS) op(5, VECS)
+#define GEMM_ROWS4(op, VECS) op(0, VECS) op(1, VECS) op(2, VECS) op(3, VECS)
 #define GEMM_ROWS1(op, VECS) op(0, VECS)
+#define GEMM_VECS4(op, r) op(r, 0) op(r, 1) op(r, 2) op(r, 3)
 #define GEMM_VECS2(op, r) op(r, 0) op(r, 1)
 #define GEMM_VECS1(op, r) op(r, 0)
 /* rows [i, i + count) of C, ROWS(op, VECS) expanding op for each */
@@ -157,10 +165,8 @@ typedef struct {
     {                                                                                              \
         real *restrict c = g->C + i * c_i;                                                         \
         real *restrict w = g->step ? g->step + i * c_i : 0;                                        \
-        if (pack && a_i == 1) /* (matmul_acc's) a tile's values of a term side by side in A */     \
+        if (pack) /* a tile's values of a term side by side in A, a term after another */         \
             GEMM_OVER_P(memcpy(panel + t * (count), A + i + p * a_p, (count) * sizeof(real));)     \
-        else if (pack)                                                                             \
-            GEMM_OVER_P(ROWS(GEMM_PACK, count))                                                    \
         /* A's value for row r and the sum's term q at a[r * a_r + q * a_q] */                      \
         const real *restrict a = pack ? panel : A + i * a_i;                                       \
         const long a_r = pack ? 1 : a_i, a_q = pack ? (count) : a_p;                               \
@@ -225,8 +231,6 @@ typedef struct {
 #define GEMM_DECLARE_SCALAR(r, _) real t##r;
 #define GEMM_INIT_SCALAR(r, _) t##r = g->accumulate ? c[r * c_i + n] : GEMM_INIT(g, i + r);
 #define GEMM_FMA_SCALAR(r, _) t##r += a[r * a_r + q * a_q] * b0;
-/* A's tile of rows copied into the panel, term by term (t) in the sum's order */
-#define GEMM_PACK(r, count) panel[t * (count) + r] = A[(i + r) * a_i + p * a_p];
 /* a sum into C at `at`, or (step) into the parameters' step, C cleared if asked */
 #define GEMM_STORE_VECTOR(at, sum)                                                                 \
     if (w) {                                                                                       \
@@ -448,10 +452,12 @@ PRODUCT void matmul_acc(real *restrict out, long out_k, const real *restrict w, 
     if (J <= GEMM_ACC_LISTED) {
         count = 0;
         for (long j = 0; j < J; j++) {
-            int nonzero = 0;
-            for (long s = 0; s < S; s++)
-                nonzero |= go[j * go_j + s] != 0;
-            if (nonzero)
+            const real *row = go + j * go_j;
+            long s = 0;
+            int nonzero = 0; /* (a row that is on stops at its first chunk with a nonzero) */
+            for (; s + ROW_LANES <= S && !nonzero; s += ROW_LANES)
+                nonzero = lanes_nonzero(row + s);
+            if (nonzero || any_nonzero(row + s, (int)(S - s)))
                 active[count++] = (int32_t)j;
         }
     }
