@@ -165,8 +165,9 @@ typedef struct {
     {                                                                                              \
         real *restrict c = g->C + i * c_i;                                                         \
         real *restrict w = g->step ? g->step + i * c_i : 0;                                        \
-        if (pack) /* a tile's values of a term side by side in A, a term after another */         \
+        if (pack) { /* a tile's values of a term side by side in A, a term after another */       \
             GEMM_OVER_P(memcpy(panel + t * (count), A + i + p * a_p, (count) * sizeof(real));)     \
+        }                                                                                          \
         /* A's value for row r and the sum's term q at a[r * a_r + q * a_q] */                      \
         const real *restrict a = pack ? panel : A + i * a_i;                                       \
         const long a_r = pack ? 1 : a_i, a_q = pack ? (count) : a_p;                               \
