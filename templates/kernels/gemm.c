@@ -150,7 +150,7 @@ typedef struct {
             GEMM_BLOCK(GEMM_ROWS4, 4, VECS, vectors)                                               \
             i += 4;                                                                                \
         }                                                                                          \
-        for (; i < last; i++) /* one row: 4 vectors, chains enough to hide the multiply-add's latency */ \
+        for (; i < last; i++) /* single rows of 4 vectors: 4 chains hide the latency */        \
             GEMM_BLOCK(GEMM_ROWS1, 1, GEMM_VECS4, 4)                                               \
     }
 /* the tile's rows, and a row's vectors */
@@ -308,7 +308,8 @@ static const GemmVariant *gemm_variant(void)
 #else
         for (int v = 1; v < count; v++) {
 #if defined(GEMM_RUNTIME_CHOICE)
-            const int runs = cpu_features() & (gemm_variants[v].vector_bytes == 64 ? CPU_AVX512F : CPU_AVX2_FMA);
+            const int needs = gemm_variants[v].vector_bytes == 64 ? CPU_AVX512F : CPU_AVX2_FMA;
+            const int runs = (cpu_features() & needs) != 0;
 #else
             const int runs = 1;
 #endif
