@@ -1,9 +1,11 @@
 """`make bench`'s minibatch table: train() at batch 1, 32 and 128 and predict() of the test set,
-µs per image, micrograd-c (every core, and one thread) beside PyTorch (every core, eager) and
-JAX (`jit`, the epoch as one `lax.scan`), on real MNIST, float32 and float64. Every system and
-model runs in its own process (PyTorch loaded into a process slows later runs in it), each
-figure the median of `--repeats` runs. The roofline row: the B = 128 step of the biggest MLP as
-a share of the machine's multiply-add peak (bench/c/bandwidth.c, both cores).
+µs per image, micrograd-c (every core, and one thread: wall and process CPU time) beside PyTorch
+(every core, eager) and JAX (`jit`, the epoch as one `lax.scan`), on real MNIST, float32 and
+float64. Every system and model runs in its own process (PyTorch loaded into a process slows later
+runs in it), each figure the median of `--repeats` runs. The roofline row: the B = 128 step of the
+biggest MLP in multiply-adds a second, to set beside the machine's peak (`make roofline`,
+bench/c/bandwidth.c); the one thread's CPU time gives it on a shared machine, where wall time
+counts the other processes' turns.
 
     python -m bench.minibatch [--models mlp-50 ...] [--dtypes float32] [--images N] [--repeats R]
 """
@@ -50,9 +52,11 @@ def run_ours(hidden, dtype, data, batches, repeats, threads):
         net = build_graph(hidden=hidden, init='he').compile(**options)
     if threads:
         net.set_threads(threads)
-    train = {b: _median(lambda b=b: net.train(X, y, LR, scale=PIXEL_SCALE, batch_size=b), repeats) for b in batches}
-    predict = _median(lambda: net.predict(Xt, scale=PIXEL_SCALE), repeats)
-    return train, predict, net.threads()
+    cpu = {}
+    train = {b: _median(lambda b=b: net.train(X, y, LR, scale=PIXEL_SCALE, batch_size=b), repeats, cpu, b)
+             for b in batches}
+    predict = _median(lambda: net.predict(Xt, scale=PIXEL_SCALE), repeats, cpu, 'predict')
+    return train, predict, net.threads(), cpu
 
 
 def run_torch(hidden, dtype, data, batches, repeats):
@@ -141,12 +145,16 @@ def run_jax(hidden, dtype, data, batches, repeats):
     return train, _median(predict_all, repeats), os.cpu_count()
 
 
-def _median(run, repeats):
-    times = []
+def _median(run, repeats, cpu=None, key=None):
+    """The median wall time of `repeats` runs; with `cpu`, cpu[key] the median process CPU time."""
+    times, cpu_times = [], []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         run()
         times.append(time.perf_counter() - started)
+        cpu_times.append(time.process_time() - cpu_started)
+    if cpu is not None:
+        cpu[key] = statistics.median(cpu_times)
     return statistics.median(times)
 
 
@@ -154,14 +162,17 @@ def worker(args):
     train_images, train_labels, test_images, _ = load_mnist(args.data_dir, download_missing=False)
     data = (train_images[:args.images], train_labels[:args.images].astype(np.int64), test_images)
     hidden = MODELS[args.model]
+    cpu = {}
     if args.system.startswith('micrograd-c'):
-        train, predict, threads = run_ours(hidden, args.dtype, data, args.batches, args.repeats,
-                                           1 if args.system.endswith('1 thread') else None)
+        train, predict, threads, cpu = run_ours(hidden, args.dtype, data, args.batches, args.repeats,
+                                                1 if args.system.endswith('1 thread') else None)
     else:
         train, predict, threads = {'pytorch': run_torch, 'jax': run_jax}[args.system](
             hidden, args.dtype, data, args.batches, args.repeats)
     print(json.dumps({'train': {b: t / args.images * 1e6 for b, t in train.items()},
-                      'predict': predict / len(test_images) * 1e6, 'threads': threads}))
+                      'predict': predict / len(test_images) * 1e6, 'threads': threads,
+                      'cpu': {b: t / (len(test_images) if b == 'predict' else args.images) * 1e6
+                              for b, t in cpu.items()}}))
 
 
 # ---- the table --------------------------------------------------------------------------------
@@ -181,20 +192,26 @@ def measure(system, model, dtype, args):
         return None
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result['train'] = {int(b): t for b, t in result['train'].items()}
+    result['cpu'] = {b if b == 'predict' else int(b): t for b, t in result['cpu'].items()}
     return result
 
 
 def table(results, args):
     peers = ('pytorch', 'jax')
-    head = ['model', 'dtype', 'run'] + list(SYSTEMS) + ['ours / best peer']
+    one_thread = SYSTEMS.index('micrograd-c 1 thread') + 1
+    head = ['model', 'dtype', 'run'] + [*SYSTEMS[:one_thread], '1 thread, CPU time', *SYSTEMS[one_thread:]] + [
+        'ours / best peer']
     lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for (model, dtype), by_system in results.items():
-        runs = [(f'train B={b}', lambda r, b=b: r['train'].get(b)) for b in args.batches]
-        runs.append((f'predict ({PREDICT_CHUNK}-row chunks for the peers)', lambda r: r['predict']))
-        for name, pick in runs:
-            cells = [pick(by_system[s]) if by_system.get(s) else None for s in SYSTEMS]
+        runs = [(f'train B={b}', b) for b in args.batches]
+        runs.append((f'predict ({PREDICT_CHUNK}-row chunks for the peers)', 'predict'))
+        for name, key in runs:
+            cells = [(r['predict'] if key == 'predict' else r['train'].get(key)) if (r := by_system.get(s)) else None
+                     for s in SYSTEMS]
             best_peer = min((c for s, c in zip(SYSTEMS, cells) if s in peers and c), default=None)
             ratio = f'**{cells[0] / best_peer:.2f}x**' if cells[0] and best_peer else '-'
+            cpu = (by_system.get('micrograd-c 1 thread') or {}).get('cpu', {}).get(key)
+            cells.insert(one_thread, cpu)
             lines.append('| ' + ' | '.join([model, dtype, name, *[f'{c:.1f}' if c else '-' for c in cells], ratio])
                          + ' |')
     return '\n'.join(lines)
@@ -236,12 +253,16 @@ def main(argv=None):
     print(table(results, args))
     print('\nmicrograd-c with sparse_inputs=True (the first layer skips the input rows that are 0 in '
           'the whole batch: no peer does); PyTorch on every core; JAX jit, the epoch one lax.scan')
-    big = results.get(('mlp-512-256', 'float32'), {}).get('micrograd-c')
-    if big and 128 in big['train']:
-        _, train_macs = multiply_adds(MODELS['mlp-512-256'])
-        rate = train_macs / big['train'][128] / 1e3
+    big = results.get(('mlp-512-256', 'float32'), {})
+    _, train_macs = multiply_adds(MODELS['mlp-512-256'])
+    if big.get('micrograd-c') and 128 in big['micrograd-c']['train']:
+        rate = train_macs / big['micrograd-c']['train'][128] / 1e3
         print(f'\nMLP(784, [512, 256, 10]) float32, train B=128: {rate:.1f} G multiply-adds/s on '
-              f'{big["threads"]} thread(s) (`make roofline` measures the machine\'s peak per core)')
+              f'{big["micrograd-c"]["threads"]} thread(s) (`make roofline` measures the machine\'s peak per core)')
+    if big.get('micrograd-c 1 thread') and 128 in big['micrograd-c 1 thread']['cpu']:
+        rate = train_macs / big['micrograd-c 1 thread']['cpu'][128] / 1e3
+        print(f'MLP(784, [512, 256, 10]) float32, train B=128 on one thread: {rate:.1f} G multiply-adds '
+              f'per second of its process CPU time (against one core\'s peak)')
     return 0
 
 

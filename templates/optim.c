@@ -97,7 +97,7 @@ static long adam_vectors(real *p, real *g, real *m, real *v, long n, AdamScalars
 {
 #ifdef ADAM_VECTOR_PASSES
 #ifndef ADAM_VECTOR_BYTES /* the widest the CPU has (tests/test_optim.py sets it, to hold each pass) */
-#define ADAM_VECTOR_BYTES (__builtin_cpu_supports("avx512f") ? 64 : __builtin_cpu_supports("avx") ? 32 : 16)
+#define ADAM_VECTOR_BYTES (cpu_features() & CPU_AVX512F ? 64 : cpu_features() & CPU_AVX ? 32 : 16)
 #endif
     switch (ADAM_VECTOR_BYTES) {
     case 64: return ADAM_WIDTH(adam_pass_avx512, decoupled, l2);

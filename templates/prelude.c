@@ -169,6 +169,47 @@ static void parallel_rows(RowTask task, void *args, long rows, long align)
 }
 #endif
 
+/* The vector instructions this CPU runs, asked once (CPUID, and XGETBV for the OS saving the
+ * registers: AVX's and AVX-512's need both): CPU_AVX, CPU_AVX2_FMA (AVX2 with FMA), CPU_AVX512F.
+ * The products (kernels/gemm.c) and Adam's passes (optim.c) take the widest when they are built
+ * without -march=native. Read directly: zig's compiler-rt answers __builtin_cpu_supports with 0,
+ * which left its builds on the plain loops. */
+enum { CPU_AVX = 1, CPU_AVX2_FMA = 2, CPU_AVX512F = 4 };
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__) /* GCC, Clang, zig */
+#include <cpuid.h>
+static inline int cpu_features(void)
+{
+    static int features = -1; /* every thread that asks gets the same */
+    if (features < 0) {
+        unsigned a, b, c, d, found = 0;
+        if (__get_cpuid(1, &a, &b, &c, &d) && (c & bit_OSXSAVE)) {
+            const unsigned leaf1 = c;
+            unsigned lo, hi;
+            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0)); /* XCR0: the state the OS saves */
+            const int ymm = (lo & 0x6) == 0x6, zmm = ymm && (lo & 0xe0) == 0xe0; /* SSE+AVX; opmask, zmm */
+            unsigned leaf7 = 0; /* EBX of leaf 7: AVX2, AVX-512F */
+            if (__get_cpuid_max(0, 0) >= 7) {
+                __cpuid_count(7, 0, a, b, c, d);
+                leaf7 = b;
+            }
+            if (ymm && (leaf1 & bit_AVX))
+                found |= CPU_AVX;
+            if (ymm && (leaf1 & bit_FMA) && (leaf7 & bit_AVX2))
+                found |= CPU_AVX2_FMA;
+            if (zmm && (leaf7 & bit_AVX512F))
+                found |= CPU_AVX512F;
+        }
+        features = (int)found;
+    }
+    return features;
+}
+#else
+static inline int cpu_features(void)
+{
+    return 0;
+}
+#endif
+
 /*@INCLUDE kernels/gemm.c@*/
 
 /*@INCLUDE kernels/axpy.c@*/

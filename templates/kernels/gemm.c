@@ -112,11 +112,24 @@ typedef struct {
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__) /* GCC, Clang */
 #define GEMM_VECTOR_KERNELS 1
+/* A tile's rows of A packed (copied into a panel on the stack, term after term) before its
+ * columns run, when A is read down its columns (matmul_acc reads W so: a tile's
+ * 6 values of a term in one row of W, the next term a row further, so the slice's terms fall in
+ * few cache sets and left the L1 between the tile's column blocks) and more than one block of
+ * columns reads them; up to GEMM_PANEL terms (a slice of the sum, gemm_depth, is fewer), else
+ * read in place. Zen 3, float32, thread CPU time: matmul_acc at 512x256x128 32.5 -> 37.8 G
+ * multiply-adds/s. (Packing the listed terms of sparse inputs' gather measured slower.) */
+#if HAVE_THREAD_POOL
+#define GEMM_PANEL 512
+#else /* exported C's small stack (see GEMM_NT_COLUMNS) */
+#define GEMM_PANEL 128
+#endif
 /* rows [first, last) with vectors of vec_t: a register tile of ROWS rows (TILE_ROWS(op, VECS)
- * expands op for each) by VECS vectors of columns at a time, then one row at a time (blocks of
- * 4 and 2 for the rest made the zoo's demo, layers of 16, 5% faster, but each block is another
- * copy of the loops: gcc -O3 took 0.35 s more per unit that uses the kernels); along a row, VECS
- * vectors of columns at a time, then one vector, then single columns. Every element of C is
+ * expands op for each) by VECS vectors of columns at a time, then a block of 4 rows if 4 are
+ * left (a layer of 16: 6 + 6 + 4), then single rows of 4 vectors (a single row of 2 vectors is 2
+ * chains of multiply-adds, which wait on each other's latency: the zoo's demo, layers of 16,
+ * ran its products 8-40% faster, float64 on Zen 3); along a row, VECS vectors of columns at a
+ * time, then one vector, then single columns. Every element of C is
  * summed the same way in each of these loops (a multiply-add per p, in p order, from its init),
  * so a variant's tile changes no bit of the result. */
 #define GEMM_KERNEL(name, attributes, vec_t, TILE_ROWS, ROWS, VECS, vectors)                        \
@@ -128,15 +141,23 @@ typedef struct {
         const long a_i = g->a_i, a_p = g->a_p, b_p = g->b_p, c_i = g->c_i, N = g->N, P = g->P;    \
         const int32_t *restrict p_list = g->p_list;                                                \
         const real rate = g->rate;                                                                 \
+        const int pack = a_i == 1 && a_p != 1 && N > (vectors) * V && P <= GEMM_PANEL;             \
+        real panel[(ROWS) * GEMM_PANEL];                                                           \
         long i = first;                                                                            \
         for (; i + (ROWS) <= last; i += (ROWS))                                                    \
             GEMM_BLOCK(TILE_ROWS, ROWS, VECS, vectors)                                             \
-        for (; i < last; i++)                                                                      \
-            GEMM_BLOCK(GEMM_ROWS1, 1, VECS, vectors)                                               \
+        if (i + 4 <= last) {                                                                       \
+            GEMM_BLOCK(GEMM_ROWS4, 4, VECS, vectors)                                               \
+            i += 4;                                                                                \
+        }                                                                                          \
+        for (; i < last; i++) /* single rows of 4 vectors: 4 chains hide the latency */        \
+            GEMM_BLOCK(GEMM_ROWS1, 1, GEMM_VECS4, 4)                                               \
     }
 /* the tile's rows, and a row's vectors */
 #define GEMM_ROWS6(op, VECS) op(0, VECS) op(1, VECS) op(2, VECS) op(3, VECS) op(4, VECS) op(5, VECS)
+#define GEMM_ROWS4(op, VECS) op(0, VECS) op(1, VECS) op(2, VECS) op(3, VECS)
 #define GEMM_ROWS1(op, VECS) op(0, VECS)
+#define GEMM_VECS4(op, r) op(r, 0) op(r, 1) op(r, 2) op(r, 3)
 #define GEMM_VECS2(op, r) op(r, 0) op(r, 1)
 #define GEMM_VECS1(op, r) op(r, 0)
 /* rows [i, i + count) of C, ROWS(op, VECS) expanding op for each */
@@ -144,7 +165,12 @@ typedef struct {
     {                                                                                              \
         real *restrict c = g->C + i * c_i;                                                         \
         real *restrict w = g->step ? g->step + i * c_i : 0;                                        \
-        const real *restrict a = A + i * a_i;                                                      \
+        if (pack) { /* a tile's values of a term side by side in A, a term after another */       \
+            GEMM_OVER_P(memcpy(panel + t * (count), A + i + p * a_p, (count) * sizeof(real));)     \
+        }                                                                                          \
+        /* A's value for row r and the sum's term q at a[r * a_r + q * a_q] */                      \
+        const real *restrict a = pack ? panel : A + i * a_i;                                       \
+        const long a_r = pack ? 1 : a_i, a_q = pack ? (count) : a_p;                               \
         long n = 0;                                                                                \
         for (; n + (vectors) * V <= N; n += (vectors) * V)                                         \
             GEMM_COLUMNS(ROWS, VECS)                                                               \
@@ -166,15 +192,19 @@ typedef struct {
         GEMM_OVER_P(VECS(GEMM_LOAD_B, _) ROWS(GEMM_FMA, VECS))                                     \
         ROWS(GEMM_STORE, VECS)                                                                     \
     }
-/* the sum's loop over p, written twice: the dense one counts, the listed one reads the list */
+/* the sum's loop over p, written twice: the dense one counts, the listed one reads the list (t
+ * counts its terms, q is A's: t in the panel, p in A) */
 #define GEMM_OVER_P(...)                                                                           \
     if (p_list)                                                                                    \
         for (long t = 0; t < P; t++) {                                                             \
-            const long p = p_list[t];                                                              \
+            const long p = p_list[t], q = pack ? t : p;                                            \
+            (void)q;                                                                               \
             __VA_ARGS__                                                                            \
         }                                                                                          \
     else                                                                                           \
         for (long p = 0; p < P; p++) {                                                             \
+            const long t = p, q = p;                                                               \
+            (void)t, (void)q;                                                                      \
             __VA_ARGS__                                                                            \
         }
 /* the pieces, for row r of the tile: vector accumulators s<r>_<v>, B's vectors b<v>; a scalar t<r> */
@@ -193,7 +223,7 @@ typedef struct {
     memcpy(&b##v, B + p * b_p + n + v * V, sizeof b##v);
 #define GEMM_FMA(r, VECS)                                                                          \
     {                                                                                              \
-        const real x = a[r * a_i + p * a_p];                                                       \
+        const real x = a[r * a_r + q * a_q];                                                       \
         VECS(GEMM_FMA_VECTOR, r)                                                                   \
     }
 #define GEMM_FMA_VECTOR(r, v) s##r##_##v += x * b##v;
@@ -201,7 +231,7 @@ typedef struct {
 #define GEMM_STORE_COLUMNS(r, v) GEMM_STORE_VECTOR(r * c_i + n + v * V, s##r##_##v)
 #define GEMM_DECLARE_SCALAR(r, _) real t##r;
 #define GEMM_INIT_SCALAR(r, _) t##r = g->accumulate ? c[r * c_i + n] : GEMM_INIT(g, i + r);
-#define GEMM_FMA_SCALAR(r, _) t##r += a[r * a_i + p * a_p] * b0;
+#define GEMM_FMA_SCALAR(r, _) t##r += a[r * a_r + q * a_q] * b0;
 /* a sum into C at `at`, or (step) into the parameters' step, C cleared if asked */
 #define GEMM_STORE_VECTOR(at, sum)                                                                 \
     if (w) {                                                                                       \
@@ -278,8 +308,8 @@ static const GemmVariant *gemm_variant(void)
 #else
         for (int v = 1; v < count; v++) {
 #if defined(GEMM_RUNTIME_CHOICE)
-            const int runs = gemm_variants[v].vector_bytes == 64 ? __builtin_cpu_supports("avx512f")
-                           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+            const int needs = gemm_variants[v].vector_bytes == 64 ? CPU_AVX512F : CPU_AVX2_FMA;
+            const int runs = (cpu_features() & needs) != 0;
 #else
             const int runs = 1;
 #endif
@@ -424,10 +454,12 @@ PRODUCT void matmul_acc(real *restrict out, long out_k, const real *restrict w, 
     if (J <= GEMM_ACC_LISTED) {
         count = 0;
         for (long j = 0; j < J; j++) {
-            int nonzero = 0;
-            for (long s = 0; s < S; s++)
-                nonzero |= go[j * go_j + s] != 0;
-            if (nonzero)
+            const real *row = go + j * go_j;
+            long s = 0;
+            int nonzero = 0; /* (a row that is on stops at its first chunk with a nonzero) */
+            for (; s + ROW_LANES <= S && !nonzero; s += ROW_LANES)
+                nonzero = lanes_nonzero(row + s);
+            if (nonzero || any_nonzero(row + s, (int)(S - s)))
                 active[count++] = (int32_t)j;
         }
     }
