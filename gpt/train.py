@@ -115,8 +115,8 @@ def train_compiled(net, docs, tokenizer, args, bar):
         picked = [(first + k) % len(docs) for k in range(args.batch_size)]
         batch = rows[picked] if rows is not None else np.stack([data.row(tokenizer.encode(docs[i]), block)
                                                                   for i in picked])
-        loss = net.train(batch[:, :2 * block], batch[:, 2 * block:], learning_rate(args, step),
-                         batch_size=args.batch_size)
+        loss = net.train(np.ascontiguousarray(batch[:, :2 * block]), np.ascontiguousarray(batch[:, 2 * block:]),
+                         learning_rate(args, step), batch_size=args.batch_size)
         bar.update(1)
         yield loss
 

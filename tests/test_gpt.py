@@ -185,11 +185,13 @@ class _Bar:
         pass
 
 
-def test_the_app_trains_and_samples(tmp_path):
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_app_trains_and_samples(tmp_path, batch):
     names = tmp_path / "names.txt"
     names.write_text("\n".join(DOCS * 3) + "\n")
     run = subprocess.run([sys.executable, "-m", "gpt", "--data", str(names), "--steps", "12", "--n-embd", "4",
-                          "--n-head", "2", "--block-size", "6", "--samples", "3", "--compiler", "tcc"],
+                          "--n-head", "2", "--block-size", "6", "--samples", "3", "--compiler", "tcc",
+                          "--batch-size", str(batch)],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
@@ -197,7 +199,7 @@ def test_the_app_trains_and_samples(tmp_path):
     steps = [line for line in lines if line.startswith("step ")]
     assert len(steps) == 12 and steps[0].startswith("step    1 /   12 | loss ")
     assert sum(line.startswith("sample ") for line in lines) == 3
-    assert lines[-1].startswith("summary: 12 steps")
+    assert lines[-1].startswith(f"summary: 12 steps of {batch} document(s)")
 
 
 def test_the_app_reports_bad_data(tmp_path):
