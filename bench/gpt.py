@@ -19,7 +19,8 @@ document order):
   torch.optim.Adam with microgpt's learning rate set each step: microgpt's 1,000 steps, once.
 
 Then the issue's ratios (compiled step / JAX's scanned step, compiled step / the hand-written C's)
-with their targets. A peer whose losses leave the port's by more than 1e-9 (relative) fails the run.
+with their targets, and issue 36's rows: B = 16 and 64 documents a step (the batched program,
+gcc, beside JAX's scan of the same batches), 50 steps, a document's time. A peer whose losses leave the port's by more than 1e-9 (relative) fails the run.
 
     python -m bench --only gpt [--quick]
 """
@@ -38,6 +39,7 @@ import numpy as np
 
 COMPILERS = ("tcc", "gcc", "clang")
 STEPS, RUNS = 200, 5
+BATCHES, BATCH_STEPS = (16, 64), 50  # documents a step, steps timed (issue 36's rows)
 PORT_STEPS, PEER_RUNS = 1000, 3  # microgpt's run: the losses checked, the peers' timed steps
 TOLERANCE = 1e-9                 # the largest relative difference of a peer's losses from the port's
 TARGETS = {"JAX's scanned step": 0.35, "the hand-written C's step": 0.05}  # issue 33's, compiled / peer
@@ -108,6 +110,41 @@ def child_compiled(compiler):
     return {"graph_s": tg - t0, "codegen_s": t1 - tg, "build_s": t2 - t1, "runtime_s": t0 - r0, "hit_s": t3 - t2,
             **_per_step(times, STEPS), "one_call_us": in_one_call["step_us"], "one_call_cpu_us": in_one_call["cpu_us"],
             "peak_rss": net.build.peak_rss, "first_loss": losses[0], "losses": losses}
+
+
+def child_batches(compiler, batch):
+    """The compiled port on `batch` documents a step (train(batch_size=...), its batched program):
+    BATCH_STEPS steps' losses (microgpt's learning rate decaying over PORT_STEPS), then the time a
+    document, the median of RUNS passes of train() over BATCH_STEPS batches in one call."""
+    import codegen
+    from gpt import data, model, train
+    from micrograd_c import engine
+    args, docs, tokenizer, state, params = _setup(["--compiler", compiler, "--batch-size", str(batch)])
+    with engine.no_gc(survivors=True):
+        doc = model.document(state, args.config)
+    net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=batch,
+                          optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS), compiler=compiler, tiered=False)
+    losses = list(itertools.islice(train.train_compiled(net, docs, tokenizer, args, _NoBar()), BATCH_STEPS))
+    block = args.config.block_size
+    rows = np.stack([data.row(tokenizer.encode(docs[k % len(docs)]), block) for k in range(BATCH_STEPS * batch)])
+    X, Y = np.ascontiguousarray(rows[:, :2 * block]), np.ascontiguousarray(rows[:, 2 * block:])
+    times = []
+    for _ in range(RUNS):
+        clock = _Clock()
+        net.train(X, Y, 0.01, batch_size=batch)
+        times.append(clock.read())
+    return {**_per_step(times, len(X)), "first_loss": losses[0], "losses": losses}
+
+
+def child_jax_batches(batch):
+    from . import gpt_peers
+    args, docs, tokenizer, state, _ = _setup()
+    peer = gpt_peers.JaxPeer(args, docs, tokenizer, gpt_peers.initial(state), BATCH_STEPS, batch=batch,
+                             schedule=PORT_STEPS)  # (the rate decays as the port's does over its 1,000 steps)
+    losses, first_s, _ = peer.run_scan()  # the first run compiles
+    times = [peer.run_scan()[1:] for _ in range(PEER_RUNS)]
+    return {"compile_s": first_s - statistics.median(w for w, _ in times), **_per_step(times, BATCH_STEPS * batch),
+            "first_loss": float(losses[0]), "losses": losses.tolist()}
 
 
 def child_interpreted():
@@ -249,6 +286,29 @@ def run(args):
         print(f"| {name} | {r['first_loss']:.4f} | {last} | {agreement} | {built} | {r['step_us']:.1f} "
               f"| {r['cpu_us']:.1f} | {ratio} |")
     _print_ratios(results)
+    return status | (0 if quick else _batches())
+
+
+def _batches():
+    """Issue 36's rows: microgpt on B documents a step, the compiled batched program (gcc) beside
+    JAX's scan of the same batches (vmap over the documents), BATCH_STEPS steps each: a document's
+    time, and the two runs' losses checked against each other."""
+    print("\n| documents a step | system | losses vs the other (max rel. diff, steps) | us a document "
+          "| us a document (CPU) | compiled / JAX (wall, CPU) | target |")
+    print("|---|---|---|---|---|---|---|")
+    status = 0
+    for batch in BATCHES:
+        ours, jax = _in_process("batches", "gcc", str(batch)), _in_process("jax-batches", str(batch))
+        agreement, ratio = "-", "-"
+        if "error" not in ours and "error" not in jax:
+            diff, n = _agreement(jax["losses"], ours["losses"])
+            agreement = f"{diff:.1e} ({n})" + (f" **over {TOLERANCE:g}**" if not diff <= TOLERANCE else "")
+            status |= not diff <= TOLERANCE
+            ratio = f"{ours['step_us'] / jax['step_us']:.3f}x, {ours['cpu_us'] / jax['cpu_us']:.3f}x"
+        for name, r in (("micrograd-c, gcc", ours), ("JAX lax.scan", jax)):
+            times = f"{r['step_us']:.1f} | {r['cpu_us']:.1f}" if "error" not in r else f"{r['error']} | -"
+            print(f"| {batch} | {name} | {agreement if r is jax else 'the reference'} | {times} "
+                  f"| {ratio if r is ours else ''} | {'<= 0.5x' if r is ours else ''} |")
     return status
 
 
@@ -275,7 +335,9 @@ def _print_ratios(results):
 def main(argv):
     kind = argv[0]
     result = {"compiled": lambda: child_compiled(argv[1]), "interpreted": child_interpreted,
-              "c": child_c, "jax": lambda: child_jax(argv[1]), "torch": child_torch}[kind]()
+              "c": child_c, "jax": lambda: child_jax(argv[1]), "torch": child_torch,
+              "batches": lambda: child_batches(argv[1], int(argv[2])),
+              "jax-batches": lambda: child_jax_batches(int(argv[1]))}[kind]()
     print(json.dumps(result))
 
 

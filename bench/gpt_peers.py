@@ -103,9 +103,10 @@ class JaxPeer:
     document weigh 0 in the loss, as data.row's weights say: causality leaves the document's own
     positions exact), microgpt's Adam (its bias corrections, betas, eps) with the learning rate
     decaying linearly over `steps`, from init (initial(state)). step(): the jitted step; scan():
-    all steps in one lax.scan."""
+    all steps in one lax.scan. The rate decays over `schedule` steps (default: steps). With batch > 1, a step is `batch` documents (taken in order, as
+    gpt/train.py takes them) and their mean loss (jax.vmap over the documents)."""
 
-    def __init__(self, args, docs, tokenizer, init, steps):
+    def __init__(self, args, docs, tokenizer, init, steps, batch=1, schedule=None):
         try:
             import jax  # optional: a peer, installed by `make jax`
         except ImportError:
@@ -114,12 +115,18 @@ class JaxPeer:
         import jax.numpy as jnp
         self.jax, self.jnp = jax, jnp
         self.config, self.steps, self.lr = args.config, steps, args.lr
+        self.schedule = schedule or steps  # the steps the learning rate decays over
         self.init = {name: jnp.asarray(m) for name, m in init.items()}
         block = self.config.block_size
-        rows = np.stack([data.row(tokenizer.encode(docs[k % len(docs)]), block) for k in range(steps)])
+        rows = np.stack([data.row(tokenizer.encode(docs[k % len(docs)]), block) for k in range(steps * batch)])
+        if batch > 1:
+            rows = rows.reshape(steps, batch, -1)
         # on the host for the Python loop (a row a call: slicing a device array would be one more
         # dispatch a step), on the device for the scan
-        self.rows = (rows[:, :block].astype(np.int32), rows[:, block:2 * block].astype(np.int32), rows[:, 2 * block:])
+        self.rows = (rows[..., :block].astype(np.int32), rows[..., block:2 * block].astype(np.int32),
+                     rows[..., 2 * block:])
+        self.step_loss = self.loss if batch == 1 else (
+            lambda params, *doc_rows: jax.vmap(self.loss, in_axes=(None, 0, 0, 0))(params, *doc_rows).mean())
         self.tokens, self.targets, self.weights = (jnp.asarray(a) for a in self.rows)
         self.step = jax.jit(self._step)
         self.scan = jax.jit(self._scan)
@@ -149,9 +156,9 @@ class JaxPeer:
     def _step(self, carry, step, tokens, targets, weights):
         jax = self.jax
         params, m, v = carry
-        loss, grads = jax.value_and_grad(self.loss)(params, tokens, targets, weights)
+        loss, grads = jax.value_and_grad(self.step_loss)(params, tokens, targets, weights)
         (beta1, beta2), t = train.BETAS, step + 1
-        lr_t = self.lr * (1 - step / self.steps)
+        lr_t = self.lr * (1 - step / self.schedule)
         m = jax.tree_util.tree_map(lambda m, g: beta1 * m + (1 - beta1) * g, m, grads)
         v = jax.tree_util.tree_map(lambda v, g: beta2 * v + (1 - beta2) * g * g, v, grads)
         params = jax.tree_util.tree_map(
