@@ -1,0 +1,374 @@
+"""The table form of a program's single statements: instead of one C statement per node (what an
+optimising compiler reads in time that grows with the graph), rows of (op, operand slots, result
+slot) that loops in the module runtime run (templates/table.c, compiled once per compiler, flags
+and dtype, like the rest of the runtime). A model that is mostly single statements (an irregular
+graph: bench/irregular.py) then has almost no C of its own; its rows are data, a base64 string in
+its unit that the runtime decodes once when the module loads.
+
+    plan = table.plan(program)      # the program with its constants' slots, the rows, the passes
+    plan.passes["backward"]         # groups (compiled as before) and TableCalls, in order
+
+The rows are ordered so that the runtime's loops need no switch per row: each pass's rows between
+two compiled groups (a segment) are scheduled into runs of one kind (an op of micrograd_c/ops.py,
+or a dot), a run a tight loop over its rows. A row is scheduled after the rows it reads (forward:
+the values; backward: every contribution to its own gradient), and in backward after every row
+that adds to one of the same gradients before it in the straight-line order, so that each gradient
+sums its contributions in the same order as the straight-line C: the table computes the same
+formulas (the op table's, rendered as the emitter renders them), the same sums (a dot's parts in
+the emitter's tree, loops.tree_sum), the same bits (tests/test_table.py; an FMA contraction by the
+compiler, with native=True, is the only thing that could change one). Among the ready rows, the
+kind of the one with the longest path after it runs next, taking every ready row of its kind, and
+those its own rows make ready (a run's rows run in order, so a row may read an earlier one's).
+
+A row's layout (int32 words) by kind; `g*` are gradient targets (SINK for an operand that needs no
+gradient, so that every row of a kind does the same work):
+    op, forward     a, [b], [k], out                  (k: the op's constant, from a slot)
+    op, backward    a, [b], [k], out, ga, [gb]
+    gather          n, index, c_0..c_n-1, out         (both passes; the gradient goes to the one picked)
+    maximum         n, c_0..c_n-1, out
+    dot, forward    nt, np, t_0.., a_0.., b_0.., out  (value: the tree sum of t.. then a_i * b_i)
+    dot, backward   nt, np, gt_0.., a_0.., b_0.., out, gb_0.., ga_0..
+A segment is [number of runs] then each run [kind, count, rows...].
+"""
+
+import base64
+import heapq
+import struct
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from micrograd_c import ops
+
+from . import dtypes
+from .loops import UNROLL_MAX_CONTIGUOUS, unrolled
+
+# The kinds of row: an op's position in the op table, then a dot (templates/table.c's TABLE_DOT)
+OP_KINDS = {op.name: code for code, op in enumerate(ops.OPS.values())}
+DOT = len(OP_KINDS)
+# The most parts (terms and products) a dot row sums: templates/table.c's buffer
+DOT_MAX_PARTS = 96
+# A loop nest of at most this many nodes becomes rows too (an irregular graph's few alike nodes,
+# whose tiny loops would each cut the rows around them into segments of their own)
+LOOP_MAX_MEMBERS = 8
+# The rule compile(table=None) applies: the table form from this many single statements
+MIN_STATEMENTS = 1_000
+# base64 characters per line of the table's text in the C
+TEXT_LINE = 120
+
+
+class TableCall:
+    """A pass's call of the runtime's table loop over one segment (a marker among a pass's
+    statements: emit.py's drivers call it between the compiled groups' functions)."""
+
+    def __init__(self, backward, offset):
+        self.backward, self.offset = backward, offset
+
+    def render(self):
+        return (f"table_backward(table + {self.offset}, d, g);" if self.backward
+                else f"table_forward(table + {self.offset}, d);")
+
+
+@dataclass
+class Plan:
+    """A program's table form: the program (with slots for the constants rows read and the
+    gradient sink; one backward, no batch-1 SGD inside it), per pass ("forward_outputs",
+    "forward_rest", "backward") its groups compiled as C and its TableCalls in order, the rows'
+    words, and counts for codegen.explain."""
+    program: object
+    passes: dict
+    words: np.ndarray
+    rows: int = 0
+    runs: int = 0
+    compiled: list = field(default_factory=list)  # the groups that stay C (loop nests, long dots)
+
+    def text(self):
+        """The words as base64 (little-endian int32), in lines of TEXT_LINE characters."""
+        encoded = base64.b64encode(self.words.astype("<i4").tobytes()).decode("ascii")
+        return [encoded[i:i + TEXT_LINE] for i in range(0, len(encoded), TEXT_LINE)] or [""]
+
+    def render(self):
+        """TABLE_WORDS, TABLE_TEXT (the words), and `table`, where the runtime puts them decoded
+        (templates/model.c hands both to it through MODEL)."""
+        lines = "\n".join(f'    "{line}"' for line in self.text())
+        return (f"#define TABLE_WORDS {len(self.words)}\nstatic const char TABLE_TEXT[] =\n{lines};\n"
+                "static const int32_t *table; /* TABLE_TEXT decoded, by the runtime when the module loads */")
+
+
+def single_statements(program):
+    """How many groups of the program no loop nest covers."""
+    return sum(1 for g in program.forward if not g.shape)
+
+
+def check(table):
+    if table not in (None, True, False):
+        raise TypeError(f"table must be True, False or None (the table form for programs of "
+                        f"{MIN_STATEMENTS:,} single statements or more), not {table!r}")
+    return table
+
+
+def chosen(program, table):
+    """Whether compile(table=...) gives the program the table form: table True or False says so
+    (True needs a fused program), None applies the rule (a fused program of MIN_STATEMENTS single
+    statements or more)."""
+    if check(table) is None:
+        return program.fused and single_statements(program) >= MIN_STATEMENTS
+    if table and not program.fused:
+        raise ValueError("table=True needs fuse=True: fuse=False is the straight-line scalar C itself")
+    return table
+
+
+def rowable(g):
+    """Whether a group's nodes become rows: a single statement, or a loop nest of at most
+    LOOP_MAX_MEMBERS nodes; a dot only with lists the straight-line C writes out (longer ones
+    call the kernels, which sum in lanes) and at most DOT_MAX_PARTS parts."""
+    if g.shape and len(g.members) > LOOP_MAX_MEMBERS:
+        return False
+    node = g.first
+    if node.kind != "dot":
+        return True
+    if len(node.args) + len(node.a) > DOT_MAX_PARTS:
+        return False
+    if not g.shape:
+        ops_ = g.operands
+        return (ops_.terms is None or unrolled(ops_.terms)) and (ops_.a is None or unrolled(ops_.a, ops_.b))
+    return len(node.args) <= UNROLL_MAX_CONTIGUOUS and len(node.a) <= UNROLL_MAX_CONTIGUOUS
+
+
+def plan(program):
+    """The table form of a fused program (see the module's docstring)."""
+    slots = _Slots(program)
+    words, rows, runs = [], 0, 0
+    passes, compiled = {}, []
+    forward = program.forward
+    for name, groups, backward in (("forward_outputs", forward[:program.n_output_groups], False),
+                                   ("forward_rest", forward[program.n_output_groups:], False),
+                                   ("backward", program.backward, True)):
+        items, segment = [], []
+
+        def close():
+            nonlocal rows, runs
+            if segment:
+                encoded, n_runs = _segment(segment, slots, backward)
+                items.append(TableCall(backward, len(words)))
+                words.extend(encoded)
+                rows += len(segment)
+                runs += n_runs
+                segment.clear()
+        for g in groups:
+            if rowable(g):
+                # (a loop's members are alike: none reads another, so any order is theirs)
+                segment.extend(reversed(g.members) if backward else g.members)
+                continue
+            close()
+            items.append(g)
+            if not backward:
+                compiled.append(g)
+        close()
+        passes[name] = items
+    n_slots = slots.n_slots + 1  # the gradient sink, last
+    lowered = replace(program, n_slots=n_slots, constants=program.constants + slots.constants,
+                      sgd_in_backward=False, sgd_after_backward=[])
+    return Plan(lowered, passes, np.array(words, dtype=np.int32), rows, runs, compiled)
+
+
+class _Slots:
+    """Operand slots of rows: a node's slot, or for a constant that has none (the straight-line
+    C's literals) one more slot after the program's, one per distinct value (its bits)."""
+
+    def __init__(self, program):
+        self.n_slots = program.n_slots
+        self.constants = []  # (slot, value), appended to the program's
+        self._by_bits = {}
+
+    @property
+    def sink(self):
+        return self.n_slots  # (read once every row is made: the slot after the constants)
+
+    def of(self, node):
+        if node.slot is not None:
+            return node.slot
+        return self.constant(float(node.value))
+
+    def constant(self, value):
+        bits = struct.pack("<d", value)
+        slot = self._by_bits.get(bits)
+        if slot is None:
+            slot = self._by_bits[bits] = self.n_slots
+            self.constants.append((slot, value))
+            self.n_slots += 1
+        return slot
+
+
+def _kind(node):
+    return DOT if node.kind == "dot" else OP_KINDS[node.op.name]
+
+
+def _reads(node):
+    """The nodes a row reads the values of."""
+    return node.args + node.a + node.b
+
+
+def _targets(node):
+    """The nodes whose gradients a backward row adds to, in the straight-line C's order (an op
+    that selects: every candidate, the one picked being known only when the module runs)."""
+    if node.kind == "op" and node.op.selects:
+        return node.args[node.op.first_choice:]
+    if node.kind == "op":
+        return tuple(x for x in node.args if x.needs_grad)
+    return tuple(x for x in node.args if x.needs_grad) + tuple(x for x in node.b + node.a if x.needs_grad)
+
+
+def _selects_without_gradient(node):
+    """An op that selects among candidates none of which needs a gradient: the straight-line C
+    writes no backward statement for it."""
+    return node.kind == "op" and node.op.selects and not any(x.needs_grad for x in node.args[node.op.first_choice:])
+
+
+def _segment(nodes, slots, backward):
+    """One segment's words (see the module's docstring) and its number of runs. nodes: in the
+    straight-line C's order (forward order, or backward's)."""
+    if backward:
+        nodes = [n for n in nodes if not _selects_without_gradient(n)]
+    index = {id(n): i for i, n in enumerate(nodes)}
+    preds = [[] for _ in nodes]
+    if backward:
+        last = {}  # gradient slot -> the last row adding to it so far
+        for i, n in enumerate(nodes):
+            before = last.get(n.grad_slot)
+            if before is not None:
+                preds[i].append(before)  # its own gradient complete
+            for x in _targets(n):
+                before = last.get(x.grad_slot)
+                if before is not None and before != i:
+                    preds[i].append(before)
+                last[x.grad_slot] = i
+    else:
+        for i, n in enumerate(nodes):
+            preds[i] = [index[id(x)] for x in _reads(n) if id(x) in index]
+    kinds = [_kind(n) for n in nodes]
+    order = _schedule(preds, kinds)
+    words, n_runs, at = [0], 0, 0
+    while at < len(order):
+        kind = kinds[order[at]]
+        end = at
+        while end < len(order) and kinds[order[end]] == kind:
+            end += 1
+        words += [kind, end - at]
+        for i in order[at:end]:
+            words += _row(nodes[i], slots, backward)
+        n_runs += 1
+        at = end
+    words[0] = n_runs
+    return words, n_runs
+
+
+def _schedule(preds, kinds):
+    """An order of the rows (a topological order of preds) in few runs of one kind: repeatedly,
+    the kind of the ready row with the longest path after it, and every row of that kind ready
+    or made ready by the run itself."""
+    n = len(kinds)
+    succs = [[] for _ in range(n)]
+    waiting = [0] * n
+    for v, ps in enumerate(preds):
+        for u in set(ps):
+            succs[u].append(v)
+            waiting[v] += 1
+    height = [0] * n
+    for v in range(n - 1, -1, -1):
+        height[v] = 1 + max((height[s] for s in succs[v]), default=0)
+    ready = {}  # kind -> heap of (-height, row)
+    for v in range(n):
+        if not waiting[v]:
+            heapq.heappush(ready.setdefault(kinds[v], []), (-height[v], v))
+    order = []
+    while len(order) < n:
+        kind = min((heap[0][0], k) for k, heap in ready.items() if heap)[1]
+        heap = ready[kind]
+        while heap:
+            _, v = heapq.heappop(heap)
+            order.append(v)
+            for s in succs[v]:
+                waiting[s] -= 1
+                if not waiting[s]:
+                    heapq.heappush(ready.setdefault(kinds[s], []), (-height[s], s))
+    return order
+
+
+def _row(node, slots, backward):
+    of = slots.of
+    if node.kind == "dot":
+        if backward:
+            terms = [x for x in node.args if x.needs_grad]
+            targets = [x.grad_slot for x in terms] + [_target(x, slots) for x in node.b + node.a]
+            return [len(terms), len(node.a), *targets[:len(terms)], *map(of, node.a), *map(of, node.b),
+                    node.slot, *targets[len(terms):]]
+        return [len(node.args), len(node.a), *map(of, node.args), *map(of, node.a), *map(of, node.b), node.slot]
+    op = node.op
+    if op.selects:
+        choices = node.args[op.first_choice:]
+        return [len(choices), *map(of, node.args), node.slot]
+    k = [slots.constant(float(node.k))] if _has_k(op) else []
+    row = [*map(of, node.args), *k, node.slot]
+    return row + [_target(x, slots) for x in node.args] if backward else row
+
+
+def _target(node, slots):
+    return node.grad_slot if node.needs_grad else slots.sink
+
+
+def _has_k(op):
+    return "{k}" in op.value or any("{k}" in g for g in op.grads)
+
+
+# ---- the runtime's loops (templates/table.c), generated from the op table once per dtype ----------
+
+def runtime_cases(dtype):
+    """The C of templates/table.c's placeholders for the dtype: TABLE_DOT, TABLE_FORWARD and
+    TABLE_BACKWARD (a `case` per op of the op table: its formulas as the emitter renders them,
+    over a row's slots)."""
+    dtype = dtypes.lookup(dtype)
+    forward, backward = [], []
+    for op in ops.OPS.values():
+        code = OP_KINDS[op.name]
+        if op.selects:
+            forward.append(_select_case(op, code, dtype, backward=False))
+            backward.append(_select_case(op, code, dtype, backward=True))
+            continue
+        width = op.arity + _has_k(op)
+        names = {"a": "d[w[0]]", "b": "d[w[1]]", "k": f"d[w[{op.arity}]]", "out": f"d[w[{width}]]"}
+        value = op.render(dtypes.formula(dtype, op.value), **names)
+        forward.append(f"        case {code}: /* {op.name} */\n"
+                       f"            for (long r = 0; r < count; r++, w += {width + 1})\n"
+                       f"                d[w[{width}]] = {value};\n            break;")
+        adds = []
+        for i, formula in enumerate(op.grads):
+            local = op.render(dtypes.formula(dtype, formula), **names)
+            term = "go" if local == "1" else f"({local}) * go"
+            adds.append(f"g[w[{width + 1 + i}]] += {term};")
+        backward.append(f"        case {code}: /* {op.name} */\n"
+                        f"            for (long r = 0; r < count; r++, w += {width + 1 + op.arity}) {{\n"
+                        f"                const real go = g[w[{width}]];\n"
+                        + "".join(f"                {a}\n" for a in adds) + "            }\n            break;")
+    return {"TABLE_DOT": DOT, "TABLE_DOT_MAX_PARTS": DOT_MAX_PARTS, "TABLE_FORWARD": "\n".join(forward),
+            "TABLE_BACKWARD": "\n".join(backward)}
+
+
+def _select_case(op, code, dtype, backward):
+    """A gather's or a maximum's loop: rows [n, (index,) c_0..c_n-1, out]; the candidate picked
+    as the emitter picks it (gather_index, largest_in)."""
+    first = 2 if op.selects == "index" else 1  # where the candidates start in the row
+    pick = ("gather_index(d[w[1]], n)" if op.selects == "index" else f"largest_in(d, w + {first}, n)")
+    at = f"w[{first} + {pick}]"
+    if backward:
+        local = op.render(dtypes.formula(dtype, op.grads[0]), a=f"d[{at}]", out=f"d[w[{first} + n]]")
+        term = "g[w[%s + n]]" % first if local == "1" else f"({local}) * g[w[{first} + n]]"
+        body = f"g[{at}] += {term};"
+    else:
+        body = f"d[w[{first} + n]] = {op.render(dtypes.formula(dtype, op.value), a=f'd[{at}]')};"
+    return (f"        case {code}: /* {op.name} */\n"
+            f"            for (long r = 0; r < count; r++) {{\n"
+            f"                const long n = w[0];\n"
+            f"                {body}\n"
+            f"                w += {first + 1} + n;\n"
+            f"            }}\n            break;")
