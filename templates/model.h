@@ -80,9 +80,5 @@ typedef struct {
 /* Defined by the model's unit, read by the runtime (one shared object holds both). */
 SHARED extern const Model MODEL;
 
-/* The table form's loops, which a model's passes call on a segment of its rows (templates/table.c). */
-SHARED void table_forward(const int32_t *restrict w, real *restrict d);
-SHARED void table_backward(const int32_t *restrict w, const real *restrict d, real *restrict g);
-
 /* The runtime's module init, which the model's PyInit_<name> returns. */
 SHARED struct _object *runtime_module_init(void);

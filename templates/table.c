@@ -2,12 +2,10 @@
  * operand slots, result slot), run here, in the module runtime, compiled once per compiler, flags
  * and dtype; the model's unit holds only the rows (data: TABLE_TEXT, base64 of int32 words) and
  * calls table_forward and table_backward between its compiled groups. A segment of rows is
- * [number of runs], then each run [kind, count, rows...]; a run is one loop without a switch per
- * row. The `case`s of the op table's ops are generated from its formulas (table.py's
- * runtime_cases), rendered as the emitter renders them, so that a row computes what the
- * straight-line statement computes, bit for bit. */
-#define TABLE_DOT @TABLE_DOT@
-#define TABLE_DOT_MAX_PARTS @TABLE_DOT_MAX_PARTS@
+ * [number of runs], then each run [kind, count, rows...]; a run is one loop without a switch per row.
+ * The `case`s are generated (table.py's runtime_cases) from the op table's formulas, rendered as
+ * the emitter renders them, so that a row computes what the straight-line statement computes,
+ * bit for bit. */
 
 /* TABLE_TEXT's words (little-endian int32, base64), decoded into a new array; NULL when out of
  * memory. Made once per loaded model, when its first module loads, and kept (its rows never change). */
@@ -44,46 +42,6 @@ static int32_t *table_decode(const char *text, long n_words)
     return words;
 }
 
-/* A dot row's value: its parts (terms, then products) summed in loops.tree_sum's tree, pairwise
- * ((p0 + p1) + (p2 + p3)) + ...; returns the next row. */
-static inline const int32_t *table_dot(const int32_t *restrict w, real *restrict d)
-{
-    const long nt = w[0], np = w[1];
-    const int32_t *t = w + 2, *a = t + nt, *b = a + np;
-    real p[TABLE_DOT_MAX_PARTS];
-    long n = 0;
-    for (long k = 0; k < nt; k++)
-        p[n++] = d[t[k]];
-    for (long k = 0; k < np; k++)
-        p[n++] = d[a[k]] * d[b[k]];
-    while (n > 1) {
-        long m = 0;
-        for (long i = 0; i + 1 < n; i += 2)
-            p[m++] = p[i] + p[i + 1];
-        if (n & 1)
-            p[m++] = p[n - 1];
-        n = m;
-    }
-    d[b[np]] = p[0];
-    return b + np + 1;
-}
-
-/* A dot row's gradients, in the straight-line C's order: the terms, then the second factors,
- * then the first; returns the next row. */
-static inline const int32_t *table_dot_backward(const int32_t *restrict w, const real *restrict d, real *restrict g)
-{
-    const long nt = w[0], np = w[1];
-    const int32_t *t = w + 2, *a = t + nt, *b = a + np, *gb = b + np + 1, *ga = gb + np;
-    const real go = g[b[np]];
-    for (long k = 0; k < nt; k++)
-        g[t[k]] += go;
-    for (long k = 0; k < np; k++)
-        g[gb[k]] += go * d[a[k]];
-    for (long k = 0; k < np; k++)
-        g[ga[k]] += go * d[b[k]];
-    return ga + np;
-}
-
 /* One segment's rows forward: each run's values. */
 SHARED void table_forward(const int32_t *restrict w, real *restrict d)
 {
@@ -92,10 +50,6 @@ SHARED void table_forward(const int32_t *restrict w, real *restrict d)
         w += 2;
         switch (kind) {
 @TABLE_FORWARD@
-        case TABLE_DOT:
-            for (long r = 0; r < count; r++)
-                w = table_dot(w, d);
-            break;
         }
     }
 }
@@ -108,10 +62,6 @@ SHARED void table_backward(const int32_t *restrict w, const real *restrict d, re
         w += 2;
         switch (kind) {
 @TABLE_BACKWARD@
-        case TABLE_DOT:
-            for (long r = 0; r < count; r++)
-                w = table_dot_backward(w, d, g);
-            break;
         }
     }
 }

@@ -118,13 +118,14 @@ def _prelude(dtype, thread_pool, products=STATIC_PRODUCTS):
             + templates.read("prelude.c"))
 
 
-def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False):
+def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False, plan=None):
     """The graph as one C source with no Python in it: the prelude and kernels, the layout
     #defines (N_SLOTS, N_PARAMS, N_INPUTS, INPUT_BASE, LOSS_SLOT, N_OUTPUTS, OUTPUT_SLOTS,
     SGD_IN_BACKWARD) and the functions forward_outputs(d), forward_rest(d), backward_body(d, g)
     and backward_sgd_body(d, g, lr) (static). For exporting a model out of Python; with
-    thread_pool, for a module that includes templates/pool.c (codegen.jit)."""
-    graph, _ = _render(program, chunk, unit=None, thread_pool=thread_pool)
+    thread_pool, for a module that includes templates/pool.c (codegen.jit). plan: the program's
+    table form (codegen.explain counts its lines; its passes call the module runtime's loops)."""
+    graph, _ = _render(program, chunk, unit=None, plan=plan, thread_pool=thread_pool)
     return graph
 
 

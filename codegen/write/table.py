@@ -10,23 +10,26 @@ its unit that the runtime decodes once when the module loads.
 
 The rows are ordered so that the runtime's loops need no switch per row: each pass's rows between
 two compiled groups (a segment) are scheduled into runs of one kind (an op of micrograd_c/ops.py,
-or a dot), a run a tight loop over its rows. A row is scheduled after the rows it reads (forward:
-the values; backward: every contribution to its own gradient), and in backward after every row
-that adds to one of the same gradients before it in the straight-line order, so that each gradient
-sums its contributions in the same order as the straight-line C: the table computes the same
-formulas (the op table's, rendered as the emitter renders them), the same sums (a dot's parts in
-the emitter's tree, loops.tree_sum), the same bits (tests/test_table.py; an FMA contraction by the
-compiler, with native=True, is the only thing that could change one). Among the ready rows, the
-kind of the one with the longest path after it runs next, taking every ready row of its kind, and
-those its own rows make ready (a run's rows run in order, so a row may read an earlier one's).
+the cheap ops together, or a dot of a size), a run a tight loop over its rows. A row is scheduled
+after the rows it reads (forward: the values; backward: every contribution to its own gradient),
+and in backward after every row that adds to one of the same gradients before it in the
+straight-line order, so that each gradient sums its contributions in the same order as the
+straight-line C: the table computes the same formulas (the op table's, rendered as the emitter
+renders them), the same sums (a dot's parts in the emitter's tree, loops.tree_sum), the same bits
+(tests/test_table.py; an FMA contraction by the compiler, with native=True, could change one).
+Among the ready rows, the kind of the one with the longest path after it runs next, taking every
+ready row of its kind, and those its own rows make ready (a run's rows run in order, so a row may
+read an earlier one's).
 
-A row's layout (int32 words) by kind; `g*` are gradient targets (SINK for an operand that needs no
-gradient, so that every row of a kind does the same work):
+A row's layout (int32 words) by kind; `g*` are gradient targets (a sink for an operand that needs
+no gradient, so that every row of a kind does the same work):
     op, forward     a, [b], [k], out                  (k: the op's constant, from a slot)
     op, backward    a, [b], [k], out, ga, [gb]
+    cheap, forward  which, a, b, out                  (which: the op, CHEAP_OPS' position)
+    cheap, backward which, a, b, out, ga, gb, sink
     gather          n, index, c_0..c_n-1, out         (both passes; the gradient goes to the one picked)
     maximum         n, c_0..c_n-1, out
-    dot, forward    nt, np, t_0.., a_0.., b_0.., out  (value: the tree sum of t.. then a_i * b_i)
+    dot, forward    a_0..a_S-1, b_0..b_S-1, out       (S parts, padded: DOT_SIZES)
     dot, backward   nt, np, gt_0.., a_0.., b_0.., out, gb_0.., ga_0..
 A segment is [number of runs] then each run [kind, count, rows...].
 """
@@ -43,11 +46,24 @@ from micrograd_c import ops
 from . import dtypes
 from .loops import UNROLL_MAX_CONTIGUOUS, unrolled
 
-# The kinds of row: an op's position in the op table, then a dot (templates/table.c's TABLE_DOT)
+# The kinds of row: an op's position in the op table; CHEAP, the ops that cost a few instructions
+# (CHEAP_OPS, and a maximum of two), one kind whose rows say which op, each row computing all of
+# them and keeping its own, so that the many short runs of each become fewer, longer ones; then a
+# dot of DOT_SIZES[i] parts (templates/table.c)
 OP_KINDS = {op.name: code for code, op in enumerate(ops.OPS.values())}
-DOT = len(OP_KINDS)
-# The most parts (terms and products) a dot row sums: templates/table.c's buffer
-DOT_MAX_PARTS = 96
+CHEAP_OPS = ("add", "mul", "max", "relu")
+CHEAP = len(OP_KINDS)
+CHEAP_MAXIMUM = len(CHEAP_OPS)  # a CHEAP row's op: CHEAP_OPS' positions, then a maximum of two
+# A dot row sums its parts in loops.tree_sum's tree, each part a product (a term t as 1 * t, which
+# is t), padded with -0 * 1 (-0, which adds nothing to any sum) up to a power of two: a tree over
+# 2**k parts is tree_sum's over the first n, then, so the row needs no branch and no count
+DOT_SIZES = (2, 4, 8, 16, 32, 64)
+DOT_KINDS = {size: CHEAP + 1 + i for i, size in enumerate(DOT_SIZES)}
+# Backward, a dot's row lists its parts as they are (the pads' gradients would cost as much as the
+# parts'): one kind, loops over its counts
+DOT_BACKWARD = CHEAP + 1 + len(DOT_SIZES)
+# Gradient sinks (see _Slots)
+SINKS = 16
 # A loop nest of at most this many nodes becomes rows too (an irregular graph's few alike nodes,
 # whose tiny loops would each cut the rows around them into segments of their own)
 LOOP_MAX_MEMBERS = 8
@@ -72,7 +88,7 @@ class TableCall:
 @dataclass
 class Plan:
     """A program's table form: the program (with slots for the constants rows read and the
-    gradient sink; one backward, no batch-1 SGD inside it), per pass ("forward_outputs",
+    gradient sinks; one backward, no batch-1 SGD inside it), per pass ("forward_outputs",
     "forward_rest", "backward") its groups compiled as C and its TableCalls in order, the rows'
     words, and counts for codegen.explain."""
     program: object
@@ -121,13 +137,13 @@ def chosen(program, table):
 def rowable(g):
     """Whether a group's nodes become rows: a single statement, or a loop nest of at most
     LOOP_MAX_MEMBERS nodes; a dot only with lists the straight-line C writes out (longer ones
-    call the kernels, which sum in lanes) and at most DOT_MAX_PARTS parts."""
+    call the kernels, which sum in lanes) and at most DOT_SIZES[-1] parts."""
     if g.shape and len(g.members) > LOOP_MAX_MEMBERS:
         return False
     node = g.first
     if node.kind != "dot":
         return True
-    if len(node.args) + len(node.a) > DOT_MAX_PARTS:
+    if len(node.args) + len(node.a) > DOT_SIZES[-1]:
         return False
     if not g.shape:
         ops_ = g.operands
@@ -157,8 +173,8 @@ def plan(program):
                 segment.clear()
         for g in groups:
             if rowable(g):
-                # (a loop's members are alike: none reads another, so any order is theirs)
-                segment.extend(reversed(g.members) if backward else g.members)
+                # (a loop nest's members in its order, backward too: its iterations' order)
+                segment.extend(g.members)
                 continue
             close()
             items.append(g)
@@ -166,8 +182,7 @@ def plan(program):
                 compiled.append(g)
         close()
         passes[name] = items
-    n_slots = slots.n_slots + 1  # the gradient sink, last
-    lowered = replace(program, n_slots=n_slots, constants=program.constants + slots.constants,
+    lowered = replace(program, n_slots=slots.n_slots, constants=program.constants + slots.constants,
                       sgd_in_backward=False, sgd_after_backward=[])
     return Plan(lowered, passes, np.array(words, dtype=np.int32), rows, runs, compiled)
 
@@ -180,10 +195,17 @@ class _Slots:
         self.n_slots = program.n_slots
         self.constants = []  # (slot, value), appended to the program's
         self._by_bits = {}
+        # where the contributions to operands that need no gradient go: the gradients of slots
+        # of the constant 0, which nothing reads (d's slots past the program's are constants,
+        # consecutive, as init_constants writes them); several, taken in turn, so that rows do
+        # not wait on each other's additions to one
+        self.sinks = [self.constant(0.0)] + [self._new(0.0) for _ in range(SINKS - 1)]
+        self._turn = 0
 
-    @property
     def sink(self):
-        return self.n_slots  # (read once every row is made: the slot after the constants)
+        """The next sink in turn."""
+        self._turn += 1
+        return self.sinks[self._turn % SINKS]
 
     def of(self, node):
         if node.slot is not None:
@@ -194,14 +216,33 @@ class _Slots:
         bits = struct.pack("<d", value)
         slot = self._by_bits.get(bits)
         if slot is None:
-            slot = self._by_bits[bits] = self.n_slots
-            self.constants.append((slot, value))
-            self.n_slots += 1
+            slot = self._by_bits[bits] = self._new(value)
         return slot
 
+    def _new(self, value):
+        self.constants.append((self.n_slots, value))
+        self.n_slots += 1
+        return self.n_slots - 1
 
-def _kind(node):
-    return DOT if node.kind == "dot" else OP_KINDS[node.op.name]
+
+def _kind(node, backward=False):
+    if node.kind == "dot":
+        return DOT_BACKWARD if backward else DOT_KINDS[_dot_size(node)]
+    if _cheap(node):
+        return CHEAP
+    return OP_KINDS[node.op.name]
+
+
+def _cheap(node):
+    return node.op.name in CHEAP_OPS or _maximum_of_two(node)
+
+
+def _dot_size(node):
+    return next(size for size in DOT_SIZES if size >= len(node.args) + len(node.a))
+
+
+def _maximum_of_two(node):
+    return node.op.selects == "largest" and len(node.args) == 2
 
 
 def _reads(node):
@@ -239,14 +280,15 @@ def _segment(nodes, slots, backward):
             if before is not None:
                 preds[i].append(before)  # its own gradient complete
             for x in _targets(n):
-                before = last.get(x.grad_slot)
+                target = slots.of(x) if x.grad_slot is None else x.grad_slot  # (a constant candidate's: its slot's)
+                before = last.get(target)
                 if before is not None and before != i:
                     preds[i].append(before)
-                last[x.grad_slot] = i
+                last[target] = i
     else:
         for i, n in enumerate(nodes):
             preds[i] = [index[id(x)] for x in _reads(n) if id(x) in index]
-    kinds = [_kind(n) for n in nodes]
+    kinds = [_kind(n, backward) for n in nodes]
     order = _schedule(preds, kinds)
     words, n_runs, at = [0], 0, 0
     while at < len(order):
@@ -298,13 +340,17 @@ def _schedule(preds, kinds):
 def _row(node, slots, backward):
     of = slots.of
     if node.kind == "dot":
-        if backward:
-            terms = [x for x in node.args if x.needs_grad]
-            targets = [x.grad_slot for x in terms] + [_target(x, slots) for x in node.b + node.a]
-            return [len(terms), len(node.a), *targets[:len(terms)], *map(of, node.a), *map(of, node.b),
-                    node.slot, *targets[len(terms):]]
-        return [len(node.args), len(node.a), *map(of, node.args), *map(of, node.a), *map(of, node.b), node.slot]
+        return _dot_row(node, slots, backward)
     op = node.op
+    if _cheap(node):
+        which = CHEAP_MAXIMUM if op.selects else CHEAP_OPS.index(op.name)
+        a, b = (node.args * 2)[:2]  # (a unary op reads its operand twice; its second gradient goes to the sink)
+        row = [which, of(a), of(b), node.slot]
+        if not backward:
+            return row
+        if op.selects:  # the candidates' slots: the one picked gets the gradient, the sink the other's 0
+            return row + [of(a), of(b), slots.sink()]
+        return row + [_target(a, slots), _target(b, slots) if op.arity == 2 else slots.sink(), slots.sink()]
     if op.selects:
         choices = node.args[op.first_choice:]
         return [len(choices), *map(of, node.args), node.slot]
@@ -313,8 +359,24 @@ def _row(node, slots, backward):
     return row + [_target(x, slots) for x in node.args] if backward else row
 
 
+def _dot_row(node, slots, backward):
+    """A dot's row of DOT_SIZES' parts: its terms (1 * t), its products, then -0 * 1; backward
+    [nt, np, gt.., a.., b.., out, gb.., ga..] (its terms' gradients, factors, the factors' gradients)."""
+    if backward:
+        terms = [x for x in node.args if x.needs_grad]
+        return [len(terms), len(node.a), *(x.grad_slot for x in terms), *map(slots.of, node.a),
+                *map(slots.of, node.b), node.slot, *(_target(x, slots) for x in node.b),
+                *(_target(x, slots) for x in node.a)]
+    size = _dot_size(node)
+    one, zero = slots.constant(1.0), slots.constant(-0.0)
+    pad = size - len(node.args) - len(node.a)
+    a = [one] * len(node.args) + [slots.of(x) for x in node.a] + [zero] * pad
+    b = [slots.of(x) for x in node.args] + [slots.of(x) for x in node.b] + [one] * pad
+    return a + b + [node.slot]
+
+
 def _target(node, slots):
-    return node.grad_slot if node.needs_grad else slots.sink
+    return node.grad_slot if node.needs_grad else slots.sink()
 
 
 def _has_k(op):
@@ -324,51 +386,103 @@ def _has_k(op):
 # ---- the runtime's loops (templates/table.c), generated from the op table once per dtype ----------
 
 def runtime_cases(dtype):
-    """The C of templates/table.c's placeholders for the dtype: TABLE_DOT, TABLE_FORWARD and
-    TABLE_BACKWARD (a `case` per op of the op table: its formulas as the emitter renders them,
-    over a row's slots)."""
+    """The C of templates/table.c's placeholder TABLE_CASES for the dtype: a `case` per kind, the
+    op table's formulas rendered as the emitter renders them, over a row's slots; FORWARD (1 or
+    0) says which pass's loops."""
     dtype = dtypes.lookup(dtype)
-    forward, backward = [], []
-    for op in ops.OPS.values():
-        code = OP_KINDS[op.name]
-        if op.selects:
-            forward.append(_select_case(op, code, dtype, backward=False))
-            backward.append(_select_case(op, code, dtype, backward=True))
-            continue
-        width = op.arity + _has_k(op)
-        names = {"a": "d[w[0]]", "b": "d[w[1]]", "k": f"d[w[{op.arity}]]", "out": f"d[w[{width}]]"}
-        value = op.render(dtypes.formula(dtype, op.value), **names)
-        forward.append(f"        case {code}: /* {op.name} */\n"
-                       f"            for (long r = 0; r < count; r++, w += {width + 1})\n"
-                       f"                d[w[{width}]] = {value};\n            break;")
-        adds = []
-        for i, formula in enumerate(op.grads):
-            local = op.render(dtypes.formula(dtype, formula), **names)
-            term = "go" if local == "1" else f"({local}) * go"
-            adds.append(f"g[w[{width + 1 + i}]] += {term};")
-        backward.append(f"        case {code}: /* {op.name} */\n"
-                        f"            for (long r = 0; r < count; r++, w += {width + 1 + op.arity}) {{\n"
-                        f"                const real go = g[w[{width}]];\n"
-                        + "".join(f"                {a}\n" for a in adds) + "            }\n            break;")
-    return {"TABLE_DOT": DOT, "TABLE_DOT_MAX_PARTS": DOT_MAX_PARTS, "TABLE_FORWARD": "\n".join(forward),
-            "TABLE_BACKWARD": "\n".join(backward)}
+    cases = {}
+    for forward in (True, False):
+        out = []
+        for op in ops.OPS.values():
+            code = OP_KINDS[op.name]
+            out.append(_select_case(op, code, dtype, forward) if op.selects else _op_case(op, code, dtype, forward))
+        out.append(_cheap_case(dtype, forward))
+        out += [_dot_case(size) for size in DOT_SIZES] if forward else [_dot_backward_case()]
+        cases["TABLE_FORWARD" if forward else "TABLE_BACKWARD"] = "\n".join(out)
+    return cases
 
 
-def _select_case(op, code, dtype, backward):
-    """A gather's or a maximum's loop: rows [n, (index,) c_0..c_n-1, out]; the candidate picked
-    as the emitter picks it (gather_index, largest_in)."""
+def _render(op, dtype, formula, **names):
+    return op.render(dtypes.formula(dtype, formula), **names)
+
+
+def _case(code, name, step, body):
+    """A kind's loop: its rows, `step` words each (or the body moves w itself: step None)."""
+    advance = f", w += {step}" if step else ""
+    lines = "".join(f"                {line}\n" for line in body)
+    return (f"        case {code}: /* {name} */\n            for (long r = 0; r < count; r++{advance}) {{\n"
+            f"{lines}            }}\n            break;")
+
+
+def _op_case(op, code, dtype, forward):
+    """An op's rows: [a, (b), (k), out], backward [a, (b), (k), out, ga, (gb)]."""
+    width = op.arity + _has_k(op)
+    names = {"a": "d[w[0]]", "b": "d[w[1]]", "k": f"d[w[{op.arity}]]", "out": f"d[w[{width}]]"}
+    if forward:
+        return _case(code, op.name, width + 1, [f"d[w[{width}]] = {_render(op, dtype, op.value, **names)};"])
+    body = [f"const real go = g[w[{width}]];"]
+    for i, formula in enumerate(op.grads):
+        local = _render(op, dtype, formula, **names)
+        body.append(f"g[w[{width + 1 + i}]] += {'go' if local == '1' else f'({local}) * go'};")
+    return _case(code, op.name, width + 1 + op.arity, body)
+
+
+def _cheap_case(dtype, forward):
+    """CHEAP's rows: [which, a, b, out], backward [which, a, b, out, ga, gb, sink]; every op's value (and
+    gradients) into a small array, the row's op's kept: no branch."""
+    named = [ops.OPS[name] for name in CHEAP_OPS]
+    names = {"a": "x", "b": "y", "out": "o"}
+    n = len(named) + 1
+    body = ["const real x = d[w[1]], y = d[w[2]];"]
+    values = [_render(op, dtype, op.value, **names) for op in named] + ["where(x < y, y, x)"]  # (largest_in's pick)
+    if forward:
+        body += [f"real v[{n}];"] + [f"v[{i}] = {v};" for i, v in enumerate(values)] + ["d[w[3]] = v[w[0]];"]
+        return _case(CHEAP, "cheap: " + ", ".join(CHEAP_OPS) + ", maximum of two", 4, body)
+    body += ["const real o = d[w[3]], go = g[w[3]];", f"real ca[{n}], cb[{n}];"]
+    for i, op in enumerate(named):
+        for side, formula in zip("ab", (*op.grads, None)):
+            local = "0" if formula is None else _render(op, dtype, formula, **names)  # (a unary op's b: the sink's)
+            body.append(f"c{side}[{i}] = {'go' if local == '1' else '0' if local == '0' else f'({local}) * go'};")
+    body += [f"ca[{CHEAP_MAXIMUM}] = go;", f"cb[{CHEAP_MAXIMUM}] = 0;",
+             # a maximum's gradient to the candidate picked (largest_in: the second if the first is less)
+             f"const int maximum = w[0] == {CHEAP_MAXIMUM};",
+             "const long ta = maximum && x < y ? w[5] : w[4], tb = maximum ? w[6] : w[5];",
+             "g[ta] += ca[w[0]];", "g[tb] += cb[w[0]];"]
+    return _case(CHEAP, "cheap: " + ", ".join(CHEAP_OPS) + ", maximum of two", 7, body)
+
+
+def _dot_case(size):
+    """A dot's rows of `size` parts forward: [a_0.., b_0.., out]."""
+    body = [f"const int32_t *a = w, *b = w + {size};"]
+    body += [f"real p[{size}];", f"for (int k = 0; k < {size}; k++)", "    p[k] = d[a[k]] * d[b[k]];",
+             f"for (int n = {size} / 2; n > 0; n /= 2) /* loops.tree_sum's pairs */",
+             "    for (int k = 0; k < n; k++)", "        p[k] = p[2 * k] + p[2 * k + 1];",
+             f"d[b[{size}]] = p[0];"]
+    return _case(DOT_KINDS[size], f"dot of {size} parts", 2 * size + 1, body)
+
+
+def _dot_backward_case():
+    """A dot's rows backward: its terms' gradients, then the second factors', then the first's."""
+    return _case(DOT_BACKWARD, "dot", None, [
+        "const long nt = w[0], np = w[1];",
+        "const int32_t *t = w + 2, *a = t + nt, *b = a + np, *gb = b + np + 1, *ga = gb + np;",
+        "const real go = g[b[np]];",
+        "for (long k = 0; k < nt; k++)", "    g[t[k]] += go;",
+        "for (long k = 0; k < np; k++)", "    g[gb[k]] += go * d[a[k]];",
+        "for (long k = 0; k < np; k++)", "    g[ga[k]] += go * d[b[k]];",
+        "w = ga + np;"])
+
+
+def _select_case(op, code, dtype, forward):
+    """A gather's or a maximum's rows: [n, (index,) c_0..c_n-1, out]; the candidate picked as the
+    emitter picks it (gather_index, largest_in)."""
     first = 2 if op.selects == "index" else 1  # where the candidates start in the row
-    pick = ("gather_index(d[w[1]], n)" if op.selects == "index" else f"largest_in(d, w + {first}, n)")
+    pick = "gather_index(d[w[1]], n)" if op.selects == "index" else f"largest_in(d, w + {first}, n)"
     at = f"w[{first} + {pick}]"
-    if backward:
-        local = op.render(dtypes.formula(dtype, op.grads[0]), a=f"d[{at}]", out=f"d[w[{first} + n]]")
-        term = "g[w[%s + n]]" % first if local == "1" else f"({local}) * g[w[{first} + n]]"
-        body = f"g[{at}] += {term};"
+    if forward:
+        body = f"d[w[{first} + n]] = {_render(op, dtype, op.value, a=f'd[{at}]')};"
     else:
-        body = f"d[w[{first} + n]] = {op.render(dtypes.formula(dtype, op.value), a=f'd[{at}]')};"
-    return (f"        case {code}: /* {op.name} */\n"
-            f"            for (long r = 0; r < count; r++) {{\n"
-            f"                const long n = w[0];\n"
-            f"                {body}\n"
-            f"                w += {first + 1} + n;\n"
-            f"            }}\n            break;")
+        local = _render(op, dtype, op.grads[0], a=f"d[{at}]", out=f"d[w[{first} + n]]")
+        go = f"g[w[{first} + n]]"
+        body = f"g[{at}] += {go if local == '1' else f'({local}) * {go}'};"
+    return _case(code, op.name, None, ["const long n = w[0];", body, f"w += {first + 1} + n;"])
