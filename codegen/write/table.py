@@ -136,9 +136,12 @@ def chosen(program, table):
 
 def rowable(g):
     """Whether a group's nodes become rows: a single statement, or a loop nest of at most
-    LOOP_MAX_MEMBERS nodes; a dot only with lists the straight-line C writes out (longer ones
-    call the kernels, which sum in lanes) and at most DOT_SIZES[-1] parts."""
-    if g.shape and len(g.members) > LOOP_MAX_MEMBERS:
+    LOOP_MAX_MEMBERS nodes (plain extents); a dot only with lists the straight-line C writes out (longer ones
+    call the kernels, which sum in lanes) and at most DOT_SIZES[-1] parts; not a group that a
+    sequence's length guards, cuts or masks (codegen/lower/positions.py): the C skips its work."""
+    if (g.shape and len(g.members) > LOOP_MAX_MEMBERS) or g.guard is not None or g.masked is not None:
+        return False
+    if any(type(n) is not int for n in g.shape):  # (a family's, a growing or a cut extent: its own loops)
         return False
     node = g.first
     if node.kind != "dot":
