@@ -25,8 +25,7 @@ A row's layout (int32 words) by kind; `g*` are gradient targets (a sink for an o
 no gradient, so that every row of a kind does the same work):
     op, forward     a, [b], [k], out                  (k: the op's constant, from a slot)
     op, backward    a, [b], [k], out, ga, [gb]
-    cheap, forward  which, a, b, out                  (which: the op, CHEAP_OPS' position)
-    cheap, backward which, a, b, out, ga, gb, sink
+    cheap (forward) which, a, b, out                  (which: the op, CHEAP_OPS' position)
     gather          n, index, c_0..c_n-1, out         (both passes; the gradient goes to the one picked)
     maximum         n, c_0..c_n-1, out
     dot, forward    a_0..a_S-1, b_0..b_S-1, out       (S parts, padded: DOT_SIZES)
@@ -46,10 +45,10 @@ from micrograd_c import ops
 from . import dtypes
 from .loops import UNROLL_MAX_CONTIGUOUS, unrolled
 
-# The kinds of row: an op's position in the op table; CHEAP, the ops that cost a few instructions
-# (CHEAP_OPS, and a maximum of two), one kind whose rows say which op, each row computing all of
-# them and keeping its own, so that the many short runs of each become fewer, longer ones; then a
-# dot of DOT_SIZES[i] parts (templates/table.c)
+# The kinds of row: an op's position in the op table; forward, CHEAP, the ops that cost a few
+# instructions (CHEAP_OPS, and a maximum of two), one kind whose rows say which op, each row
+# computing all of them and keeping its own, so that the many short runs of each become fewer,
+# longer ones; then a dot of DOT_SIZES[i] parts forward, a dot backward (templates/table.c)
 OP_KINDS = {op.name: code for code, op in enumerate(ops.OPS.values())}
 CHEAP_OPS = ("add", "mul", "max", "relu")
 CHEAP = len(OP_KINDS)
@@ -231,7 +230,7 @@ class _Slots:
 def _kind(node, backward=False):
     if node.kind == "dot":
         return DOT_BACKWARD if backward else DOT_KINDS[_dot_size(node)]
-    if _cheap(node):
+    if not backward and _cheap(node):
         return CHEAP
     return OP_KINDS[node.op.name]
 
@@ -345,15 +344,10 @@ def _row(node, slots, backward):
     if node.kind == "dot":
         return _dot_row(node, slots, backward)
     op = node.op
-    if _cheap(node):
+    if not backward and _cheap(node):
         which = CHEAP_MAXIMUM if op.selects else CHEAP_OPS.index(op.name)
-        a, b = (node.args * 2)[:2]  # (a unary op reads its operand twice; its second gradient goes to the sink)
-        row = [which, of(a), of(b), node.slot]
-        if not backward:
-            return row
-        if op.selects:  # the candidates' slots: the one picked gets the gradient, the sink the other's 0
-            return row + [of(a), of(b), slots.sink()]
-        return row + [_target(a, slots), _target(b, slots) if op.arity == 2 else slots.sink(), slots.sink()]
+        a, b = (node.args * 2)[:2]  # (a unary op reads its operand twice)
+        return [which, of(a), of(b), node.slot]
     if op.selects:
         choices = node.args[op.first_choice:]
         return [len(choices), *map(of, node.args), node.slot]
@@ -399,7 +393,8 @@ def runtime_cases(dtype):
         for op in ops.OPS.values():
             code = OP_KINDS[op.name]
             out.append(_select_case(op, code, dtype, forward) if op.selects else _op_case(op, code, dtype, forward))
-        out.append(_cheap_case(dtype, forward))
+        if forward:
+            out.append(_cheap_case(dtype))
         out += [_dot_case(size) for size in DOT_SIZES] if forward else [_dot_backward_case()]
         cases["TABLE_FORWARD" if forward else "TABLE_BACKWARD"] = "\n".join(out)
     return cases
@@ -430,28 +425,15 @@ def _op_case(op, code, dtype, forward):
     return _case(code, op.name, width + 1 + op.arity, body)
 
 
-def _cheap_case(dtype, forward):
-    """CHEAP's rows: [which, a, b, out], backward [which, a, b, out, ga, gb, sink]; every op's value (and
-    gradients) into a small array, the row's op's kept: no branch."""
+def _cheap_case(dtype):
+    """CHEAP's rows, forward: [which, a, b, out]; every op's value into a small array, the row's
+    op's kept: no branch. (Backward each op has its own kind: computing every op's gradients cost
+    more than the runs it saved, 1.3x the backward's time on a 100,000-Value graph.)"""
     named = [ops.OPS[name] for name in CHEAP_OPS]
-    names = {"a": "x", "b": "y", "out": "o"}
-    n = len(named) + 1
-    body = ["const real x = d[w[1]], y = d[w[2]];"]
-    values = [_render(op, dtype, op.value, **names) for op in named] + ["where(x < y, y, x)"]  # (largest_in's pick)
-    if forward:
-        body += [f"real v[{n}];"] + [f"v[{i}] = {v};" for i, v in enumerate(values)] + ["d[w[3]] = v[w[0]];"]
-        return _case(CHEAP, "cheap: " + ", ".join(CHEAP_OPS) + ", maximum of two", 4, body)
-    body += ["const real o = d[w[3]], go = g[w[3]];", f"real ca[{n}], cb[{n}];"]
-    for i, op in enumerate(named):
-        for side, formula in zip("ab", (*op.grads, None)):
-            local = "0" if formula is None else _render(op, dtype, formula, **names)  # (a unary op's b: the sink's)
-            body.append(f"c{side}[{i}] = {'go' if local == '1' else '0' if local == '0' else f'({local}) * go'};")
-    body += [f"ca[{CHEAP_MAXIMUM}] = go;", f"cb[{CHEAP_MAXIMUM}] = 0;",
-             # a maximum's gradient to the candidate picked (largest_in: the second if the first is less)
-             f"const int maximum = w[0] == {CHEAP_MAXIMUM};",
-             "const long ta = maximum && x < y ? w[5] : w[4], tb = maximum ? w[6] : w[5];",
-             "g[ta] += ca[w[0]];", "g[tb] += cb[w[0]];"]
-    return _case(CHEAP, "cheap: " + ", ".join(CHEAP_OPS) + ", maximum of two", 7, body)
+    values = [_render(op, dtype, op.value, a="x", b="y") for op in named] + ["where(x < y, y, x)"]  # (largest_in's pick)
+    body = ["const real x = d[w[1]], y = d[w[2]];", f"real v[{len(values)}];"]
+    body += [f"v[{i}] = {v};" for i, v in enumerate(values)] + ["d[w[3]] = v[w[0]];"]
+    return _case(CHEAP, "cheap: " + ", ".join(CHEAP_OPS) + ", maximum of two", 4, body)
 
 
 def _dot_case(size):
