@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from conftest import compiler_diagonal, requires
 from test_compile import check_cases, random_graph_cases
+from test_tiers import step_by_step
 
 import codegen
 from bench import irregular
@@ -81,12 +82,7 @@ def results(case, table, **options):
     got["predict"] = np.asarray(net.predict(np.hstack([X, Y]))).copy()
     got["train"] = net.train(X, Y, 0.05, seed=1)
     got["params"] = np.asarray(net.params).copy()
-    for x, y in zip(X, Y):
-        net.set_input(np.concatenate([x, y]))
-        net.zero_grad()
-        net.forward()
-        net.backward()
-        net.update(0.05)
+    step_by_step(net, X, Y, 0.05)
     got["steps"] = np.asarray(net.params).copy()
     return net, got
 

@@ -45,13 +45,13 @@ from micrograd_c import ops
 from . import dtypes
 from .loops import UNROLL_MAX_CONTIGUOUS, unrolled
 
-# The kinds of row: an op's position in the op table; forward, CHEAP, the ops that cost a few
+# The kinds of row (templates/table.c's cases): forward, CHEAP, the ops that cost a few
 # instructions (CHEAP_OPS, and a maximum of two), one kind whose rows say which op, each row
 # computing all of them and keeping its own, so that the many short runs of each become fewer,
-# longer ones; then a dot of DOT_SIZES[i] parts forward, a dot backward (templates/table.c)
-OP_KINDS = {op.name: code for code, op in enumerate(ops.OPS.values())}
+# longer ones; a dot of DOT_SIZES[i] parts forward, a dot backward; then each op of the op table,
+# OP_BASE + its position (op_kind: the table may grow, as tests/test_docs.py's added op does)
 CHEAP_OPS = ("add", "mul", "max", "relu")
-CHEAP = len(OP_KINDS)
+CHEAP = 0
 CHEAP_MAXIMUM = len(CHEAP_OPS)  # a CHEAP row's op: CHEAP_OPS' positions, then a maximum of two
 # A dot row sums its parts in loops.tree_sum's tree, each part a product (a term t as 1 * t, which
 # is t), padded with -0 * 1 (-0, which adds nothing to any sum) up to a power of two: a tree over
@@ -61,6 +61,7 @@ DOT_KINDS = {size: CHEAP + 1 + i for i, size in enumerate(DOT_SIZES)}
 # Backward, a dot's row lists its parts as they are (the pads' gradients would cost as much as the
 # parts'): one kind, loops over its counts
 DOT_BACKWARD = CHEAP + 1 + len(DOT_SIZES)
+OP_BASE = DOT_BACKWARD + 1
 # Gradient sinks (see _Slots)
 SINKS = 16
 # A loop nest of at most this many nodes becomes rows too (an irregular graph's few alike nodes,
@@ -232,7 +233,12 @@ def _kind(node, backward=False):
         return DOT_BACKWARD if backward else DOT_KINDS[_dot_size(node)]
     if not backward and _cheap(node):
         return CHEAP
-    return OP_KINDS[node.op.name]
+    return op_kind(node.op)
+
+
+def op_kind(op):
+    """An op's kind: OP_BASE + its position in the op table."""
+    return OP_BASE + list(ops.OPS).index(op.name)
 
 
 def _cheap(node):
@@ -391,7 +397,7 @@ def runtime_cases(dtype):
     for forward in (True, False):
         out = []
         for op in ops.OPS.values():
-            code = OP_KINDS[op.name]
+            code = op_kind(op)
             out.append(_select_case(op, code, dtype, forward) if op.selects else _op_case(op, code, dtype, forward))
         if forward:
             out.append(_cheap_case(dtype))
