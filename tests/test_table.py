@@ -179,3 +179,12 @@ def test_bad_table_options_are_clear_errors():
         codegen.compile(graph.loss, graph.inputs, graph.params, compiler="tcc", table="yes")
     with pytest.raises(ValueError, match="table=True needs fuse=True"):
         codegen.generate(graph.loss, graph.inputs, graph.params, fuse=False, table=True)
+
+
+def test_a_table_program_is_not_tiered_by_default():
+    """Its C is the rows' text and a few calls: no long optimising build to hide behind a first tier."""
+    from codegen import tiers
+    graph = irregular.graph(20_000, seed=6)
+    sources = codegen.generate(graph.loss, graph.inputs, graph.params, batch=1)
+    assert "TABLE_TEXT" in sources[0]
+    assert sum(s.count("\n") for s in sources[:-1]) < tiers.TIERED_MIN_LINES
