@@ -43,6 +43,7 @@ import numpy as np
 from micrograd_c import ops
 
 from . import dtypes
+from .kernels import call
 from .loops import UNROLL_MAX_CONTIGUOUS, unrolled
 
 # The kinds of row (templates/table.c's cases): forward, CHEAP, the ops that cost a few
@@ -469,7 +470,8 @@ def _select_case(op, code, dtype, forward):
     """A gather's or a maximum's rows: [n, (index,) c_0..c_n-1, out]; the candidate picked as the
     emitter picks it (gather_index, largest_in)."""
     first = 2 if op.selects == "index" else 1  # where the candidates start in the row
-    pick = "gather_index(d[w[1]], n)" if op.selects == "index" else f"largest_in(d, w + {first}, n)"
+    pick = (call("gather_index", x="d[w[1]]", n="n") if op.selects == "index"
+            else call("largest_in", x="d", offsets=f"w + {first}", n="n"))
     at = f"w[{first} + {pick}]"
     if forward:
         body = f"d[w[{first} + n]] = {_render(op, dtype, op.value, a=f'd[{at}]')};"
