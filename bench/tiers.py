@@ -1,20 +1,26 @@
-"""The compilers on random irregular graphs (bench/irregular.py): each compiler's build time, its
-peak memory and the step time of what it built, and with tiers (compile(..., tiered=True)) how
-soon the first tier trains and when the optimised build is in.
+"""The compilers on random irregular graphs (bench/irregular.py): the table form (codegen/write/
+table.py: the single statements as rows, run by the module runtime's loops) beside the straight-line
+forms, each compiler's build time, its peak memory and the step time of what it built, and with
+tiers (compile(..., tiered=True)) how soon the first tier trains and when the optimised build is in.
 
     python -m bench --only tiers [--quick] [--sizes 5000 20000 100000] [--tier-configs tcc gcc-O2 clang-O2]
 
-Every build goes into an empty cache. The step is train() over 200 random rows at batch 1 (a
-forward, a backward and an SGD step per row), the fastest of 7 passes, the two forms' modules
-timed in turn. Reported beside issue 34's targets
-(the first tier training within 0.5 s of compile(), gcc -O2 within 3 s at 20k Values and 15 s at
-100k, compiler memory <= 1 GB, the step within 1.2x of the unbounded form's): the bounded form
-and the unbounded one (up to --before-max Values) are built in the same run, and their ratios
+Every build goes into a cache that holds nothing but the module runtime, built first (its cold
+compile, once per compiler and flags, is its own column): the compile columns are the model's own
+C. "compile s" is the compiler's wall time, "CPU s" the CPU time of compile() and its compilers;
+"compile() s" the wall time from the call to a module that trains. The step is train() over 200
+random rows at batch 1 (a forward, a backward and an SGD step per row), its process CPU time, the
+fastest of 7 passes, the forms' modules timed in turn. Reported beside issue 34's targets (the
+first tier training within 0.5 s of compile(), gcc -O2 within 3 s at 20k Values and 15 s at 100k,
+compiler memory <= 1 GB, the step within 1.2x of the straight-line form's): the forms are built in
+the same run (the straight-line ones up to --straight-max and --before-max Values) and their ratios
 printed, since the machine may be shared and noisy.
 """
 from __future__ import annotations
 
 import contextlib
+import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -40,25 +46,46 @@ def rows(graph, n=ROWS, seed=0):
 
 
 def step_seconds(nets, graph, repeats=7):
-    """Seconds of one training step (train() over ROWS rows at batch 1, per row) of each module,
-    the modules timed in turn, each its fastest pass: a neighbour's load slows a pass, never
-    speeds it, and both modules see the same minute of it."""
+    """CPU seconds of one training step (train() over ROWS rows at batch 1, per row) of each
+    module, the modules timed in turn, each its fastest pass: a neighbour's load slows a pass,
+    never speeds it, and both modules see the same minute of it."""
     X, Y = rows(graph)
     best = [float('inf')] * len(nets)
     for _ in range(repeats):
         for i, net in enumerate(nets):
-            started = time.perf_counter()
+            started = time.process_time()
             net.train(X, Y, 1e-3)
-            best[i] = min(best[i], (time.perf_counter() - started) / len(X))
+            best[i] = min(best[i], (time.process_time() - started) / len(X))
     return best
 
 
-def measure(graph, compiler, opt, **options):
-    """{'compile': seconds, 'codegen': seconds, 'peak_mb': compiler MB (None for libtcc), 'net': the module}."""
+def _cpu():
+    """CPU seconds of this process and of its children waited for (the compilers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def seeded_runtime(compiler, opt, directory):
+    """A cache in `directory` holding the module runtime of the compiler and flags (what a model's
+    build links; tcc and libtcc compile it with the model): the seconds of its build (a tiny model's)."""
+    small = irregular.graph(50, seed=1)
+    net = codegen.compile(small.loss, small.inputs, small.params, compiler=compiler, opt=opt, batch=1,
+                          cache=directory, tiered=False, table=False)
+    return net.build.seconds
+
+
+def measure(graph, compiler, opt, runtime=None, **options):
+    """{'compile': seconds, 'cpu': CPU seconds of compile() and its compilers, 'returned': seconds
+    of compile(), 'codegen': seconds, 'peak_mb': compiler MB (None for libtcc), 'net': the module},
+    built in a new cache holding what the directory `runtime` holds (seeded_runtime)."""
     with tempfile.TemporaryDirectory() as cache:
+        if runtime is not None:
+            shutil.copytree(runtime, cache, dirs_exist_ok=True)
+        cpu, started = _cpu(), time.perf_counter()
         net = codegen.compile(graph.loss, graph.inputs, graph.params, compiler=compiler, opt=opt, batch=1,
                               cache=cache, measure_memory=compiler != 'libtcc', tiered=False, **options)
-        return {'compile': net.build.seconds, 'codegen': net.timings['codegen'],
+        returned, cpu = time.perf_counter() - started, _cpu() - cpu
+        return {'compile': net.build.seconds, 'codegen': net.timings['codegen'], 'cpu': cpu, 'returned': returned,
                 'peak_mb': net.build.peak_rss and net.build.peak_rss / 2**20, 'net': net}
 
 
@@ -74,14 +101,16 @@ def unbounded():
         ir.ONE_BACKWARD_MIN_STATEMENTS = saved
 
 
-def tiered(graph, compiler, opt):
-    """compile(tiered=True) into an empty cache: seconds until compile() returns (the first tier
-    trains), seconds until the optimised tier runs while training goes on, steps trained meanwhile."""
+def tiered(graph, compiler, opt, runtime, **options):
+    """compile(tiered=True) into a cache holding the runtimes only: seconds until compile() returns
+    (the first tier trains), seconds until the optimised tier runs while training goes on, steps
+    trained meanwhile."""
     X, Y = rows(graph)
     with tempfile.TemporaryDirectory() as cache:
+        shutil.copytree(runtime, cache, dirs_exist_ok=True)
         started = time.perf_counter()
         net = codegen.compile(graph.loss, graph.inputs, graph.params, compiler=compiler, opt=opt, batch=1,
-                              cache=cache, tiered=True)
+                              cache=cache, tiered=True, **options)
         returned = time.perf_counter() - started
         steps = 0
         while net.building:
@@ -91,60 +120,79 @@ def tiered(graph, compiler, opt):
         return {'returned': returned, 'optimised': time.perf_counter() - started, 'steps': steps, 'tier': net.tier}
 
 
+FORMS = {'table': dict(table=True), 'straight': dict(table=False), 'before': dict(table=False)}
+
+
 def run(args) -> int:
     sizes = args.sizes or (QUICK_SIZES if args.quick else SIZES)
     configs = [c for c in (args.tier_configs or CONFIGS)]
-    print('random irregular graphs (bench/irregular.py), batch=1, each build into an empty cache; "before": the')
-    print('unbounded form (three backwards, functions of 200 statements), same run\n')
-    print('| Values | compiler | form | codegen s | compile s | compiler peak MB | step us |')
-    print('|---:|---|---|---:|---:|---:|---:|')
+    print('random irregular graphs (bench/irregular.py), batch=1; "table": the table form (its rows run by the module')
+    print('runtime); "straight": one C statement per node in bounded functions (one backward, 40 statements a')
+    print('function); "before": the unbounded straight-line form (three backwards, functions of 200); each build')
+    print('into a cache holding only the module runtime, same run; ratios: the table form over the others\n')
+    print('| Values | compiler | form | codegen s | compile s | CPU s | compile() s | compiler peak MB | step us (CPU) |')
+    print('|---:|---|---|---:|---:|---:|---:|---:|---:|')
     status = 0
-    for size in sizes:
-        graph = irregular.graph(size)
+    with tempfile.TemporaryDirectory() as runtimes:
+        seeded = {}
         for label in configs:
             compiler, opt = CONFIGS[label]
-            forms = [('bounded', contextlib.nullcontext)]
-            if size <= args.before_max and compiler in ('gcc', 'clang'):
-                forms.append(('before', unbounded))
-            figures = {}
-            for form, context in forms:
-                try:
-                    with context():
-                        figures[form] = measure(graph, compiler, opt)
-                except codegen.ToolchainError as error:
-                    print(f'| {size:,} | {label} | {form} | failed: {str(error).splitlines()[0]} | | | |', flush=True)
-                    status = 1
-            steps = step_seconds([m['net'] for m in figures.values()], graph)
-            for (form, m), step in zip(figures.items(), steps):
-                m['step_us'] = step * 1e6
-                peak = f"{m['peak_mb']:.0f}" if m['peak_mb'] else '-'
-                print(f"| {size:,} | {label} | {form} | {m['codegen']:.2f} | {m['compile']:.2f} | {peak} | "
-                      f"{m['step_us']:.1f} |", flush=True)
-            if len(figures) == 2:
-                b, a = figures['bounded'], figures['before']
-                print(f"|  |  | bounded/before | | {b['compile'] / a['compile']:.2f}x | | {b['step_us'] / a['step_us']:.2f}x |",
-                      flush=True)
-    print('\ntiered (compile(..., tiered=True)): when compile() returns and the first tier trains; when the optimised')
-    print('tier runs, training all along\n')
-    print('| Values | optimised by | compile() returned s | optimised tier from s | rows trained before |')
-    print('|---:|---|---:|---:|---:|')
-    for size in sizes:
-        graph = irregular.graph(size)
-        for label in configs:
-            compiler, opt = CONFIGS[label]
-            if compiler not in ('gcc', 'clang'):
+            seeded[label] = f'{runtimes}/{label}'
+            seconds = seeded_runtime(compiler, opt, seeded[label])
+            print(f'| | {label} | the module runtime, once | | {seconds:.2f} | | | | |', flush=True)
+        for size in sizes:
+            graph = irregular.graph(size)
+            for label in configs:
+                compiler, opt = CONFIGS[label]
+                forms = ['table']
+                if size <= args.straight_max:
+                    forms.append('straight')
+                if size <= args.before_max and compiler in ('gcc', 'clang'):
+                    forms.append('before')
+                figures = {}
+                for form in forms:
+                    try:
+                        with unbounded() if form == 'before' else contextlib.nullcontext():
+                            figures[form] = measure(graph, compiler, opt, seeded[label], **FORMS[form])
+                    except codegen.ToolchainError as error:
+                        print(f'| {size:,} | {label} | {form} | failed: {str(error).splitlines()[0]} | | | | | |', flush=True)
+                        status = 1
+                steps = step_seconds([m['net'] for m in figures.values()], graph)
+                for (form, m), step in zip(figures.items(), steps):
+                    m['step_us'] = step * 1e6
+                    peak = f"{m['peak_mb']:.0f}" if m['peak_mb'] else '-'
+                    print(f"| {size:,} | {label} | {form} | {m['codegen']:.2f} | {m['compile']:.2f} | {m['cpu']:.2f} | "
+                          f"{m['returned']:.2f} | {peak} | {m['step_us']:.1f} |", flush=True)
+                for other in ('straight', 'before'):
+                    if 'table' in figures and other in figures:
+                        t, o = figures['table'], figures[other]
+                        print(f"|  |  | table/{other} | | {t['compile'] / o['compile']:.3f}x | {t['cpu'] / o['cpu']:.3f}x | "
+                              f"{t['returned'] / o['returned']:.3f}x | | {t['step_us'] / o['step_us']:.2f}x |", flush=True)
+        print('\ntiered (compile(..., tiered=True), the straight-line form): when compile() returns and the first tier')
+        print('trains; when the optimised tier runs, training all along\n')
+        print('| Values | optimised by | compile() returned s | optimised tier from s | rows trained before |')
+        print('|---:|---|---:|---:|---:|')
+        for size in sizes:
+            if size > args.straight_max:
                 continue
-            t = tiered(graph, compiler, opt)
-            late = '' if t['tier'] == 'optimised' else ' (optimised build failed)'
-            print(f"| {size:,} | {label} | {t['returned']:.2f} | {t['optimised']:.2f}{late} | {t['steps']:,} |", flush=True)
+            graph = irregular.graph(size)
+            for label in configs:
+                compiler, opt = CONFIGS[label]
+                if compiler not in ('gcc', 'clang'):
+                    continue
+                t = tiered(graph, compiler, opt, seeded[label], table=False)
+                late = '' if t['tier'] == 'optimised' else ' (optimised build failed)'
+                print(f"| {size:,} | {label} | {t['returned']:.2f} | {t['optimised']:.2f}{late} | {t['steps']:,} |", flush=True)
     return status
 
 
 def add_arguments(parser):
     parser.add_argument('--sizes', nargs='+', type=int, help='graph sizes in Values (default 5000 20000 100000)')
     parser.add_argument('--tier-configs', nargs='+', choices=list(CONFIGS), help='compilers (default: all)')
-    parser.add_argument('--before-max', type=int, default=20_000,
-                        help='build the unbounded form too up to this size (default 20000: at 100k it takes minutes)')
+    parser.add_argument('--straight-max', type=int, default=20_000,
+                        help='build the straight-line form too up to this size (default 20000: at 100k it takes minutes)')
+    parser.add_argument('--before-max', type=int, default=5_000,
+                        help='build the unbounded straight-line form too up to this size (default 5000)')
 
 
 def main(argv=None) -> int:

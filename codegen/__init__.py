@@ -19,6 +19,7 @@ from .lower import batch as batching
 from .lower import graph as graph_arrays
 from .lower import ir
 from .write import dtypes, emit, optim
+from .write import table as tables
 from .explain import explain
 from .export import export
 from .write.optim import SGD, Adam, AdamW
@@ -30,20 +31,23 @@ __all__ = ["compile", "generate", "structural_key", "explain", "export", "copy_t
 
 def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn", optimizer=None,
              embed_params=False, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batch=batching.DEFAULT_CAPACITY,
-             graph=None):
+             graph=None, table=None):
     """The C sources compile() builds: the module, then any extra units of generated functions
     (big straight-line programs are split so that the files compile in parallel). `graph`: what
     read_graph returned for these arguments, when the caller has it already."""
     dtypes.lookup(dtype)  # before lowering: a bad name fails at once
     batch = _check_batch(batch)
+    tables.check(table)
     inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
     with ir.no_gc():  # (see read_graph)
         if graph is None:
             graph = read_graph(loss, inputs, params, outputs, fuse)
         program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, graph=graph)
         initial = [float(p.data) for p in params] if embed_params else None
+        rows = tables.chosen(program, table)
         sources = emit.emit(program, name, optimizer=optimizer, initial_params=initial, dtype=dtype,
-                            sparse_inputs=sparse_inputs, batched=batching.batched_form(program, batch)[0])
+                            sparse_inputs=sparse_inputs, table=rows,
+                            batched=None if rows else batching.batched_form(program, batch)[0])
         del graph, program  # garbage before the collector resumes
     return sources
 
@@ -57,7 +61,7 @@ def _check_batch(batch):
 def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native=False, fuse=True,
             input_grads=False, name="nn", cache=None, timeout=None, optimizer=None, embed_params=False,
             dtype=dtypes.DEFAULT.name, sparse_inputs=False, measure_memory=False, sources=None,
-            batch=batching.DEFAULT_CAPACITY, threads=None, tiered=None):
+            batch=batching.DEFAULT_CAPACITY, threads=None, tiered=None, table=None):
     """Builds (or takes from the cache) and loads the module computing `loss`.
 
     inputs:  leaf Values set per sample with set_input() (their current values are loaded too).
@@ -96,6 +100,11 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     forward or predict call after the build is in (codegen/tiers.py: module.tier, module.wait()).
     None (the default) tiers when the compiler optimises and the C is big (tiers.TIERED_MIN_LINES,
     a few seconds of gcc -O2); False never does. A cache hit of the optimised build loads it.
+    table: True runs the program's single statements (groups no loop nest covers) as rows of a
+    table through loops of the module runtime, compiled once per machine, instead of a C statement
+    each (codegen/write/table.py: the same numbers, the model's own C small whatever the graph);
+    False never; None (the default) when the program has table.MIN_STATEMENTS single statements
+    or more. A program in the table form runs train() and predict() sample by sample.
     sources: what generate() returned for these same arguments, when the caller has them already
     (e.g. to compute a build_key): the C is not generated a second time (timings["codegen"] is
     then the graph's reading, which indexes the build by its structure for the next compile).
@@ -112,6 +121,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
     batch = _check_batch(batch)
     tiers.check(tiered)
+    tables.check(table)
 
     def build_and_load():  # (build, module, tier, codegen seconds, the params' data); its locals die with it
         started = time.perf_counter()
@@ -127,14 +137,14 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
                 began = time.perf_counter()
                 given = generate(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name,
                                  optimizer=optimizer, embed_params=embed_params, dtype=dtype,
-                                 sparse_inputs=sparse_inputs, batch=batch, graph=graph)
+                                 sparse_inputs=sparse_inputs, batch=batch, graph=graph, table=table)
                 spent += time.perf_counter() - began
             return given
 
         def structure():  # asked for by the backends that keep files (libtcc builds in memory)
             return _structural_key(graph, params, fuse=fuse, input_grads=input_grads, name=name,
                                    optimizer=optimizer, embed_params=embed_params, dtype=dtype,
-                                   sparse_inputs=sparse_inputs, batch=batch)
+                                   sparse_inputs=sparse_inputs, batch=batch, table=table)
 
         read = time.perf_counter()
         build, module, tier = tiers.build_and_load(generated, name, compiler, opt, native, cache, timeout,
@@ -157,7 +167,8 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
 
 
 def structural_key(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn", optimizer=None,
-                   embed_params=False, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batch=batching.DEFAULT_CAPACITY):
+                   embed_params=False, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batch=batching.DEFAULT_CAPACITY,
+                   table=None):
     """The key under which compile() finds the build of generate()'s C for these arguments
     without generating it (codegen/lower/graph.py): a SHA-256 of the graph's structure and the options.
     Equal for a graph built twice the same way; different wherever two graphs or options differ."""
@@ -165,7 +176,7 @@ def structural_key(loss, inputs=(), params=(), outputs=(), fuse=True, input_grad
     with ir.no_gc():  # (see read_graph)
         key = _structural_key(read_graph(loss, inputs, params, outputs, fuse), params, fuse=fuse, input_grads=input_grads,
                               name=name, optimizer=optimizer, embed_params=embed_params, dtype=dtype,
-                              sparse_inputs=sparse_inputs, batch=_check_batch(batch))
+                              sparse_inputs=sparse_inputs, batch=_check_batch(batch), table=tables.check(table))
     return key
 
 

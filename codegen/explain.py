@@ -14,6 +14,7 @@ import templates
 
 from .lower import batch, ir, positions
 from .write import emit, optim
+from .write import table as tables
 from .backend import targets
 
 
@@ -40,7 +41,7 @@ class Explanation:
     program: object    # the ir.Program
     batched: str = ""  # whether train() and predict() run whole batches, or why not
     vectors: str = ""  # with target=: what the loops become on that machine (codegen/backend/targets.py)
-    straight_line: str = ""  # what the single statements became (functions, backward copies)
+    straight_line: str = ""  # what the single statements became (functions, backward copies, or rows of a table)
     positions: str = ""  # whether a sequence's loops stop at the sample's length (lower/positions.py), or why not
 
     @property
@@ -78,10 +79,12 @@ class Explanation:
         return render(self.to_dot(), path, format, "explain.draw")
 
 
-def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, target=None, optimizer=None):
+def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, target=None, optimizer=None,
+            table=None):
     """The lowered program of `loss` as compile() would build it, step by step; with target (a zig
     triple of codegen.backend.targets.TARGETS), also the vectors its exported loops get there; optimizer
-    (compile()'s: None is plain SGD) decides how many copies of backward the module has."""
+    (compile()'s: None is plain SGD) decides how many copies of backward the module has, table
+    (compile()'s) whether its single statements become rows of a table (codegen/write/table.py)."""
     vectors = f"vectors on {target}: {targets.lookup(target).vectors}" if target is not None else ""
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
     step_of = {}
@@ -94,16 +97,24 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
         steps.append(Step(i, _what(g.first), tuple(f"<={int(n)}" if isinstance(n, positions.Bounded) else n
                                                    for n in g.shape), len(g.members), reads,
                           "outputs" if g.first.for_outputs else "loss"))
-    c_lines = len(emit.standalone(program).splitlines()) - len(templates.read("prelude.c").splitlines())
+    plan = tables.plan(program) if tables.chosen(program, table) else None
+    c_lines = len(emit.standalone(program, plan=plan).splitlines()) - len(templates.read("prelude.c").splitlines())
     values = value_count(*outputs, loss)
-    batched, why_not = batch.batched_form(program)
+    batched, why_not = (None, "the table form") if plan else batch.batched_form(program)
     how = (f"batched over up to {batched.capacity} samples (train() with batch_size > 1, predict())" if batched
            else f"no batched form ({why_not}): train() and predict() run sample by sample")
     sequence = (f"loops stop at each training sample's length (one past its last nonzero loss weight, of "
                 f"{len(program.sequence.weights)})" if program.sequence
                 else f"every position computed ({program.unbounded})" if program.unbounded else "")
-    return Explanation(values, steps, c_lines, program, how, vectors, _straight_line(program, optim.check(optimizer)),
-                       sequence)
+    return Explanation(values, steps, c_lines, program, how, vectors,
+                       _table(plan) if plan else _straight_line(program, optim.check(optimizer)), sequence)
+
+
+def _table(plan):
+    """What compile() makes of a program in the table form."""
+    return (f"the table form: {plan.rows:,} rows (single statements and loop nests of at most "
+            f"{tables.LOOP_MAX_MEMBERS} nodes, forward and backward) in {plan.runs:,} runs of one kind each, "
+            f"run by the module runtime's loops; {len(plan.compiled):,} groups compiled as C")
 
 
 def _straight_line(program, optimizer):

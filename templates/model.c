@@ -48,6 +48,11 @@ static const long BATCH_POSITION_WEIGHTS[] = {BATCH_POSITION_WEIGHTS_LIST};
 #define BATCH_POSITIONS_SLOT (-1)
 static const long BATCH_POSITION_WEIGHTS[1] = {0};
 #endif
+#ifndef TABLE_WORDS /* no table form: every statement compiled (codegen/write/table.py) */
+#define TABLE_WORDS 0
+static const char TABLE_TEXT[] = "";
+static const int32_t *table;
+#endif
 #ifndef N_INDEX_INPUTS /* no gathers */
 #define N_INDEX_INPUTS 0
 static const long INDEX_INPUTS[1][2] = {{0, 0}};
@@ -81,6 +86,9 @@ SHARED const Model MODEL = {
     .n_snapshot = N_SNAPSHOT,
     .n_swept_runs = N_SWEPT_RUNS,
     .swept_runs = SWEPT_RUNS,
+    .table_words = TABLE_WORDS,
+    .table_text = TABLE_TEXT,
+    .table = &table,
     .init_constants = init_constants,
     .scan_nonzeros = scan_nonzeros,
     .forward_outputs = forward_outputs,

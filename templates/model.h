@@ -45,6 +45,11 @@ typedef struct {
     /* the step-by-step API's gradient rows (templates/step.c) */
     long n_tracked_rows, n_snapshot, n_swept_runs;
     const long (*swept_runs)[2];
+    /* the table form's rows (codegen/write/table.py, templates/table.c): TABLE_TEXT's words, decoded
+     * by the runtime into *table when the model's first module loads; table_words 0: none */
+    long table_words;
+    const char *table_text;
+    const int32_t **table;
     /* the generated functions (codegen/write/emit.py) */
     SlotsFunction init_constants, scan_nonzeros, forward_outputs, forward_rest;
     void (*backward_body)(real *restrict d, real *restrict g);

@@ -18,6 +18,8 @@
 
 /*@INCLUDE pool.c@*/
 
+/*@INCLUDE table.c@*/
+
 /* ---- module state --------------------------------------------------------------------- */
 typedef struct {
     real *d, *g;
@@ -530,6 +532,10 @@ static int module_exec(PyObject *module)
         return -1;
     if (alloc_tracked_rows(s) < 0 || add_grad(module) < 0)
         return -1;
+    if (MODEL.table_words && !*MODEL.table && !(*MODEL.table = table_decode(MODEL.table_text, MODEL.table_words))) {
+        PyErr_NoMemory();
+        return -1;
+    }
     MODEL.init_constants(s->d);
     s->threads = available_cores();
     /* the parameters' values when compiled (codegen.compile(embed_params=True)) */

@@ -165,11 +165,11 @@ def test_straight_line_programs_get_one_backward_in_short_functions():
     graph = irregular.graph(3_000, seed=1)
     program = ir.lower(graph.loss, graph.inputs, graph.params)
     assert ir.straight_line_heavy(program) and not program.sgd_in_backward
-    sources = codegen.generate(graph.loss, graph.inputs, graph.params, batch=1)
+    sources = codegen.generate(graph.loss, graph.inputs, graph.params, batch=1, table=False)
     text = "".join(sources)
     assert "backward_sgd_body_0(" not in text and "backward_tracked_body_0(" not in text
     assert text.count("CHUNK void backward_body_") >= len(program.backward) // emit.STRAIGHT_LINE_CHUNK_STATEMENTS
-    assert "backward written once" in codegen.explain(graph.loss, graph.inputs, graph.params).summary()
+    assert "backward written once" in codegen.explain(graph.loss, graph.inputs, graph.params, table=False).summary()
 
 
 @pytest.fixture
@@ -193,13 +193,19 @@ def test_train_in_the_bounded_form_equals_the_step_api(compiler, every_program_s
     net = compile_graph(graph, compiler=compiler, cache=tmp_path, tiered=False)
     steps = compile_graph(graph, compiler=compiler, cache=tmp_path, tiered=False)
     net.train(X, Y, 0.05)
-    for x, y in zip(X, Y):
-        steps.set_input(np.concatenate([x, y]))
-        steps.zero_grad()
-        steps.forward()
-        steps.backward()
-        steps.update(0.05)
+    step_by_step(steps, X, Y, 0.05)
     np.testing.assert_array_equal(np.asarray(net.params), np.asarray(steps.params))
+
+
+def step_by_step(net, X, Y, lr):
+    """The step-by-step API over the rows (X, then Y, into the inputs): a step of the module's
+    optimizer each."""
+    for x, y in zip(X, Y):
+        net.set_input(np.concatenate([x, y]))
+        net.zero_grad()
+        net.forward()
+        net.backward()
+        net.update(lr)
 
 
 def test_a_first_tier_that_does_not_build_leaves_the_optimised_build(tmp_path, monkeypatch):

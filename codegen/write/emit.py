@@ -12,7 +12,7 @@ import dataclasses
 
 import templates
 
-from . import contract, dtypes, optim
+from . import contract, dtypes, optim, table as tables
 from ..lower import ir
 from .dtypes import c_literal
 from .statements import Emitter
@@ -37,15 +37,26 @@ PARALLEL_MIN_STATEMENTS = 16
 
 def _functions(name, params, statements, chunk):
     """C functions of at most `chunk` statements each, as (definition, declaration, statement
-    count) triples, and the driver `name` that calls them in order."""
+    count) triples, and the driver `name` that calls them in order. A table.TableCall among the
+    statements is a call in the driver itself, between the functions before and after it."""
     args = ", ".join(p.split()[-1].lstrip("*") for p in params)
     signature = ", ".join(params)
-    pieces, calls = [], []
-    for i in range(0, len(statements), chunk):
-        head = f"CHUNK void {name}_{i // chunk}({signature})"
-        body = "\n    ".join(statements[i:i + chunk])
-        pieces.append((f"{head}\n{{\n    {body}\n}}\n", f"{head};", len(statements[i:i + chunk])))
-        calls.append(f"    {name}_{i // chunk}({args});")
+    pieces, calls, run = [], [], []
+
+    def close():
+        for i in range(0, len(run), chunk):
+            head = f"CHUNK void {name}_{len(pieces)}({signature})"
+            body = "\n    ".join(run[i:i + chunk])
+            calls.append(f"    {name}_{len(pieces)}({args});")
+            pieces.append((f"{head}\n{{\n    {body}\n}}\n", f"{head};", len(run[i:i + chunk])))
+        run.clear()
+    for statement in statements:
+        if isinstance(statement, tables.TableCall):
+            close()
+            calls.append(f"    {statement.render()}")
+        else:
+            run.append(statement)
+    close()
     driver = f"static void {name}({signature})\n{{\n" + "\n".join(calls) + "\n}\n"
     return pieces, driver
 
@@ -63,7 +74,7 @@ def _units(pieces, unit):
 
 
 def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, optimizer=None,
-         initial_params=None, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batched=None):
+         initial_params=None, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batched=None, table=False):
     """The C sources of the extension module `module_name` computing `program`: the module
     itself, then (for big programs) extra units of generated functions compiled alongside.
     optimizer: a codegen.write.optim description (None: SGD); initial_params: values every load of
@@ -71,14 +82,18 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
     element type of the whole state, the kernels and the module's views; sparse_inputs: dots
     that read an input range skip its chunks of zeros when most of them are (dense inputs keep
     the dense kernels); batched: the program's codegen.lower.batch.BatchedProgram (train() and
-    predict() run whole batches through it), or None."""
+    predict() run whole batches through it), or None; table: whether the program's single statements
+    become rows that the runtime's loops run (codegen/write/table.py: table.chosen decides; such a
+    program has no batched form)."""
     module = contract.Module(module_name, optim.check(optimizer),
                              None if initial_params is None else tuple(initial_params))
     if program.sgd_in_backward and not module.optimizer.plain_sgd:  # (its backward copies would never run)
         program = dataclasses.replace(program, sgd_in_backward=False, sgd_after_backward=[])
     if initial_params is not None and len(initial_params) != program.n_params:
         raise ValueError(f"{len(initial_params)} initial parameter values for {program.n_params} parameters")
-    graph, extra = _render(program, chunk, unit, dtype, sparse_inputs, batched)
+    if table and batched is not None:
+        raise ValueError("a program in the table form has no batched form")
+    graph, extra = _render(program, chunk, unit, dtype, sparse_inputs, batched, tables.plan(program) if table else None)
     return [templates.fill("model.c", CONSTANTS=module.render(), GRAPH=graph)] + extra + [runtime_source(dtype)]
 
 
@@ -86,7 +101,8 @@ def runtime_source(dtype=dtypes.DEFAULT.name):
     """templates/runtime.c for modules of element type `dtype`: the same C for every model, which
     the toolchain compiles once per compiler and flags (templates.SharedSource)."""
     return templates.SharedSource(templates.fill("runtime.c", PRELUDE=_prelude(dtypes.lookup(dtype), True,
-                                                                              RUNTIME_DEFINES_PRODUCTS)))
+                                                                              RUNTIME_DEFINES_PRODUCTS),
+                                                 **tables.runtime_cases(dtype)))
 
 
 # templates/kernels/gemm.c's RUNTIME_PRODUCTS: the matrix products defined in each file (exported
@@ -102,13 +118,14 @@ def _prelude(dtype, thread_pool, products=STATIC_PRODUCTS):
             + templates.read("prelude.c"))
 
 
-def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False):
+def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False, plan=None):
     """The graph as one C source with no Python in it: the prelude and kernels, the layout
     #defines (N_SLOTS, N_PARAMS, N_INPUTS, INPUT_BASE, LOSS_SLOT, N_OUTPUTS, OUTPUT_SLOTS,
     SGD_IN_BACKWARD) and the functions forward_outputs(d), forward_rest(d), backward_body(d, g)
     and backward_sgd_body(d, g, lr) (static). For exporting a model out of Python; with
-    thread_pool, for a module that includes templates/pool.c (codegen.jit)."""
-    graph, _ = _render(program, chunk, unit=None, thread_pool=thread_pool)
+    thread_pool, for a module that includes templates/pool.c (codegen.jit). plan: the program's
+    table form (codegen.explain counts its lines; its passes call the module runtime's loops)."""
+    graph, _ = _render(program, chunk, unit=None, plan=plan, thread_pool=thread_pool)
     return graph
 
 
@@ -118,18 +135,27 @@ def chunk_statements(program, chunk=CHUNK_STATEMENTS):
     return min(chunk, STRAIGHT_LINE_CHUNK_STATEMENTS) if program.fused and ir.straight_line_heavy(program) else chunk
 
 
-def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None, batched=None, thread_pool=None):
+def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None, batched=None, plan=None,
+            thread_pool=None):
     """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units).
     sparse_inputs (modules: True or False; None for standalone code, which has no lists): dots
-    over an input range use its nonzero list (scan_nonzeros and the words after d's slots)."""
+    over an input range use its nonzero list (scan_nonzeros and the words after d's slots).
+    plan: the program's table form (table.plan), or None."""
     dtype = dtypes.lookup(dtype)
     chunk = chunk_statements(program, chunk)
+    if plan is not None:
+        program = plan.program
     e = Emitter(program, dtype, bool(sparse_inputs))
     # the batched program's emitter: the same offset tables; the inputs' row lists with sparse inputs
     eb = Emitter(batched, dtype, shared=e, row_lists=bool(sparse_inputs)) if batched else None
-    forward_outputs = e.forward_pass(program.forward[:program.n_output_groups])
-    forward_rest = e.forward_pass(program.forward[program.n_output_groups:])
-    backward = e.backward_pass(program.backward)
+    if plan is None:
+        forward_outputs = e.forward_pass(program.forward[:program.n_output_groups])
+        forward_rest = e.forward_pass(program.forward[program.n_output_groups:])
+        backward = e.backward_pass(program.backward)
+    else:
+        forward_outputs, forward_rest = (_with_table(plan.passes[name], e.forward_pass)
+                                         for name in ("forward_outputs", "forward_rest"))
+        backward = _with_table(plan.passes["backward"], e.backward_pass)
     backward_sgd = e.backward_pass(program.backward, sgd=True) if program.sgd_in_backward else []
     # The step-by-step API's backward (modules only; the same as backward_body when no row is tracked)
     backward_tracked = e.backward_pass(program.backward, tracked=True) \
@@ -157,6 +183,7 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
         contract.Layout.of(program).render(),
         _constants(program.constants, dtype),
         _sgd_after_backward(program.sgd_after_backward),
+        *([plan.render()] if plan is not None else []),
         *([e.scan_nonzeros(), e.step_rows(program.n_params)] if sparse_inputs is not None else []),
         *([_batch_layout(eb, dtype)] if sparse_inputs is not None else []),
     ])
@@ -167,6 +194,20 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
     extra = [prelude + "\n" + e.offsets.render(declare=True) + "\n" + e.epilogue_definitions() + "\n"
              + "\n".join(p[0] for p in group) for group in units]
     return "\n".join(graph), extra
+
+
+def _with_table(items, statements):
+    """A pass of the table form: the statements of its compiled groups (`statements` of a list of
+    them) with its table.TableCalls in place."""
+    out, groups = [], []
+    for item in items:
+        if isinstance(item, tables.TableCall):
+            out += statements(groups)
+            groups = []
+            out.append(item)
+        else:
+            groups.append(item)
+    return out + statements(groups)
 
 
 def _constants(constants, dtype, name="init_constants", table="CONSTANT_VALUES"):

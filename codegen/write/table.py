@@ -1,0 +1,482 @@
+"""The table form of a program's single statements: instead of one C statement per node (what an
+optimising compiler reads in time that grows with the graph), rows of (op, operand slots, result
+slot) that loops in the module runtime run (templates/table.c, compiled once per compiler, flags
+and dtype, like the rest of the runtime). A model that is mostly single statements (an irregular
+graph: bench/irregular.py) then has almost no C of its own; its rows are data, a base64 string in
+its unit that the runtime decodes once when the module loads.
+
+    plan = table.plan(program)      # the program with its constants' slots, the rows, the passes
+    plan.passes["backward"]         # groups (compiled as before) and TableCalls, in order
+
+The rows are ordered so that the runtime's loops need no switch per row: each pass's rows between
+two compiled groups (a segment) are scheduled into runs of one kind (an op of micrograd_c/ops.py,
+the cheap ops together, or a dot of a size), a run a tight loop over its rows. A row is scheduled
+after the rows it reads (forward: the values; backward: every contribution to its own gradient),
+and in backward after every row that adds to one of the same gradients before it in the
+straight-line order, so that each gradient sums its contributions in the same order as the
+straight-line C: the table computes the same formulas (the op table's, rendered as the emitter
+renders them), the same sums (a dot's parts in the emitter's tree, loops.tree_sum), the same bits
+(tests/test_table.py; an FMA contraction by the compiler, with native=True, could change one).
+Among the ready rows, the kind of the one with the longest path after it runs next, taking every
+ready row of its kind, and those its own rows make ready (a run's rows run in order, so a row may
+read an earlier one's).
+
+A row's layout (int32 words) by kind; `g*` are gradient targets (a sink for an operand that needs
+no gradient, so that every row of a kind does the same work):
+    op, forward     a, [b], [k], out                  (k: the op's constant, from a slot)
+    op, backward    a, [b], [k], out, ga, [gb]
+    cheap (forward) which, a, b, out                  (which: the op, CHEAP_OPS' position)
+    gather          n, index, c_0..c_n-1, out         (both passes; the gradient goes to the one picked)
+    maximum         n, c_0..c_n-1, out
+    dot, forward    a_0..a_S-1, b_0..b_S-1, out       (S parts, padded: DOT_SIZES)
+    dot, backward   nt, np, gt_0.., a_0.., b_0.., out, gb_0.., ga_0..
+A segment is [number of runs] then each run [kind, count, rows...].
+"""
+
+import base64
+import heapq
+import struct
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from micrograd_c import ops
+
+from . import dtypes
+from .kernels import call
+from .loops import UNROLL_MAX_CONTIGUOUS, unrolled
+
+# The kinds of row (templates/table.c's cases): forward, CHEAP, the ops that cost a few
+# instructions (CHEAP_OPS, and a maximum of two), one kind whose rows say which op, each row
+# computing all of them and keeping its own, so that the many short runs of each become fewer,
+# longer ones; a dot of DOT_SIZES[i] parts forward, a dot backward; then each op of the op table,
+# OP_BASE + its position (op_kind: the table may grow, as tests/test_docs.py's added op does)
+CHEAP_OPS = ("add", "mul", "max", "relu")
+CHEAP = 0
+CHEAP_MAXIMUM = len(CHEAP_OPS)  # a CHEAP row's op: CHEAP_OPS' positions, then a maximum of two
+# A dot row sums its parts in loops.tree_sum's tree, each part a product (a term t as 1 * t, which
+# is t), padded with -0 * 1 (-0, which adds nothing to any sum) up to a power of two: a tree over
+# 2**k parts is tree_sum's over the first n, then, so the row needs no branch and no count
+DOT_SIZES = (2, 4, 8, 16, 32, 64)
+DOT_KINDS = {size: CHEAP + 1 + i for i, size in enumerate(DOT_SIZES)}
+# Backward, a dot's row lists its parts as they are (the pads' gradients would cost as much as the
+# parts'): one kind, loops over its counts
+DOT_BACKWARD = CHEAP + 1 + len(DOT_SIZES)
+OP_BASE = DOT_BACKWARD + 1
+# Gradient sinks (see _Slots)
+SINKS = 16
+# A loop nest of at most this many nodes becomes rows too (an irregular graph's few alike nodes,
+# whose tiny loops would each cut the rows around them into segments of their own)
+LOOP_MAX_MEMBERS = 8
+# The rule compile(table=None) applies: the table form from this many single statements
+MIN_STATEMENTS = 1_000
+# base64 characters per line of the table's text in the C: long lines, so that the rows do not
+# count as the many lines of C that tiers.TIERED_MIN_LINES takes for a long optimising build
+TEXT_LINE = 2_000
+
+
+class TableCall:
+    """A pass's call of the runtime's table loop over one segment (a marker among a pass's
+    statements: emit.py's drivers call it between the compiled groups' functions)."""
+
+    def __init__(self, backward, offset):
+        self.backward, self.offset = backward, offset
+
+    def render(self):
+        return (f"table_backward(table + {self.offset}, d, g);" if self.backward
+                else f"table_forward(table + {self.offset}, d);")
+
+
+@dataclass
+class Plan:
+    """A program's table form: the program (with slots for the constants rows read and the
+    gradient sinks; one backward, no batch-1 SGD inside it), per pass ("forward_outputs",
+    "forward_rest", "backward") its groups compiled as C and its TableCalls in order, the rows'
+    words, and counts for codegen.explain."""
+    program: object
+    passes: dict
+    words: np.ndarray
+    rows: int = 0
+    runs: int = 0
+    compiled: list = field(default_factory=list)  # the groups that stay C (loop nests, long dots)
+
+    def text(self):
+        """The words as base64 (little-endian int32), in lines of TEXT_LINE characters."""
+        encoded = base64.b64encode(self.words.astype("<i4").tobytes()).decode("ascii")
+        return [encoded[i:i + TEXT_LINE] for i in range(0, len(encoded), TEXT_LINE)] or [""]
+
+    def render(self):
+        """TABLE_WORDS, TABLE_TEXT (the words), and `table`, where the runtime puts them decoded
+        (templates/model.c hands both to it through MODEL)."""
+        lines = "\n".join(f'    "{line}"' for line in self.text())
+        return (f"#define TABLE_WORDS {len(self.words)}\nstatic const char TABLE_TEXT[] =\n{lines};\n"
+                "static const int32_t *table; /* TABLE_TEXT decoded, by the runtime when the module loads */")
+
+
+def single_statements(program):
+    """How many groups of the program no loop nest covers."""
+    return sum(1 for g in program.forward if not g.shape)
+
+
+def check(table):
+    if table not in (None, True, False):
+        raise TypeError(f"table must be True, False or None (the table form for programs of "
+                        f"{MIN_STATEMENTS:,} single statements or more), not {table!r}")
+    return table
+
+
+def chosen(program, table):
+    """Whether compile(table=...) gives the program the table form: table True or False says so
+    (True needs a fused program), None applies the rule (a fused program of MIN_STATEMENTS single
+    statements or more)."""
+    if check(table) is None:
+        return program.fused and single_statements(program) >= MIN_STATEMENTS
+    if table and not program.fused:
+        raise ValueError("table=True needs fuse=True: fuse=False is the straight-line scalar C itself")
+    return table
+
+
+def rowable(g):
+    """Whether a group's nodes become rows: a single statement, or a loop nest of at most
+    LOOP_MAX_MEMBERS nodes (plain extents); a dot only with lists the straight-line C writes out (longer ones
+    call the kernels, which sum in lanes) and at most DOT_SIZES[-1] parts; not a group that a
+    sequence's length guards, cuts or masks (codegen/lower/positions.py): the C skips its work."""
+    if (g.shape and len(g.members) > LOOP_MAX_MEMBERS) or g.guard is not None or g.masked is not None:
+        return False
+    if any(type(n) is not int for n in g.shape):  # (a family's, a growing or a cut extent: its own loops)
+        return False
+    node = g.first
+    if node.kind != "dot":
+        return True
+    if len(node.args) + len(node.a) > DOT_SIZES[-1]:
+        return False
+    if not g.shape:
+        ops_ = g.operands
+        return (ops_.terms is None or unrolled(ops_.terms)) and (ops_.a is None or unrolled(ops_.a, ops_.b))
+    return len(node.args) <= UNROLL_MAX_CONTIGUOUS and len(node.a) <= UNROLL_MAX_CONTIGUOUS
+
+
+def plan(program):
+    """The table form of a fused program (see the module's docstring)."""
+    slots = _Slots(program)
+    words, rows, runs = [], 0, 0
+    passes, compiled = {}, []
+    forward = program.forward
+    for name, groups, backward in (("forward_outputs", forward[:program.n_output_groups], False),
+                                   ("forward_rest", forward[program.n_output_groups:], False),
+                                   ("backward", program.backward, True)):
+        items, segment = [], []
+
+        def close():
+            nonlocal rows, runs
+            if segment:
+                encoded, n_runs = _segment(segment, slots, backward)
+                items.append(TableCall(backward, len(words)))
+                words.extend(encoded)
+                rows += len(segment)
+                runs += n_runs
+                segment.clear()
+        for g in groups:
+            if rowable(g):
+                # (a loop nest's members in its order, backward too: its iterations' order)
+                segment.extend(g.members)
+                continue
+            close()
+            items.append(g)
+            if not backward:
+                compiled.append(g)
+        close()
+        passes[name] = items
+    lowered = replace(program, n_slots=slots.n_slots, constants=program.constants + slots.constants,
+                      sgd_in_backward=False, sgd_after_backward=[])
+    return Plan(lowered, passes, np.array(words, dtype=np.int32), rows, runs, compiled)
+
+
+class _Slots:
+    """Operand slots of rows: a node's slot, or for a constant that has none (the straight-line
+    C's literals) one more slot after the program's, one per distinct value (its bits)."""
+
+    def __init__(self, program):
+        self.n_slots = program.n_slots
+        self.constants = []  # (slot, value), appended to the program's
+        self._by_bits = {}
+        # where the contributions to operands that need no gradient go: the gradients of slots
+        # of the constant 0, which nothing reads (d's slots past the program's are constants,
+        # consecutive, as init_constants writes them); several, taken in turn, so that rows do
+        # not wait on each other's additions to one
+        self.sinks = [self.constant(0.0)] + [self._new(0.0) for _ in range(SINKS - 1)]
+        self._turn = 0
+
+    def sink(self):
+        """The next sink in turn."""
+        self._turn += 1
+        return self.sinks[self._turn % SINKS]
+
+    def of(self, node):
+        if node.slot is not None:
+            return node.slot
+        return self.constant(float(node.value))
+
+    def constant(self, value):
+        bits = struct.pack("<d", value)
+        slot = self._by_bits.get(bits)
+        if slot is None:
+            slot = self._by_bits[bits] = self._new(value)
+        return slot
+
+    def _new(self, value):
+        self.constants.append((self.n_slots, value))
+        self.n_slots += 1
+        return self.n_slots - 1
+
+
+def _kind(node, backward=False):
+    if node.kind == "dot":
+        return DOT_BACKWARD if backward else DOT_KINDS[_dot_size(node)]
+    if not backward and _cheap(node):
+        return CHEAP
+    return op_kind(node.op)
+
+
+def op_kind(op):
+    """An op's kind: OP_BASE + its position in the op table."""
+    return OP_BASE + list(ops.OPS).index(op.name)
+
+
+def _cheap(node):
+    return node.op.name in CHEAP_OPS or _maximum_of_two(node)
+
+
+def _dot_size(node):
+    return next(size for size in DOT_SIZES if size >= len(node.args) + len(node.a))
+
+
+def _maximum_of_two(node):
+    return node.op.selects == "largest" and len(node.args) == 2
+
+
+def _reads(node):
+    """The nodes a row reads the values of."""
+    return node.args + node.a + node.b
+
+
+def _targets(node):
+    """The nodes whose gradients a backward row adds to, in the straight-line C's order (an op
+    that selects: every candidate, the one picked being known only when the module runs)."""
+    if node.kind == "op" and node.op.selects:
+        return node.args[node.op.first_choice:]
+    if node.kind == "op":
+        return tuple(x for x in node.args if x.needs_grad)
+    return tuple(x for x in node.args if x.needs_grad) + tuple(x for x in node.b + node.a if x.needs_grad)
+
+
+def _selects_without_gradient(node):
+    """An op that selects among candidates none of which needs a gradient: the straight-line C
+    writes no backward statement for it."""
+    return node.kind == "op" and node.op.selects and not any(x.needs_grad for x in node.args[node.op.first_choice:])
+
+
+def _segment(nodes, slots, backward):
+    """One segment's words (see the module's docstring) and its number of runs. nodes: in the
+    straight-line C's order (forward order, or backward's)."""
+    if backward:
+        nodes = [n for n in nodes if not _selects_without_gradient(n)]
+    index = {id(n): i for i, n in enumerate(nodes)}
+    preds = [[] for _ in nodes]
+    if backward:
+        last = {}  # gradient slot -> the last row adding to it so far
+        for i, n in enumerate(nodes):
+            before = last.get(n.grad_slot)
+            if before is not None:
+                preds[i].append(before)  # its own gradient complete
+            for x in _targets(n):
+                target = slots.of(x) if x.grad_slot is None else x.grad_slot  # (a constant candidate's: its slot's)
+                before = last.get(target)
+                if before is not None and before != i:
+                    preds[i].append(before)
+                last[target] = i
+    else:
+        for i, n in enumerate(nodes):
+            preds[i] = [index[id(x)] for x in _reads(n) if id(x) in index]
+    kinds = [_kind(n, backward) for n in nodes]
+    order = _schedule(preds, kinds)
+    words, n_runs, at = [0], 0, 0
+    while at < len(order):
+        kind = kinds[order[at]]
+        end = at
+        while end < len(order) and kinds[order[end]] == kind:
+            end += 1
+        words += [kind, end - at]
+        for i in order[at:end]:
+            words += _row(nodes[i], slots, backward)
+        n_runs += 1
+        at = end
+    words[0] = n_runs
+    return words, n_runs
+
+
+def _schedule(preds, kinds):
+    """An order of the rows (a topological order of preds) in few runs of one kind: repeatedly,
+    the kind of the ready row with the longest path after it, and every row of that kind ready
+    or made ready by the run itself."""
+    n = len(kinds)
+    succs = [[] for _ in range(n)]
+    waiting = [0] * n
+    for v, ps in enumerate(preds):
+        for u in set(ps):
+            succs[u].append(v)
+            waiting[v] += 1
+    height = [0] * n
+    for v in range(n - 1, -1, -1):
+        height[v] = 1 + max((height[s] for s in succs[v]), default=0)
+    ready = {}  # kind -> heap of (-height, row)
+    for v in range(n):
+        if not waiting[v]:
+            heapq.heappush(ready.setdefault(kinds[v], []), (-height[v], v))
+    order = []
+    while len(order) < n:
+        kind = min((heap[0][0], k) for k, heap in ready.items() if heap)[1]
+        heap = ready[kind]
+        while heap:
+            _, v = heapq.heappop(heap)
+            order.append(v)
+            for s in succs[v]:
+                waiting[s] -= 1
+                if not waiting[s]:
+                    heapq.heappush(ready.setdefault(kinds[s], []), (-height[s], s))
+    return order
+
+
+def _row(node, slots, backward):
+    of = slots.of
+    if node.kind == "dot":
+        return _dot_row(node, slots, backward)
+    op = node.op
+    if not backward and _cheap(node):
+        which = CHEAP_MAXIMUM if op.selects else CHEAP_OPS.index(op.name)
+        a, b = (node.args * 2)[:2]  # (a unary op reads its operand twice)
+        return [which, of(a), of(b), node.slot]
+    if op.selects:
+        choices = node.args[op.first_choice:]
+        return [len(choices), *map(of, node.args), node.slot]
+    k = [slots.constant(float(node.k))] if _has_k(op) else []
+    row = [*map(of, node.args), *k, node.slot]
+    return row + [_target(x, slots) for x in node.args] if backward else row
+
+
+def _dot_row(node, slots, backward):
+    """A dot's row of DOT_SIZES' parts: its terms (1 * t), its products, then -0 * 1; backward
+    [nt, np, gt.., a.., b.., out, gb.., ga..] (its terms' gradients, factors, the factors' gradients)."""
+    if backward:
+        terms = [x for x in node.args if x.needs_grad]
+        return [len(terms), len(node.a), *(x.grad_slot for x in terms), *map(slots.of, node.a),
+                *map(slots.of, node.b), node.slot, *(_target(x, slots) for x in node.b),
+                *(_target(x, slots) for x in node.a)]
+    size = _dot_size(node)
+    one, zero = slots.constant(1.0), slots.constant(-0.0)
+    pad = size - len(node.args) - len(node.a)
+    a = [one] * len(node.args) + [slots.of(x) for x in node.a] + [zero] * pad
+    b = [slots.of(x) for x in node.args] + [slots.of(x) for x in node.b] + [one] * pad
+    return a + b + [node.slot]
+
+
+def _target(node, slots):
+    return node.grad_slot if node.needs_grad else slots.sink()
+
+
+def _has_k(op):
+    return "{k}" in op.value or any("{k}" in g for g in op.grads)
+
+
+# ---- the runtime's loops (templates/table.c), generated from the op table once per dtype ----------
+
+def runtime_cases(dtype):
+    """The C of templates/table.c's placeholder TABLE_CASES for the dtype: a `case` per kind, the
+    op table's formulas rendered as the emitter renders them, over a row's slots; FORWARD (1 or
+    0) says which pass's loops."""
+    dtype = dtypes.lookup(dtype)
+    cases = {}
+    for forward in (True, False):
+        out = []
+        for op in ops.OPS.values():
+            code = op_kind(op)
+            out.append(_select_case(op, code, dtype, forward) if op.selects else _op_case(op, code, dtype, forward))
+        if forward:
+            out.append(_cheap_case(dtype))
+        out += [_dot_case(size) for size in DOT_SIZES] if forward else [_dot_backward_case()]
+        cases["TABLE_FORWARD" if forward else "TABLE_BACKWARD"] = "\n".join(out)
+    return cases
+
+
+def _render(op, dtype, formula, **names):
+    return op.render(dtypes.formula(dtype, formula), **names)
+
+
+def _case(code, name, step, body):
+    """A kind's loop: its rows, `step` words each (or the body moves w itself: step None)."""
+    advance = f", w += {step}" if step else ""
+    lines = "".join(f"                {line}\n" for line in body)
+    return (f"        case {code}: /* {name} */\n            for (long r = 0; r < count; r++{advance}) {{\n"
+            f"{lines}            }}\n            break;")
+
+
+def _op_case(op, code, dtype, forward):
+    """An op's rows: [a, (b), (k), out], backward [a, (b), (k), out, ga, (gb)]."""
+    width = op.arity + _has_k(op)
+    names = {"a": "d[w[0]]", "b": "d[w[1]]", "k": f"d[w[{op.arity}]]", "out": f"d[w[{width}]]"}
+    if forward:
+        return _case(code, op.name, width + 1, [f"d[w[{width}]] = {_render(op, dtype, op.value, **names)};"])
+    body = [f"const real go = g[w[{width}]];"]
+    for i, formula in enumerate(op.grads):
+        local = _render(op, dtype, formula, **names)
+        body.append(f"g[w[{width + 1 + i}]] += {'go' if local == '1' else f'({local}) * go'};")
+    return _case(code, op.name, width + 1 + op.arity, body)
+
+
+def _cheap_case(dtype):
+    """CHEAP's rows, forward: [which, a, b, out]; every op's value into a small array, the row's
+    op's kept: no branch. (Backward each op has its own kind: computing every op's gradients cost
+    more than the runs it saved, 1.3x the backward's time on a 100,000-Value graph.)"""
+    named = [ops.OPS[name] for name in CHEAP_OPS]
+    values = [_render(op, dtype, op.value, a="x", b="y") for op in named] + ["where(x < y, y, x)"]  # (largest_in's pick)
+    body = ["const real x = d[w[1]], y = d[w[2]];", f"real v[{len(values)}];"]
+    body += [f"v[{i}] = {v};" for i, v in enumerate(values)] + ["d[w[3]] = v[w[0]];"]
+    return _case(CHEAP, "cheap: " + ", ".join(CHEAP_OPS) + ", maximum of two", 4, body)
+
+
+def _dot_case(size):
+    """A dot's rows of `size` parts forward: [a_0.., b_0.., out]."""
+    body = [f"const int32_t *a = w, *b = w + {size};"]
+    body += [f"real p[{size}];", f"for (int k = 0; k < {size}; k++)", "    p[k] = d[a[k]] * d[b[k]];",
+             f"for (int n = {size} / 2; n > 0; n /= 2) /* loops.tree_sum's pairs */",
+             "    for (int k = 0; k < n; k++)", "        p[k] = p[2 * k] + p[2 * k + 1];",
+             f"d[b[{size}]] = p[0];"]
+    return _case(DOT_KINDS[size], f"dot of {size} parts", 2 * size + 1, body)
+
+
+def _dot_backward_case():
+    """A dot's rows backward: its terms' gradients, then the second factors', then the first's."""
+    return _case(DOT_BACKWARD, "dot", None, [
+        "const long nt = w[0], np = w[1];",
+        "const int32_t *t = w + 2, *a = t + nt, *b = a + np, *gb = b + np + 1, *ga = gb + np;",
+        "const real go = g[b[np]];",
+        "for (long k = 0; k < nt; k++)", "    g[t[k]] += go;",
+        "for (long k = 0; k < np; k++)", "    g[gb[k]] += go * d[a[k]];",
+        "for (long k = 0; k < np; k++)", "    g[ga[k]] += go * d[b[k]];",
+        "w = ga + np;"])
+
+
+def _select_case(op, code, dtype, forward):
+    """A gather's or a maximum's rows: [n, (index,) c_0..c_n-1, out]; the candidate picked as the
+    emitter picks it (gather_index, largest_in)."""
+    first = 2 if op.selects == "index" else 1  # where the candidates start in the row
+    pick = (call("gather_index", x="d[w[1]]", n="n") if op.selects == "index"
+            else call("largest_in", x="d", offsets=f"w + {first}", n="n"))
+    at = f"w[{first} + {pick}]"
+    if forward:
+        body = f"d[w[{first} + n]] = {_render(op, dtype, op.value, a=f'd[{at}]')};"
+    else:
+        local = _render(op, dtype, op.grads[0], a=f"d[{at}]", out=f"d[w[{first} + n]]")
+        go = f"g[w[{first} + n]]"
+        body = f"g[{at}] += {go if local == '1' else f'({local}) * {go}'};"
+    return _case(code, op.name, None, ["const long n = w[0];", body, f"w += {first + 1} + n;"])
