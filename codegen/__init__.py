@@ -102,9 +102,9 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     a few seconds of gcc -O2); False never does. A cache hit of the optimised build loads it.
     table: True runs the program's single statements (groups no loop nest covers) as rows of a
     table through loops of the module runtime, compiled once per machine, instead of a C statement
-    each (codegen/write/table.py: the same numbers, the model's own C small whatever the graph);
-    False never; None (the default) when the program has table.MIN_STATEMENTS single statements
-    or more. A program in the table form runs train() and predict() sample by sample.
+    each (codegen/write/table.py: the same numbers, the model's own C small whatever the graph,
+    its step slower: for short trainings of irregular graphs); False or None (the default): the
+    straight-line C. A program in the table form runs train() and predict() sample by sample.
     sources: what generate() returned for these same arguments, when the caller has them already
     (e.g. to compute a build_key): the C is not generated a second time (timings["codegen"] is
     then the graph's reading, which indexes the build by its structure for the next compile).

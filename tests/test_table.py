@@ -3,7 +3,7 @@ rows that the module runtime's loops run. It computes the straight-line C's numb
 (the same formulas, sums and gradient orders: forward, gradients, train() with SGD and Adam,
 predict) on random irregular graphs and on a graph holding every op the fused mode lowers to, with
 TCC, GCC, Clang and zig, float64 and float32; it equals the interpreter on test_compile's random
-graphs; compile(table=None) chooses it by the rule; bad options are clear errors."""
+graphs; it is used only when asked (table=True); bad options are clear errors."""
 import random
 
 import numpy as np
@@ -155,19 +155,20 @@ def test_train_with_a_batch_runs_sample_by_sample(loops_compiled):
     np.testing.assert_array_equal(np.asarray(nets[0].params), np.asarray(nets[1].params))
 
 
-def test_the_rule_and_explain():
+def test_only_when_asked_and_explain():
+    """The table form is opt-in (its step is slower than the straight-line C's): table=None and
+    False give the straight-line C, whatever the graph; True the rows; explain says which."""
     small = irregular.graph(300, seed=4)
     big = irregular.graph(4_000, seed=4)
-    for graph, expected in ((small, False), (big, True)):
+    for graph in (small, big):
         program = ir.lower(graph.loss, graph.inputs, graph.params)
-        assert tables.chosen(program, None) is expected
-        assert (tables.single_statements(program) >= tables.MIN_STATEMENTS) is expected
-        summary = codegen.explain(graph.loss, graph.inputs, graph.params).summary()
-        assert ("the table form:" in summary) is expected
-    assert "the table form:" in codegen.explain(small.loss, small.inputs, small.params, table=True).summary()
-    assert "the table form:" not in codegen.explain(big.loss, big.inputs, big.params, table=False).summary()
+        assert not tables.chosen(program, None) and not tables.chosen(program, False)
+        assert tables.chosen(program, True)
+        assert "the table form:" not in codegen.explain(graph.loss, graph.inputs, graph.params).summary()
+        assert "the table form:" in codegen.explain(graph.loss, graph.inputs, graph.params, table=True).summary()
+    assert tables.single_statements(ir.lower(big.loss, big.inputs, big.params)) >= 1_000
     # the model's own C: no statement per node, and the same text every time
-    first, again = (codegen.generate(big.loss, big.inputs, big.params, batch=1) for _ in range(2))
+    first, again = (codegen.generate(big.loss, big.inputs, big.params, batch=1, table=True) for _ in range(2))
     assert first == again
     assert len(first) == 2 and "TABLE_TEXT" in first[0]  # the model's unit and the runtime
     assert "CHUNK void forward_rest_" not in first[0] and "CHUNK void backward_body_" not in first[0]
@@ -185,6 +186,6 @@ def test_a_table_program_is_not_tiered_by_default():
     """Its C is the rows' text and a few calls: no long optimising build to hide behind a first tier."""
     from codegen import tiers
     graph = irregular.graph(20_000, seed=6)
-    sources = codegen.generate(graph.loss, graph.inputs, graph.params, batch=1)
+    sources = codegen.generate(graph.loss, graph.inputs, graph.params, batch=1, table=True)
     assert "TABLE_TEXT" in sources[0]
     assert sum(s.count("\n") for s in sources[:-1]) < tiers.TIERED_MIN_LINES

@@ -68,8 +68,6 @@ SINKS = 16
 # A loop nest of at most this many nodes becomes rows too (an irregular graph's few alike nodes,
 # whose tiny loops would each cut the rows around them into segments of their own)
 LOOP_MAX_MEMBERS = 8
-# The rule compile(table=None) applies: the table form from this many single statements
-MIN_STATEMENTS = 1_000
 # base64 characters per line of the table's text in the C: long lines, so that the rows do not
 # count as the many lines of C that tiers.TIERED_MIN_LINES takes for a long optimising build
 TEXT_LINE = 2_000
@@ -120,18 +118,19 @@ def single_statements(program):
 
 def check(table):
     if table not in (None, True, False):
-        raise TypeError(f"table must be True, False or None (the table form for programs of "
-                        f"{MIN_STATEMENTS:,} single statements or more), not {table!r}")
+        raise TypeError(f"table must be True, False or None (the straight-line C), not {table!r}")
     return table
 
 
 def chosen(program, table):
-    """Whether compile(table=...) gives the program the table form: table True or False says so
-    (True needs a fused program), None applies the rule (a fused program of MIN_STATEMENTS single
-    statements or more)."""
-    if check(table) is None:
-        return program.fused and single_statements(program) >= MIN_STATEMENTS
-    if table and not program.fused:
+    """Whether compile(table=...) gives the program the table form: only when asked (True, which
+    needs a fused program). Not by default, whatever the program: its step is 1.6-2.3x the
+    straight-line C's (docs/speed.md), where a tiered build (codegen/tiers.py) trains at once on
+    the first tier and then at the straight-line C's speed; the table form as that first tier is
+    the step still to build."""
+    if not check(table):
+        return False
+    if not program.fused:
         raise ValueError("table=True needs fuse=True: fuse=False is the straight-line scalar C itself")
     return table
 
