@@ -44,7 +44,8 @@ def walked_sums(loss, inputs, params, outputs):
                     products.append(t)
                     continue
             loose.append(position[id(t)])
-        if len(terms) < ir.MIN_SUM_TERMS and not a:
+        computed_only = len(terms) >= ir.MIN_COMPUTED_SUM_TERMS and not any(id(t) in leaves for t in terms)
+        if len(terms) < ir.MIN_SUM_TERMS and not a and not computed_only:
             continue
         absorbed.update(map(id, products + inner[1:]))
         sums[position[id(v)]] = (loose, a, b)

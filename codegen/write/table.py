@@ -46,11 +46,11 @@ from . import dtypes
 from .kernels import call
 from .loops import UNROLL_MAX_CONTIGUOUS, unrolled
 
-# The kinds of row (templates/table.c's cases): forward, CHEAP, the ops that cost a few
+# The kinds of row (the `case`s of templates/table.c): forward, CHEAP, the ops that cost a few
 # instructions (CHEAP_OPS, and a maximum of two), one kind whose rows say which op, each row
 # computing all of them and keeping its own, so that the many short runs of each become fewer,
 # longer ones; a dot of DOT_SIZES[i] parts forward, a dot backward; then each op of the op table,
-# OP_BASE + its position (op_kind: the table may grow, as tests/test_docs.py's added op does)
+# OP_BASE + its position (op_kind: the table may grow, as the op tests/test_docs.py adds does)
 CHEAP_OPS = ("add", "mul", "max", "relu")
 CHEAP = 0
 CHEAP_MAXIMUM = len(CHEAP_OPS)  # a CHEAP row's op: CHEAP_OPS' positions, then a maximum of two
@@ -75,7 +75,7 @@ TEXT_LINE = 2_000
 
 class TableCall:
     """A pass's call of the runtime's table loop over one segment (a marker among a pass's
-    statements: emit.py's drivers call it between the compiled groups' functions)."""
+    statements: the drivers of codegen/write/emit.py call it between the compiled groups' functions)."""
 
     def __init__(self, backward, offset):
         self.backward, self.offset = backward, offset
@@ -390,7 +390,7 @@ def _has_k(op):
 # ---- the runtime's loops (templates/table.c), generated from the op table once per dtype ----------
 
 def runtime_cases(dtype):
-    """The C of templates/table.c's placeholder TABLE_CASES for the dtype: a `case` per kind, the
+    """The C of the placeholder TABLE_CASES in templates/table.c for the dtype: a `case` per kind, the
     op table's formulas rendered as the emitter renders them, over a row's slots; FORWARD (1 or
     0) says which pass's loops."""
     dtype = dtypes.lookup(dtype)
