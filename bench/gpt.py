@@ -62,6 +62,13 @@ def _per_step(runs, steps):
             "cpu_us": statistics.median(c for _, c in runs) / steps * 1e6}
 
 
+def _inputs_and_targets(docs, tokenizer, block, count):
+    """train()'s X and Y for the first `count` documents (cycling), as the port takes them."""
+    from gpt import data
+    rows = np.stack([data.row(tokenizer.encode(docs[k % len(docs)]), block) for k in range(count)])
+    return np.ascontiguousarray(rows[:, :2 * block]), np.ascontiguousarray(rows[:, 2 * block:])
+
+
 def _setup(config_args=()):
     """The port's start (gpt.train.setup) for microgpt's 1,000 steps (its learning rate decays over them)."""
     from gpt import train
@@ -72,7 +79,7 @@ def _setup(config_args=()):
 
 def child_compiled(compiler):
     import codegen
-    from gpt import data, model, train
+    from gpt import model, train
     from micrograd_c import Value, engine
     args, docs, tokenizer, state, params = _setup(["--compiler", compiler])
     with tempfile.TemporaryDirectory() as cache:
@@ -94,9 +101,7 @@ def child_compiled(compiler):
         codegen.compile(doc.loss, **options, compiler=compiler)
         t3 = time.perf_counter()
     losses = list(train.train_compiled(net, docs, tokenizer, args, _NoBar()))  # microgpt's 1,000 steps
-    rows = np.stack([data.row(tokenizer.encode(d), args.config.block_size) for d in docs[:STEPS]])
-    block = args.config.block_size
-    X, Y = np.ascontiguousarray(rows[:, :2 * block]), np.ascontiguousarray(rows[:, 2 * block:])
+    X, Y = _inputs_and_targets(docs, tokenizer, args.config.block_size, STEPS)
     times, one_call = [], []
     for _ in range(RUNS):
         clock = _Clock()
@@ -117,7 +122,7 @@ def child_batches(compiler, batch):
     BATCH_STEPS steps' losses (microgpt's learning rate decaying over PORT_STEPS), then the time a
     document, the median of RUNS passes of train() over BATCH_STEPS batches in one call."""
     import codegen
-    from gpt import data, model, train
+    from gpt import model, train
     from micrograd_c import engine
     args, docs, tokenizer, state, params = _setup(["--compiler", compiler, "--batch-size", str(batch)])
     with engine.no_gc(survivors=True):
@@ -125,9 +130,7 @@ def child_batches(compiler, batch):
     net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=batch,
                           optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS), compiler=compiler, tiered=False)
     losses = list(itertools.islice(train.train_compiled(net, docs, tokenizer, args, _NoBar()), BATCH_STEPS))
-    block = args.config.block_size
-    rows = np.stack([data.row(tokenizer.encode(docs[k % len(docs)]), block) for k in range(BATCH_STEPS * batch)])
-    X, Y = np.ascontiguousarray(rows[:, :2 * block]), np.ascontiguousarray(rows[:, 2 * block:])
+    X, Y = _inputs_and_targets(docs, tokenizer, args.config.block_size, BATCH_STEPS * batch)
     times = []
     for _ in range(RUNS):
         clock = _Clock()

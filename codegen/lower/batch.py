@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .positions import Bounded, Sequence
-from .vector import Affine, Extent, Group, Operands, Vector
+from .vector import Affine, Extent, Group, Operands, Vector, progression
 
 # Samples side by side in the batch buffers (the batch loop's largest extent): train()'s larger
 # batches run in pieces of this many, their gradients summed before the step.
@@ -169,13 +169,9 @@ def _sequence_outside(g):
         w, x = weights.start.strides, rows.start.strides
         moving = [k for k in range(inner) if w[k]]
         if (len(moving) == 1 and w[inner] == 0 and w[-1] == 0 and x[-1] == 1 and x[inner] and x[moving[0]] == 0
-                and _steady(weights.offsets) and _steady(rows.offsets)):
+                and progression(weights.offsets) is not None and progression(rows.offsets) is not None):
             return _swapped(g, moving[0], inner)
     return g
-
-
-def _steady(offsets):
-    return all(b - a == offsets[1] - offsets[0] for a, b in zip(offsets, offsets[1:]))
 
 
 def _swapped(g, k, j):

@@ -62,6 +62,12 @@ class Parts(int):
     `tri0` = i0 * (i0 - 1) / 2, where Affine.tri's term is read (no division in the loop)."""
 
 
+def progression(offsets):
+    """The common step of offsets, or None if they are not an arithmetic progression."""
+    step = offsets[1] - offsets[0] if len(offsets) > 1 else 0
+    return step if all(b - a == step for a, b in zip(offsets, offsets[1:])) else None
+
+
 def is_family(shape):
     """Whether a loop nest over `shape` is a family's (its outermost extent a Parts)."""
     return bool(shape) and isinstance(shape[0], Parts)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..lower.positions import Bounded
-from ..lower.vector import Extent, Parts, is_family
+from ..lower.vector import Extent, Parts, is_family, progression
 from .dtypes import c_literal
 from .kernels import call
 
@@ -151,12 +151,6 @@ def guarded(g, statements):
         return statements
     slot, p = g.guard
     return [f"if (d[{slot}] > {p}) {{\n    " + "\n    ".join(map(render, statements)) + "\n    }"]
-
-
-def progression(offsets):
-    """The common step of offsets, or None if they are not an arithmetic progression."""
-    step = offsets[1] - offsets[0] if len(offsets) > 1 else 0
-    return step if all(b - a == step for a, b in zip(offsets, offsets[1:])) else None
 
 
 def kernel_loops(shape):
