@@ -35,6 +35,10 @@ __all__ = ["train", "visiting_order", "broadcast_state", "RANK_TIMEOUT_EXIT"]
 
 # The exit status a rank gives MPI_Abort when the others did not answer within `timeout`
 RANK_TIMEOUT_EXIT = 75
+# How long a rank waits between printing why it aborts and MPI_Abort: the launcher forwards a rank's
+# stderr by polling its pipe, and an abort that reaches it first can end the run with the message
+# unread (seen once in CI under load: the right exit status, an empty stderr)
+ABORT_DRAIN_SECONDS = 0.5
 
 
 def visiting_order(n, seed):
@@ -124,5 +128,6 @@ def _wait(comm, request, timeout, what, MPI):
             print(f"distributed.train: rank {comm.Get_rank()} of {comm.Get_size()}: {what} did not arrive from "
                   f"the other ranks within {timeout:g} s (a rank hangs, or is gone): aborting the run",
                   file=sys.stderr, flush=True)
+            time.sleep(ABORT_DRAIN_SECONDS)
             comm.Abort(RANK_TIMEOUT_EXIT)
         time.sleep(0)  # lets another thread (and, oversubscribed, another rank) run
