@@ -41,7 +41,7 @@ gpt: $(VENV)/.installed
 	$(PY) -m gpt $(COMPILER) --opt $(OPT) $(ARGS)
 
 # the tests in parallel, a worker per core (at most 8): ARGS="-n 0" runs them in this process
-PARALLEL = -n auto --maxprocesses 8
+PARALLEL = -n auto --maxprocesses 8 --dist loadgroup
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PARALLEL) $(ARGS)

@@ -37,6 +37,15 @@ from mnist.model import PIXEL_SCALE, build_graph
 from test_wasm import REAL_MNIST, mnist  # noqa: F401  (the real MNIST files, as the other tests find them)
 
 CROSS = ("aarch64-linux-musl", "riscv64-linux-musl", "riscv64-linux-musl+v", "wasm32-wasi")
+
+
+def one_worker_a_triple(triples):
+    """The triples as parameters, each in an xdist group of its triple (Makefile's --dist loadgroup):
+    a triple's first build has zig build its libc from source (a minute or more), so a triple's
+    tests run on one worker while the others work, instead of waiting on zig's lock side by side."""
+    return [pytest.param(t, marks=pytest.mark.xdist_group(t.partition("+")[0])) for t in triples]
+
+
 HOST = "x86_64-linux-musl"      # the reference: the same C and libm (musl), run without an emulator
 HIDDEN, LR = 8, 0.03            # MLP(784, [8, 10]): the frozen code is 13,000 statements
 # Against the host module (glibc's libm, the module's sixteen-lane sums), measured 7.1e-15 (logits)
@@ -135,19 +144,20 @@ def check_training(exports, trained, mnist, triple, steps, tmp_path, fma=False):
     return np.array_equal(losses, reference[0]) and np.array_equal(params, reference[1])
 
 
-@pytest.mark.parametrize("triple", CROSS)
+@pytest.mark.parametrize("triple", one_worker_a_triple(CROSS))
 def test_cross_built_classifier_predicts_and_trains_as_the_host_module(exports, trained, mnist, triple,  # noqa: F811
                                                                        tmp_path):
     check_predictions(exports, trained, mnist, triple, n=QUICK_IMAGES)
     assert check_training(exports, trained, mnist, triple, steps=QUICK_STEPS, tmp_path=tmp_path)
 
 
+@pytest.mark.xdist_group("aarch64-linux-musl")
 def test_fused_multiply_adds_change_the_bits_within_the_bound(exports, trained, mnist, tmp_path):  # noqa: F811
     assert not check_training(exports, trained, mnist, "aarch64-linux-musl", steps=100, tmp_path=tmp_path, fma=True)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("triple", (*CROSS, "arm-linux-musleabihf"))
+@pytest.mark.parametrize("triple", one_worker_a_triple((*CROSS, "arm-linux-musleabihf")))
 def test_all_test_images_and_1000_steps(exports, trained, mnist, triple, tmp_path):  # noqa: F811
     check_predictions(exports, trained, mnist, triple, n=10_000)
     assert check_training(exports, trained, mnist, triple, steps=1000, tmp_path=tmp_path)
@@ -218,7 +228,7 @@ def refused(build, rows, *args):
     return str(error.value)
 
 
-@pytest.mark.parametrize("triple", CROSS)
+@pytest.mark.parametrize("triple", one_worker_a_triple(CROSS))
 def test_cross_built_microgpt_follows_the_host_module(tiny_gpt, triple, tmp_path):
     check_microgpt(tiny_gpt, triple, steps=QUICK_STEPS, tmp_path=tmp_path)
     # a token out of range, or not an integer, stops the program before it reads a table
@@ -250,7 +260,7 @@ def default_gpt(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("triple", CROSS)
+@pytest.mark.parametrize("triple", one_worker_a_triple(CROSS))
 def test_microgpt_default_config_for_1000_steps(default_gpt, triple, tmp_path):
     """The logits of 1,000 names and 1,000 SGD steps."""
     losses = check_microgpt(default_gpt, triple, steps=1000, tmp_path=tmp_path)

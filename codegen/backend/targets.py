@@ -158,13 +158,19 @@ def build(source: pathlib.Path, main: str, name: str, triple: str, opt: int = 2,
     main_source.write_text(main)
     library = directory / f"lib{name}.a"
     program = directory / (f"{name}.wasm" if target.machine is None else name)
-    obj = directory / f"{name}.o"
+    obj, main_obj = directory / f"{name}.o", directory / f"{name}_main.o"
     library.unlink(missing_ok=True)  # ar adds to an archive that exists
+    # The link names the triple only: zig builds its libc (musl, wasi-libc) from source once per
+    # distinct target, CPU and mode (a minute or two each), so linking every build of a triple
+    # against the baseline's shares one libc between -O levels and CPU features (+v's objects link
+    # with the baseline rv64gc musl as any RISC-V objects do)
     commands = [[*zig, *flags, "-c", str(source), "-o", str(obj)],
                 [zig[0], "ar", "rcs", str(library), str(obj)],
-                [*zig, *flags, str(main_source), str(library), "-lm", "-o", str(program)]]
+                [*zig, *flags, "-c", str(main_source), "-o", str(main_obj)],
+                [*zig, "-target", target.triple, str(main_obj), str(library), "-lm", "-o", str(program)]]
     seconds = sum(_run_compiler(command, timeout)[0] for command in commands)
     obj.unlink()
+    main_obj.unlink()
     return TargetBuild(target, library, program, tuple(map(tuple, commands)), seconds)
 
 
