@@ -12,7 +12,7 @@ import dataclasses
 
 import templates
 
-from . import contract, dtypes, optim, table as tables
+from . import contract, dtypes, optim, table as tables, tree
 from ..lower import ir
 from .dtypes import c_literal
 from .statements import Emitter
@@ -37,8 +37,8 @@ PARALLEL_MIN_STATEMENTS = 16
 
 def _functions(name, params, statements, chunk):
     """C functions of at most `chunk` statements each, as (definition, declaration, statement
-    count) triples, and the driver `name` that calls them in order. A table.TableCall among the
-    statements is a call in the driver itself, between the functions before and after it."""
+    count) triples, and the driver `name` that calls them in order (statements: codegen/write/tree.py's,
+    rendered here). A table.TableCall among the statements is a call in the driver itself, between the functions before and after it."""
     args = ", ".join(p.split()[-1].lstrip("*") for p in params)
     signature = ", ".join(params)
     pieces, calls, run = [], [], []
@@ -55,7 +55,7 @@ def _functions(name, params, statements, chunk):
             close()
             calls.append(f"    {statement.render()}")
         else:
-            run.append(statement)
+            run.append(tree.render(statement))
     close()
     driver = f"static void {name}({signature})\n{{\n" + "\n".join(calls) + "\n}\n"
     return pieces, driver

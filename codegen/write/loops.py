@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..lower.positions import Bounded
-from ..lower.vector import Extent, Parts, is_family, progression
+from ..lower.vector import Extent, is_family, progression
 from .dtypes import c_literal
 from .kernels import call
+from .tree import Assign, Block, Declare, If, Loop, ReadGradient, Seq, nest
 
 # Lists up to this long are written out element by element, constant offsets the compiler sees
 # (a convolution's window); longer ones call the loop kernels of templates/kernels/, which for
@@ -104,8 +104,9 @@ class Accumulate:
     term: str
     product: tuple = None
 
-    def render(self, value=None):
-        return f"{grad_at(self.target, self.offset)} += {value or self.term};"
+    def assign(self, value=None):
+        """The C statement: the term, or `value` (its sum over a loop), added to the target."""
+        return Assign(grad_at(self.target, self.offset), value or self.term, "+=")
 
 
 def _at_start(affine):
@@ -133,15 +134,8 @@ def bias_arguments(terms, last, step_of):
 
 
 def loop_headers(shape):
-    """`for` headers of a loop nest over shape, index i0 outermost; a family's (vector.Parts)
-    keeps tri0 = i0 * (i0 - 1) / 2 as it goes; an extent cut at run time (positions.Bounded) is
-    read once, before the loop (the loop's stores to d could change it, for all the compiler knows)."""
-    headers = []
-    for d, n in enumerate(shape):
-        start, end = (f"i{d} = 0, n{d} = {n}", f"n{d}") if isinstance(n, Bounded) else (f"i{d} = 0", n)
-        headers.append(f"for (long {start}, tri0 = 0; i0 < {end}; tri0 += i0, i0++)" if d == 0 and isinstance(n, Parts)
-                       else f"for (long {start}; i{d} < {end}; i{d}++)")
-    return headers
+    """`for` headers of a loop nest over shape, index i0 outermost (tree.Loop's)."""
+    return [Loop(d, n, ()).header() for d, n in enumerate(shape)]
 
 
 def guarded(g, statements):
@@ -150,7 +144,7 @@ def guarded(g, statements):
     if g.guard is None or not statements:
         return statements
     slot, p = g.guard
-    return [f"if (d[{slot}] > {p}) {{\n    " + "\n    ".join(map(render, statements)) + "\n    }"]
+    return [If(f"d[{slot}] > {p}", Block(tuple(statements)))]
 
 
 def kernel_loops(shape):
@@ -161,7 +155,7 @@ def kernel_loops(shape):
 
 def per_pass(shape, kernel_call):
     """The kernel call (a kernels.Call) once per pass of the loops outside those it runs itself."""
-    return "\n    ".join(loop_headers(shape[:-kernel_loops(shape)]) + [kernel_call.render()])
+    return nest(shape[:-kernel_loops(shape)], [kernel_call], braced=False)
 
 
 def neurons(shape):
@@ -186,7 +180,8 @@ class Matmul:
     out: object      # Affine: the group's gradients (go)
     epilogue: tuple = None  # (the C function, Affines of its y, a, o over the rows: fused_gradient)
 
-    def render(self, shape):
+    def in_loops(self, shape):
+        """Its kernel call in a loop nest over shape."""
         last = kernel_loops(shape)
         wrt, weights = self.wrt, self.weights
         if self.epilogue:
@@ -224,7 +219,8 @@ class WeightGradient:
     rows: str = "NULL"  # C: the list of the inputs' rows that hold a nonzero (sparse inputs), or NULL
     step: bool = False  # the batched program's SGD step on these weights, when `rate` is not 0
 
-    def render(self, shape):
+    def in_loops(self, shape):
+        """Its kernel call in a loop nest over shape."""
         last = kernel_loops(shape)
         wrt, x = self.wrt, self.inputs
         step = (dict(w=f"rate ? {loop_start(wrt.start, last, wrt.offsets[0])} : NULL", rate="rate") if self.step
@@ -283,8 +279,8 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
                    rows=row_list(rows), **_epilogue_arguments(epilogue, shape))
     if not residual:
         return per_pass(shape, product)
-    add = f"{data_at(ops.out)} += {data_at(ops.terms.start, ops.terms.offsets[0])};"  # (x + W h: the same sum)
-    return "\n    ".join([per_pass(shape, product), *loop_nest(shape, [add], independent=True)])
+    add = Assign(data_at(ops.out), data_at(ops.terms.start, ops.terms.offsets[0]), "+=")  # (x + W h: the same sum)
+    return Seq((per_pass(shape, product), *loop_nest(shape, [add], independent=True)))
 
 
 def _residual(ops):
@@ -365,63 +361,76 @@ def _positions(affine, shape):
     return positions.ravel()
 
 
-def loop_nest(shape, body, dots=True, independent=False):
-    """The statements `body` inside one loop nest over `shape` (none for a single node). With
-    `dots`, accumulations of products may become dot products after the innermost loop (only
-    where the loop updates no value they read). `independent`: no iteration reads what another
-    writes (a forward loop writes only its group's results, which it never reads), which the
-    C compiler is told, so that it vectorises without checking at run time."""
+def loop_nest(shape, body, dots=True, independent=False, unless_zero=False):
+    """The typed statements `body` (Accumulate, Matmul, WeightGradient, ReadGradient and the
+    statements of codegen/write/tree.py) inside one loop nest over `shape` (none for a single
+    node), as tree statements. With `dots`, accumulations of products may become dot products
+    after the innermost loop (only where the loop updates no value they read). `independent`: no
+    iteration reads what another writes (a forward loop writes only its group's results, which it
+    never reads). `unless_zero`: what follows the gradient's read runs only when it is not 0."""
     if not shape:
-        return [render(s) for s in body]
+        return _skipping_zero([_placed(s) for s in body], unless_zero)
     # the inputs' gradients first: they read the weights, which a weights' gradient may step
-    matmuls = [s.render(shape) for s in sorted((s for s in body if isinstance(s, (Matmul, WeightGradient))),
-                                                  key=lambda s: isinstance(s, WeightGradient))]
+    matmuls = [s.in_loops(shape) for s in sorted((s for s in body if isinstance(s, (Matmul, WeightGradient))),
+                                                   key=lambda s: isinstance(s, WeightGradient))]
     if matmuls:
         body = [s for s in body if not isinstance(s, (Matmul, WeightGradient))]
-        rest = loop_nest(shape, body, dots) if any(not isinstance(s, ReadGradient) for s in body) else []
+        rest = (loop_nest(shape, body, dots, unless_zero=unless_zero)
+                if any(not isinstance(s, ReadGradient) for s in body) else [])
         return rest + matmuls
     held = [s for s in body if isinstance(s, Accumulate) and s.target.strides[-1] == 0]
     dotted = [s for s in held if dots and s.product and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
               and all(a.strides[-1] == 1 for a in s.product[:2] if a is not None)]
     summed = [s for s in held if s not in dotted]
     names = {id(s): f"sum{k}" for k, s in enumerate(summed)}
-    inner = [f"{names[id(s)]} += {s.term};" if id(s) in names else render(s) for s in body if s not in dotted]
-    *outer, last = loop_headers(shape)
-    if all(isinstance(s, ReadGradient) for s in body if s not in dotted):  # everything moved after it: no innermost loop
-        block = "{\n    " + "\n    ".join(_after_innermost(summed, dotted, names, shape)) + "\n    }"
-        return ["\n    ".join(outer + [block])]
+    inner = _skipping_zero([Assign(names[id(s)], s.term, "+=") if id(s) in names else _placed(s)
+                            for s in body if s not in dotted], unless_zero)
+    if all(isinstance(s, ReadGradient) for s in inner):  # everything moved after it: no innermost loop
+        return [nest(shape[:-1], [Block(tuple(_after_innermost(summed, dotted, names, shape)))], braced=False)]
     # not a loop that also adds into register sums: Clang's vectorize pragma would let it reorder
     # those sums, into as many lanes as the target's vectors hold (riscv64, with none, summed them
     # in order, aarch64 and x86-64 in two lanes, and -march=native AVX2 in four), where GCC and
     # every other build sum them in the loop's order
-    if not summed and (independent or _independent_writes([s for s in body if s not in held], shape[-1])):
-        last = "INDEPENDENT " + last
-    innermost = f"{last} {{\n        " + "\n        ".join(inner) + "\n    }"
+    free = not summed and (independent or _independent_writes([s for s in body if s not in held], shape[-1]))
+    innermost = Loop(len(shape) - 1, shape[-1], tuple(inner), independent=free)
     if not held:
-        return ["\n    ".join(outer + [innermost])]
-    before = ["real " + ", ".join(f"{names[id(s)]} = 0" for s in summed) + ";"] if summed else []
-    block = "{\n    " + "\n    ".join([*before, innermost, *_after_innermost(summed, dotted, names, shape)]) + "\n    }"
-    return ["\n    ".join(outer + [block])]
+        return [nest(shape[:-1], [innermost], braced=False)]
+    before = [Declare(tuple(names[id(s)] for s in summed))] if summed else []
+    block = Block((*before, innermost, *_after_innermost(summed, dotted, names, shape)))
+    return [nest(shape[:-1], [block], braced=False)]
+
+
+def _placed(statement):
+    """A typed statement of a loop body as a tree statement."""
+    return statement.assign() if isinstance(statement, Accumulate) else statement
+
+
+def _skipping_zero(statements, unless_zero):
+    """The statements, those after the gradient's read in `if (go != 0)` with unless_zero."""
+    if not unless_zero:
+        return statements
+    reads = [s for s in statements if isinstance(s, ReadGradient)]
+    return reads + [If("go != 0", Block(tuple(s for s in statements if not isinstance(s, ReadGradient))))]
 
 
 def _after_innermost(summed, dotted, names, shape):
     """The held accumulations, after the innermost loop: register sums, dot products."""
     n = shape[-1]
-    after = [s.render(names[id(s)]) for s in summed]
-    after += [s.render(call("sum_range", x=f"g + {slot_index(_at_start(s.product[0]), grad=True)}", n=n))
+    after = [s.assign(names[id(s)]) for s in summed]
+    after += [s.assign(str(call("sum_range", x=f"g + {slot_index(_at_start(s.product[0]), grad=True)}", n=n)))
               for s in dotted if s.product[1] is None]
     for run in _dot_runs([s for s in dotted if s.product[1] is not None]):
         s = run[0]
         a, b = f"g + {slot_index(_at_start(s.product[0]), grad=True)}", f"d + {slot_index(_at_start(s.product[1]), s.product[2])}"
         if len(run) < 4 and n < DOT_ROWS_SCREEN:
-            after += [t.render(call("dot", a=f"g + {slot_index(_at_start(t.product[0]), grad=True)}",
-                                    b=f"d + {slot_index(_at_start(t.product[1]), t.product[2])}", n=n))
+            after += [t.assign(str(call("dot", a=f"g + {slot_index(_at_start(t.product[0]), grad=True)}",
+                                        b=f"d + {slot_index(_at_start(t.product[1]), t.product[2])}", n=n)))
                       for t in run]
         else:
             b_step, out_step = ((run[1].product[2] - s.product[2], run[1].offset - s.offset) if len(run) > 1
                                 else (0, 0))
             after.append(call("dot_rows", a=a, b=b, b_step=b_step, n=n, m=len(run),
-                              out=f"g + {slot_index(s.target, s.offset, grad=True)}", out_step=out_step).render())
+                              out=f"g + {slot_index(s.target, s.offset, grad=True)}", out_step=out_step))
     return after
 
 
@@ -439,21 +448,6 @@ def _dot_runs(dotted):
                 continue
         runs.append([s])
     return runs
-
-
-@dataclass(frozen=True)
-class ReadGradient:
-    """Backward's first statement: `go`, the group's gradient, read from its slot (C)."""
-    at: str
-
-    def render(self):
-        return f"const real go = {self.at};"
-
-
-def render(statement):
-    """The C of a statement of a loop body: a line of C, or one of the typed statements here and
-    in codegen/write/kernels.py (Accumulate, ReadGradient, Call) that render themselves."""
-    return statement if isinstance(statement, str) else statement.render()
 
 
 def _independent_writes(body, n):

@@ -15,9 +15,10 @@ from ..lower import ir
 from ..lower.batch import BatchExtent
 from .dtypes import c_literal
 from .kernels import Call, call
-from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, OffsetTables, ReadGradient, WeightGradient, bias_arguments, data_at, guarded,
+from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, OffsetTables, WeightGradient, bias_arguments, data_at, guarded,
                     fused_activation, fused_gradient, grad_at, layer_over_batch, loop_headers, loop_nest, loop_start,
                     operand, progression, short, slot_index, takes_epilogue, tree_sum, unrolled)
+from .tree import Assign, Block, Copy, If, ReadGradient, nest
 
 
 def nonzero_words(n):
@@ -96,6 +97,13 @@ class Emitter:
     def _op_c(self, node, formula, names):
         """An op-table formula with its placeholders replaced by C expressions."""
         return node.op.render(dtypes.formula(self.dtype, formula), **names)
+
+    def _times_local(self, node, i, names, gradient):
+        """C for `gradient` times node's local derivative in its argument i (names: the formula's
+        placeholders' C)."""
+        if node.op.grad_is_one(i):
+            return gradient
+        return f"({self._op_c(node, node.op.grads[i], names)}) * {gradient}"
 
     def _op_names(self, node, ops):
         """An op group's C for its formula's placeholders: its arguments (for a gather, {a} is
@@ -190,8 +198,7 @@ class Emitter:
         its derivative, added to its argument's gradient."""
         names = {"a": "a[n]", "out": "o[n]", **({"k": c_literal(node.k, self.dtype)} if node.k is not None else {})}
         if gradient:
-            local = self._op_c(node, node.op.grads[0], names)
-            statement = "y[n] += x[n];" if local == "1" else f"y[n] += ({local}) * x[n];"
+            statement = f"y[n] += {self._times_local(node, 0, names, 'x[n]')};"
         else:
             statement = f"y[n] = {self._op_c(node, node.op.value, dict(names, a='x[n]'))};"
         return self.epilogues.setdefault(statement, f"epilogue_{len(self.epilogues)}")
@@ -235,7 +242,7 @@ class Emitter:
             if ops.a:
                 parts += self._dot(ops.a, ops.b) if g.masked is None else self._masked_dot(ops.a, ops.b, g.masked)
             value = tree_sum(parts)
-        return loop_nest(g.shape, [f"{data_at(ops.out)} = {value};"], independent=True)
+        return loop_nest(g.shape, [Assign(data_at(ops.out), value)], independent=True)
 
     def _layer_on_one_sample(self, g):
         """A dot group over sparse inputs whose innermost loop moves the results and one factor
@@ -259,7 +266,7 @@ class Emitter:
         product = call("matvec", out=loop_start(ops.out, 1), out_j=ops.out.strides[-1], **bias,
                        w=loop_start(weights.start, 1), w_j=weights.start.strides[-1], x=loop_start(inputs.start, 1),
                        n=len(inputs.offsets), J=shape[-1], nz=nonzeros)
-        return "\n    ".join(loop_headers(shape[:-1]) + [product.render()])
+        return nest(shape[:-1], [product], braced=False)
 
     def backward(self, g, sgd=False, tracked=False, activation=None):
         """Statements adding the group's gradients into its operands' gradients. With sgd (see
@@ -285,18 +292,15 @@ class Emitter:
 
         if node.kind == "op" and node.op.selects:  # the gradient goes to the operand picked only
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
-            local = self._op_c(node, node.op.grads[0], names)
             if any(x.needs_grad for x in node.args[node.op.first_choice:]):
-                grads.append(f"{self._picked(node.op, ops, grad=True)} += "
-                             f"{out_grad if local == '1' else f'({local}) * {out_grad}'};")
+                grads.append(Assign(self._picked(node.op, ops, grad=True), self._times_local(node, 0, names, out_grad), "+="))
             return loop_nest(g.shape, grads)
         if node.kind == "op":
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
-            for arg, where, formula in zip(node.args, ops.args, node.op.grads):
+            for i, (arg, where) in enumerate(zip(node.args, ops.args)):
                 if arg.needs_grad and not arg.shares_grad:
-                    local = self._op_c(node, formula, names)
-                    term = out_grad if local == "1" else f"({local}) * {out_grad}"
-                    contribute(arg.sgd_fused, Accumulate(where, 0, term), f"{data_at(where)} -= lr * ({term});")
+                    term = self._times_local(node, i, names, out_grad)
+                    contribute(arg.sgd_fused, Accumulate(where, 0, term), Assign(data_at(where), f"lr * ({term})", "-="))
             return loop_nest(g.shape, grads + updates)
         go = "go"
         if ops.terms:
@@ -308,12 +312,9 @@ class Emitter:
             return []
         # Every contribution is go times something: none when go is 0 (a ReLU that is off), which
         # saves the kernels' passes; written-out statements stay branch-free, to be vectorised.
-        if any(isinstance(s, Call) for s in grads + updates):  # a kernel
-            body = [ReadGradient(out_grad), "if (go != 0) {", *grads, *updates, "}"]
-        else:
-            body = [ReadGradient(out_grad), *grads, *updates]
-        return snapshots + (loop_nest(g.shape, body, dots=not updates) if g.shape
-                            else ["{ " + " ".join(loop_nest((), body)) + " }"])
+        unless_zero = any(isinstance(s, Call) for s in grads + updates)  # a kernel
+        body = loop_nest(g.shape, [ReadGradient(out_grad), *grads, *updates], dots=not updates, unless_zero=unless_zero)
+        return snapshots + (body if g.shape else [Block(tuple(body), inline=True)])
 
     def _track(self, wrt, other, n, shape, accumulate):
         """The step-by-step API's form of `accumulate` (an axpy kernel adding go * other into the
@@ -329,13 +330,13 @@ class Emitter:
         snapshot = sum(r[1] for r in self.tracked_rows if r[3] is not None)
         self.tracked_rows.append((wrt, n, shape, other))
         stamp = self._stamp_index(first, shape)
-        listed = f"live[++live[0]] = (uint32_t)({stamp});"  # update() visits the rows of the list
+        listed = Assign("live[++live[0]]", f"(uint32_t)({stamp})")  # update() visits the rows of the list
         if other is None:  # a single parameter (a bias): its gradient is written at once
-            return (f"if (stamp[{stamp}] == gen) {accumulate} else if (go != 0) {{ stamp[{stamp}] = gen; "
-                    f"{grad_at(wrt)} = (real)0 + go; {listed} }}", None)
-        return (f"if (stamp[{stamp}] == gen) {accumulate} else if (go != 0) {{ stamp[{stamp}] = gen + 1; "
-                f"rank1[{stamp}] = go; {listed} }}",
-                f"memcpy(snap + {snapshot}, d + {slot_index(other)}, {n} * sizeof(real));")
+            first_time = (Assign(f"stamp[{stamp}]", "gen"), Assign(grad_at(wrt), "(real)0 + go"), listed)
+            return If(f"stamp[{stamp}] == gen", accumulate, If("go != 0", Block(first_time, inline=True))), None
+        first_time = (Assign(f"stamp[{stamp}]", "gen + 1"), Assign(f"rank1[{stamp}]", "go"), listed)
+        return (If(f"stamp[{stamp}] == gen", accumulate, If("go != 0", Block(first_time, inline=True))),
+                Copy(f"snap + {snapshot}", f"d + {slot_index(other)}", n))
 
     @staticmethod
     def _stamp_index(first, shape):
@@ -413,9 +414,9 @@ class Emitter:
         if unrolled(v) or not all(needs):
             for x, o, need in zip(nodes, v.offsets, needs):
                 if need:
-                    contribute(x.sgd_fused, Accumulate(v.start, o, go, (out, None, 0)), f"{data_at(v.start, o)} -= lr * {go};",
+                    contribute(x.sgd_fused, Accumulate(v.start, o, go, (out, None, 0)), Assign(data_at(v.start, o), f"lr * {go}", "-="),
                                lambda shape, o=o: self._track(dataclasses.replace(v.start, base=v.start.base + o), None, 1,
-                                                              shape, f"{grad_at(v.start, o)} += {go};"))
+                                                              shape, Assign(grad_at(v.start, o), go, "+=")))
             return
         to_param = nodes[0].sgd_fused
         if v.contiguous:
@@ -460,7 +461,7 @@ class Emitter:
                 if need:
                     term = f"{go} * {data_at(other.start, j)}"
                     contribute(f.sgd_fused, Accumulate(wrt.start, i, term, (out, other.start, j)),
-                               f"{data_at(wrt.start, i)} -= lr * ({term});")
+                               Assign(data_at(wrt.start, i), f"lr * ({term})", "-="))
             return
         to_param = factors[0].sgd_fused
         nonzeros = self._nonzeros(other) if wrt.contiguous and other.contiguous else None
@@ -468,11 +469,11 @@ class Emitter:
         if nonzeros:
             accumulate = call("axpy_nz", y=y, alpha=go, x=x, n=n, nz=nonzeros)
             contribute(to_param, accumulate, call("sgd_axpy_nz", w=w, lr="lr", alpha=go, x=x, n=n, nz=nonzeros),
-                       lambda shape: self._track(wrt.start, other.start, n, shape, accumulate.render()))
+                       lambda shape: self._track(wrt.start, other.start, n, shape, accumulate))
         elif wrt.contiguous and other.contiguous:
             accumulate = call("axpy_short" if short(wrt, other) else "axpy", y=y, alpha=go, x=x, n=n)
             contribute(to_param, accumulate, call("sgd_axpy", w=w, lr="lr", alpha=go, x=x, n=n),
-                       lambda shape: self._track(wrt.start, other.start, n, shape, accumulate.render()))
+                       lambda shape: self._track(wrt.start, other.start, n, shape, accumulate))
         else:
             tw, to = self.offsets(wrt.offsets), self.offsets(other.offsets)
             contribute(to_param, call("axpy_offsets", y=y, oy=tw, alpha=go, x=x, ox=to, n=n),
