@@ -525,7 +525,7 @@ static int module_exec(PyObject *module)
         PyErr_NoMemory();
         return -1;
     }
-    /* after d's slots, the sparse inputs' nonzero lists (int32, codegen/write/statements.py's scan_nonzeros) */
+    /* after d's slots, the sparse inputs' nonzero lists (int32, codegen/write/sides.py's nonzero_scans) */
     const Py_ssize_t nonzero_reals = (MODEL.nonzero_words * 4 + (Py_ssize_t)sizeof(real) - 1) / (Py_ssize_t)sizeof(real);
     if (!(s->d = aligned_slots(&s->data_buf, &d0, MODEL.n_slots + nonzero_reals)) ||
         !(s->g = aligned_slots(&s->grad_buf, &g0, MODEL.n_slots)) || add_optimizer_state(module, s) < 0)

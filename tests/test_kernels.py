@@ -11,7 +11,7 @@ import pytest
 import templates
 from codegen.backend import toolchain
 from codegen.write.dtypes import DTYPES
-from codegen.write.statements import nonzero_words
+from codegen.write.sides import nonzero_words
 
 HARNESS = """
 void call_dot_rows(real *out, const real *w, long w_j, const real *x, long n, long J)

@@ -514,7 +514,7 @@ def _slot_varying_constants(g, constants, n_slots):
 
 def _slot_gathered_constants(g, constants, n_slots):
     """An op that selects (a gather, a maximum) reads the operand it picks at an offset from the
-    first candidate's slot (statements.Emitter's _picked): its constant candidates get slots
+    first candidate's slot (codegen/write/statements.py's _picked): its constant candidates get slots
     too, side by side."""
     first = g.first.op.first_choice
     for m in g.members:

@@ -8,9 +8,17 @@ the sparse inputs' scans, the tracked rows...) are the emitter's (codegen/write/
     Module      the module's name, optimizer and embedded parameters (modules only)
     Layout      one sample's slots: sizes, the loss, the outputs, the index inputs
     BatchLayout the batched program's slots (templates/batch.c), or none
+    StepTables  what the module's steps read (templates/model.c's sgd_after_backward, write_rows,
+                sgd_live_rows): the runs of parameters stepped after backward, the tracked rows
 """
 
+import itertools
+import math
 from dataclasses import dataclass
+
+import numpy as np
+
+from ..lower import ir
 
 from .dtypes import c_literal
 
@@ -142,4 +150,50 @@ class BatchLayout:
             f"#define N_BATCH_STEPPED_RUNS {len(runs) - 1}",
             _table("BATCH_STEPPED_RUNS", runs),
             *_sequence("BATCH_", self.sequence),
+        ])
+
+
+@dataclass(frozen=True)
+class StepTables:
+    """What a module's SGD steps read besides the layout: the runs (first slot, count) of the
+    parameters that backward does not step itself (sgd_after_backward steps them), and the
+    step-by-step API's tracked rows (sides.TrackedRow, in stamp order: one row per pass of each
+    one's loop nest), the runs of the other parameters (zeroed and stepped every time: swept)."""
+
+    sgd_after_runs: tuple
+    row_starts: tuple
+    row_lengths: tuple
+    row_snapshots: tuple
+    n_snapshot: int
+    swept_runs: tuple
+
+    @classmethod
+    def of(cls, program, tracked_rows):
+        tracked = np.zeros(program.n_params, dtype=bool)
+        starts, lengths, snapshots = [], [], []
+        snapshot = 0
+        for row in tracked_rows:
+            for index in itertools.product(*map(range, row.shape)):  # in loop order, as the stamps
+                at = row.start.base + sum(s * i for s, i in zip(row.start.strides, index))
+                tracked[at:at + row.n] = True
+                starts.append(at)
+            lengths += [row.n] * math.prod(row.shape)
+            snapshots += [snapshot] * math.prod(row.shape)
+            snapshot += row.n if row.other is not None else 0
+        return cls(tuple(program.sgd_after_backward), tuple(starts), tuple(lengths), tuple(snapshots), snapshot,
+                   tuple(ir.slot_runs(np.flatnonzero(~tracked)) or [(0, 0)]))
+
+    def render(self):
+        """N_SGD_AFTER_RUNS, SGD_AFTER_RUNS; N_TRACKED_ROWS, N_SNAPSHOT (reals), N_SWEPT_RUNS,
+        SWEPT_RUNS, and by row: ROW_START, ROW_LENGTH, ROW_SNAPSHOT (its snapshot's first real)."""
+        return "\n".join([
+            f"#define N_SGD_AFTER_RUNS {len(self.sgd_after_runs)}",
+            _table("SGD_AFTER_RUNS", list(self.sgd_after_runs) or [(0, 0)]),
+            f"#define N_TRACKED_ROWS {len(self.row_starts)}",
+            f"#define N_SNAPSHOT {self.n_snapshot}",
+            f"#define N_SWEPT_RUNS {len(self.swept_runs)}",
+            _table("SWEPT_RUNS", list(self.swept_runs)),
+            _table("ROW_START", list(self.row_starts) or [0]),
+            _table("ROW_LENGTH", list(self.row_lengths) or [0]),
+            _table("ROW_SNAPSHOT", list(self.row_snapshots) or [0]),
         ])

@@ -3,8 +3,9 @@ the loop indices i0, i1, ... (slot_index, data_at, grad_at), a nest of `for` loo
 (loop_nest) that sums accumulations which stay put over the innermost loop in a register or as
 a dot product after it, and the groups that are one kernel call: a layer over a batch (its
 forward matmul_set, its inputs' gradients matmul_acc, its weights' gradients matmul_nt:
-templates/kernels/gemm.c). codegen/write/statements.py writes the statements, codegen/write/emit.py cuts
-them into functions and files.
+templates/kernels/gemm.c), and which of those a layer's forward is (layer). codegen/write/forward.py
+and codegen/write/backward.py write the statements, codegen/write/emit.py cuts them into functions
+and files.
 """
 
 import dataclasses
@@ -26,6 +27,10 @@ UNROLL_MAX, UNROLL_MAX_CONTIGUOUS = 32, 16
 # long, where screening the gradient row for zero chunks pays for its pass (a convolution's
 # 3-wide windows over rows of 26 run faster as single dots, measured).
 DOT_ROWS_SCREEN = 64
+# A layer's kernels (layer): over a batch (matmul_set, and its gradients' matmul_acc and
+# matmul_nt) from rows of this many samples; on one sample's sparse inputs (matvec) from this
+# many neurons, which it runs four at a time.
+LAYER_MIN_SAMPLES, MATVEC_MIN_ROWS = UNROLL_MAX_CONTIGUOUS // 2, 4
 
 
 def tree_sum(parts):
@@ -56,7 +61,7 @@ def slot_index(affine, offset=0, grad=False):
     parts = [str((affine.grad_offset() if grad else affine.base) + offset)]
     parts += [f"i{d}" if s == 1 else f"({s}) * i{d}" if isinstance(s, Extent) else f"{s} * i{d}"
               for d, s in enumerate(affine.strides) if s]
-    if affine.tri:  # (tri0: i0 * (i0 - 1) / 2, kept by the family's loop: loop_headers)
+    if affine.tri:  # (tri0: i0 * (i0 - 1) / 2, kept by the family's loop: tree.Loop)
         parts.append(("" if affine.tri == 1 else f"{affine.tri} * ") + "tri0")
     return " + ".join(parts).replace("+ -", "- ")
 
@@ -133,11 +138,6 @@ def bias_arguments(terms, last, step_of):
     return {"bias": loop_start(terms.start, last, terms.offsets[0]), "bias_j": step_of(terms.start)}
 
 
-def loop_headers(shape):
-    """`for` headers of a loop nest over shape, index i0 outermost (tree.Loop's)."""
-    return [Loop(d, n, ()).header() for d, n in enumerate(shape)]
-
-
 def guarded(g, statements):
     """A group's statements, run only while the sample has more positions than its members'
     (Group.guard, lower/positions.py)."""
@@ -200,7 +200,7 @@ class Matmul:
     @staticmethod
     def fits(shape, wrt, other, out):
         """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
-        return (len(shape) >= 1 and not is_family(shape) and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
+        return (len(shape) >= 1 and not is_family(shape) and shape[-1] >= LAYER_MIN_SAMPLES
                 and out.strides[-1] == 1 and wrt.start.strides[-1] == 1 and (len(shape) < 2 or wrt.start.strides[-2] == 0)
                 and other.start.strides[-1] == 0
                 and progression(wrt.offsets) is not None and progression(other.offsets) is not None)
@@ -241,7 +241,7 @@ class WeightGradient:
     @staticmethod
     def fits(shape, wrt, other, out):
         """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
-        return (len(shape) >= 1 and not is_family(shape) and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
+        return (len(shape) >= 1 and not is_family(shape) and shape[-1] >= LAYER_MIN_SAMPLES
                 and out.strides[-1] == 1 and wrt.contiguous and wrt.start.strides[-1] == 0 and other.start.strides[-1] == 1
                 and (len(shape) < 2 or other.start.strides[-2] == 0) and progression(other.offsets) is not None)
 
@@ -257,7 +257,7 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
     Affine of its results) of an activation the kernel applies to each row as it finishes it
     (see fused_activation; not after a residual, which is added later: takes_epilogue)."""
     ops, shape = g.operands, g.shape
-    if (g.first.kind != "dot" or not shape or g.family or shape[-1] < UNROLL_MAX_CONTIGUOUS // 2 or not ops.a
+    if (g.first.kind != "dot" or not shape or g.family or shape[-1] < LAYER_MIN_SAMPLES or not ops.a
             or ops.constants or ops.out.strides[-1] != 1 or (ops.terms and len(ops.terms.offsets) != 1)
             or (_residual(ops) and (epilogue is not None or len(ops.a.offsets) < UNROLL_MAX_CONTIGUOUS // 2))):
         return None
@@ -281,6 +281,40 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
         return per_pass(shape, product)
     add = Assign(data_at(ops.out), data_at(ops.terms.start, ops.terms.offsets[0]), "+=")  # (x + W h: the same sum)
     return Seq((per_pass(shape, product), *loop_nest(shape, [add], independent=True)))
+
+
+def layer(g, tables, epilogue=None):
+    """Which layer kernel, if any, computes dot group g's forward, the one place that decides: a
+    layer over a batch (layer_over_batch: matmul_set, rows of LAYER_MIN_SAMPLES samples and more;
+    epilogue as there), else one over a sample's sparse inputs (layer_on_one_sample: matvec, from
+    MATVEC_MIN_ROWS rows). Its statement, or None. tables: the program's sides.SideTables (row
+    lists, nonzero lists)."""
+    return layer_over_batch(g, tables.row_list, epilogue) or layer_on_one_sample(g, tables.nonzeros)
+
+
+def layer_on_one_sample(g, nonzero_list):
+    """A dot group over sparse inputs whose innermost loop moves the results and one factor
+    list (the weights' rows) and not the other (an input range with a nonzero list: nonzero_list(v) gives its C pointer, or None): one
+    matvec call per pass of the loops outside it, four rows at a time sharing the walk
+    through the list (templates/kernels/sparse.c); at most one loose term (the bias), no constants.
+    Else None: over dense inputs a row at a time streams faster (microbenchmark of MNIST's
+    first layer, gcc -O3 native: dot() per row 0.85x matvec's time)."""
+    ops, shape = g.operands, g.shape
+    if (g.first.kind != "dot" or not shape or g.family or shape[-1] < MATVEC_MIN_ROWS or not ops.a or ops.constants
+            or (ops.terms and len(ops.terms.offsets) != 1) or not (ops.a.contiguous and ops.b.contiguous)
+            or unrolled(ops.a, ops.b)):
+        return None
+    for weights, inputs in ((ops.a, ops.b), (ops.b, ops.a)):
+        nonzeros = nonzero_list(inputs)
+        if nonzeros and weights.start.strides[-1]:
+            break
+    else:
+        return None
+    bias = bias_arguments(ops.terms, 1, lambda affine: affine.strides[-1])
+    product = call("matvec", out=loop_start(ops.out, 1), out_j=ops.out.strides[-1], **bias,
+                   w=loop_start(weights.start, 1), w_j=weights.start.strides[-1], x=loop_start(inputs.start, 1),
+                   n=len(inputs.offsets), J=shape[-1], nz=nonzeros)
+    return nest(shape[:-1], [product], braced=False)
 
 
 def _residual(ops):
@@ -369,7 +403,7 @@ def loop_nest(shape, body, dots=True, independent=False, unless_zero=False):
     iteration reads what another writes (a forward loop writes only its group's results, which it
     never reads). `unless_zero`: what follows the gradient's read runs only when it is not 0."""
     if not shape:
-        return _skipping_zero([_placed(s) for s in body], unless_zero)
+        return _skipping_zero([placed(s) for s in body], unless_zero)
     # the inputs' gradients first: they read the weights, which a weights' gradient may step
     matmuls = [s.in_loops(shape) for s in sorted((s for s in body if isinstance(s, (Matmul, WeightGradient))),
                                                    key=lambda s: isinstance(s, WeightGradient))]
@@ -383,7 +417,7 @@ def loop_nest(shape, body, dots=True, independent=False, unless_zero=False):
               and all(a.strides[-1] == 1 for a in s.product[:2] if a is not None)]
     summed = [s for s in held if s not in dotted]
     names = {id(s): f"sum{k}" for k, s in enumerate(summed)}
-    inner = _skipping_zero([Assign(names[id(s)], s.term, "+=") if id(s) in names else _placed(s)
+    inner = _skipping_zero([Assign(names[id(s)], s.term, "+=") if id(s) in names else placed(s)
                             for s in body if s not in dotted], unless_zero)
     if all(isinstance(s, ReadGradient) for s in inner):  # everything moved after it: no innermost loop
         return [nest(shape[:-1], [Block(tuple(_after_innermost(summed, dotted, names, shape)))], braced=False)]
@@ -400,7 +434,7 @@ def loop_nest(shape, body, dots=True, independent=False, unless_zero=False):
     return [nest(shape[:-1], [block], braced=False)]
 
 
-def _placed(statement):
+def placed(statement):
     """A typed statement of a loop body as a tree statement."""
     return statement.assign() if isinstance(statement, Accumulate) else statement
 

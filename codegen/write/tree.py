@@ -1,6 +1,6 @@
 """What a group's statements are before they are C: a small typed tree (assignments, kernel
-calls, declarations, loops, blocks and ifs), which codegen/write/loops.py and
-codegen/write/statements.py build and render() alone writes as C, at the end. Expressions (a
+calls, declarations, loops, blocks and ifs), which codegen/write/forward.py,
+codegen/write/backward.py and codegen/write/loops.py build and render() alone writes as C, at the end. Expressions (a
 formula's value, a slot's index, a condition) are C text; no code reads them to decide anything.
 
 The layout is the generated C's: a function's statements one per line at one indentation, a
