@@ -104,21 +104,14 @@ def runtime_source(dtype=dtypes.DEFAULT.name):
     """templates/runtime.c for modules of element type `dtype`: the same C for every model, which
     the toolchain compiles once per compiler and flags (templates.SharedSource)."""
     return templates.SharedSource(templates.fill("runtime.c", PRELUDE=_prelude(dtypes.lookup(dtype), True,
-                                                                              RUNTIME_DEFINES_PRODUCTS),
+                                                                              contract.RUNTIME_DEFINES_PRODUCTS),
                                                  **tables.runtime_cases(dtype)))
 
 
-# templates/kernels/gemm.c's RUNTIME_PRODUCTS: the matrix products defined in each file (exported
-# and jit C), in the module runtime, or declared in a module's model units and defined there
-STATIC_PRODUCTS, RUNTIME_DEFINES_PRODUCTS, RUNTIME_HAS_PRODUCTS = 0, 2, 1
-
-
-def _prelude(dtype, thread_pool, products=STATIC_PRODUCTS):
-    """What every generated C file starts with: the element type, whether a thread pool runs
-    products (templates/pool.c), where the products are defined, templates/prelude.c."""
-    return (dtype.define + f"\n#define HAVE_THREAD_POOL {int(thread_pool)}\n"
-            + (f"#define RUNTIME_PRODUCTS {products}\n" if products != STATIC_PRODUCTS else "")
-            + templates.read("prelude.c"))
+def _prelude(dtype, thread_pool, products=contract.STATIC_PRODUCTS):
+    """What every generated C file starts with: what the prelude reads (codegen/write/contract.py's
+    Prelude), then templates/prelude.c."""
+    return contract.Prelude(dtype, thread_pool, products).render() + templates.read("prelude.c")
 
 
 def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False, plan=None):
@@ -183,12 +176,13 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
     # modules (sparse_inputs not None) run products on their threads (templates/pool.c)
     thread_pool = sparse_inputs is not None if thread_pool is None else thread_pool
     # a module's units (sparse_inputs not None) call the products its runtime defines
-    prelude = _prelude(dtype, thread_pool, STATIC_PRODUCTS if sparse_inputs is None else RUNTIME_HAS_PRODUCTS)
+    prelude = _prelude(dtype, thread_pool, contract.STATIC_PRODUCTS if sparse_inputs is None else contract.RUNTIME_HAS_PRODUCTS)
     layout = "\n".join([
         contract.Layout.of(program).render(),
         _constants(program.constants, dtype),
-        *([plan.render()] if plan is not None else []),
-        *([_scan("scan_nonzeros", "NONZERO_WORDS", sides.nonzero_words(), ["real *restrict d"], sides.nonzero_scans()),
+        *([contract.TableForm.of(plan).render()] if plan is not None else []),
+        *([contract.Words("NONZERO_WORDS", sides.nonzero_words()).render(),
+           _scan("scan_nonzeros", ["real *restrict d"], sides.nonzero_scans()),
            contract.StepTables.of(program, sides.tracked_rows).render()] if sparse_inputs is not None else []),
         *([_batch_layout(batch_sides, dtype)] if sparse_inputs is not None else []),
     ])
@@ -250,17 +244,16 @@ def _batch_layout(sides, dtype):
     return "\n".join([
         contract.BatchLayout.of(sides.program, sides.stepped).render(),
         _constants(sides.program.constants, dtype, "init_batch_constants", "BATCH_CONSTANT_VALUES"),
-        _scan("scan_batch_rows", "BATCH_LIST_WORDS", sides.row_list_words(), ["real *restrict d", "long nb"],
-              sides.row_scans()),
+        contract.Words("BATCH_LIST_WORDS", sides.row_list_words()).render(),
+        _scan("scan_batch_rows", ["real *restrict d", "long nb"], sides.row_scans()),
     ])
 
 
-def _scan(name, words_name, words, params, calls):
-    """A scan of the inputs into their lists (sides.SideTables's nonzero_scans, row_scans) and
-    the words the lists take, words_name."""
+def _scan(name, params, calls):
+    """A scan of the inputs into their lists (sides.SideTables's nonzero_scans, row_scans)."""
     lines = "\n".join(f"    {tree.render(c)}" for c in calls)
     unused = " ".join(f"(void){p.split()[-1]};" for p in params)
-    return f"#define {words_name} {words}\nstatic void {name}({', '.join(params)})\n{{\n{lines}\n    {unused}\n}}"
+    return f"static void {name}({', '.join(params)})\n{{\n{lines}\n    {unused}\n}}"
 
 
 def _epilogue_definitions(epilogues):
