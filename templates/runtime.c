@@ -488,7 +488,7 @@ static real *aligned_slots(PyObject **owner, Py_ssize_t *first, Py_ssize_t count
  * for them to views, and `optimizer` is the optimizer's description. */
 static int add_optimizer_state(PyObject *module, State *s)
 {
-    const Py_ssize_t line = 8, m0 = line, v0 = line + MODEL.n_params; /* codegen/write/optim.py's _STATE_LINE */
+    const Py_ssize_t line = 8, m0 = line, v0 = line + MODEL.n_params; /* codegen/write/optim.py's STATE_LINE */
     const ModelOptimizer *o = &MODEL.optimizer;
     Py_ssize_t first;
     real *block = aligned_slots(&s->opt_buf, &first, line + o->state_arrays * MODEL.n_params);
