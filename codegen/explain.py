@@ -13,6 +13,7 @@ from micrograd_c.engine import value_count
 import templates
 
 from .lower import batch, ir, positions
+from .lower.kinds import OP
 from .write import emit, optim
 from .write import table as tables
 from .backend import targets
@@ -131,6 +132,6 @@ def _straight_line(program, optimizer):
 
 
 def _what(node):
-    if node.kind == "op":
+    if node.kind == OP:
         return node.op.name if node.k is None else f"{node.op.name} {node.k:g}"
     return f"sum of {len(node.args)} term{'s' * (len(node.args) != 1)} + {len(node.a)} products"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .kinds import DOT, OP
 from .positions import Bounded, Sequence
 from .vector import Affine, Extent, Group, Operands, Vector, progression
 
@@ -141,7 +142,7 @@ def _group(layout, g, extent):
     ops, shape = g.operands, g.shape
     args = tuple(a if isinstance(a, float) else _affine(layout, a, shape)[0] for a in ops.args)
     op = g.first.op
-    if g.first.kind == "op" and op.selects and len({a.strides for a in args[op.first_choice:]}) > 1:
+    if g.first.kind == OP and op.selects and len({a.strides for a in args[op.first_choice:]}) > 1:
         raise NotBatchable(f"a {op.name} picks among per-sample values and parameters or constants at once")
     batched = Group(g.members, tuple(n.at(layout.slot(n.slot)) if isinstance(n, Bounded) else n for n in shape)
                     + (extent,), guard=g.guard and (layout.slot(g.guard[0]), g.guard[1]),
@@ -161,7 +162,7 @@ def _sequence_outside(g):
     k only, the other (the inputs) along the loop before the batch's and the batch's only, each
     list at a constant step."""
     ops, shape = g.operands, g.shape
-    if g.first.kind != "dot" or len(shape) < 3 or g.family or ops.constants or not ops.a or \
+    if g.first.kind != DOT or len(shape) < 3 or g.family or ops.constants or not ops.a or \
             any(isinstance(n, Extent) for n in shape):
         return g
     inner = len(shape) - 2  # the loop just outside the batch's

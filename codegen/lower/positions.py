@@ -37,6 +37,7 @@ from itertools import chain
 
 import numpy as np
 
+from .kinds import COMPUTED, DOT, INPUT, OP
 from .vector import Affine, Extent, Parts, is_family
 
 
@@ -98,12 +99,12 @@ def bound_positions(program, input_grads=False):
     weighs terms by inputs but whose loops cannot be cut (a loss of another form is no sequence:
     None, as when they are cut)."""
     loss = program.loss
-    if loss.kind != "dot" or not loss.a:
+    if loss.kind != DOT or not loss.a:
         return None
     pairs = []
     for x, y in zip(loss.a, loss.b):
-        weight, term = (x, y) if x.kind == "input" else (y, x)
-        if weight.kind != "input" or term.kind not in ("op", "dot"):
+        weight, term = (x, y) if x.kind == INPUT else (y, x)
+        if weight.kind != INPUT or not term.kind in COMPUTED:
             return None
         pairs.append((weight, term))
     if len(pairs) < 2 or len({id(w) for w, _ in pairs}) != len(pairs):
@@ -124,8 +125,7 @@ def bound_positions(program, input_grads=False):
                 continue
             p = get(id(node), T)
             for x in chain(node.args, node.a, node.b):
-                kind = x.kind
-                if (kind == "op" or kind == "dot") and get(id(x), T) > p:
+                if x.kind in COMPUTED and get(id(x), T) > p:
                     position[id(x)] = p
     sequence = Sequence(program.n_slots, tuple(w.slot for w, _ in pairs))
     bounds = {}
@@ -134,7 +134,7 @@ def bound_positions(program, input_grads=False):
             continue
         bound = _bound(g, np.array([get(id(m), T) for m in g.members]), sequence.slot, T)
         if bound is False:
-            what = g.first.op.name if g.first.kind == "op" else "sum"
+            what = g.first.op.name if g.first.kind == OP else "sum"
             return f"a loop nest's positions do not rise along one of its loops (a {what} of {len(g.members)} nodes)"
         if bound is not None:
             bounds[id(g)] = bound

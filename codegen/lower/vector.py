@@ -22,6 +22,8 @@ from operator import attrgetter
 
 import numpy as np
 
+from .kinds import COMPUTED, CONST, DOT, OP, PARAM
+
 
 class Extent(int):
     """The extent of a loop that grows with the outermost loop's index i0, `first + step * i0`
@@ -152,7 +154,7 @@ def group(compute):
         c = keys.get(key)
         if c is None:
             c = keys[key] = len(height)
-            height.append(1 + max((height[x.cls[1]] for x in node.reads() if x.kind in ("op", "dot")), default=0))
+            height.append(1 + max((height[x.cls[1]] for x in node.reads() if x.kind in COMPUTED), default=0))
             members.append([])
         node.cls = ("c", c)
         members[c].append(node)
@@ -166,9 +168,9 @@ _cls, _slot = attrgetter("cls"), attrgetter("slot")
 def _key(node):
     """Operands by class (computed ones come first in `compute`, so theirs is set): per operand
     list its classes (_classes), built at C speed (a dot reads hundreds)."""
-    if node.kind == "op":
-        return ("op", node.op.name, node.k, node.for_outputs, _classes(node.args))
-    return ("dot", node.for_outputs, _classes(node.args), _classes(node.a), _classes(node.b))
+    if node.kind == OP:
+        return (OP, node.op.name, node.k, node.for_outputs, _classes(node.args))
+    return (DOT, node.for_outputs, _classes(node.args), _classes(node.a), _classes(node.b))
 
 
 def _classes(operands):
@@ -207,12 +209,12 @@ def batch_innermost(groups, moved):
 
 def _params_constant_along_outer(g):
     first, ops = g.first, g.operands
-    if first.kind == "op":
-        slots = [a for a, x in zip(ops.args, first.args) if x.kind == "param"]
+    if first.kind == OP:
+        slots = [a for a, x in zip(ops.args, first.args) if x.kind == PARAM]
     else:
         terms = [first.args[i] for i in ops.term_positions]
         slots = [v.start for v, xs in ((ops.terms, terms), (ops.a, first.a), (ops.b, first.b))
-                 if v is not None and any(x.kind == "param" for x in xs)]
+                 if v is not None and any(x.kind == PARAM for x in xs)]
     return all(a.strides[0] == 0 for a in slots)
 
 
@@ -233,7 +235,7 @@ def vectorize(groups, n_slots):
 def _describe_part(g, result, constants, n_slots):
     """vectorize for one group of members with operand lists of one length: its loop nest, its
     rectangular parts, or its single statements, appended to `result`. Returns the slot count."""
-    if g.first.kind == "dot":
+    if g.first.kind == DOT:
         n_slots = _slot_factor_constants(g, constants, n_slots)
     elif g.first.op.selects:
         n_slots = _slot_gathered_constants(g, constants, n_slots)
@@ -242,7 +244,7 @@ def _describe_part(g, result, constants, n_slots):
         if _describe_loop(g, literals):
             result.append(g)
             return n_slots
-        if g.first.kind == "dot":  # a shared constant in a list whose other elements move
+        if g.first.kind == DOT:  # a shared constant in a list whose other elements move
             n_slots, retry = _slot_factor_constants(g, constants, n_slots, columns=True)
             if retry and _describe_loop(g, literals):
                 result.append(g)
@@ -309,7 +311,7 @@ def _family(parts):
     prefixes of the longest, each needing gradients throughout or not at all."""
     first, m = parts[0], len(parts)
     if (not first.shape or first.family or any(len(p.shape) != len(first.shape) for p in parts)
-            or any(x.kind == "param" for p in parts for x in p.first.reads())):
+            or any(x.kind == PARAM for p in parts for x in p.first.reads())):
         return None
     shape = [Parts(m)]
     for d in range(len(first.shape)):
@@ -346,7 +348,7 @@ def _family(parts):
     if out is None:
         return None
     node = first.first
-    if node.kind == "op":
+    if node.kind == OP:
         if len({len(o.args) for o in ops}) != 1 and not node.op.selects:
             return None
         lead = node.op.first_choice if node.op.selects else len(ops[0].args)
@@ -404,8 +406,8 @@ def _same_constants(parts, which, depth):
     member's slots in every pass: a Vector over a loop nest `depth` deep, or None."""
     lists = [getattr(m, which) for p in parts for m in p.members]
     first = lists[0]
-    if (which == "terms" or not first or any(x.kind != "const" or x.slot is None for x in first)
-            or any(len(xs) != len(first) or any(y.kind != "const" or y.value != x.value for x, y in zip(first, xs))
+    if (which == "terms" or not first or any(x.kind != CONST or x.slot is None for x in first)
+            or any(len(xs) != len(first) or any(y.kind != CONST or y.value != x.value for x, y in zip(first, xs))
                    for xs in lists)):
         return None
     return Vector(Affine(first[0].slot, (0,) * depth), tuple(x.slot - first[0].slot for x in first))
@@ -459,7 +461,7 @@ def _uniform_parts(g):
 def _operand_key(m):
     """Where a member's operands live: the slot of each argument (-1 for a literal), of a dot
     the first of each list."""
-    firsts = (m.args[:1], m.a[:1], m.b[:1]) if m.kind == "dot" else (m.args,)
+    firsts = (m.args[:1], m.a[:1], m.b[:1]) if m.kind == DOT else (m.args,)
     return tuple(-1 if x.slot is None else x.slot for xs in firsts for x in xs)
 
 
@@ -496,9 +498,9 @@ def _slot_varying_constants(g, constants, n_slots):
     """A constant operand that differs between members is read from a slot; one that is the same
     everywhere stays a literal. Returns (the positions in args of literals, slot count)."""
     literals = set()
-    slotted = g.first.op.first_choice if g.first.kind == "op" and g.first.op.selects else len(g.first.args)
+    slotted = g.first.op.first_choice if g.first.kind == OP and g.first.op.selects else len(g.first.args)
     for position, x in enumerate(g.first.args):
-        if x.kind != "const" or position >= slotted:  # (candidates have slots already)
+        if x.kind != CONST or position >= slotted:  # (candidates have slots already)
             continue
         if len({repr(float(m.args[position].value)) for m in g.members}) == 1:
             literals.add(position)
@@ -519,7 +521,7 @@ def _slot_gathered_constants(g, constants, n_slots):
     first = g.first.op.first_choice
     for m in g.members:
         for c in m.args[first:]:
-            if c.kind == "const" and c.slot is None:
+            if c.kind == CONST and c.slot is None:
                 c.slot = n_slots
                 constants.append((n_slots, float(c.value)))
                 n_slots += 1
@@ -537,7 +539,7 @@ def _slot_factor_constants(g, constants, n_slots, columns=False):
     moved = False
     for which in ("a", "b"):
         for position, x in enumerate(getattr(g.first, which)):
-            if x.kind != "const":
+            if x.kind != CONST:
                 continue
             column = [getattr(m, which)[position] for m in g.members]
             same = len({repr(float(c.value)) for c in column}) == 1
@@ -573,14 +575,14 @@ def _describe_single(g):
     node = g.first
     g.shape = ()
     out = Affine(node.slot, (), node.grad_slot)
-    if node.kind == "op":
+    if node.kind == OP:
         slotted = node.op.first_choice if node.op.selects else len(node.args)  # (see _slot_gathered_constants)
-        args = tuple(float(x.value) if x.kind == "const" and i < slotted else Affine(x.slot, (), x.grad_slot)
+        args = tuple(float(x.value) if x.kind == CONST and i < slotted else Affine(x.slot, (), x.grad_slot)
                      for i, x in enumerate(node.args))
         g.operands = Operands(out, args)
         return
-    constants = tuple(float(x.value) for x in node.args if x.kind == "const")
-    positions = tuple(i for i, x in enumerate(node.args) if x.kind != "const")
+    constants = tuple(float(x.value) for x in node.args if x.kind == CONST)
+    positions = tuple(i for i, x in enumerate(node.args) if x.kind != CONST)
     terms = [node.args[i] for i in positions]
     g.operands = Operands(out, (), constants, positions, *(_single_vector(xs) for xs in (terms, node.a, node.b)))
 
@@ -597,7 +599,7 @@ def _describe_loop(g, literals):
     first = g.first
     literal = [i in literals for i in range(len(first.args))]
     columns = [[m.slot for m in g.members]]
-    if first.kind == "op":
+    if first.kind == OP:
         for i, is_lit in enumerate(literal):
             if not is_lit:
                 columns.append([m.args[i].slot for m in g.members])
@@ -625,11 +627,11 @@ def _describe_loop(g, literals):
     shape, strides = found
     affines = [Affine(int(c[0]), tuple(int(s) for s in row)) for c, row in zip(columns, strides)]
     out, rest = affines[0], affines[1:]
-    if first.kind == "op" and first.op.selects and \
+    if first.kind == OP and first.op.selects and \
             len({a.strides for a in rest[len(rest) - len(first.args) + first.op.first_choice:]}) > 1:
         return False  # the candidates must keep their offsets from the first in every member
     g.shape = shape
-    if first.kind == "op":
+    if first.kind == OP:
         args, it = [], iter(rest)
         for i, is_lit in enumerate(literal):
             args.append(float(first.args[i].value) if is_lit else next(it))

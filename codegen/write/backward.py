@@ -19,6 +19,7 @@ import numpy as np
 
 from ..lower import ir
 from ..lower.batch import BatchExtent
+from ..lower.kinds import OP, PARAM
 from .kernels import Call, call
 from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, data_at, fused_gradient, grad_at, guarded,
                     loop_nest, placed, short, slot_index, unrolled)
@@ -128,14 +129,14 @@ class Backward(Statements):
         finish as its epilogue)."""
         ops, node = g.operands, g.first
         out_grad = grad_at(ops.out)
-        if node.kind == "op" and node.op.selects:  # the gradient goes to the operand picked only
+        if node.kind == OP and node.op.selects:  # the gradient goes to the operand picked only
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
             grads = []
             if any(x.needs_grad for x in node.args[node.op.first_choice:]):
                 grads.append(Assign(self._picked(node.op, ops, grad=True), self._times_local(node, 0, names, out_grad), "+="))
             return loop_nest(g.shape, grads), False
         body = Body()
-        if node.kind == "op":
+        if node.kind == OP:
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
             for i, (arg, where) in enumerate(zip(node.args, ops.args)):
                 if arg.needs_grad and not arg.shares_grad:
@@ -201,7 +202,7 @@ class Backward(Statements):
                                                          and len(wrt.offsets) >= UNROLL_MAX_CONTIGUOUS))
                 and WeightGradient.fits(shape, wrt, other, out)):
             stepped = self.tables.stepped
-            step = stepped is not None and all(f.kind == "param" and f.sgd_fused for f in factors)
+            step = stepped is not None and all(f.kind == PARAM and f.sgd_fused for f in factors)
             product = WeightGradient(wrt, other, out, self.tables.row_list(other), step)
             if step:
                 stepped += ir.slot_runs(np.sort(product.weights(shape)))

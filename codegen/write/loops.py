@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..lower.kinds import DOT, OP
 from ..lower.vector import Extent, is_family, progression
 from .dtypes import c_literal
 from .kernels import call
@@ -257,7 +258,7 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
     Affine of its results) of an activation the kernel applies to each row as it finishes it
     (see fused_activation; not after a residual, which is added later: takes_epilogue)."""
     ops, shape = g.operands, g.shape
-    if (g.first.kind != "dot" or not shape or g.family or shape[-1] < LAYER_MIN_SAMPLES or not ops.a
+    if (g.first.kind != DOT or not shape or g.family or shape[-1] < LAYER_MIN_SAMPLES or not ops.a
             or ops.constants or ops.out.strides[-1] != 1 or (ops.terms and len(ops.terms.offsets) != 1)
             or (_residual(ops) and (epilogue is not None or len(ops.a.offsets) < UNROLL_MAX_CONTIGUOUS // 2))):
         return None
@@ -300,7 +301,7 @@ def layer_on_one_sample(g, nonzero_list):
     Else None: over dense inputs a row at a time streams faster (microbenchmark of MNIST's
     first layer, gcc -O3 native: dot() per row 0.85x matvec's time)."""
     ops, shape = g.operands, g.shape
-    if (g.first.kind != "dot" or not shape or g.family or shape[-1] < MATVEC_MIN_ROWS or not ops.a or ops.constants
+    if (g.first.kind != DOT or not shape or g.family or shape[-1] < MATVEC_MIN_ROWS or not ops.a or ops.constants
             or (ops.terms and len(ops.terms.offsets) != 1) or not (ops.a.contiguous and ops.b.contiguous)
             or unrolled(ops.a, ops.b)):
         return None
@@ -367,7 +368,7 @@ def fused_gradient(wrt, shape, h):
 
 def _activation(h):
     """Whether group h applies a one-argument op to slots (not constants)."""
-    return (h.first.kind == "op" and h.first.op.arity == 1 and len(h.operands.args) == 1
+    return (h.first.kind == OP and h.first.op.arity == 1 and len(h.operands.args) == 1
             and hasattr(h.operands.args[0], "base") and not h.family)
 
 
