@@ -19,7 +19,6 @@ own group: the reference post's straight-line scalar program, in which a term of
 sum's gradient in place (``share_gradients``).
 """
 
-from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter, not_
 
@@ -32,8 +31,7 @@ from micrograd_c.engine import Value, no_gc
 
 from . import graph as graph_arrays
 from . import positions, vector
-from .kinds import LEAF_KINDS as LEAF_KIND_BY_ROLE, COMPUTED, CONST, DOT, INPUT, OP, PARAM, Role
-from .vector import Group
+from .types import LEAF_KINDS as LEAF_KIND_BY_ROLE, COMPUTED, CONST, DOT, INPUT, OP, PARAM, Group, Node, Program, Role
 
 # Sums with fewer terms than this stay chains of `+`: a loop does not pay for itself; but a sum of
 # computed values (no parameter or input among its terms) is one from 3 terms on, so that a
@@ -44,61 +42,6 @@ from .vector import Group
 MIN_SUM_TERMS, MIN_COMPUTED_SUM_TERMS = 4, 3
 # Rounds of vector.batch_innermost: each moves the batch loop inside one more link of a chain.
 MAX_BATCH_ROUNDS = 4
-
-
-class Node:
-    """One node of the lowered graph. kind: a kinds.Kind (a leaf's: CONST, PARAM, INPUT; or OP, DOT).
-    A dot's value is sum(args) + sum(a[i] * b[i])."""
-
-    # A leaf (most nodes: a model's params) has the fields in slots; a computed node's own (op,
-    # args, k, a, b, shares_grad, for_outputs) go to its __dict__, and a leaf reads them as the
-    # class's defaults: a param's node is made with 7 stores, in 96 bytes.
-    __slots__ = ("kind", "value", "slot", "needs_grad", "grad_slot", "sgd_fused", "cls", "__dict__")
-    op = None
-    args = a = b = ()
-    k = None
-    shares_grad = False  # its gradient is its only consumer's, which passes it on unchanged
-    for_outputs = False  # a computed node the outputs need: predict() computes it
-
-    def __init__(self, kind, op=None, args=(), k=None, value=None):
-        self.kind, self.value = kind, value
-        self.slot = None
-        self.needs_grad = False
-        self.grad_slot = None     # where its gradient lives: its own slot, or its consumer's
-        self.sgd_fused = False    # a parameter that batch-1 SGD updates inside backward
-        self.cls = kind           # a leaf's kind; a computed node's class (vector.group)
-        if kind in COMPUTED:
-            self.op, self.args, self.k = op, args, k
-
-    def reads(self):
-        return self.args + self.a + self.b
-
-
-@dataclass
-class Program:
-    n_params: int
-    n_inputs: int
-    n_slots: int
-    loss: Node
-    outputs: list
-    forward: list            # groups in evaluation order
-    n_output_groups: int     # forward[:n_output_groups] computes everything the outputs need
-    backward: list = field(default_factory=list)  # groups whose grads flow back, reverse order
-    constants: list = field(default_factory=list)  # (slot, value) of constants that live in slots
-    fused: bool = False
-    sgd_in_backward: bool = False  # a batch-1 SGD step updates parameters in backward (see the pass)
-    sgd_after_backward: list = field(default_factory=list)  # (slot, count) runs of the others
-    index_inputs: list = field(default_factory=list)  # (input position, n): inputs gathers read (see index_inputs)
-    sequence: object = None  # positions.Sequence: the loops stop at the sample's length (positions.py)
-    unbounded: str = None    # why not, when they do not
-
-    @property
-    def input_base(self):
-        return self.n_params
-
-    @property
-    def nodes(self):
-        return [n for g in self.forward for n in g.members]
 
 
 def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False, graph=None):

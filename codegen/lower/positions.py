@@ -37,60 +37,7 @@ from itertools import chain
 
 import numpy as np
 
-from .kinds import COMPUTED, DOT, INPUT, OP
-from .vector import Affine, Extent, Parts, is_family
-
-
-class Bounded:
-    """A loop extent cut at run time: `N` as a number (the emitter's choices hold for any
-    shorter loop, as for batch.BatchExtent); in C the count of the loop's passes whose members
-    are of positions < n, n the sample's count in d[slot]: `upto(d[slot], first, N)` where the
-    loop's pass i is position first + i (n - first clamped to 0..N), else `counts[n]` from a
-    table (a loop whose members' positions rise by steps of other sizes). `cut` makes one: an
-    int, or a family's vector.Parts."""
-    __slots__ = ()
-
-    def __str__(self):
-        if self.counts is None:
-            return f"upto(d[{self.slot}], {self.first}, {int(self)})"
-        return f"((const long[]){{{', '.join(map(str, self.counts))}}})[(long)d[{self.slot}]]"
-
-    __repr__ = __str__
-
-    def __format__(self, spec):
-        return str(self) if not spec else int.__format__(self, spec)
-
-    def at(self, slot):
-        """The same extent with its bound read from another slot (the batched layout's)."""
-        return cut(self, slot, self.first, self.counts)
-
-
-class _BoundedExtent(Bounded, int):
-    pass
-
-
-class _BoundedParts(Bounded, Parts):
-    pass
-
-
-def cut(extent, slot, first, counts=None):
-    """`extent` (a number, or a family's Parts) cut at run time (Bounded)."""
-    bounded = (_BoundedParts if isinstance(extent, Parts) else _BoundedExtent)(int(extent))
-    bounded.slot, bounded.first, bounded.counts = slot, first, counts
-    return bounded
-
-
-@dataclasses.dataclass(frozen=True)
-class Sequence:
-    """What the runtime needs to bound a pass: the slot it writes n into, and the slots of the
-    loss's weights w[0..T) (n = one past the last that is not 0)."""
-    slot: int
-    weights: tuple
-
-    @property
-    def every(self):
-        """The slot's value that runs every group: T + 1 (T is what reaches no loss term)."""
-        return len(self.weights) + 1
+from .types import COMPUTED, DOT, INPUT, OP, Affine, Extent, Sequence, cut, is_family
 
 
 def bound_positions(program, input_grads=False):

@@ -16,132 +16,18 @@ that loops read them. A class that does not fit stays straight-line, one stateme
 """
 
 import dataclasses
-from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
 
 import numpy as np
 
-from .kinds import COMPUTED, CONST, DOT, OP, PARAM
-
-
-class Extent(int):
-    """The extent of a loop that grows with the outermost loop's index i0, `first + step * i0`
-    (a causal attention's keys: position t reads t + 1 of them), in a loop nest of `count`
-    passes of i0. As a number it is its largest value, which the emitter's choices of kernel
-    hold for (they hold for any shorter extent: batch.BatchExtent is the same idea)."""
-
-    def __new__(cls, first, step, count):
-        extent = super().__new__(cls, first + step * (count - 1))
-        extent.first, extent.step, extent.count = first, step, count
-        return extent
-
-    def __str__(self):
-        index = "i0" if self.step == 1 else f"{self.step} * i0"
-        return f"{self.first} + {index}" if self.first else index
-
-    __repr__ = __str__
-
-    # equal to no plain number: `stride == 1` and the like ask about every pass, not the largest
-    def __eq__(self, other):
-        return isinstance(other, Extent) and (self.first, self.step, self.count) == (other.first, other.step, other.count)
-
-    def __ne__(self, other):
-        return not self == other
-
-    def __hash__(self):
-        return hash((Extent, self.first, self.step, self.count))
-
-    def scaled(self, factor):
-        return Extent(self.first * factor, self.step * factor, self.count)
-
-    def __format__(self, spec):
-        return str(self) if not spec else int.__format__(self, spec)
-
-
-class Parts(int):
-    """A family's outermost extent, its count of parts (see _families): its loop also keeps
-    `tri0` = i0 * (i0 - 1) / 2, where Affine.tri's term is read (no division in the loop)."""
+from .types import COMPUTED, CONST, DOT, OP, PARAM, Affine, Extent, Group, Operands, Parts, Vector
 
 
 def progression(offsets):
     """The common step of offsets, or None if they are not an arithmetic progression."""
     step = offsets[1] - offsets[0] if len(offsets) > 1 else 0
     return step if all(b - a == step for a, b in zip(offsets, offsets[1:])) else None
-
-
-def is_family(shape):
-    """Whether a loop nest over `shape` is a family's (its outermost extent a Parts)."""
-    return bool(shape) and isinstance(shape[0], Parts)
-
-
-@dataclass(frozen=True)
-class Affine:
-    """A slot as a function of the loop indices: base + sum(strides[d] * i[d]) + tri * (i0 *
-    (i0 - 1) / 2). Its gradient lives at grad_base + the same (grad_base differs from base only
-    where straight-line code shares a gradient slot). `tri` and strides that are Extents are a
-    family's (see _families): its parts' blocks grow with the part, so where part k starts is
-    quadratic in k, and a block laid out row by row has rows as long as the part's loop."""
-    base: int
-    strides: tuple = ()
-    grad_base: int = None
-    tri: int = 0
-
-    def grad_offset(self):
-        return self.base if self.grad_base is None else self.grad_base
-
-
-@dataclass(frozen=True)
-class Vector:
-    """A list of operand slots: start (Affine) plus a fixed offset per element."""
-    start: Affine
-    offsets: tuple
-    length: Extent = None  # a family's list that grows with i0: the first `length` of the offsets
-
-    @property
-    def n(self):
-        """How many elements (a C expression's Extent for a growing list)."""
-        return len(self.offsets) if self.length is None else self.length
-
-    @property
-    def contiguous(self):
-        return self.offsets == tuple(range(len(self.offsets)))
-
-
-@dataclass
-class Group:
-    """Nodes computing the same thing over operands at constant strides: one loop nest (or, with
-    one member, one statement). `shape` are the loop extents, outermost first; `members` are in
-    loop order."""
-    members: list
-    shape: tuple = ()
-    guard: tuple = None  # (slot, p): every member is position p, run while d[slot] > p (lower/positions.py)
-    masked: int = None   # the loss's sum, whose terms t run while d[masked] > t (lower/positions.py)
-
-    @property
-    def first(self):
-        return self.members[0]
-
-    @property
-    def family(self):
-        """Whether it is a family's loop nest (see _families): extents, strides and lists may
-        grow with its outermost index, so that nothing may take them for a rectangle's."""
-        return is_family(self.shape)
-
-
-@dataclass
-class Operands:
-    """Where a group's operands live. For an op group, `args` holds per argument an Affine or a
-    float (a constant the same in every member). For a dot group, `constants` are its loose terms
-    that are literals, `terms` its other loose terms, `a` and `b` its factor lists."""
-    out: Affine
-    args: tuple = ()
-    constants: tuple = ()
-    term_positions: tuple = ()  # which of the node's args `terms` lists
-    terms: Vector = None
-    a: Vector = None
-    b: Vector = None
-    choices: Extent = None  # an op that selects, in a family whose candidates grow with i0: how many
 
 
 def group(compute):

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..lower import ir
-from ..lower.batch import BatchExtent
-from ..lower.kinds import OP, PARAM
+from ..lower.types import OP, PARAM, BatchExtent
 from .kernels import Call, call
 from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, data_at, fused_gradient, grad_at, guarded,
                     loop_nest, placed, short, slot_index, unrolled)

@@ -124,7 +124,7 @@ class Module:
 
 @dataclass(frozen=True)
 class Layout:
-    """One sample's program's slots (codegen/lower/ir.py's Program): parameters first, then
+    """One sample's program's slots (codegen/lower/types.py's Program): parameters first, then
     inputs, then intermediates; the loss's slot, the outputs', whether backward takes plain SGD
     steps itself, the constants' count, and the inputs gathers read as an index, (position, n)."""
 
@@ -137,7 +137,7 @@ class Layout:
     sgd_in_backward: bool
     n_constants: int
     index_inputs: tuple
-    sequence: object = None  # codegen/lower/positions.py's Sequence, or None
+    sequence: object = None  # codegen/lower/types.py's Sequence, or None
 
     @classmethod
     def of(cls, program):

@@ -84,7 +84,7 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
     the module starts its parameters from (None: zeros); dtype: a name of codegen/write/dtypes.py, the
     element type of the whole state, the kernels and the module's views; sparse_inputs: dots
     that read an input range skip its chunks of zeros when most of them are (dense inputs keep
-    the dense kernels); batched: the program's codegen.lower.batch.BatchedProgram (train() and
+    the dense kernels); batched: the program's codegen.lower.types.BatchedProgram (train() and
     predict() run whole batches through it), or None; table: whether the program's single statements
     become rows that the runtime's loops run (codegen/write/table.py: table.chosen decides; such a
     program has no batched form)."""

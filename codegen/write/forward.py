@@ -3,7 +3,7 @@ constants, loose terms and products (a fused dot), or one layer kernel's call (l
 decides); an activation of a layer's results folded into the layer's product as its epilogue.
 """
 
-from ..lower.kinds import OP
+from ..lower.types import OP
 from .dtypes import c_literal
 from .kernels import call
 from .loops import (data_at, fused_activation, guarded, layer, loop_nest, short, slot_index, takes_epilogue, tree_sum,

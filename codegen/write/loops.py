@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..lower.kinds import DOT, OP
-from ..lower.vector import Extent, is_family, progression
+from ..lower.types import DOT, OP, Extent, is_family
+from ..lower.vector import progression
 from .dtypes import c_literal
 from .kernels import call
 from .tree import Assign, Block, Declare, If, Loop, ReadGradient, Seq, nest

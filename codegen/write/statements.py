@@ -14,7 +14,7 @@ from .tree import Assign
 
 class Statements:
     def __init__(self, program, tables, dtype=dtypes.DEFAULT):
-        """program: an ir.Program or batch.BatchedProgram; tables: its sides.SideTables; dtype: a
+        """program: a types.Program or BatchedProgram; tables: its sides.SideTables; dtype: a
         dtypes.Dtype."""
         self.program = program
         self.tables = tables

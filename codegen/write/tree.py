@@ -10,8 +10,7 @@ once more; a block marked inline, and what it holds, on one line.
 
 from dataclasses import dataclass
 
-from ..lower.positions import Bounded
-from ..lower.vector import Parts
+from ..lower.types import Bounded, Parts
 from .kernels import Call
 
 
@@ -62,8 +61,8 @@ class If:
 class Loop:
     """`for` over loop index i<index> from 0 to `extent`: with `braced`, around the statements of
     `body` (indented); without, around its one statement. An extent cut at run time
-    (positions.Bounded) is read once, before the loop (the loop's stores to d could change it, for
-    all the compiler knows); a family's loop i0 (vector.Parts) keeps tri0 = i0 * (i0 - 1) / 2 as
+    (types.Bounded) is read once, before the loop (the loop's stores to d could change it, for
+    all the compiler knows); a family's loop i0 (types.Parts) keeps tri0 = i0 * (i0 - 1) / 2 as
     it goes. `independent`: no iteration reads what another writes, which the C compiler is told
     (INDEPENDENT), so that it vectorises without checking at run time."""
     index: int
