@@ -18,7 +18,7 @@ from .backend import toolchain
 from .lower import batch as batching
 from .lower import graph as graph_arrays
 from .lower import ir
-from .write import dtypes, emit, optim
+from .write import contract, dtypes, emit, optim
 from .write import table as tables
 from .explain import explain
 from .export import export
@@ -191,7 +191,7 @@ def read_graph(loss, inputs, params, outputs, fuse):
 def _structural_key(graph, params, **options):
     dtypes.lookup(options["dtype"])
     optimizer = optim.check(options.pop("optimizer"))  # by the C it becomes
-    described = repr(sorted(options.items())) + "\n" + optimizer.c_defines()
+    described = repr(sorted(options.items())) + "\n" + contract.optimizer_defines(optimizer)
     return graph_arrays.structural_key(graph, params if options["embed_params"] else None, described)
 
 

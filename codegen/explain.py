@@ -12,7 +12,8 @@ from micrograd_c.engine import value_count
 
 import templates
 
-from .lower import batch, ir, positions
+from .lower import batch, ir
+from .lower.types import OP, Bounded
 from .write import emit, optim
 from .write import table as tables
 from .backend import targets
@@ -94,7 +95,7 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
     steps = []
     for i, g in enumerate(program.forward):
         reads = sorted({step_of[id(x)] for node in g.members for x in node.reads() if id(x) in step_of} - {i})
-        steps.append(Step(i, _what(g.first), tuple(f"<={int(n)}" if isinstance(n, positions.Bounded) else n
+        steps.append(Step(i, _what(g.first), tuple(f"<={int(n)}" if isinstance(n, Bounded) else n
                                                    for n in g.shape), len(g.members), reads,
                           "outputs" if g.first.for_outputs else "loss"))
     plan = tables.plan(program) if tables.chosen(program, table) else None
@@ -131,6 +132,6 @@ def _straight_line(program, optimizer):
 
 
 def _what(node):
-    if node.kind == "op":
+    if node.kind == OP:
         return node.op.name if node.k is None else f"{node.op.name} {node.k:g}"
     return f"sum of {len(node.args)} term{'s' * (len(node.args) != 1)} + {len(node.a)} products"

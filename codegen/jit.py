@@ -27,7 +27,7 @@ import numpy as np
 from micrograd_c.engine import Value
 import templates
 
-from .write import emit
+from .write import contract, emit
 from .lower import ir
 from .backend import libtcc, loader, toolchain
 
@@ -144,8 +144,7 @@ class JitFunction:
 def jit_source(program):
     """The jit module's C: templates/jit.c around the graph."""
     inline = len(program.forward) + len(program.backward) <= INLINE_STATEMENTS
-    constants = "\n".join([f'#define MODULE_NAME_STR "{MODULE_NAME}"', f"#define MODULE_INIT PyInit_{MODULE_NAME}",
-                           f"#define INLINE_GRAPH {int(inline)}"])
+    constants = "\n".join([*contract.module_names(MODULE_NAME), contract.inline_graph(inline)])
     return templates.fill("jit.c", CONSTANTS=constants, GRAPH=emit.standalone(program, thread_pool=True))
 
 

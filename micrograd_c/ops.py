@@ -101,6 +101,11 @@ class Op:
         gather's index comes before them)."""
         return 1 if self.selects == "index" else 0
 
+    def grad_is_one(self, i):
+        """Whether d(out)/d(argument i) is the constant 1 (a contribution is then the gradient
+        itself, no product written)."""
+        return self.grads[i].strip() == "1"
+
     def render(self, formula, **names):
         """The formula with each placeholder replaced by an expression (e.g. a C slot)."""
         return formula.format(**{n: names.get(n, n) for n in _ARGS})

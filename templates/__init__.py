@@ -4,7 +4,9 @@ self-contained: the cache keys it by its text, and the C kept beside a build is 
 `fill(name, KEY=value, ...)` is that text with its placeholders `@KEY@` replaced: the one way the
 generated C gets into a template.
 
-    model.c     a model's own unit: the generated graph, its descriptor MODEL, PyInit_<name>
+    model.c     a model's own unit: the generated graph, the steps over its tables, its descriptor
+                MODEL, PyInit_<name>
+    epilogue.c  a layer kernel's epilogue (kernels/gemm.c's Epilogue) around its one statement
     model.h     the contract: the descriptor the runtime reads (sizes, slots, tables, functions)
     runtime.c   the module runtime, the same for every model: state, exported functions, lifecycle
     args.c      CPython argument checking (counts, numbers, buffers), shared with jit.c

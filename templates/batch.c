@@ -11,7 +11,7 @@ static int batch_buffers(State *st)
 {
     if (st->bd)
         return 0;
-    /* after d's slots, the inputs' row lists (int32, codegen/write/statements.py's scan_batch_rows) */
+    /* after d's slots, the inputs' row lists (int32, codegen/write/sides.py's row_scans) */
     const size_t bytes = (size_t)MODEL.n_batch_slots * sizeof(real) + MODEL.batch_list_words * 4;
     void *d = NULL, *g = NULL;
     if (posix_memalign(&d, 64, bytes ? bytes : 64) != 0 || posix_memalign(&g, 64, bytes ? bytes : 64) != 0) {

@@ -18,14 +18,68 @@
 #if !defined(N_OUTPUTS) || !defined(SGD_IN_BACKWARD) || !defined(N_CONSTANTS) || !defined(NONZERO_WORDS)
 #error "N_OUTPUTS, SGD_IN_BACKWARD, N_CONSTANTS and NONZERO_WORDS must be defined: codegen/write/contract.py"
 #endif
-#if !defined(N_TRACKED_ROWS) || !defined(N_SNAPSHOT) || !defined(N_SWEPT_RUNS)
-#error "N_TRACKED_ROWS, N_SNAPSHOT and N_SWEPT_RUNS must be defined: codegen/write/statements.py's step_rows"
+#if !defined(N_TRACKED_ROWS) || !defined(N_SNAPSHOT) || !defined(N_SWEPT_RUNS) || !defined(N_SGD_AFTER_RUNS)
+#error "N_TRACKED_ROWS, N_SNAPSHOT, N_SWEPT_RUNS and N_SGD_AFTER_RUNS must be defined: codegen/write/contract.py's StepTables"
 #endif
 #if !defined(HAVE_BATCH) || !defined(MODULE_NAME_STR) || !defined(MODULE_INIT)
 #error "HAVE_BATCH, MODULE_NAME_STR and MODULE_INIT must be defined: codegen/write/contract.py"
 #endif
 #if !defined(OPTIMIZER) || !defined(PLAIN_SGD) || !defined(OPTIMIZER_STATE_ARRAYS) || !defined(OPTIMIZER_REPR)
 #error "the optimizer (OPTIMIZER, PLAIN_SGD, OPTIMIZER_STATE_ARRAYS, ...) must be defined: codegen/write/optim.py"
+#endif
+
+/* ---- the steps over the tables (codegen/write/contract.py's StepTables) -------------------- */
+/* The SGD step of the parameters that backward does not step itself */
+static void sgd_after_backward(real *restrict d, real *restrict g, real lr)
+{
+    for (long r = 0; r < N_SGD_AFTER_RUNS; r++)
+        for (long i = SGD_AFTER_RUNS[r][0]; i < SGD_AFTER_RUNS[r][0] + SGD_AFTER_RUNS[r][1]; i++) {
+            d[i] -= lr * g[i];
+            g[i] = 0;
+        }
+}
+
+/* The step-by-step API's tracked rows (templates/step.c). Row r's stamp against the generation
+ * gen (which zero_grad() advances by 2) says what it holds: == gen, its gradient; == gen + 1,
+ * 0 + rank1[r] * its snapshot (one contribution so far, not written out); otherwise stale values
+ * standing for zeros. backward_tracked_body lists the rows it stamps in live[1..live[0]]. */
+
+/* `param -= lr * grad` over the listed rows */
+static void sgd_live_rows(real *restrict d, const real *restrict g, const uint64_t *restrict stamp,
+                          const real *restrict rank1, const real *restrict snap, const uint32_t *restrict live,
+                          uint64_t gen, real lr)
+{
+    for (uint32_t j = 1; j <= live[0]; j++) {
+        const uint32_t r = live[j];
+        if (stamp[r] == gen + 1)
+            sgd_rank1_row(d + ROW_START[r], lr, rank1[r], snap + ROW_SNAPSHOT[r], ROW_LENGTH[r]);
+        else
+            sgd_row(d + ROW_START[r], lr, g + ROW_START[r], ROW_LENGTH[r]);
+    }
+}
+
+/* Writes out the rank-one rows and, with all, zeroes the stale ones, stamping them current */
+static void write_rows(real *restrict g, uint64_t *restrict stamp, const real *restrict rank1,
+                       const real *restrict snap, uint64_t gen, int all)
+{
+    for (long r = 0; r < N_TRACKED_ROWS; r++) {
+        real *restrict q = g + ROW_START[r];
+        if (stamp[r] == gen + 1) {
+            const real a = rank1[r];
+            for (long k = 0; k < ROW_LENGTH[r]; k++)
+                q[k] = (real)0 + a * snap[ROW_SNAPSHOT[r] + k];
+        } else if (all && stamp[r] != gen) {
+            memset(q, 0, ROW_LENGTH[r] * sizeof(real));
+        } else {
+            continue;
+        }
+        stamp[r] = gen;
+    }
+}
+
+#if N_TRACKED_ROWS == 0 /* no tracked rows: the step's backward is the ordinary one */
+#define backward_tracked_body(d, g, stamp, rank1, snap, live, gen)                                  \
+    ((void)(stamp), (void)(rank1), (void)(snap), (void)(live), (void)(gen), backward_body(d, g))
 #endif
 
 /* backward_tracked_body is a function, or a macro (no tracked rows): the descriptor takes this */

@@ -4,16 +4,16 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The element type of every slot, kernel and optimizer state: codegen/write/dtypes.py's define
+/* The element type of every slot, kernel and optimizer state: codegen/write/contract.py's Prelude
  * sets REAL_IS_FLOAT before this file (dtype="float32": float, else double). The op table's
  * primitives go through real_exp, real_log, real_tanh and real_pow in float mode (the emitter
  * renames them), so that float code calls expf & co. instead of widening to double. What the
  * generated C must define before this file is checked here: `#if` would read a missing one as 0. */
 #ifndef REAL_IS_FLOAT
-#error "REAL_IS_FLOAT must be defined before templates/prelude.c (codegen/write/dtypes.py's define)"
+#error "REAL_IS_FLOAT must be defined before templates/prelude.c (codegen/write/contract.py's Prelude)"
 #endif
 #ifndef HAVE_THREAD_POOL
-#error "HAVE_THREAD_POOL must be defined before templates/prelude.c (codegen/write/emit.py's _prelude)"
+#error "HAVE_THREAD_POOL must be defined before templates/prelude.c (codegen/write/contract.py's Prelude)"
 #endif
 #ifndef RUNTIME_PRODUCTS /* where the matrix products are defined (templates/kernels/gemm.c): 0 here, static */
 #define RUNTIME_PRODUCTS 0

@@ -488,7 +488,7 @@ static real *aligned_slots(PyObject **owner, Py_ssize_t *first, Py_ssize_t count
  * for them to views, and `optimizer` is the optimizer's description. */
 static int add_optimizer_state(PyObject *module, State *s)
 {
-    const Py_ssize_t line = 8, m0 = line, v0 = line + MODEL.n_params; /* codegen/write/optim.py's _STATE_LINE */
+    const Py_ssize_t line = 8, m0 = line, v0 = line + MODEL.n_params; /* codegen/write/optim.py's STATE_LINE */
     const ModelOptimizer *o = &MODEL.optimizer;
     Py_ssize_t first;
     real *block = aligned_slots(&s->opt_buf, &first, line + o->state_arrays * MODEL.n_params);
@@ -525,7 +525,7 @@ static int module_exec(PyObject *module)
         PyErr_NoMemory();
         return -1;
     }
-    /* after d's slots, the sparse inputs' nonzero lists (int32, codegen/write/statements.py's scan_nonzeros) */
+    /* after d's slots, the sparse inputs' nonzero lists (int32, codegen/write/sides.py's nonzero_scans) */
     const Py_ssize_t nonzero_reals = (MODEL.nonzero_words * 4 + (Py_ssize_t)sizeof(real) - 1) / (Py_ssize_t)sizeof(real);
     if (!(s->d = aligned_slots(&s->data_buf, &d0, MODEL.n_slots + nonzero_reals)) ||
         !(s->g = aligned_slots(&s->grad_buf, &g0, MODEL.n_slots)) || add_optimizer_state(module, s) < 0)

@@ -2,7 +2,7 @@
  * backward() and update() without sweeping every parameter, micrograd's semantics unchanged.
  *
  * With plain SGD, the parameter rows that backward's dots write (and the biases beside them:
- * codegen/write/statements.py's step_rows lists them, "tracked rows") carry a stamp read against the
+ * codegen/write/contract.py's StepTables lists them, "tracked rows") carry a stamp read against the
  * generation s->gen: == gen, the row holds its gradient; == gen + 1, it had one contribution so
  * far, 0 + rank1[row] * (a snapshot of the dot's other operand), not written out; anything
  * else, stale values that stand for zeros (nothing since zero_grad(): a ReLU that stayed off).

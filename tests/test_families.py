@@ -1,7 +1,7 @@
 """Families (codegen/lower/vector.py's _families): the parts of a class that differ only in where
 they start and how far they run, a causal attention's triangle (position t's query against its
 t + 1 keys, its softmax over them, its weighted sum of t + 1 values), become one loop nest over
-positions whose inner loop grows with the position (vector.Extent), with operand lists that grow
+positions whose inner loop grows with the position (types.Extent), with operand lists that grow
 too. Checked here on a small causal self-attention written with scalar Values: it lowers to as
 many groups at every length, and compiled it equals the interpreter (every compiler and column,
 a batch, float32)."""
@@ -15,7 +15,7 @@ import pytest
 import codegen
 from conftest import compiler_diagonal
 from codegen.lower import ir
-from codegen.lower.vector import Extent
+from codegen.lower.types import Extent
 from micrograd_c import Value
 from tests.test_batch import assert_close
 from tests.test_compile import assert_equivalent

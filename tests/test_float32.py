@@ -111,8 +111,7 @@ def test_each_dtype_row_is_what_the_preludes_switch_says(row):
     the C type, the views' format and the math functions real_exp & co. stand for."""
     prelude = templates.read("prelude.c")
     switch = re.search(r"^#if REAL_IS_FLOAT\n(.*?)^#else\n(.*?)^#endif", prelude, re.S | re.M)
-    assert re.fullmatch(r"#define REAL_IS_FLOAT [01]", row.define)
-    branch = switch.group(1) if row.define.endswith("1") else switch.group(2)
+    branch = switch.group(1) if row.real_is_float else switch.group(2)
     assert f"typedef {row.c_type} real;" in branch
     assert f'#define REAL_FORMAT "{row.buffer_format}"' in branch
     for name in dtypes.PRIMITIVES:

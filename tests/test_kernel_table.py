@@ -14,7 +14,7 @@ import cffi
 import numpy as np
 
 import templates
-from codegen.write import kernels
+from codegen.write import contract, kernels
 from codegen.write.dtypes import DTYPES
 from codegen.backend import toolchain
 from codegen.backend.toolchain import find_compiler
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def prelude(dtype):
     """templates/prelude.c (every kernel's definition) with what it needs defined before it."""
-    return DTYPES[dtype].define + "\n#define HAVE_THREAD_POOL 0\n" + templates.read("prelude.c")
+    return contract.Prelude(DTYPES[dtype], thread_pool=False).render() + templates.read("prelude.c")
 
 
 def syntax_errors(compiler, dtype, header, definitions="", source=None):

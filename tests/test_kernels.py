@@ -10,8 +10,9 @@ import pytest
 
 import templates
 from codegen.backend import toolchain
+from codegen.write import contract
 from codegen.write.dtypes import DTYPES
-from codegen.write.statements import nonzero_words
+from codegen.write.sides import nonzero_words
 
 HARNESS = """
 void call_dot_rows(real *out, const real *w, long w_j, const real *x, long n, long J)
@@ -45,7 +46,7 @@ def dtype(request):
 
 def kernels(compiler, dtype):
     ctype = DTYPES[dtype].c_type
-    source = (DTYPES[dtype].define + "\n#define HAVE_THREAD_POOL 0\n" + templates.read("prelude.c")
+    source = (contract.Prelude(DTYPES[dtype], thread_pool=False).render() + templates.read("prelude.c")
               + HARNESS.replace("static ", ""))
     native = toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native  # AVX-512 where the machine has it
     build = toolchain.build_library(source, "kernels", compiler, opt=2, native=bool(native))

@@ -19,12 +19,10 @@ parameters with per-sample slots, or gradient slots shared by straight-line scal
 no batched form: `batch_program` says why, and train()/predict() run sample by sample.
 """
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from .positions import Bounded, Sequence
-from .vector import Affine, Extent, Group, Operands, Vector, progression
+from .types import DOT, OP, Affine, BatchedProgram, BatchExtent, Bounded, Extent, Group, Operands, Sequence, Vector
+from .vector import progression
 
 # Samples side by side in the batch buffers (the batch loop's largest extent): train()'s larger
 # batches run in pieces of this many, their gradients summed before the step.
@@ -33,42 +31,6 @@ DEFAULT_CAPACITY = 128
 # no batched form: each group would be one more loop for the C compiler (an 8,000-op chain took
 # gcc 14 s without it and 66 s with it), where the models that batch pay have tens of groups.
 MAX_GROUPS = 2_000
-
-
-class BatchExtent(int):
-    """The batch loop's extent: the capacity as a number (for the emitter's choices of kernel,
-    which hold for any shorter batch), written `nb` in C, the number of samples this time."""
-
-    def __new__(cls, capacity):
-        return super().__new__(cls, capacity)
-
-    def __str__(self):
-        return "nb"
-
-    __repr__ = __str__
-
-    def __format__(self, spec):
-        return "nb" if not spec else int.__format__(self, spec)
-
-
-@dataclass
-class BatchedProgram:
-    """The batched form of an ir.Program: its groups with the batch loop innermost, in the
-    batched slots. Slot numbers are the batch buffers'; `loss_slot` and `output_slots` are
-    where sample 0's values are (sample b's at + b)."""
-    capacity: int
-    n_params: int
-    n_slots: int
-    input_base: int
-    n_inputs: int
-    loss_slot: int
-    output_slots: list
-    constants_base: int    # the first slot after the per-sample ones
-    forward: list
-    n_output_groups: int
-    backward: list
-    constants: list        # (slot, value)
-    sequence: object = None  # positions.Sequence in the batched slots (sample b's weights at + b)
 
 
 class _Layout:
@@ -141,7 +103,7 @@ def _group(layout, g, extent):
     ops, shape = g.operands, g.shape
     args = tuple(a if isinstance(a, float) else _affine(layout, a, shape)[0] for a in ops.args)
     op = g.first.op
-    if g.first.kind == "op" and op.selects and len({a.strides for a in args[op.first_choice:]}) > 1:
+    if g.first.kind == OP and op.selects and len({a.strides for a in args[op.first_choice:]}) > 1:
         raise NotBatchable(f"a {op.name} picks among per-sample values and parameters or constants at once")
     batched = Group(g.members, tuple(n.at(layout.slot(n.slot)) if isinstance(n, Bounded) else n for n in shape)
                     + (extent,), guard=g.guard and (layout.slot(g.guard[0]), g.guard[1]),
@@ -161,7 +123,7 @@ def _sequence_outside(g):
     k only, the other (the inputs) along the loop before the batch's and the batch's only, each
     list at a constant step."""
     ops, shape = g.operands, g.shape
-    if g.first.kind != "dot" or len(shape) < 3 or g.family or ops.constants or not ops.a or \
+    if g.first.kind != DOT or len(shape) < 3 or g.family or ops.constants or not ops.a or \
             any(isinstance(n, Extent) for n in shape):
         return g
     inner = len(shape) - 2  # the loop just outside the batch's

@@ -19,10 +19,12 @@ import numpy as np
 
 from micrograd_c.engine import NUMBERING, Dot, Value, compact_children, no_gc, numbered_order, topological_order
 
+from .types import Role
+
 _children, _number, _kind, _k, _data = (attrgetter(a) for a in ("_prev", "_n", "_kind", "_k", "data"))
 
-# A leaf's role by its position in `role`
-CONST, PARAM, INPUT = 0, 1, 2
+# A leaf's role by its position in `role` (codegen/lower/types.py)
+CONST, PARAM, INPUT = Role.CONST, Role.PARAM, Role.INPUT
 
 
 @dataclass

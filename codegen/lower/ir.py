@@ -19,7 +19,6 @@ own group: the reference post's straight-line scalar program, in which a term of
 sum's gradient in place (``share_gradients``).
 """
 
-from dataclasses import dataclass, field
 from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter, not_
 
@@ -32,8 +31,7 @@ from micrograd_c.engine import Value, no_gc
 
 from . import graph as graph_arrays
 from . import positions, vector
-from .graph import CONST as CONST_ROLE
-from .vector import Group
+from .types import LEAF_KINDS as LEAF_KIND_BY_ROLE, COMPUTED, CONST, DOT, INPUT, OP, PARAM, Group, Node, Program, Role
 
 # Sums with fewer terms than this stay chains of `+`: a loop does not pay for itself; but a sum of
 # computed values (no parameter or input among its terms) is one from 3 terms on, so that a
@@ -44,61 +42,6 @@ from .vector import Group
 MIN_SUM_TERMS, MIN_COMPUTED_SUM_TERMS = 4, 3
 # Rounds of vector.batch_innermost: each moves the batch loop inside one more link of a chain.
 MAX_BATCH_ROUNDS = 4
-
-
-class Node:
-    """One node of the lowered graph. kind: 'param', 'input', 'const', 'op' or 'dot'.
-    A dot's value is sum(args) + sum(a[i] * b[i])."""
-
-    # A leaf (most nodes: a model's params) has the fields in slots; a computed node's own (op,
-    # args, k, a, b, shares_grad, for_outputs) go to its __dict__, and a leaf reads them as the
-    # class's defaults: a param's node is made with 7 stores, in 96 bytes.
-    __slots__ = ("kind", "value", "slot", "needs_grad", "grad_slot", "sgd_fused", "cls", "__dict__")
-    op = None
-    args = a = b = ()
-    k = None
-    shares_grad = False  # its gradient is its only consumer's, which passes it on unchanged
-    for_outputs = False  # a computed node the outputs need: predict() computes it
-
-    def __init__(self, kind, op=None, args=(), k=None, value=None):
-        self.kind, self.value = kind, value
-        self.slot = None
-        self.needs_grad = False
-        self.grad_slot = None     # where its gradient lives: its own slot, or its consumer's
-        self.sgd_fused = False    # a parameter that batch-1 SGD updates inside backward
-        self.cls = kind           # a leaf's kind; a computed node's class (vector.group)
-        if kind in ("op", "dot"):
-            self.op, self.args, self.k = op, args, k
-
-    def reads(self):
-        return self.args + self.a + self.b
-
-
-@dataclass
-class Program:
-    n_params: int
-    n_inputs: int
-    n_slots: int
-    loss: Node
-    outputs: list
-    forward: list            # groups in evaluation order
-    n_output_groups: int     # forward[:n_output_groups] computes everything the outputs need
-    backward: list = field(default_factory=list)  # groups whose grads flow back, reverse order
-    constants: list = field(default_factory=list)  # (slot, value) of constants that live in slots
-    fused: bool = False
-    sgd_in_backward: bool = False  # a batch-1 SGD step updates parameters in backward (see the pass)
-    sgd_after_backward: list = field(default_factory=list)  # (slot, count) runs of the others
-    index_inputs: list = field(default_factory=list)  # (input position, n): inputs gathers read (see index_inputs)
-    sequence: object = None  # positions.Sequence: the loops stop at the sample's length (positions.py)
-    unbounded: str = None    # why not, when they do not
-
-    @property
-    def input_base(self):
-        return self.n_params
-
-    @property
-    def nodes(self):
-        return [n for g in self.forward for n in g.members]
 
 
 def lower(loss, inputs, params, outputs=(), fuse=True, input_grads=False, graph=None):
@@ -215,7 +158,7 @@ def build_nodes(graph, fuse):
     leaf_roles = role[leaf_at]
     nodes = np.empty(graph.n, dtype=object)
     nodes[leaf_at] = np.fromiter(map(Node, LEAF_KINDS[leaf_roles].tolist()), dtype=object, count=len(leaf_at))
-    constant_at = leaf_at[leaf_roles == CONST_ROLE]
+    constant_at = leaf_at[leaf_roles == Role.CONST]
     constants = nodes[constant_at].tolist()
     for node, value in zip(constants, values[constant_at].tolist()):  # (a param's value is loaded, not compiled)
         node.value = value
@@ -226,20 +169,20 @@ def build_nodes(graph, fuse):
             terms, a, b = (tuple(nodes[positions].tolist()) for positions in sums[i])
             if a:  # sum()'s start (0 + x == x but for a zero's sign): a sum of products alone is a layer's (matmul kernels)
                 terms = tuple(x for x in terms if not _plus_zero(x))
-            node = Node("dot", args=terms)
+            node = Node(DOT, args=terms)
             node.a, node.b = a, b
         elif i in maxima:
-            node = Node("op", ops.MAXIMUM, tuple(nodes[maxima[i]].tolist()))
+            node = Node(OP, ops.MAXIMUM, tuple(nodes[maxima[i]].tolist()))
         else:
-            node = Node("op", op_table[code - 1], tuple(nodes[graph.children(i)].tolist()), k_of.get(i))
+            node = Node(OP, op_table[code - 1], tuple(nodes[graph.children(i)].tolist()), k_of.get(i))
         node.for_outputs = i < n_output_values
         compute.append(node)
         nodes[i] = node
     roots = nodes[graph.roots].tolist()
     # A constant root needs a slot to be read from: compute it as a one-term dot.
     for i, root in enumerate(roots):
-        if root.kind == "const":
-            roots[i] = Node("dot", args=(root,))
+        if root.kind == CONST:
+            roots[i] = Node(DOT, args=(root,))
             roots[i].for_outputs = i < len(roots) - 1
             compute.append(roots[i])
 
@@ -247,17 +190,17 @@ def build_nodes(graph, fuse):
         if (positions >= 0).all():
             return nodes[positions].tolist()
         return [nodes[i] if i >= 0 else Node(kind) for i in positions.tolist()]
-    leaves = listed("param", graph.params) + listed("input", graph.inputs)
+    leaves = listed(PARAM, graph.params) + listed(INPUT, graph.inputs)
     return leaves + constants, compute, roots
 
 
 def _plus_zero(node):
     """Whether a node is the constant +0.0 (what `sum(...)` starts from)."""
-    return node.kind == "const" and node.value == 0 and math.copysign(1.0, node.value) > 0
+    return node.kind == CONST and node.value == 0 and math.copysign(1.0, node.value) > 0
 
 
-# A leaf node's kind by its graph.role (CONST, PARAM, INPUT)
-LEAF_KINDS = np.array(["const", "param", "input"], dtype=object)
+# A leaf node's Kind by its graph.role
+LEAF_KINDS = np.array(LEAF_KIND_BY_ROLE, dtype=object)  # (an array: indexed by an array of roles)
 
 
 def find_sums(graph):
@@ -302,7 +245,7 @@ def find_sums(graph):
         if (jumped == root[adds]).all():
             break
         root[adds] = jumped
-    constant = (graph.role == CONST_ROLE) & graph.is_op(None)
+    constant = (graph.role == Role.CONST) & graph.is_op(None)
     # chains: no inner `+` is a right child
     walked = np.zeros(n, dtype=bool)
     walked[root[right[adds][inner[right[adds]]]]] = True
@@ -401,7 +344,7 @@ def _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorb
 def mark_gradients(leaves, compute, input_grads):
     """needs_grad: the params, the inputs if asked, and everything computed from them."""
     for node in leaves:
-        node.needs_grad = node.kind == "param" or (node.kind == "input" and input_grads)
+        node.needs_grad = node.kind == PARAM or (node.kind == INPUT and input_grads)
     for node in compute:  # forward order: args before users
         node.needs_grad = any(x.needs_grad for x in node.reads())
 
@@ -413,7 +356,7 @@ def layout(groups, leaves):
     the slot count."""
     slot = 0
     for node in leaves:
-        if node.kind == "const":
+        if node.kind == CONST:
             node.slot = node.grad_slot = None
         else:
             node.slot = node.grad_slot = slot
@@ -433,9 +376,9 @@ def share_gradients(groups, compute, roots):
     kept = set(map(id, roots))
     for g in groups:  # consumers before their terms (reverse order), so grad_slot is final when passed on
         for node in g.members:
-            terms = node.args if node.kind == "dot" or node.op.name == "add" else ()
+            terms = node.args if node.kind == DOT or node.op.name == "add" else ()
             for t in terms:
-                if t.kind in ("op", "dot") and uses[id(t)] == 1 and id(t) not in kept:
+                if t.kind in COMPUTED and uses[id(t)] == 1 and id(t) not in kept:
                     t.grad_slot, t.shares_grad = node.grad_slot, True
 
 
@@ -446,15 +389,15 @@ def index_inputs(compute, n_params):
     when the graph was built; one that is a parameter or a computed value is an error."""
     fewest = {}
     for node in compute:
-        if node.kind != "op" or node.op.selects != "index":
+        if node.kind != OP or node.op.selects != "index":
             continue
         index, n = node.args[0], len(node.args) - 1
-        if index.kind == "input":
+        if index.kind == INPUT:
             position = index.slot - n_params
             fewest[position] = min(n, fewest.get(position, n))
-        elif index.kind != "const":
+        elif index.kind != CONST:
             raise ValueError(f"a gather's index must be one of the inputs (set per sample) or a constant, "
-                             f"not a {'parameter' if index.kind == 'param' else 'computed value'}")
+                             f"not a {'parameter' if index.kind == PARAM else 'computed value'}")
     return sorted(fewest.items())
 
 
@@ -488,12 +431,12 @@ def sgd_in_backward(program):
         members, first = g.members, g.first
         # Members are alike (vector.group): a list holds params only if the first's part does.
         kinds = [x.kind for x in first.args]
-        many_params = first.kind == "op" and kinds.count("param") > 1  # w1 * w2
+        many_params = first.kind == OP and kinds.count(PARAM) > 1  # w1 * w2
         for i, kind in enumerate(kinds):
-            if kind == "param":
+            if kind == PARAM:
                 lists.append((list(map(itemgetter(i), map(_args, members))), many_params))
         # params in both factor lists: updating one reads the other's old value
-        in_factors = [factors for factors in (_a, _b) if "param" in set(map(_kind, factors(first)))]
+        in_factors = [factors for factors in (_a, _b) if PARAM in set(map(_kind, factors(first)))]
         for factors in in_factors:
             lists.append((list(chain.from_iterable(map(factors, members))), len(in_factors) == 2))
     # Per list with params: its params, their slots (a param's slot is its place in `params`) and
@@ -502,16 +445,16 @@ def sgd_in_backward(program):
     with_params = []
     for xs, ruled_out in lists:
         kinds = set(map(_kind, xs))
-        if "param" not in kinds:
+        if PARAM not in kinds:
             continue
-        only_params = kinds == {"param"}  # a layer's weights: the common case, without a check per element
-        ps = xs if only_params else [x for x in xs if x.kind == "param"]
-        alike = not ruled_out and (only_params or all(x.kind == "param" for x in xs if x.needs_grad))
+        only_params = kinds == {PARAM}  # a layer's weights: the common case, without a check per element
+        ps = xs if only_params else [x for x in xs if x.kind == PARAM]
+        alike = not ruled_out and (only_params or all(x.kind == PARAM for x in xs if x.needs_grad))
         with_params.append((ps, np.fromiter(map(_slot, ps), dtype=np.int64, count=len(ps)), alike))
     contributions = np.bincount(np.concatenate([slots for _, slots, _ in with_params] or [[]]).astype(np.int64),
                                 minlength=program.n_params)
     for r in [program.loss, *program.outputs]:  # read as a result: never updated early
-        if r.kind == "param":
+        if r.kind == PARAM:
             contributions[r.slot] += 2
     fused = False
     for ps, slots, alike in with_params:

@@ -37,59 +37,7 @@ from itertools import chain
 
 import numpy as np
 
-from .vector import Affine, Extent, Parts, is_family
-
-
-class Bounded:
-    """A loop extent cut at run time: `N` as a number (the emitter's choices hold for any
-    shorter loop, as for batch.BatchExtent); in C the count of the loop's passes whose members
-    are of positions < n, n the sample's count in d[slot]: `upto(d[slot], first, N)` where the
-    loop's pass i is position first + i (n - first clamped to 0..N), else `counts[n]` from a
-    table (a loop whose members' positions rise by steps of other sizes). `cut` makes one: an
-    int, or a family's vector.Parts."""
-    __slots__ = ()
-
-    def __str__(self):
-        if self.counts is None:
-            return f"upto(d[{self.slot}], {self.first}, {int(self)})"
-        return f"((const long[]){{{', '.join(map(str, self.counts))}}})[(long)d[{self.slot}]]"
-
-    __repr__ = __str__
-
-    def __format__(self, spec):
-        return str(self) if not spec else int.__format__(self, spec)
-
-    def at(self, slot):
-        """The same extent with its bound read from another slot (the batched layout's)."""
-        return cut(self, slot, self.first, self.counts)
-
-
-class _BoundedExtent(Bounded, int):
-    pass
-
-
-class _BoundedParts(Bounded, Parts):
-    pass
-
-
-def cut(extent, slot, first, counts=None):
-    """`extent` (a number, or a family's Parts) cut at run time (Bounded)."""
-    bounded = (_BoundedParts if isinstance(extent, Parts) else _BoundedExtent)(int(extent))
-    bounded.slot, bounded.first, bounded.counts = slot, first, counts
-    return bounded
-
-
-@dataclasses.dataclass(frozen=True)
-class Sequence:
-    """What the runtime needs to bound a pass: the slot it writes n into, and the slots of the
-    loss's weights w[0..T) (n = one past the last that is not 0)."""
-    slot: int
-    weights: tuple
-
-    @property
-    def every(self):
-        """The slot's value that runs every group: T + 1 (T is what reaches no loss term)."""
-        return len(self.weights) + 1
+from .types import COMPUTED, DOT, INPUT, OP, Affine, Extent, Sequence, cut, is_family
 
 
 def bound_positions(program, input_grads=False):
@@ -98,12 +46,12 @@ def bound_positions(program, input_grads=False):
     weighs terms by inputs but whose loops cannot be cut (a loss of another form is no sequence:
     None, as when they are cut)."""
     loss = program.loss
-    if loss.kind != "dot" or not loss.a:
+    if loss.kind != DOT or not loss.a:
         return None
     pairs = []
     for x, y in zip(loss.a, loss.b):
-        weight, term = (x, y) if x.kind == "input" else (y, x)
-        if weight.kind != "input" or term.kind not in ("op", "dot"):
+        weight, term = (x, y) if x.kind == INPUT else (y, x)
+        if weight.kind != INPUT or not term.kind in COMPUTED:
             return None
         pairs.append((weight, term))
     if len(pairs) < 2 or len({id(w) for w, _ in pairs}) != len(pairs):
@@ -124,8 +72,7 @@ def bound_positions(program, input_grads=False):
                 continue
             p = get(id(node), T)
             for x in chain(node.args, node.a, node.b):
-                kind = x.kind
-                if (kind == "op" or kind == "dot") and get(id(x), T) > p:
+                if x.kind in COMPUTED and get(id(x), T) > p:
                     position[id(x)] = p
     sequence = Sequence(program.n_slots, tuple(w.slot for w, _ in pairs))
     bounds = {}
@@ -134,7 +81,7 @@ def bound_positions(program, input_grads=False):
             continue
         bound = _bound(g, np.array([get(id(m), T) for m in g.members]), sequence.slot, T)
         if bound is False:
-            what = g.first.op.name if g.first.kind == "op" else "sum"
+            what = g.first.op.name if g.first.kind == OP else "sum"
             return f"a loop nest's positions do not rise along one of its loops (a {what} of {len(g.members)} nodes)"
         if bound is not None:
             bounds[id(g)] = bound

@@ -16,130 +16,18 @@ that loops read them. A class that does not fit stays straight-line, one stateme
 """
 
 import dataclasses
-from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
 
 import numpy as np
 
-
-class Extent(int):
-    """The extent of a loop that grows with the outermost loop's index i0, `first + step * i0`
-    (a causal attention's keys: position t reads t + 1 of them), in a loop nest of `count`
-    passes of i0. As a number it is its largest value, which the emitter's choices of kernel
-    hold for (they hold for any shorter extent: batch.BatchExtent is the same idea)."""
-
-    def __new__(cls, first, step, count):
-        extent = super().__new__(cls, first + step * (count - 1))
-        extent.first, extent.step, extent.count = first, step, count
-        return extent
-
-    def __str__(self):
-        index = "i0" if self.step == 1 else f"{self.step} * i0"
-        return f"{self.first} + {index}" if self.first else index
-
-    __repr__ = __str__
-
-    # equal to no plain number: `stride == 1` and the like ask about every pass, not the largest
-    def __eq__(self, other):
-        return isinstance(other, Extent) and (self.first, self.step, self.count) == (other.first, other.step, other.count)
-
-    def __ne__(self, other):
-        return not self == other
-
-    def __hash__(self):
-        return hash((Extent, self.first, self.step, self.count))
-
-    def scaled(self, factor):
-        return Extent(self.first * factor, self.step * factor, self.count)
-
-    def __format__(self, spec):
-        return str(self) if not spec else int.__format__(self, spec)
-
-
-class Parts(int):
-    """A family's outermost extent, its count of parts (see _families): its loop also keeps
-    `tri0` = i0 * (i0 - 1) / 2, where Affine.tri's term is read (no division in the loop)."""
+from .types import COMPUTED, CONST, DOT, OP, PARAM, Affine, Extent, Group, Operands, Parts, Vector
 
 
 def progression(offsets):
     """The common step of offsets, or None if they are not an arithmetic progression."""
     step = offsets[1] - offsets[0] if len(offsets) > 1 else 0
     return step if all(b - a == step for a, b in zip(offsets, offsets[1:])) else None
-
-
-def is_family(shape):
-    """Whether a loop nest over `shape` is a family's (its outermost extent a Parts)."""
-    return bool(shape) and isinstance(shape[0], Parts)
-
-
-@dataclass(frozen=True)
-class Affine:
-    """A slot as a function of the loop indices: base + sum(strides[d] * i[d]) + tri * (i0 *
-    (i0 - 1) / 2). Its gradient lives at grad_base + the same (grad_base differs from base only
-    where straight-line code shares a gradient slot). `tri` and strides that are Extents are a
-    family's (see _families): its parts' blocks grow with the part, so where part k starts is
-    quadratic in k, and a block laid out row by row has rows as long as the part's loop."""
-    base: int
-    strides: tuple = ()
-    grad_base: int = None
-    tri: int = 0
-
-    def grad_offset(self):
-        return self.base if self.grad_base is None else self.grad_base
-
-
-@dataclass(frozen=True)
-class Vector:
-    """A list of operand slots: start (Affine) plus a fixed offset per element."""
-    start: Affine
-    offsets: tuple
-    length: Extent = None  # a family's list that grows with i0: the first `length` of the offsets
-
-    @property
-    def n(self):
-        """How many elements (a C expression's Extent for a growing list)."""
-        return len(self.offsets) if self.length is None else self.length
-
-    @property
-    def contiguous(self):
-        return self.offsets == tuple(range(len(self.offsets)))
-
-
-@dataclass
-class Group:
-    """Nodes computing the same thing over operands at constant strides: one loop nest (or, with
-    one member, one statement). `shape` are the loop extents, outermost first; `members` are in
-    loop order."""
-    members: list
-    shape: tuple = ()
-    guard: tuple = None  # (slot, p): every member is position p, run while d[slot] > p (lower/positions.py)
-    masked: int = None   # the loss's sum, whose terms t run while d[masked] > t (lower/positions.py)
-
-    @property
-    def first(self):
-        return self.members[0]
-
-    @property
-    def family(self):
-        """Whether it is a family's loop nest (see _families): extents, strides and lists may
-        grow with its outermost index, so that nothing may take them for a rectangle's."""
-        return is_family(self.shape)
-
-
-@dataclass
-class Operands:
-    """Where a group's operands live. For an op group, `args` holds per argument an Affine or a
-    float (a constant the same in every member). For a dot group, `constants` are its loose terms
-    that are literals, `terms` its other loose terms, `a` and `b` its factor lists."""
-    out: Affine
-    args: tuple = ()
-    constants: tuple = ()
-    term_positions: tuple = ()  # which of the node's args `terms` lists
-    terms: Vector = None
-    a: Vector = None
-    b: Vector = None
-    choices: Extent = None  # an op that selects, in a family whose candidates grow with i0: how many
 
 
 def group(compute):
@@ -152,7 +40,7 @@ def group(compute):
         c = keys.get(key)
         if c is None:
             c = keys[key] = len(height)
-            height.append(1 + max((height[x.cls[1]] for x in node.reads() if x.kind in ("op", "dot")), default=0))
+            height.append(1 + max((height[x.cls[1]] for x in node.reads() if x.kind in COMPUTED), default=0))
             members.append([])
         node.cls = ("c", c)
         members[c].append(node)
@@ -166,9 +54,9 @@ _cls, _slot = attrgetter("cls"), attrgetter("slot")
 def _key(node):
     """Operands by class (computed ones come first in `compute`, so theirs is set): per operand
     list its classes (_classes), built at C speed (a dot reads hundreds)."""
-    if node.kind == "op":
-        return ("op", node.op.name, node.k, node.for_outputs, _classes(node.args))
-    return ("dot", node.for_outputs, _classes(node.args), _classes(node.a), _classes(node.b))
+    if node.kind == OP:
+        return (OP, node.op.name, node.k, node.for_outputs, _classes(node.args))
+    return (DOT, node.for_outputs, _classes(node.args), _classes(node.a), _classes(node.b))
 
 
 def _classes(operands):
@@ -207,12 +95,12 @@ def batch_innermost(groups, moved):
 
 def _params_constant_along_outer(g):
     first, ops = g.first, g.operands
-    if first.kind == "op":
-        slots = [a for a, x in zip(ops.args, first.args) if x.kind == "param"]
+    if first.kind == OP:
+        slots = [a for a, x in zip(ops.args, first.args) if x.kind == PARAM]
     else:
         terms = [first.args[i] for i in ops.term_positions]
         slots = [v.start for v, xs in ((ops.terms, terms), (ops.a, first.a), (ops.b, first.b))
-                 if v is not None and any(x.kind == "param" for x in xs)]
+                 if v is not None and any(x.kind == PARAM for x in xs)]
     return all(a.strides[0] == 0 for a in slots)
 
 
@@ -233,7 +121,7 @@ def vectorize(groups, n_slots):
 def _describe_part(g, result, constants, n_slots):
     """vectorize for one group of members with operand lists of one length: its loop nest, its
     rectangular parts, or its single statements, appended to `result`. Returns the slot count."""
-    if g.first.kind == "dot":
+    if g.first.kind == DOT:
         n_slots = _slot_factor_constants(g, constants, n_slots)
     elif g.first.op.selects:
         n_slots = _slot_gathered_constants(g, constants, n_slots)
@@ -242,7 +130,7 @@ def _describe_part(g, result, constants, n_slots):
         if _describe_loop(g, literals):
             result.append(g)
             return n_slots
-        if g.first.kind == "dot":  # a shared constant in a list whose other elements move
+        if g.first.kind == DOT:  # a shared constant in a list whose other elements move
             n_slots, retry = _slot_factor_constants(g, constants, n_slots, columns=True)
             if retry and _describe_loop(g, literals):
                 result.append(g)
@@ -309,7 +197,7 @@ def _family(parts):
     prefixes of the longest, each needing gradients throughout or not at all."""
     first, m = parts[0], len(parts)
     if (not first.shape or first.family or any(len(p.shape) != len(first.shape) for p in parts)
-            or any(x.kind == "param" for p in parts for x in p.first.reads())):
+            or any(x.kind == PARAM for p in parts for x in p.first.reads())):
         return None
     shape = [Parts(m)]
     for d in range(len(first.shape)):
@@ -346,7 +234,7 @@ def _family(parts):
     if out is None:
         return None
     node = first.first
-    if node.kind == "op":
+    if node.kind == OP:
         if len({len(o.args) for o in ops}) != 1 and not node.op.selects:
             return None
         lead = node.op.first_choice if node.op.selects else len(ops[0].args)
@@ -404,8 +292,8 @@ def _same_constants(parts, which, depth):
     member's slots in every pass: a Vector over a loop nest `depth` deep, or None."""
     lists = [getattr(m, which) for p in parts for m in p.members]
     first = lists[0]
-    if (which == "terms" or not first or any(x.kind != "const" or x.slot is None for x in first)
-            or any(len(xs) != len(first) or any(y.kind != "const" or y.value != x.value for x, y in zip(first, xs))
+    if (which == "terms" or not first or any(x.kind != CONST or x.slot is None for x in first)
+            or any(len(xs) != len(first) or any(y.kind != CONST or y.value != x.value for x, y in zip(first, xs))
                    for xs in lists)):
         return None
     return Vector(Affine(first[0].slot, (0,) * depth), tuple(x.slot - first[0].slot for x in first))
@@ -459,7 +347,7 @@ def _uniform_parts(g):
 def _operand_key(m):
     """Where a member's operands live: the slot of each argument (-1 for a literal), of a dot
     the first of each list."""
-    firsts = (m.args[:1], m.a[:1], m.b[:1]) if m.kind == "dot" else (m.args,)
+    firsts = (m.args[:1], m.a[:1], m.b[:1]) if m.kind == DOT else (m.args,)
     return tuple(-1 if x.slot is None else x.slot for xs in firsts for x in xs)
 
 
@@ -496,9 +384,9 @@ def _slot_varying_constants(g, constants, n_slots):
     """A constant operand that differs between members is read from a slot; one that is the same
     everywhere stays a literal. Returns (the positions in args of literals, slot count)."""
     literals = set()
-    slotted = g.first.op.first_choice if g.first.kind == "op" and g.first.op.selects else len(g.first.args)
+    slotted = g.first.op.first_choice if g.first.kind == OP and g.first.op.selects else len(g.first.args)
     for position, x in enumerate(g.first.args):
-        if x.kind != "const" or position >= slotted:  # (candidates have slots already)
+        if x.kind != CONST or position >= slotted:  # (candidates have slots already)
             continue
         if len({repr(float(m.args[position].value)) for m in g.members}) == 1:
             literals.add(position)
@@ -514,12 +402,12 @@ def _slot_varying_constants(g, constants, n_slots):
 
 def _slot_gathered_constants(g, constants, n_slots):
     """An op that selects (a gather, a maximum) reads the operand it picks at an offset from the
-    first candidate's slot (statements.Emitter's _picked): its constant candidates get slots
+    first candidate's slot (codegen/write/statements.py's _picked): its constant candidates get slots
     too, side by side."""
     first = g.first.op.first_choice
     for m in g.members:
         for c in m.args[first:]:
-            if c.kind == "const" and c.slot is None:
+            if c.kind == CONST and c.slot is None:
                 c.slot = n_slots
                 constants.append((n_slots, float(c.value)))
                 n_slots += 1
@@ -537,7 +425,7 @@ def _slot_factor_constants(g, constants, n_slots, columns=False):
     moved = False
     for which in ("a", "b"):
         for position, x in enumerate(getattr(g.first, which)):
-            if x.kind != "const":
+            if x.kind != CONST:
                 continue
             column = [getattr(m, which)[position] for m in g.members]
             same = len({repr(float(c.value)) for c in column}) == 1
@@ -573,14 +461,14 @@ def _describe_single(g):
     node = g.first
     g.shape = ()
     out = Affine(node.slot, (), node.grad_slot)
-    if node.kind == "op":
+    if node.kind == OP:
         slotted = node.op.first_choice if node.op.selects else len(node.args)  # (see _slot_gathered_constants)
-        args = tuple(float(x.value) if x.kind == "const" and i < slotted else Affine(x.slot, (), x.grad_slot)
+        args = tuple(float(x.value) if x.kind == CONST and i < slotted else Affine(x.slot, (), x.grad_slot)
                      for i, x in enumerate(node.args))
         g.operands = Operands(out, args)
         return
-    constants = tuple(float(x.value) for x in node.args if x.kind == "const")
-    positions = tuple(i for i, x in enumerate(node.args) if x.kind != "const")
+    constants = tuple(float(x.value) for x in node.args if x.kind == CONST)
+    positions = tuple(i for i, x in enumerate(node.args) if x.kind != CONST)
     terms = [node.args[i] for i in positions]
     g.operands = Operands(out, (), constants, positions, *(_single_vector(xs) for xs in (terms, node.a, node.b)))
 
@@ -597,7 +485,7 @@ def _describe_loop(g, literals):
     first = g.first
     literal = [i in literals for i in range(len(first.args))]
     columns = [[m.slot for m in g.members]]
-    if first.kind == "op":
+    if first.kind == OP:
         for i, is_lit in enumerate(literal):
             if not is_lit:
                 columns.append([m.args[i].slot for m in g.members])
@@ -625,11 +513,11 @@ def _describe_loop(g, literals):
     shape, strides = found
     affines = [Affine(int(c[0]), tuple(int(s) for s in row)) for c, row in zip(columns, strides)]
     out, rest = affines[0], affines[1:]
-    if first.kind == "op" and first.op.selects and \
+    if first.kind == OP and first.op.selects and \
             len({a.strides for a in rest[len(rest) - len(first.args) + first.op.first_choice:]}) > 1:
         return False  # the candidates must keep their offsets from the first in every member
     g.shape = shape
-    if first.kind == "op":
+    if first.kind == OP:
         args, it = [], iter(rest)
         for i, is_lit in enumerate(literal):
             args.append(float(first.args[i].value) if is_lit else next(it))

@@ -2,17 +2,33 @@
 tables that templates/model.c puts into the model's descriptor MODEL (templates/model.h, the
 contract's C side), which the module runtime (templates/runtime.c, the same C for every model,
 compiled once per compiler and flags) reads, and which codegen.export's templates read too
-(templates/export/). The functions the descriptor points at (forward_outputs, backward_body,
-the sparse inputs' scans, the tracked rows...) are the emitter's (codegen/write/emit.py).
+(templates/export/), jit's (templates/jit.c) and the prelude every file starts with
+(templates/prelude.c). The functions the descriptor points at (forward_outputs, backward_body,
+the sparse inputs' scans...) are the emitter's (codegen/write/emit.py); the steps over the tables
+are templates/model.c's. A template that reads one of these through #if checks first that it is
+defined (#ifndef X / #error), so that a missing one is a clear error, not a silent 0.
 
+    Prelude     what every file's prelude reads: the element type, the thread pool, the products
     Module      the module's name, optimizer and embedded parameters (modules only)
     Layout      one sample's slots: sizes, the loss, the outputs, the index inputs
+    Words       how many int32 words the inputs' lists take (NONZERO_WORDS, BATCH_LIST_WORDS)
     BatchLayout the batched program's slots (templates/batch.c), or none
+    TableForm   the table form's rows (codegen/write/table.py), when the program has one
+    StepTables  what the module's steps read (templates/model.c's sgd_after_backward, write_rows,
+                sgd_live_rows): the runs of parameters stepped after backward, the tracked rows
+    module_names, inline_graph, optimizer_defines: MODULE_NAME_STR and MODULE_INIT, jit's
+                INLINE_GRAPH, the optimizer's #defines (a codegen/write/optim.py description)
 """
 
+import itertools
+import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..lower import ir
 from .dtypes import c_literal
+from .optim import STATE_LINE
 
 
 def _table(name, rows):
@@ -30,6 +46,55 @@ def _sequence(prefix, sequence):
     return ([f"#define {prefix}POSITIONS_SLOT {sequence.slot}"]
             + ([] if prefix else [f"#define N_POSITIONS {len(sequence.weights)}"])
             + [f"#define {prefix}POSITION_WEIGHTS_LIST {', '.join(map(str, sequence.weights))}"])
+
+
+# templates/kernels/gemm.c's RUNTIME_PRODUCTS: the matrix products defined in each file (exported
+# and jit C), in the module runtime, or declared in a module's model units and defined there
+STATIC_PRODUCTS, RUNTIME_DEFINES_PRODUCTS, RUNTIME_HAS_PRODUCTS = 0, 2, 1
+
+
+@dataclass(frozen=True)
+class Prelude:
+    """What templates/prelude.c reads before anything: the element type (a codegen/write/dtypes.py
+    row: REAL_IS_FLOAT), whether a thread pool runs the products (HAVE_THREAD_POOL,
+    templates/pool.c), where the products are defined (RUNTIME_PRODUCTS, left out when static)."""
+
+    dtype: object
+    thread_pool: bool
+    products: int = STATIC_PRODUCTS
+
+    def render(self):
+        return (f"#define REAL_IS_FLOAT {int(self.dtype.real_is_float)}\n#define HAVE_THREAD_POOL {int(self.thread_pool)}\n"
+                + (f"#define RUNTIME_PRODUCTS {self.products}\n" if self.products != STATIC_PRODUCTS else ""))
+
+
+def module_names(name):
+    """MODULE_NAME_STR and MODULE_INIT (PyInit_<name>) of a module called `name`."""
+    return [f'#define MODULE_NAME_STR "{name}"', f"#define MODULE_INIT PyInit_{name}"]
+
+
+def inline_graph(inline):
+    """INLINE_GRAPH: whether a jit function's graph is inlined into its row loops (templates/jit.c)."""
+    return f"#define INLINE_GRAPH {int(inline)}"
+
+
+def optimizer_defines(optimizer):
+    """The #defines of a codegen/write/optim.py description that templates/model.c puts in the
+    model's descriptor (MODEL.optimizer, templates/model.h) and templates/optim.c's step reads."""
+    names = optimizer.state_names
+    arrays = [name for name in names if name != "step"]
+    starts = (["0"] if "step" in names else []) + [f"{STATE_LINE} + {i} * N_PARAMS" for i in range(len(arrays))]
+    values = {"MOMENTUM": 0.0, "NESTEROV": 0, "WEIGHT_DECAY": 0.0, "BETA1": 0.0, "BETA2": 0.0, "EPS": 0.0,
+              "DECOUPLED_DECAY": 0, **optimizer.constants()}
+    lines = [f"#define OPTIMIZER {optimizer.kind}",
+             f"#define PLAIN_SGD {int(optimizer.plain_sgd)}",
+             f'#define OPTIMIZER_REPR "{optimizer!r}"',
+             f"#define OPTIMIZER_STATE_ARRAYS {len(arrays)}",
+             f"#define OPTIMIZER_STATE_VIEWS {len(names)}",
+             "#define OPTIMIZER_STATE_NAMES " + (", ".join(f'"{n}"' for n in names) or '""'),
+             f"#define OPTIMIZER_STATE_STARTS {', '.join(starts) or '-1'}"]
+    lines += [f"#define {name} {value if isinstance(value, int) else c_literal(value)}" for name, value in values.items()]
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -50,8 +115,7 @@ class Module:
 
     def render(self):
         """MODULE_NAME_STR, MODULE_INIT, the optimizer's #defines, INITIAL_PARAMS if any."""
-        lines = [f'#define MODULE_NAME_STR "{self.name}"', f"#define MODULE_INIT PyInit_{self.name}",
-                 self.optimizer.c_defines()]
+        lines = [*module_names(self.name), optimizer_defines(self.optimizer)]
         if self.initial_params is not None:
             values = ", ".join(map(c_literal, self.initial_params))
             lines += ["#define HAVE_INITIAL_PARAMS 1", f"static const double INITIAL_PARAMS[] = {{{values}}};"]
@@ -60,7 +124,7 @@ class Module:
 
 @dataclass(frozen=True)
 class Layout:
-    """One sample's program's slots (codegen/lower/ir.py's Program): parameters first, then
+    """One sample's program's slots (codegen/lower/types.py's Program): parameters first, then
     inputs, then intermediates; the loss's slot, the outputs', whether backward takes plain SGD
     steps itself, the constants' count, and the inputs gathers read as an index, (position, n)."""
 
@@ -73,7 +137,7 @@ class Layout:
     sgd_in_backward: bool
     n_constants: int
     index_inputs: tuple
-    sequence: object = None  # codegen/lower/positions.py's Sequence, or None
+    sequence: object = None  # codegen/lower/types.py's Sequence, or None
 
     @classmethod
     def of(cls, program):
@@ -100,6 +164,19 @@ class Layout:
             lines += [f"#define N_INDEX_INPUTS {len(self.index_inputs)}",
                       _table("INDEX_INPUTS", [tuple(pair) for pair in self.index_inputs])]
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Words:
+    """How many int32 words a model's input lists take after its slots: `name` NONZERO_WORDS (the
+    sparse inputs' nonzero lists, after d's N_SLOTS values) or BATCH_LIST_WORDS (the batch's row
+    lists, after its N_BATCH_SLOTS values; codegen/write/sides.py)."""
+
+    name: str
+    words: int
+
+    def render(self):
+        return f"#define {self.name} {self.words}"
 
 
 @dataclass(frozen=True)
@@ -142,4 +219,70 @@ class BatchLayout:
             f"#define N_BATCH_STEPPED_RUNS {len(runs) - 1}",
             _table("BATCH_STEPPED_RUNS", runs),
             *_sequence("BATCH_", self.sequence),
+        ])
+
+
+@dataclass(frozen=True)
+class TableForm:
+    """The table form's rows (codegen/write/table.py's Plan): how many words, and the words as
+    base64 lines (Plan.text)."""
+
+    words: int
+    text: tuple
+
+    @classmethod
+    def of(cls, plan):
+        return cls(len(plan.words), tuple(plan.text()))
+
+    def render(self):
+        """TABLE_WORDS, TABLE_TEXT (the words), and `table`, where the runtime puts them decoded
+        (templates/model.c hands both to it through MODEL)."""
+        lines = "\n".join(f'    "{line}"' for line in self.text)
+        return (f"#define TABLE_WORDS {self.words}\nstatic const char TABLE_TEXT[] =\n{lines};\n"
+                "static const int32_t *table; /* TABLE_TEXT decoded, by the runtime when the module loads */")
+
+
+@dataclass(frozen=True)
+class StepTables:
+    """What a module's SGD steps read besides the layout: the runs (first slot, count) of the
+    parameters that backward does not step itself (sgd_after_backward steps them), and the
+    step-by-step API's tracked rows (sides.TrackedRow, in stamp order: one row per pass of each
+    one's loop nest), the runs of the other parameters (zeroed and stepped every time: swept)."""
+
+    sgd_after_runs: tuple
+    row_starts: tuple
+    row_lengths: tuple
+    row_snapshots: tuple
+    n_snapshot: int
+    swept_runs: tuple
+
+    @classmethod
+    def of(cls, program, tracked_rows):
+        tracked = np.zeros(program.n_params, dtype=bool)
+        starts, lengths, snapshots = [], [], []
+        snapshot = 0
+        for row in tracked_rows:
+            for index in itertools.product(*map(range, row.shape)):  # in loop order, as the stamps
+                at = row.start.base + sum(s * i for s, i in zip(row.start.strides, index))
+                tracked[at:at + row.n] = True
+                starts.append(at)
+            lengths += [row.n] * math.prod(row.shape)
+            snapshots += [snapshot] * math.prod(row.shape)
+            snapshot += row.n if row.other is not None else 0
+        return cls(tuple(program.sgd_after_backward), tuple(starts), tuple(lengths), tuple(snapshots), snapshot,
+                   tuple(ir.slot_runs(np.flatnonzero(~tracked)) or [(0, 0)]))
+
+    def render(self):
+        """N_SGD_AFTER_RUNS, SGD_AFTER_RUNS; N_TRACKED_ROWS, N_SNAPSHOT (reals), N_SWEPT_RUNS,
+        SWEPT_RUNS, and by row: ROW_START, ROW_LENGTH, ROW_SNAPSHOT (its snapshot's first real)."""
+        return "\n".join([
+            f"#define N_SGD_AFTER_RUNS {len(self.sgd_after_runs)}",
+            _table("SGD_AFTER_RUNS", list(self.sgd_after_runs) or [(0, 0)]),
+            f"#define N_TRACKED_ROWS {len(self.row_starts)}",
+            f"#define N_SNAPSHOT {self.n_snapshot}",
+            f"#define N_SWEPT_RUNS {len(self.swept_runs)}",
+            _table("SWEPT_RUNS", list(self.swept_runs)),
+            _table("ROW_START", list(self.row_starts) or [0]),
+            _table("ROW_LENGTH", list(self.row_lengths) or [0]),
+            _table("ROW_SNAPSHOT", list(self.row_snapshots) or [0]),
         ])

@@ -1,6 +1,6 @@
 """The element types the generated C computes in (codegen.compile's dtype), one row each: what
-the emitter writes (literals, calls of the op table's primitives, the #define that selects the
-type in templates/prelude.c and optim.c), what the module's views hold, and what the command
+the emitter writes (literals, calls of the op table's primitives, whether it is the float branch of
+templates/prelude.c and optim.c), what the module's views hold, and what the command
 lines offer. templates/prelude.c's `#if REAL_IS_FLOAT` switch is the C side of the table: the
 row's c_type, buffer_format and math_suffix must be what its branch says (tests/test_float32.py
 holds them to it).
@@ -17,7 +17,7 @@ class Dtype:
     name: str              # codegen.compile's dtype=, the command lines' --dtype
     short: str             # in benchmark labels: gcc-O3-native-f32
     c_type: str            # `real` in the C
-    define: str            # the line before templates/prelude.c that selects c_type there
+    real_is_float: bool    # templates/prelude.c's REAL_IS_FLOAT branch (codegen/write/contract.py's Prelude)
     literal_suffix: str    # of a C literal: 0.1f is the float nearest 0.1
     primitive_prefix: str  # the op table's exp(, log(, tanh(, pow( are called as prefix + name
     math_suffix: str       # of C's math functions for c_type (expf): what prelude.c's real_exp is
@@ -27,8 +27,8 @@ class Dtype:
 
 # float32 calls prelude.c's real_exp & co. (expf ...), so that float code does not widen to
 # double; float64 keeps the op table's formulas as written (C's double functions).
-FLOAT64 = Dtype("float64", "f64", "double", "#define REAL_IS_FLOAT 0", "", "", "", "d", np.dtype(np.float64))
-FLOAT32 = Dtype("float32", "f32", "float", "#define REAL_IS_FLOAT 1", "f", "real_", "f", "f", np.dtype(np.float32))
+FLOAT64 = Dtype("float64", "f64", "double", False, "", "", "", "d", np.dtype(np.float64))
+FLOAT32 = Dtype("float32", "f32", "float", True, "f", "real_", "f", "f", np.dtype(np.float32))
 DTYPES = {row.name: row for row in (FLOAT64, FLOAT32)}
 NAMES = tuple(DTYPES)
 DEFAULT = FLOAT64

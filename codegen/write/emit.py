@@ -1,5 +1,6 @@
 """A lowered Program to the C sources of an extension module (or of exported C): each group's
-statements (codegen/write/statements.py, whose loop nests and kernel calls codegen/write/loops.py writes) cut
+statements (codegen/write/forward.py and backward.py, whose loop nests and kernel calls
+codegen/write/loops.py writes, codegen/write/tree.py renders) cut
 into functions of at most `chunk` statements, because optimising compilers slow down
 superlinearly on huge basic blocks, and big programs into several C files that the toolchain
 compiles in parallel; the layout's #defines (codegen/write/contract.py), the tables, and the
@@ -12,10 +13,12 @@ import dataclasses
 
 import templates
 
-from . import contract, dtypes, optim, table as tables
+from . import contract, dtypes, optim, table as tables, tree
 from ..lower import ir
+from .backward import Backward, Plain, SgdInBackward, Tracked
 from .dtypes import c_literal
-from .statements import Emitter
+from .forward import Forward
+from .sides import Shared, SideTables
 
 # Statements per generated function: gcc/clang -O1 take superlinear time in a function's size.
 CHUNK_STATEMENTS = 200
@@ -37,8 +40,8 @@ PARALLEL_MIN_STATEMENTS = 16
 
 def _functions(name, params, statements, chunk):
     """C functions of at most `chunk` statements each, as (definition, declaration, statement
-    count) triples, and the driver `name` that calls them in order. A table.TableCall among the
-    statements is a call in the driver itself, between the functions before and after it."""
+    count) triples, and the driver `name` that calls them in order (statements: codegen/write/tree.py's,
+    rendered here). A table.TableCall among the statements is a call in the driver itself, between the functions before and after it."""
     args = ", ".join(p.split()[-1].lstrip("*") for p in params)
     signature = ", ".join(params)
     pieces, calls, run = [], [], []
@@ -55,7 +58,7 @@ def _functions(name, params, statements, chunk):
             close()
             calls.append(f"    {statement.render()}")
         else:
-            run.append(statement)
+            run.append(tree.render(statement))
     close()
     driver = f"static void {name}({signature})\n{{\n" + "\n".join(calls) + "\n}\n"
     return pieces, driver
@@ -81,7 +84,7 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
     the module starts its parameters from (None: zeros); dtype: a name of codegen/write/dtypes.py, the
     element type of the whole state, the kernels and the module's views; sparse_inputs: dots
     that read an input range skip its chunks of zeros when most of them are (dense inputs keep
-    the dense kernels); batched: the program's codegen.lower.batch.BatchedProgram (train() and
+    the dense kernels); batched: the program's codegen.lower.types.BatchedProgram (train() and
     predict() run whole batches through it), or None; table: whether the program's single statements
     become rows that the runtime's loops run (codegen/write/table.py: table.chosen decides; such a
     program has no batched form)."""
@@ -101,21 +104,14 @@ def runtime_source(dtype=dtypes.DEFAULT.name):
     """templates/runtime.c for modules of element type `dtype`: the same C for every model, which
     the toolchain compiles once per compiler and flags (templates.SharedSource)."""
     return templates.SharedSource(templates.fill("runtime.c", PRELUDE=_prelude(dtypes.lookup(dtype), True,
-                                                                              RUNTIME_DEFINES_PRODUCTS),
+                                                                              contract.RUNTIME_DEFINES_PRODUCTS),
                                                  **tables.runtime_cases(dtype)))
 
 
-# templates/kernels/gemm.c's RUNTIME_PRODUCTS: the matrix products defined in each file (exported
-# and jit C), in the module runtime, or declared in a module's model units and defined there
-STATIC_PRODUCTS, RUNTIME_DEFINES_PRODUCTS, RUNTIME_HAS_PRODUCTS = 0, 2, 1
-
-
-def _prelude(dtype, thread_pool, products=STATIC_PRODUCTS):
-    """What every generated C file starts with: the element type, whether a thread pool runs
-    products (templates/pool.c), where the products are defined, templates/prelude.c."""
-    return (dtype.define + f"\n#define HAVE_THREAD_POOL {int(thread_pool)}\n"
-            + (f"#define RUNTIME_PRODUCTS {products}\n" if products != STATIC_PRODUCTS else "")
-            + templates.read("prelude.c"))
+def _prelude(dtype, thread_pool, products=contract.STATIC_PRODUCTS):
+    """What every generated C file starts with: what the prelude reads (codegen/write/contract.py's
+    Prelude), then templates/prelude.c."""
+    return contract.Prelude(dtype, thread_pool, products).render() + templates.read("prelude.c")
 
 
 def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False, plan=None):
@@ -145,20 +141,22 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
     chunk = chunk_statements(program, chunk)
     if plan is not None:
         program = plan.program
-    e = Emitter(program, dtype, bool(sparse_inputs))
-    # the batched program's emitter: the same offset tables; the inputs' row lists with sparse inputs
-    eb = Emitter(batched, dtype, shared=e, row_lists=bool(sparse_inputs)) if batched else None
+    shared = Shared()  # (the batched program's statements use the same offset tables and epilogues)
+    sides = SideTables(program, shared, bool(sparse_inputs))
+    # the batched program's: the inputs' row lists with sparse inputs
+    batch_sides = SideTables.batched(batched, shared, bool(sparse_inputs)) if batched else None
+    forward, backward_of = Forward(program, sides, dtype), Backward(program, sides, dtype)
     if plan is None:
-        forward_outputs = e.forward_pass(program.forward[:program.n_output_groups])
-        forward_rest = e.forward_pass(program.forward[program.n_output_groups:])
-        backward = e.backward_pass(program.backward)
+        forward_outputs = forward.pass_(program.forward[:program.n_output_groups])
+        forward_rest = forward.pass_(program.forward[program.n_output_groups:])
+        backward = backward_of.pass_(program.backward, Plain())
     else:
-        forward_outputs, forward_rest = (_with_table(plan.passes[name], e.forward_pass)
+        forward_outputs, forward_rest = (_with_table(plan.passes[name], forward.pass_)
                                          for name in ("forward_outputs", "forward_rest"))
-        backward = _with_table(plan.passes["backward"], e.backward_pass)
-    backward_sgd = e.backward_pass(program.backward, sgd=True) if program.sgd_in_backward else []
+        backward = _with_table(plan.passes["backward"], lambda groups: backward_of.pass_(groups, Plain()))
+    backward_sgd = backward_of.pass_(program.backward, SgdInBackward()) if program.sgd_in_backward else []
     # The step-by-step API's backward (modules only; the same as backward_body when no row is tracked)
-    backward_tracked = e.backward_pass(program.backward, tracked=True) \
+    backward_tracked = backward_of.pass_(program.backward, Tracked(sides)) \
         if sparse_inputs is not None and program.sgd_in_backward else []
     d, dg = ["real *restrict d"], ["real *restrict d", "real *restrict g"]
     tracking = ["uint64_t *restrict stamp", "real *restrict rank1", "real *restrict snap", "uint32_t *restrict live",
@@ -169,8 +167,8 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
                                      ("backward_body", dg, backward),
                                      ("backward_sgd_body", dg + ["real lr"], backward_sgd),
                                      *([("backward_tracked_body", dg + tracking, backward_tracked)]
-                                       if e.tracked_rows else []),
-                                     *_batched_functions(eb)]:
+                                       if sides.tracked_rows else []),
+                                     *_batched_functions(batch_sides, dtype)]:
         functions, driver = _functions(name, params, statements, chunk)
         pieces += functions
         drivers.append(driver)
@@ -178,20 +176,22 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
     # modules (sparse_inputs not None) run products on their threads (templates/pool.c)
     thread_pool = sparse_inputs is not None if thread_pool is None else thread_pool
     # a module's units (sparse_inputs not None) call the products its runtime defines
-    prelude = _prelude(dtype, thread_pool, STATIC_PRODUCTS if sparse_inputs is None else RUNTIME_HAS_PRODUCTS)
+    prelude = _prelude(dtype, thread_pool, contract.STATIC_PRODUCTS if sparse_inputs is None else contract.RUNTIME_HAS_PRODUCTS)
     layout = "\n".join([
         contract.Layout.of(program).render(),
         _constants(program.constants, dtype),
-        _sgd_after_backward(program.sgd_after_backward),
-        *([plan.render()] if plan is not None else []),
-        *([e.scan_nonzeros(), e.step_rows(program.n_params)] if sparse_inputs is not None else []),
-        *([_batch_layout(eb, dtype)] if sparse_inputs is not None else []),
+        *([contract.TableForm.of(plan).render()] if plan is not None else []),
+        *([contract.Words("NONZERO_WORDS", sides.nonzero_words()).render(),
+           _scan("scan_nonzeros", ["real *restrict d"], sides.nonzero_scans()),
+           contract.StepTables.of(program, sides.tracked_rows).render()] if sparse_inputs is not None else []),
+        *([_batch_layout(batch_sides, dtype)] if sparse_inputs is not None else []),
     ])
+    epilogues = _epilogue_definitions(shared.epilogues)
     if not unit or (len(units) == 1 and sum(p[2] for p in pieces) < PARALLEL_MIN_STATEMENTS):
-        graph = [prelude, layout, e.offsets.render(), e.epilogue_definitions(), *(p[0] for p in pieces), *drivers]
+        graph = [prelude, layout, shared.offsets.render(), epilogues, *(p[0] for p in pieces), *drivers]
         return "\n".join(graph), []
-    graph = [prelude, layout, e.offsets.render(), *(p[1] for p in pieces), *drivers]
-    extra = [prelude + "\n" + e.offsets.render(declare=True) + "\n" + e.epilogue_definitions() + "\n"
+    graph = [prelude, layout, shared.offsets.render(), *(p[1] for p in pieces), *drivers]
+    extra = [prelude + "\n" + shared.offsets.render(declare=True) + "\n" + epilogues + "\n"
              + "\n".join(p[0] for p in group) for group in units]
     return "\n".join(graph), extra
 
@@ -220,34 +220,43 @@ def _constants(constants, dtype, name="init_constants", table="CONSTANT_VALUES")
             f"sizeof {table}); }}")
 
 
-def _batched_functions(eb):
+def _batched_functions(sides, dtype):
     """(name, parameters, statements) of the batched program's functions (codegen/lower/batch.py):
     forward_outputs_batch(d, nb), forward_rest_batch(d, nb), backward_batch(d, g, nb, rate) (rate:
-    0, or the SGD step's, which it takes on eb.stepped); eb: its emitter, or None."""
-    if eb is None:
+    0, or the SGD step's, which it takes on sides.stepped); sides: its side tables, or None."""
+    if sides is None:
         return []
-    batched = eb.program
+    batched = sides.program
+    forward, backward = Forward(batched, sides, dtype), Backward(batched, sides, dtype)
     outputs, rest = batched.forward[:batched.n_output_groups], batched.forward[batched.n_output_groups:]
     d, dg = ["real *restrict d", "long nb"], ["real *restrict d", "real *restrict g", "long nb"]
-    return [("forward_outputs_batch", d, eb.forward_pass(outputs)),
-            ("forward_rest_batch", d, eb.forward_pass(rest)),
-            ("backward_batch", dg + ["real rate"], eb.backward_pass(batched.backward))]
+    return [("forward_outputs_batch", d, forward.pass_(outputs)),
+            ("forward_rest_batch", d, forward.pass_(rest)),
+            ("backward_batch", dg + ["real rate"], backward.pass_(batched.backward, Plain()))]
 
 
-def _batch_layout(eb, dtype):
+def _batch_layout(sides, dtype):
     """The batched program's layout (codegen/write/contract.py's BatchLayout), its constants and
-    row lists (templates/batch.c; eb: its emitter, which emitted its functions), or none."""
-    if eb is None:
+    row lists (templates/batch.c; sides: its side tables, filled when its functions were written),
+    or none."""
+    if sides is None:
         return contract.BatchLayout.render_none()
     return "\n".join([
-        contract.BatchLayout.of(eb.program, eb.stepped).render(),
-        _constants(eb.program.constants, dtype, "init_batch_constants", "BATCH_CONSTANT_VALUES"),
-        eb.scan_batch_rows(),
+        contract.BatchLayout.of(sides.program, sides.stepped).render(),
+        _constants(sides.program.constants, dtype, "init_batch_constants", "BATCH_CONSTANT_VALUES"),
+        contract.Words("BATCH_LIST_WORDS", sides.row_list_words()).render(),
+        _scan("scan_batch_rows", ["real *restrict d", "long nb"], sides.row_scans()),
     ])
 
 
-def _sgd_after_backward(runs):
-    """sgd_after_backward(d, g, lr): the SGD step of the parameters not updated in backward."""
-    body = "".join(f"\n    for (long i = {start}; i < {start + n}; i++) {{ d[i] -= lr * g[i]; g[i] = 0; }}"
-                   for start, n in runs)
-    return f"static void sgd_after_backward(real *restrict d, real *restrict g, real lr)\n{{{body}\n    (void)d; (void)g; (void)lr;\n}}"
+def _scan(name, params, calls):
+    """A scan of the inputs into their lists (sides.SideTables's nonzero_scans, row_scans)."""
+    lines = "\n".join(f"    {tree.render(c)}" for c in calls)
+    unused = " ".join(f"(void){p.split()[-1]};" for p in params)
+    return f"static void {name}({', '.join(params)})\n{{\n{lines}\n    {unused}\n}}"
+
+
+def _epilogue_definitions(epilogues):
+    """The epilogues' C (templates/epilogue.c; static: each unit that calls one defines it)."""
+    return "\n".join(templates.fill("epilogue.c", NAME=name, STATEMENT=tree.render(statement)).rstrip("\n")
+                     for statement, name in epilogues.items())

@@ -3,8 +3,9 @@ the loop indices i0, i1, ... (slot_index, data_at, grad_at), a nest of `for` loo
 (loop_nest) that sums accumulations which stay put over the innermost loop in a register or as
 a dot product after it, and the groups that are one kernel call: a layer over a batch (its
 forward matmul_set, its inputs' gradients matmul_acc, its weights' gradients matmul_nt:
-templates/kernels/gemm.c). codegen/write/statements.py writes the statements, codegen/write/emit.py cuts
-them into functions and files.
+templates/kernels/gemm.c), and which of those a layer's forward is (layer). codegen/write/forward.py
+and codegen/write/backward.py write the statements, codegen/write/emit.py cuts them into functions
+and files.
 """
 
 import dataclasses
@@ -13,10 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..lower.positions import Bounded
-from ..lower.vector import Extent, Parts, is_family, progression
+from ..lower.types import DOT, OP, Extent, is_family
+from ..lower.vector import progression
 from .dtypes import c_literal
 from .kernels import call
+from .tree import Assign, Block, Declare, If, Loop, ReadGradient, Seq, nest
 
 # Lists up to this long are written out element by element, constant offsets the compiler sees
 # (a convolution's window); longer ones call the loop kernels of templates/kernels/, which for
@@ -26,6 +28,10 @@ UNROLL_MAX, UNROLL_MAX_CONTIGUOUS = 32, 16
 # long, where screening the gradient row for zero chunks pays for its pass (a convolution's
 # 3-wide windows over rows of 26 run faster as single dots, measured).
 DOT_ROWS_SCREEN = 64
+# A layer's kernels (layer): over a batch (matmul_set, and its gradients' matmul_acc and
+# matmul_nt) from rows of this many samples; on one sample's sparse inputs (matvec) from this
+# many neurons, which it runs four at a time.
+LAYER_MIN_SAMPLES, MATVEC_MIN_ROWS = UNROLL_MAX_CONTIGUOUS // 2, 4
 
 
 def tree_sum(parts):
@@ -56,7 +62,7 @@ def slot_index(affine, offset=0, grad=False):
     parts = [str((affine.grad_offset() if grad else affine.base) + offset)]
     parts += [f"i{d}" if s == 1 else f"({s}) * i{d}" if isinstance(s, Extent) else f"{s} * i{d}"
               for d, s in enumerate(affine.strides) if s]
-    if affine.tri:  # (tri0: i0 * (i0 - 1) / 2, kept by the family's loop: loop_headers)
+    if affine.tri:  # (tri0: i0 * (i0 - 1) / 2, kept by the family's loop: tree.Loop)
         parts.append(("" if affine.tri == 1 else f"{affine.tri} * ") + "tri0")
     return " + ".join(parts).replace("+ -", "- ")
 
@@ -104,8 +110,9 @@ class Accumulate:
     term: str
     product: tuple = None
 
-    def render(self, value=None):
-        return f"{grad_at(self.target, self.offset)} += {value or self.term};"
+    def assign(self, value=None):
+        """The C statement: the term, or `value` (its sum over a loop), added to the target."""
+        return Assign(grad_at(self.target, self.offset), value or self.term, "+=")
 
 
 def _at_start(affine):
@@ -132,25 +139,13 @@ def bias_arguments(terms, last, step_of):
     return {"bias": loop_start(terms.start, last, terms.offsets[0]), "bias_j": step_of(terms.start)}
 
 
-def loop_headers(shape):
-    """`for` headers of a loop nest over shape, index i0 outermost; a family's (vector.Parts)
-    keeps tri0 = i0 * (i0 - 1) / 2 as it goes; an extent cut at run time (positions.Bounded) is
-    read once, before the loop (the loop's stores to d could change it, for all the compiler knows)."""
-    headers = []
-    for d, n in enumerate(shape):
-        start, end = (f"i{d} = 0, n{d} = {n}", f"n{d}") if isinstance(n, Bounded) else (f"i{d} = 0", n)
-        headers.append(f"for (long {start}, tri0 = 0; i0 < {end}; tri0 += i0, i0++)" if d == 0 and isinstance(n, Parts)
-                       else f"for (long {start}; i{d} < {end}; i{d}++)")
-    return headers
-
-
 def guarded(g, statements):
     """A group's statements, run only while the sample has more positions than its members'
     (Group.guard, lower/positions.py)."""
     if g.guard is None or not statements:
         return statements
     slot, p = g.guard
-    return [f"if (d[{slot}] > {p}) {{\n    " + "\n    ".join(map(render, statements)) + "\n    }"]
+    return [If(f"d[{slot}] > {p}", Block(tuple(statements)))]
 
 
 def kernel_loops(shape):
@@ -161,7 +156,7 @@ def kernel_loops(shape):
 
 def per_pass(shape, kernel_call):
     """The kernel call (a kernels.Call) once per pass of the loops outside those it runs itself."""
-    return "\n    ".join(loop_headers(shape[:-kernel_loops(shape)]) + [kernel_call.render()])
+    return nest(shape[:-kernel_loops(shape)], [kernel_call], braced=False)
 
 
 def neurons(shape):
@@ -186,7 +181,8 @@ class Matmul:
     out: object      # Affine: the group's gradients (go)
     epilogue: tuple = None  # (the C function, Affines of its y, a, o over the rows: fused_gradient)
 
-    def render(self, shape):
+    def in_loops(self, shape):
+        """Its kernel call in a loop nest over shape."""
         last = kernel_loops(shape)
         wrt, weights = self.wrt, self.weights
         if self.epilogue:
@@ -205,7 +201,7 @@ class Matmul:
     @staticmethod
     def fits(shape, wrt, other, out):
         """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
-        return (len(shape) >= 1 and not is_family(shape) and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
+        return (len(shape) >= 1 and not is_family(shape) and shape[-1] >= LAYER_MIN_SAMPLES
                 and out.strides[-1] == 1 and wrt.start.strides[-1] == 1 and (len(shape) < 2 or wrt.start.strides[-2] == 0)
                 and other.start.strides[-1] == 0
                 and progression(wrt.offsets) is not None and progression(other.offsets) is not None)
@@ -224,7 +220,8 @@ class WeightGradient:
     rows: str = "NULL"  # C: the list of the inputs' rows that hold a nonzero (sparse inputs), or NULL
     step: bool = False  # the batched program's SGD step on these weights, when `rate` is not 0
 
-    def render(self, shape):
+    def in_loops(self, shape):
+        """Its kernel call in a loop nest over shape."""
         last = kernel_loops(shape)
         wrt, x = self.wrt, self.inputs
         step = (dict(w=f"rate ? {loop_start(wrt.start, last, wrt.offsets[0])} : NULL", rate="rate") if self.step
@@ -245,7 +242,7 @@ class WeightGradient:
     @staticmethod
     def fits(shape, wrt, other, out):
         """Whether `g[wrt] += go * d[other]` in a loop nest over shape is such a product."""
-        return (len(shape) >= 1 and not is_family(shape) and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
+        return (len(shape) >= 1 and not is_family(shape) and shape[-1] >= LAYER_MIN_SAMPLES
                 and out.strides[-1] == 1 and wrt.contiguous and wrt.start.strides[-1] == 0 and other.start.strides[-1] == 1
                 and (len(shape) < 2 or other.start.strides[-2] == 0) and progression(other.offsets) is not None)
 
@@ -261,7 +258,7 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
     Affine of its results) of an activation the kernel applies to each row as it finishes it
     (see fused_activation; not after a residual, which is added later: takes_epilogue)."""
     ops, shape = g.operands, g.shape
-    if (g.first.kind != "dot" or not shape or g.family or shape[-1] < UNROLL_MAX_CONTIGUOUS // 2 or not ops.a
+    if (g.first.kind != DOT or not shape or g.family or shape[-1] < LAYER_MIN_SAMPLES or not ops.a
             or ops.constants or ops.out.strides[-1] != 1 or (ops.terms and len(ops.terms.offsets) != 1)
             or (_residual(ops) and (epilogue is not None or len(ops.a.offsets) < UNROLL_MAX_CONTIGUOUS // 2))):
         return None
@@ -283,8 +280,42 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
                    rows=row_list(rows), **_epilogue_arguments(epilogue, shape))
     if not residual:
         return per_pass(shape, product)
-    add = f"{data_at(ops.out)} += {data_at(ops.terms.start, ops.terms.offsets[0])};"  # (x + W h: the same sum)
-    return "\n    ".join([per_pass(shape, product), *loop_nest(shape, [add], independent=True)])
+    add = Assign(data_at(ops.out), data_at(ops.terms.start, ops.terms.offsets[0]), "+=")  # (x + W h: the same sum)
+    return Seq((per_pass(shape, product), *loop_nest(shape, [add], independent=True)))
+
+
+def layer(g, tables, epilogue=None):
+    """Which layer kernel, if any, computes dot group g's forward, the one place that decides: a
+    layer over a batch (layer_over_batch: matmul_set, rows of LAYER_MIN_SAMPLES samples and more;
+    epilogue as there), else one over a sample's sparse inputs (layer_on_one_sample: matvec, from
+    MATVEC_MIN_ROWS rows). Its statement, or None. tables: the program's sides.SideTables (row
+    lists, nonzero lists)."""
+    return layer_over_batch(g, tables.row_list, epilogue) or layer_on_one_sample(g, tables.nonzeros)
+
+
+def layer_on_one_sample(g, nonzero_list):
+    """A dot group over sparse inputs whose innermost loop moves the results and one factor
+    list (the weights' rows) and not the other (an input range with a nonzero list: nonzero_list(v) gives its C pointer, or None): one
+    matvec call per pass of the loops outside it, four rows at a time sharing the walk
+    through the list (templates/kernels/sparse.c); at most one loose term (the bias), no constants.
+    Else None: over dense inputs a row at a time streams faster (microbenchmark of MNIST's
+    first layer, gcc -O3 native: dot() per row 0.85x matvec's time)."""
+    ops, shape = g.operands, g.shape
+    if (g.first.kind != DOT or not shape or g.family or shape[-1] < MATVEC_MIN_ROWS or not ops.a or ops.constants
+            or (ops.terms and len(ops.terms.offsets) != 1) or not (ops.a.contiguous and ops.b.contiguous)
+            or unrolled(ops.a, ops.b)):
+        return None
+    for weights, inputs in ((ops.a, ops.b), (ops.b, ops.a)):
+        nonzeros = nonzero_list(inputs)
+        if nonzeros and weights.start.strides[-1]:
+            break
+    else:
+        return None
+    bias = bias_arguments(ops.terms, 1, lambda affine: affine.strides[-1])
+    product = call("matvec", out=loop_start(ops.out, 1), out_j=ops.out.strides[-1], **bias,
+                   w=loop_start(weights.start, 1), w_j=weights.start.strides[-1], x=loop_start(inputs.start, 1),
+                   n=len(inputs.offsets), J=shape[-1], nz=nonzeros)
+    return nest(shape[:-1], [product], braced=False)
 
 
 def _residual(ops):
@@ -337,7 +368,7 @@ def fused_gradient(wrt, shape, h):
 
 def _activation(h):
     """Whether group h applies a one-argument op to slots (not constants)."""
-    return (h.first.kind == "op" and h.first.op.arity == 1 and len(h.operands.args) == 1
+    return (h.first.kind == OP and h.first.op.arity == 1 and len(h.operands.args) == 1
             and hasattr(h.operands.args[0], "base") and not h.family)
 
 
@@ -365,63 +396,76 @@ def _positions(affine, shape):
     return positions.ravel()
 
 
-def loop_nest(shape, body, dots=True, independent=False):
-    """The statements `body` inside one loop nest over `shape` (none for a single node). With
-    `dots`, accumulations of products may become dot products after the innermost loop (only
-    where the loop updates no value they read). `independent`: no iteration reads what another
-    writes (a forward loop writes only its group's results, which it never reads), which the
-    C compiler is told, so that it vectorises without checking at run time."""
+def loop_nest(shape, body, dots=True, independent=False, unless_zero=False):
+    """The typed statements `body` (Accumulate, Matmul, WeightGradient, ReadGradient and the
+    statements of codegen/write/tree.py) inside one loop nest over `shape` (none for a single
+    node), as tree statements. With `dots`, accumulations of products may become dot products
+    after the innermost loop (only where the loop updates no value they read). `independent`: no
+    iteration reads what another writes (a forward loop writes only its group's results, which it
+    never reads). `unless_zero`: what follows the gradient's read runs only when it is not 0."""
     if not shape:
-        return [render(s) for s in body]
+        return _skipping_zero([placed(s) for s in body], unless_zero)
     # the inputs' gradients first: they read the weights, which a weights' gradient may step
-    matmuls = [s.render(shape) for s in sorted((s for s in body if isinstance(s, (Matmul, WeightGradient))),
-                                                  key=lambda s: isinstance(s, WeightGradient))]
+    matmuls = [s.in_loops(shape) for s in sorted((s for s in body if isinstance(s, (Matmul, WeightGradient))),
+                                                   key=lambda s: isinstance(s, WeightGradient))]
     if matmuls:
         body = [s for s in body if not isinstance(s, (Matmul, WeightGradient))]
-        rest = loop_nest(shape, body, dots) if any(not isinstance(s, ReadGradient) for s in body) else []
+        rest = (loop_nest(shape, body, dots, unless_zero=unless_zero)
+                if any(not isinstance(s, ReadGradient) for s in body) else [])
         return rest + matmuls
     held = [s for s in body if isinstance(s, Accumulate) and s.target.strides[-1] == 0]
     dotted = [s for s in held if dots and s.product and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
               and all(a.strides[-1] == 1 for a in s.product[:2] if a is not None)]
     summed = [s for s in held if s not in dotted]
     names = {id(s): f"sum{k}" for k, s in enumerate(summed)}
-    inner = [f"{names[id(s)]} += {s.term};" if id(s) in names else render(s) for s in body if s not in dotted]
-    *outer, last = loop_headers(shape)
-    if all(isinstance(s, ReadGradient) for s in body if s not in dotted):  # everything moved after it: no innermost loop
-        block = "{\n    " + "\n    ".join(_after_innermost(summed, dotted, names, shape)) + "\n    }"
-        return ["\n    ".join(outer + [block])]
+    inner = _skipping_zero([Assign(names[id(s)], s.term, "+=") if id(s) in names else placed(s)
+                            for s in body if s not in dotted], unless_zero)
+    if all(isinstance(s, ReadGradient) for s in inner):  # everything moved after it: no innermost loop
+        return [nest(shape[:-1], [Block(tuple(_after_innermost(summed, dotted, names, shape)))], braced=False)]
     # not a loop that also adds into register sums: Clang's vectorize pragma would let it reorder
     # those sums, into as many lanes as the target's vectors hold (riscv64, with none, summed them
     # in order, aarch64 and x86-64 in two lanes, and -march=native AVX2 in four), where GCC and
     # every other build sum them in the loop's order
-    if not summed and (independent or _independent_writes([s for s in body if s not in held], shape[-1])):
-        last = "INDEPENDENT " + last
-    innermost = f"{last} {{\n        " + "\n        ".join(inner) + "\n    }"
+    free = not summed and (independent or _independent_writes([s for s in body if s not in held], shape[-1]))
+    innermost = Loop(len(shape) - 1, shape[-1], tuple(inner), independent=free)
     if not held:
-        return ["\n    ".join(outer + [innermost])]
-    before = ["real " + ", ".join(f"{names[id(s)]} = 0" for s in summed) + ";"] if summed else []
-    block = "{\n    " + "\n    ".join([*before, innermost, *_after_innermost(summed, dotted, names, shape)]) + "\n    }"
-    return ["\n    ".join(outer + [block])]
+        return [nest(shape[:-1], [innermost], braced=False)]
+    before = [Declare(tuple(names[id(s)] for s in summed))] if summed else []
+    block = Block((*before, innermost, *_after_innermost(summed, dotted, names, shape)))
+    return [nest(shape[:-1], [block], braced=False)]
+
+
+def placed(statement):
+    """A typed statement of a loop body as a tree statement."""
+    return statement.assign() if isinstance(statement, Accumulate) else statement
+
+
+def _skipping_zero(statements, unless_zero):
+    """The statements, those after the gradient's read in `if (go != 0)` with unless_zero."""
+    if not unless_zero:
+        return statements
+    reads = [s for s in statements if isinstance(s, ReadGradient)]
+    return reads + [If("go != 0", Block(tuple(s for s in statements if not isinstance(s, ReadGradient))))]
 
 
 def _after_innermost(summed, dotted, names, shape):
     """The held accumulations, after the innermost loop: register sums, dot products."""
     n = shape[-1]
-    after = [s.render(names[id(s)]) for s in summed]
-    after += [s.render(call("sum_range", x=f"g + {slot_index(_at_start(s.product[0]), grad=True)}", n=n))
+    after = [s.assign(names[id(s)]) for s in summed]
+    after += [s.assign(str(call("sum_range", x=f"g + {slot_index(_at_start(s.product[0]), grad=True)}", n=n)))
               for s in dotted if s.product[1] is None]
     for run in _dot_runs([s for s in dotted if s.product[1] is not None]):
         s = run[0]
         a, b = f"g + {slot_index(_at_start(s.product[0]), grad=True)}", f"d + {slot_index(_at_start(s.product[1]), s.product[2])}"
         if len(run) < 4 and n < DOT_ROWS_SCREEN:
-            after += [t.render(call("dot", a=f"g + {slot_index(_at_start(t.product[0]), grad=True)}",
-                                    b=f"d + {slot_index(_at_start(t.product[1]), t.product[2])}", n=n))
+            after += [t.assign(str(call("dot", a=f"g + {slot_index(_at_start(t.product[0]), grad=True)}",
+                                        b=f"d + {slot_index(_at_start(t.product[1]), t.product[2])}", n=n)))
                       for t in run]
         else:
             b_step, out_step = ((run[1].product[2] - s.product[2], run[1].offset - s.offset) if len(run) > 1
                                 else (0, 0))
             after.append(call("dot_rows", a=a, b=b, b_step=b_step, n=n, m=len(run),
-                              out=f"g + {slot_index(s.target, s.offset, grad=True)}", out_step=out_step).render())
+                              out=f"g + {slot_index(s.target, s.offset, grad=True)}", out_step=out_step))
     return after
 
 
@@ -439,21 +483,6 @@ def _dot_runs(dotted):
                 continue
         runs.append([s])
     return runs
-
-
-@dataclass(frozen=True)
-class ReadGradient:
-    """Backward's first statement: `go`, the group's gradient, read from its slot (C)."""
-    at: str
-
-    def render(self):
-        return f"const real go = {self.at};"
-
-
-def render(statement):
-    """The C of a statement of a loop body: a line of C, or one of the typed statements here and
-    in codegen/write/kernels.py (Accumulate, ReadGradient, Call) that render themselves."""
-    return statement if isinstance(statement, str) else statement.render()
 
 
 def _independent_writes(body, n):

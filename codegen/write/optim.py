@@ -13,7 +13,6 @@ between calls. The optimizer's state (momentum buffer, moments, step count) live
 import math
 from dataclasses import dataclass
 
-from .dtypes import c_literal
 
 __all__ = ["SGD", "Adam", "AdamW", "Optimizer"]
 
@@ -28,27 +27,10 @@ class Optimizer:
     def plain_sgd(self):
         """param -= lr * grad and nothing else: the step batch-1 training can take inside backward
         (ir.sgd_in_backward)."""
-        return self.kind == _SGD and self._constants().get("WEIGHT_DECAY", 0.0) == 0
+        return self.kind == _SGD and self.constants().get("WEIGHT_DECAY", 0.0) == 0
 
-    def c_defines(self):
-        """The #defines templates/model.c puts in the model's descriptor (MODEL.optimizer, templates/model.h)."""
-        arrays = [name for name in self.state_names if name != "step"]
-        starts = (["0"] if "step" in self.state_names else []) + \
-            [f"{_STATE_LINE} + {i} * N_PARAMS" for i in range(len(arrays))]
-        values = {"MOMENTUM": 0.0, "NESTEROV": 0, "WEIGHT_DECAY": 0.0, "BETA1": 0.0, "BETA2": 0.0, "EPS": 0.0,
-                  "DECOUPLED_DECAY": 0, **self._constants()}
-        lines = [f"#define OPTIMIZER {self.kind}",
-                 f"#define PLAIN_SGD {int(self.plain_sgd)}",
-                 f'#define OPTIMIZER_REPR "{self!r}"',
-                 f"#define OPTIMIZER_STATE_ARRAYS {len(arrays)}",
-                 f"#define OPTIMIZER_STATE_VIEWS {len(self.state_names)}",
-                 "#define OPTIMIZER_STATE_NAMES " + (", ".join(f'"{n}"' for n in self.state_names) or '""'),
-                 f"#define OPTIMIZER_STATE_STARTS {', '.join(starts) or '-1'}"]
-        lines += [f"#define {name} {value if isinstance(value, int) else c_literal(value)}"
-                  for name, value in values.items()]
-        return "\n".join(lines)
-
-    def _constants(self):
+    def constants(self):
+        """The step's constants of templates/optim.c, by name (codegen/write/contract.py renders them)."""
         return {}
 
 
@@ -62,7 +44,7 @@ def _check(name, value, lo, hi=math.inf, hi_open=False):
 
 
 # Values of OPTIMIZER in templates/optim.c; the step count's slot is padded to a cache line
-_STATE_LINE = 8
+STATE_LINE = 8
 _SGD, _MOMENTUM, _ADAM = 0, 1, 2
 
 
@@ -91,7 +73,7 @@ class SGD(Optimizer):
     def state_names(self):
         return ("momentum_buffer",) if self.momentum else ()
 
-    def _constants(self):
+    def constants(self):
         return {"MOMENTUM": self.momentum, "NESTEROV": int(self.nesterov), "WEIGHT_DECAY": self.weight_decay}
 
 
@@ -117,7 +99,7 @@ class Adam(Optimizer):
         object.__setattr__(self, "eps", _check(f"{name} eps", self.eps, 0))
         object.__setattr__(self, "weight_decay", _check(f"{name} weight_decay", self.weight_decay, 0))
 
-    def _constants(self):
+    def constants(self):
         return {"BETA1": self.betas[0], "BETA2": self.betas[1], "EPS": self.eps,
                 "WEIGHT_DECAY": self.weight_decay, "DECOUPLED_DECAY": int(self.decoupled)}
 

@@ -103,13 +103,6 @@ class Plan:
         encoded = base64.b64encode(self.words.astype("<i4").tobytes()).decode("ascii")
         return [encoded[i:i + TEXT_LINE] for i in range(0, len(encoded), TEXT_LINE)] or [""]
 
-    def render(self):
-        """TABLE_WORDS, TABLE_TEXT (the words), and `table`, where the runtime puts them decoded
-        (templates/model.c hands both to it through MODEL)."""
-        lines = "\n".join(f'    "{line}"' for line in self.text())
-        return (f"#define TABLE_WORDS {len(self.words)}\nstatic const char TABLE_TEXT[] =\n{lines};\n"
-                "static const int32_t *table; /* TABLE_TEXT decoded, by the runtime when the module loads */")
-
 
 def single_statements(program):
     """How many groups of the program no loop nest covers."""

@@ -54,7 +54,7 @@ KERNEL void sgd_axpy(real *restrict w, real lr, real alpha, const real *restrict
         w[i] -= lr * (alpha * x[i]);
 }
 
-/* The step-by-step API's update of a parameter row (codegen/write/statements.py's step_rows), plain SGD as
+/* The step-by-step API's update of a parameter row (templates/model.c's sgd_live_rows), plain SGD as
  * update() always did it, w[i] + -lr * grad[i]: from the row's gradient g (sgd_row), or from
  * the one contribution it had, grad[i] = 0 + alpha * x[i], never written out (sgd_rank1_row).
  * Stores aligned to a cache line: a 512-bit store straddling two (sgd_axpy aligns to 32 bytes)

@@ -3,7 +3,7 @@
  * hold a nonzero, built by scan_nonzeros() before each forward and backward. dot() sums in
  * sixteen lanes, chunk c in lanes 8 (c % 2) .. 8 (c % 2) + 7; chunks are listed by that lane
  * group: nz[0] and nz[1] count the even and the odd chunks, listed from nz + 2 and from
- * nz + 2 + NZ_GROUP_SIZE(n); 2 + NZ_CHUNKS(n) words in all (codegen/write/statements.py's nonzero_words).
+ * nz + 2 + NZ_GROUP_SIZE(n); 2 + NZ_CHUNKS(n) words in all (codegen/write/sides.py's nonzero_words).
  * The kernels add the listed chunks into the lanes dot() adds them to, in the same order, and
  * sum the lanes as dot() does, so their dots are dot()'s exactly: the chunks left out add exact
  * zeros (w * 0; only a weight that is inf or NaN would have made them otherwise). Updates of

@@ -1,0 +1,225 @@
+"""A group's backward statements: what each operand's gradient gets (Contribution: the group's
+gradient times the other factor or the local derivative), placed by the backward's mode:
+
+    Plain          every contribution added into its gradient (backward_body, backward_batch)
+    SgdInBackward  batch-1 SGD's: a parameter's only contribution taken as its step at once,
+                   `param -= lr * contribution` (ir.sgd_in_backward; backward_sgd_body)
+    Tracked        the step-by-step API's: a kernel's contribution to a row of such parameters
+                   through the row's stamp (backward_tracked_body; templates/step.c)
+
+A layer's inputs' gradients over a batch may finish the activation before it (its gradient, as
+the product's epilogue): that group is then skipped (Backward.pass_).
+"""
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..lower import ir
+from ..lower.types import OP, PARAM, BatchExtent
+from .kernels import Call, call
+from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, data_at, fused_gradient, grad_at, guarded,
+                    loop_nest, placed, short, slot_index, unrolled)
+from .sides import TrackedRow
+from .statements import Statements
+from .tree import Assign, Block, Copy, If, ReadGradient
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """What one operand (or list of them) gets from a group's gradient: `accumulate` (a typed
+    statement adding it to the gradient), `update` (batch-1 SGD's step taking it at once, for a
+    parameter marked sgd_fused: `to_fused_param`), and `track`, a TrackedRow whose gradient the
+    step-by-step API may write through its stamp (Tracked), or None."""
+    to_fused_param: bool
+    accumulate: object
+    update: object = None
+    track: TrackedRow = None
+
+
+@dataclass
+class Body:
+    """A group's backward statements as the mode places them: gradients, then updates (which
+    come after every statement that still reads a parameter's old value), and the snapshots
+    taken before the loop nest."""
+    grads: list = dataclasses.field(default_factory=list)
+    updates: list = dataclasses.field(default_factory=list)
+    snapshots: list = dataclasses.field(default_factory=list)
+
+
+class Plain:
+    """Every contribution added into its gradient."""
+
+    def place(self, c, shape, body):
+        body.grads.append(c.accumulate)
+
+
+class SgdInBackward:
+    """A contribution to a parameter marked sgd_fused (ir.sgd_in_backward) applies
+    `param -= lr * contribution` instead."""
+
+    def place(self, c, shape, body):
+        if c.to_fused_param:
+            body.updates.append(c.update)
+        else:
+            body.grads.append(c.accumulate)
+
+
+class Tracked:
+    """The step-by-step API's backward: an axpy kernel's contribution to a row of parameters
+    marked sgd_fused goes through the row's stamp (its tables: sides.SideTables's tracked rows)."""
+
+    def __init__(self, tables):
+        self.tables = tables
+
+    def place(self, c, shape, body):
+        if c.to_fused_param and c.track is not None:
+            statement, snapshot = self._track(c.track, shape, placed(c.accumulate))
+            if statement:
+                body.grads.append(statement)
+                body.snapshots.extend([snapshot] if snapshot else [])
+                return
+        body.grads.append(c.accumulate)
+
+    def _track(self, row, shape, accumulate):
+        """The stamped form of `accumulate` (adding go * other into the parameter row, in a loop
+        nest over `shape`), and the statement before the loop that snapshots `other`; (None,
+        None) where it does not apply. Each iteration writes its own row (the parameters get one
+        contribution each) and has a stamp, numbered in loop order (templates/model.c's
+        write_rows tells what the stamps say). The first contribution in a generation does not
+        write the row: it records go, the row standing for `0 + go * snapshot` (rank one) until
+        update() or someone looking at the gradients needs it."""
+        wrt, other = row.start, row.other
+        if (other is not None and any(other.strides)) or wrt.grad_offset() != wrt.base:  # one `other` for every row
+            return None, None
+        first, snapshot = self.tables.track(dataclasses.replace(row, shape=shape))
+        strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+        stamp = " + ".join([str(first)] + [f"i{d}" if s == 1 else f"{s} * i{d}" for d, s in enumerate(strides)])
+        listed = Assign("live[++live[0]]", f"(uint32_t)({stamp})")  # update() visits the rows of the list
+        if other is None:  # a single parameter (a bias): its gradient is written at once
+            first_time = (Assign(f"stamp[{stamp}]", "gen"), Assign(grad_at(wrt), "(real)0 + go"), listed)
+            return If(f"stamp[{stamp}] == gen", accumulate, If("go != 0", Block(first_time, inline=True))), None
+        first_time = (Assign(f"stamp[{stamp}]", "gen + 1"), Assign(f"rank1[{stamp}]", "go"), listed)
+        return (If(f"stamp[{stamp}] == gen", accumulate, If("go != 0", Block(first_time, inline=True))),
+                Copy(f"snap + {snapshot}", f"d + {slot_index(other)}", row.n))
+
+
+class Backward(Statements):
+    def pass_(self, groups, mode):
+        """The statements of each group of `groups` (in backward order) in `mode` (Plain,
+        SgdInBackward, Tracked); an activation's gradient, when the group just before it finishes
+        the activation's gradient with a product (its inputs' gradients, matmul_acc), becomes
+        that product's epilogue (loops.fused_gradient): nothing between them adds to it."""
+        statements, skip = [], None
+        for i, g in enumerate(groups):
+            if g is skip:
+                continue
+            after = groups[i + 1] if i + 1 < len(groups) and groups[i + 1].guard == g.guard else None
+            group, folded = self.group(g, mode, after)
+            statements += guarded(g, group)
+            skip = after if folded else None
+        return statements
+
+    def group(self, g, mode, activation=None):
+        """(the statements adding group g's gradients into its operands', whether they finish
+        `activation`'s: the group after g in backward order, whose gradient g's product may
+        finish as its epilogue)."""
+        ops, node = g.operands, g.first
+        out_grad = grad_at(ops.out)
+        if node.kind == OP and node.op.selects:  # the gradient goes to the operand picked only
+            names = dict(self._op_names(node, ops), out=data_at(ops.out))
+            grads = []
+            if any(x.needs_grad for x in node.args[node.op.first_choice:]):
+                grads.append(Assign(self._picked(node.op, ops, grad=True), self._times_local(node, 0, names, out_grad), "+="))
+            return loop_nest(g.shape, grads), False
+        body = Body()
+        if node.kind == OP:
+            names = dict(self._op_names(node, ops), out=data_at(ops.out))
+            for i, (arg, where) in enumerate(zip(node.args, ops.args)):
+                if arg.needs_grad and not arg.shares_grad:
+                    term = self._times_local(node, i, names, out_grad)
+                    mode.place(Contribution(arg.sgd_fused, Accumulate(where, 0, term),
+                                            Assign(data_at(where), f"lr * ({term})", "-=")), g.shape, body)
+            return loop_nest(g.shape, body.grads + body.updates), False
+        go, contributions = "go", []
+        if ops.terms:
+            contributions += self._terms(ops.terms, [node.args[i] for i in ops.term_positions], go, ops.out)
+        if ops.a:
+            for wrt, other, factors in ((ops.b, ops.a, node.b), (ops.a, ops.b, node.a)):
+                contributions += self._products(wrt, other, factors, go, ops.out, g.shape, activation)
+        for c in contributions:
+            mode.place(c, g.shape, body)
+        folded = any(isinstance(c.accumulate, Matmul) and c.accumulate.epilogue is not None for c in contributions)
+        grads, updates = body.grads, body.updates
+        if not grads and not updates:
+            return [], folded
+        # Every contribution is go times something: none when go is 0 (a ReLU that is off), which
+        # saves the kernels' passes; written-out statements stay branch-free, to be vectorised.
+        unless_zero = any(isinstance(s, Call) for s in grads + updates)  # a kernel
+        statements = loop_nest(g.shape, [ReadGradient(out_grad), *grads, *updates], dots=not updates,
+                               unless_zero=unless_zero)
+        return body.snapshots + (statements if g.shape else [Block(tuple(statements), inline=True)]), folded
+
+    def _terms(self, v, nodes, go, out):
+        """Loose terms of a sum: each gets the sum's gradient."""
+        needs = [x.needs_grad and not x.shares_grad for x in nodes]
+        if not any(needs):
+            return []
+        n = v.n
+        if unrolled(v) or not all(needs):
+            return [Contribution(x.sgd_fused, Accumulate(v.start, o, go, (out, None, 0)),
+                                 Assign(data_at(v.start, o), f"lr * {go}", "-="),
+                                 TrackedRow(dataclasses.replace(v.start, base=v.start.base + o), 1, (), None))
+                    for x, o, need in zip(nodes, v.offsets, needs) if need]
+        to_param = nodes[0].sgd_fused
+        if v.contiguous:
+            return [Contribution(to_param, call("add_short" if short(v) else "add_range",
+                                                y=f"g + {slot_index(v.start, grad=True)}", alpha=go, n=n),
+                                 call("add_range", y=f"d + {slot_index(v.start)}", alpha=f"-(lr * {go})", n=n))]
+        table = self.tables.offsets(v.offsets)
+        return [Contribution(to_param, call("add_offsets", y=f"g + {slot_index(v.start, grad=True)}", oy=table, alpha=go, n=n),
+                             call("add_offsets", y=f"d + {slot_index(v.start)}", oy=table, alpha=f"-(lr * {go})", n=n))]
+
+    def _products(self, wrt, other, factors, go, out, shape=(), activation=None):
+        """Factor list `wrt` of a dot gets go times the other list's values."""
+        needs = [f.needs_grad for f in factors]
+        if not any(needs):
+            return []
+        n = wrt.n
+        if all(needs) and not any(f.sgd_fused for f in factors) and Matmul.fits(shape, wrt, other, out):
+            laid = fused_gradient(wrt, shape, activation) if activation is not None else None
+            epilogue = None if laid is None else (self._epilogue(activation.first, gradient=True), *laid)
+            return [Contribution(False, Matmul(wrt, other, out, epilogue))]
+        # (a loop whose weights stay put over its innermost loop gives them several contributions:
+        # batch-1 SGD never updates them in backward; the batched program steps them after the
+        # sum over its batch when they have no other, train()'s rate permitting)
+        # (lists written out are summed in registers over a loop of a fixed count (the zoo's demo:
+        # measured faster); over a run-time batch, rows of 16 and more make a product worth its call)
+        if (all(needs) and (not unrolled(wrt, other) or (shape and isinstance(shape[-1], BatchExtent)
+                                                         and len(wrt.offsets) >= UNROLL_MAX_CONTIGUOUS))
+                and WeightGradient.fits(shape, wrt, other, out)):
+            stepped = self.tables.stepped
+            step = stepped is not None and all(f.kind == PARAM and f.sgd_fused for f in factors)
+            product = WeightGradient(wrt, other, out, self.tables.row_list(other), step)
+            if step:
+                stepped += ir.slot_runs(np.sort(product.weights(shape)))
+            return [Contribution(False, product)]
+        if unrolled(wrt, other) or not all(needs):
+            return [Contribution(f.sgd_fused, Accumulate(wrt.start, i, f"{go} * {data_at(other.start, j)}", (out, other.start, j)),
+                                 Assign(data_at(wrt.start, i), f"lr * ({go} * {data_at(other.start, j)})", "-="))
+                    for f, i, j, need in zip(factors, wrt.offsets, other.offsets, needs) if need]
+        to_param = factors[0].sgd_fused
+        nonzeros = self.tables.nonzeros(other) if wrt.contiguous and other.contiguous else None
+        y, w, x = f"g + {slot_index(wrt.start, grad=True)}", f"d + {slot_index(wrt.start)}", f"d + {slot_index(other.start)}"
+        row = TrackedRow(wrt.start, n, (), other.start)
+        if nonzeros:
+            return [Contribution(to_param, call("axpy_nz", y=y, alpha=go, x=x, n=n, nz=nonzeros),
+                                 call("sgd_axpy_nz", w=w, lr="lr", alpha=go, x=x, n=n, nz=nonzeros), row)]
+        if wrt.contiguous and other.contiguous:
+            return [Contribution(to_param, call("axpy_short" if short(wrt, other) else "axpy", y=y, alpha=go, x=x, n=n),
+                                 call("sgd_axpy", w=w, lr="lr", alpha=go, x=x, n=n), row)]
+        tw, to = self.tables.offsets(wrt.offsets), self.tables.offsets(other.offsets)
+        return [Contribution(to_param, call("axpy_offsets", y=y, oy=tw, alpha=go, x=x, ox=to, n=n),
+                             call("sgd_axpy_offsets", w=w, ow=tw, lr="lr", alpha=go, x=x, ox=to, n=n))]

@@ -1,0 +1,83 @@
+"""A group's forward statements: a value per member, from the op table's formula or a sum of
+constants, loose terms and products (a fused dot), or one layer kernel's call (loops.layer
+decides); an activation of a layer's results folded into the layer's product as its epilogue.
+"""
+
+from ..lower.types import OP
+from .dtypes import c_literal
+from .kernels import call
+from .loops import (data_at, fused_activation, guarded, layer, loop_nest, short, slot_index, takes_epilogue, tree_sum,
+                    unrolled)
+from .statements import Statements
+from .tree import Assign
+
+
+class Forward(Statements):
+    def pass_(self, groups):
+        """The statements of a forward pass over `groups`; an activation of a layer's results
+        (loops.fused_activation) becomes the epilogue of the layer's product instead of a pass of
+        its own over them."""
+        statements, folded = [], set()
+        for i, g in enumerate(groups):
+            if id(g) in folded:
+                continue
+            epilogue = None
+            if takes_epilogue(g):
+                for h in groups[i + 1:]:
+                    y = fused_activation(g, h) if h.guard == g.guard else None
+                    if y is not None:
+                        folded.add(id(h))
+                        epilogue = (self._epilogue(h.first), y)
+                        break
+            statements += guarded(g, self.group(g, epilogue))
+        return statements
+
+    def group(self, g, epilogue=None):
+        """The statements computing group g's values (epilogue: see loops.layer)."""
+        ops = g.operands
+        node = g.first
+        kernel = layer(g, self.tables, epilogue)
+        if kernel:
+            return [kernel]
+        if node.kind == OP:
+            names = self._op_names(node, ops)
+            value = self._op_c(node, node.op.value, names)
+        else:
+            parts = [c_literal(c, self.dtype) for c in ops.constants]
+            if ops.terms:
+                parts += self._sum(ops.terms)
+            if ops.a:
+                parts += self._dot(ops.a, ops.b) if g.masked is None else self._masked_dot(ops.a, ops.b, g.masked)
+            value = tree_sum(parts)
+        return loop_nest(g.shape, [Assign(data_at(ops.out), value)], independent=True)
+
+    def _sum(self, v):
+        """C for the sum of a Vector's values (a list of parts, summed left to right)."""
+        n = v.n
+        if unrolled(v):
+            return [data_at(v.start, o) for o in v.offsets]
+        if v.contiguous:
+            return [str(call("sum_short" if short(v) else "sum_range", x=f"d + {slot_index(v.start)}", n=n))]
+        return [str(call("sum_offsets", x=f"d + {slot_index(v.start)}", ox=self.tables.offsets(v.offsets), n=n))]
+
+    def _dot(self, a, b):
+        n = a.n
+        if unrolled(a, b):
+            return [f"{data_at(a.start, i)} * {data_at(b.start, j)}" for i, j in zip(a.offsets, b.offsets)]
+        if a.contiguous and b.contiguous:
+            for other, inputs in ((a, b), (b, a)):
+                nonzeros = self.tables.nonzeros(inputs)
+                if nonzeros:
+                    return [str(call("dot_nz", a=f"d + {slot_index(other.start)}", x=f"d + {slot_index(inputs.start)}",
+                                     n=n, nz=nonzeros))]
+            return [str(call("dot_short" if short(a, b) else "dot", a=f"d + {slot_index(a.start)}",
+                             b=f"d + {slot_index(b.start)}", n=n))]
+        return [str(call("dot_offsets", a=f"d + {slot_index(a.start)}", oa=self.tables.offsets(a.offsets),
+                         b=f"d + {slot_index(b.start)}", ob=self.tables.offsets(b.offsets), n=n))]
+
+    @staticmethod
+    def _masked_dot(a, b, slot):
+        """The loss's products, the t-th left out (0) unless the sample has more than t positions
+        (Group.masked, lower/positions.py): its factor is then a skipped position's stale value."""
+        return [f"where(d[{slot}] > {t}, {data_at(a.start, i)} * {data_at(b.start, j)}, 0)"
+                for t, (i, j) in enumerate(zip(a.offsets, b.offsets))]

@@ -1,0 +1,131 @@
+"""What a group's statements are before they are C: a small typed tree (assignments, kernel
+calls, declarations, loops, blocks and ifs), which codegen/write/forward.py,
+codegen/write/backward.py and codegen/write/loops.py build and render() alone writes as C, at the end. Expressions (a
+formula's value, a slot's index, a condition) are C text; no code reads them to decide anything.
+
+The layout is the generated C's: a function's statements one per line at one indentation, a
+block's braces and statements at that same indentation, only the innermost loop's body indented
+once more; a block marked inline, and what it holds, on one line.
+"""
+
+from dataclasses import dataclass
+
+from ..lower.types import Bounded, Parts
+from .kernels import Call
+
+
+@dataclass(frozen=True)
+class Assign:
+    """`target op value;`: op "=", "+=" or "-="."""
+    target: str
+    value: str
+    op: str = "="
+
+
+@dataclass(frozen=True)
+class Declare:
+    """`real name = 0, ...;`: registers that sum a loop's terms."""
+    names: tuple
+
+
+@dataclass(frozen=True)
+class ReadGradient:
+    """Backward's first statement: `go`, the group's gradient, read from its slot."""
+    at: str
+
+
+@dataclass(frozen=True)
+class Copy:
+    """`n` reals copied from `source` to `to` (pointers)."""
+    to: str
+    source: str
+    n: int
+
+
+@dataclass(frozen=True)
+class Block:
+    """Statements in braces."""
+    body: tuple
+    inline: bool = False
+
+
+@dataclass(frozen=True)
+class If:
+    """`if (condition) then`, and `else orelse` when given (a statement, a Block or an If)."""
+    condition: str
+    then: object
+    orelse: object = None
+
+
+@dataclass(frozen=True)
+class Loop:
+    """`for` over loop index i<index> from 0 to `extent`: with `braced`, around the statements of
+    `body` (indented); without, around its one statement. An extent cut at run time
+    (types.Bounded) is read once, before the loop (the loop's stores to d could change it, for
+    all the compiler knows); a family's loop i0 (types.Parts) keeps tri0 = i0 * (i0 - 1) / 2 as
+    it goes. `independent`: no iteration reads what another writes, which the C compiler is told
+    (INDEPENDENT), so that it vectorises without checking at run time."""
+    index: int
+    extent: object
+    body: tuple
+    braced: bool = True
+    independent: bool = False
+
+    def header(self):
+        d, n = self.index, self.extent
+        start, end = (f"i{d} = 0, n{d} = {n}", f"n{d}") if isinstance(n, Bounded) else (f"i{d} = 0", n)
+        header = (f"for (long {start}, tri0 = 0; i0 < {end}; tri0 += i0, i0++)" if d == 0 and isinstance(n, Parts)
+                  else f"for (long {start}; i{d} < {end}; i{d}++)")
+        return ("INDEPENDENT " if self.independent else "") + header
+
+
+@dataclass(frozen=True)
+class Seq:
+    """Statements that follow each other and count as one (one entry of a generated function)."""
+    body: tuple
+
+
+def nest(shape, body, braced=True, independent=False, first=0):
+    """Loops over `shape` (indices i<first>, ...) around `body`: the outer ones each around the
+    next, the innermost around body (braced or not; independent or not). No loops: body's one
+    statement."""
+    if not shape:
+        (node,) = body
+        return node
+    node = Loop(first + len(shape) - 1, shape[-1], tuple(body), braced, independent)
+    for d in range(len(shape) - 2, -1, -1):
+        node = Loop(first + d, shape[d], (node,), braced=False)
+    return node
+
+
+def render(node, pad="    "):
+    """The C of a statement: its lines after the first start with `pad` (None: all on one line)."""
+    if isinstance(node, Call):
+        return f"{node};"
+    if isinstance(node, Assign):
+        return f"{node.target} {node.op} {node.value};"
+    if isinstance(node, ReadGradient):
+        return f"const real go = {node.at};"
+    if isinstance(node, Declare):
+        return "real " + ", ".join(f"{name} = 0" for name in node.names) + ";"
+    if isinstance(node, Copy):
+        return f"memcpy({node.to}, {node.source}, {node.n} * sizeof(real));"
+    if isinstance(node, If):
+        text = f"if ({node.condition}) {render(node.then, pad)}"
+        return text if node.orelse is None else f"{text} else {render(node.orelse, pad)}"
+    if isinstance(node, Block):
+        inner = None if node.inline else pad
+        return _lines(["{", *(render(s, inner) for s in node.body), "}"], inner)
+    if isinstance(node, Seq):
+        return _lines([render(s, pad) for s in node.body], pad)
+    if isinstance(node, Loop):
+        if not node.braced:
+            (body,) = node.body
+            return _lines([node.header(), render(body, pad)], pad)
+        inner = pad + "    "
+        return f"{node.header()} {{" + "".join(f"\n{inner}{render(s, inner)}" for s in node.body) + f"\n{pad}}}"
+    raise TypeError(f"not a statement: {node!r}")
+
+
+def _lines(parts, pad):
+    return (" " if pad is None else "\n" + pad).join(parts)

@@ -1,0 +1,8 @@
+EPILOGUE void @NAME@(const real *restrict x, real *restrict y, const real *restrict a,
+                    const real *restrict o, long count)
+{
+    (void)a;
+    (void)o;
+    INDEPENDENT for (long n = 0; n < count; n++)
+        @STATEMENT@
+}
