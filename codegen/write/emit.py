@@ -27,9 +27,12 @@ CHUNK_STATEMENTS = 200
 # it took 11 s in functions of 200 (alias walking and PRE grow with a function's statements,
 # which here are many memory accesses each); the loops of other programs keep CHUNK_STATEMENTS.
 STRAIGHT_LINE_CHUNK_STATEMENTS = 40
-# Statements per C file: big programs become several files, compiled in parallel, each in
-# bounded compiler memory.
-UNIT_STATEMENTS = 20_000
+# Lines of generated functions per C file: programs with more become several files, compiled in
+# parallel (a compiler's time follows a unit's lines, not its statements: one loop nest is one
+# statement and dozens of lines), each in bounded compiler memory. microgpt's 1,800 lines of loop
+# nests in one unit took gcc -O2 4.2-4.4 s of CPU, in four (the backward's lines cost more than
+# the forward's) 0.8-2.2 s each (Zen 3, shared): each unit pays its prelude's parse (~0.1 s).
+UNIT_LINES = 500
 # From this many generated statements (a loop nest counts one), the generated functions go into a
 # file of their own even when they fit one, compiled in parallel with the module's skeleton and
 # kernels, which take about half of a fused module's compile time: gcc -O3 -march=native on 2
@@ -65,18 +68,21 @@ def _functions(name, params, statements, chunk):
 
 
 def _units(pieces, unit):
-    """The chunk functions packed in order into groups of about `unit` statements."""
+    """The chunk functions packed in order into the fewest groups of at most about `unit` lines,
+    of about equal lines (the units compile side by side)."""
+    lines = [piece[0].count("\n") for piece in pieces]
+    share = sum(lines) / max(1, -(-sum(lines) // unit))
     units, size = [[]], 0
-    for piece in pieces:
-        if size >= unit:
+    for piece, n in zip(pieces, lines):
+        if size and size + n / 2 > share:
             units.append([])
             size = 0
         units[-1].append(piece)
-        size += piece[2]
+        size += n
     return units
 
 
-def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, optimizer=None,
+def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_LINES, optimizer=None,
          initial_params=None, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batched=None, table=False):
     """The C sources of the extension module `module_name` computing `program`: the module
     itself, then (for big programs) extra units of generated functions compiled alongside.
