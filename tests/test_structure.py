@@ -12,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import seeded_cache
+
 import codegen
 from codegen.backend import cache as build_cache
 from micrograd_c import MLP, Value, cross_entropy, dot
@@ -169,7 +171,8 @@ def _same_graph(a, b):
 # ---- the cache's index by structure ---------------------------------------------------------------
 def compile_mlp(cache, **options):
     loss, inputs, params, outputs = mlp_graph()
-    return codegen.compile(loss, inputs, params, outputs, cache=cache, **options)  # the default compiler: a file build
+    cache = seeded_cache(cache, None, options.get("opt", 2))  # the default compiler: a file build
+    return codegen.compile(loss, inputs, params, outputs, cache=cache, **options)
 
 
 def test_a_rebuilt_graph_loads_without_codegen(tmp_path, monkeypatch):
@@ -191,7 +194,7 @@ def test_a_build_from_given_sources_is_indexed_too(tmp_path, monkeypatch):
     """compile(sources=generate(...)) (the benchmarks and apps that time codegen apart) also
     indexes its build by the graph's structure: the next compile does not generate the C again."""
     loss, inputs, params, outputs = mlp_graph()
-    first = codegen.compile(loss, inputs, params, outputs, cache=tmp_path,
+    first = codegen.compile(loss, inputs, params, outputs, cache=seeded_cache(tmp_path, None),
                             sources=codegen.generate(loss, inputs, params, outputs))
     assert not first.build.cached
     with monkeypatch.context() as patch:
@@ -203,7 +206,8 @@ def test_a_build_from_given_sources_is_indexed_too(tmp_path, monkeypatch):
 @pytest.mark.parametrize("damage", ["entry", "index"])
 def test_a_damaged_entry_or_index_falls_back_to_codegen(tmp_path, damage):
     # built in another process: this one must not have the shared object mapped when it is damaged
-    subprocess.run([sys.executable, "-c", f"from tests.test_structure import *; compile_mlp({str(tmp_path)!r})"],
+    subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'tests'); "
+                    f"from tests.test_structure import *; compile_mlp({str(tmp_path)!r})"],
                    check=True, timeout=120, cwd=pathlib.Path(__file__).parent.parent)
     if damage == "entry":
         (so_path,) = tmp_path.glob("*.so")

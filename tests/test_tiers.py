@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import requires
+from conftest import requires, seeded_cache
 from test_compile import check_random_graphs
 
 import codegen
@@ -56,7 +56,7 @@ def test_switch_mid_training_equals_either_tier_throughout(optimised, optimizer,
         requires("tcc")
     graph = irregular.graph(150, seed=3)
     X, Y = rows(graph)
-    net = compile_graph(graph, compiler=optimised, tiered=True, optimizer=optimizer, cache=tmp_path / "tiered")
+    net = compile_graph(graph, compiler=optimised, tiered=True, optimizer=optimizer, cache=seeded_cache(tmp_path / "tiered", optimised))
     assert net.tier == "first" and net.timings["optimised"] is None
     assert net.build.command[0] == first.argv[0] or first.family == "libtcc"
     losses = [net.train(X, Y, 0.05), net.train(X, Y, 0.05, seed=1)]
@@ -67,7 +67,7 @@ def test_switch_mid_training_equals_either_tier_throughout(optimised, optimizer,
     losses += [net.train(X, Y, 0.05, seed=2), net.train(X, Y, 0.05)]
     for compiler in (first.family, optimised):
         throughout = compile_graph(graph, compiler=compiler, tiered=False, optimizer=optimizer,
-                                   cache=tmp_path / "throughout")
+                                   cache=seeded_cache(tmp_path / "throughout", compiler))
         assert throughout.tier is None
         expected = [throughout.train(X, Y, 0.05), throughout.train(X, Y, 0.05, seed=1),
                     throughout.train(X, Y, 0.05, seed=2), throughout.train(X, Y, 0.05)]
@@ -83,8 +83,8 @@ def test_switch_between_steps_of_the_step_api(gate, tmp_path):
     requires("gcc")
     graph = irregular.graph(100, seed=5)
     X, Y = rows(graph, 4)
-    net = compile_graph(graph, compiler="gcc", tiered=True, cache=tmp_path)
-    reference = compile_graph(graph, compiler="gcc", tiered=False, cache=tmp_path / "reference")
+    net = compile_graph(graph, compiler="gcc", tiered=True, cache=seeded_cache(tmp_path, "gcc"))
+    reference = compile_graph(graph, compiler="gcc", tiered=False, cache=seeded_cache(tmp_path / "reference", "gcc"))
     for i, m in enumerate([net, reference]):
         m.set_input(np.concatenate([X[0], Y[0]]))
         m.zero_grad()
@@ -135,11 +135,11 @@ def test_a_failed_or_killed_optimised_build_keeps_the_first_tier_training(how, s
 def test_a_cache_hit_starts_optimised_and_small_programs_are_not_tiered(tmp_path):
     requires("gcc")
     graph = irregular.graph(100, seed=9)
-    net = compile_graph(graph, compiler="gcc", tiered=True, cache=tmp_path)
+    net = compile_graph(graph, compiler="gcc", tiered=True, cache=seeded_cache(tmp_path, "gcc"))
     assert net.wait(60) == "optimised"
     again = compile_graph(graph, compiler="gcc", tiered=True, cache=tmp_path)
     assert again.tier == "optimised" and again.build.cached
-    assert compile_graph(graph, compiler="gcc", cache=tmp_path / "small").tier is None  # tiered=None: small C
+    assert compile_graph(graph, compiler="gcc", cache=seeded_cache(tmp_path / "small", "gcc")).tier is None  # tiered=None: small C
     with pytest.raises(TypeError, match="tiered must be"):
         compile_graph(graph, compiler="gcc", tiered="yes")
 
@@ -147,7 +147,7 @@ def test_a_cache_hit_starts_optimised_and_small_programs_are_not_tiered(tmp_path
 def test_the_tiered_module_forwards_the_api(tmp_path, gate):
     requires("gcc")
     graph = irregular.graph(100, seed=11)
-    net = compile_graph(graph, compiler="gcc", tiered=True, cache=tmp_path, outputs=graph.outputs)
+    net = compile_graph(graph, compiler="gcc", tiered=True, cache=seeded_cache(tmp_path, "gcc"), outputs=graph.outputs)
     assert {"train", "predict", "params", "optimizer_state", "wait", "tier"} <= set(dir(net))
     values = [Value(p.data) for p in graph.params]
     codegen.copy_from_values(net, values)
@@ -190,7 +190,7 @@ def test_train_in_the_bounded_form_equals_the_step_api(compiler, every_program_s
     requires(compiler)
     graph = irregular.graph(150, seed=2)
     X, Y = rows(graph, 10)
-    net = compile_graph(graph, compiler=compiler, cache=tmp_path, tiered=False)
+    net = compile_graph(graph, compiler=compiler, cache=seeded_cache(tmp_path, compiler), tiered=False)
     steps = compile_graph(graph, compiler=compiler, cache=tmp_path, tiered=False)
     net.train(X, Y, 0.05)
     step_by_step(steps, X, Y, 0.05)
@@ -214,5 +214,5 @@ def test_a_first_tier_that_does_not_build_leaves_the_optimised_build(tmp_path, m
     monkeypatch.setattr(tiers, "first_tier_compiler", lambda: broken)
     graph = irregular.graph(100, seed=13)
     with pytest.warns(tiers.TierWarning, match="no such builtin"):
-        net = compile_graph(graph, compiler="gcc", tiered=True, cache=tmp_path)
+        net = compile_graph(graph, compiler="gcc", tiered=True, cache=seeded_cache(tmp_path, "gcc"))
     assert net.tier is None and not net.build.cached
