@@ -27,12 +27,13 @@ CHUNK_STATEMENTS = 200
 # it took 11 s in functions of 200 (alias walking and PRE grow with a function's statements,
 # which here are many memory accesses each); the loops of other programs keep CHUNK_STATEMENTS.
 STRAIGHT_LINE_CHUNK_STATEMENTS = 40
-# Lines of generated functions per C file: programs with more become several files, compiled in
-# parallel (a compiler's time follows a unit's lines, not its statements: one loop nest is one
-# statement and dozens of lines), each in bounded compiler memory. microgpt's 1,800 lines of loop
-# nests in one unit took gcc -O2 4.2-4.4 s of CPU, in four (the backward's lines cost more than
-# the forward's) 0.8-2.2 s each (Zen 3, shared): each unit pays its prelude's parse (~0.1 s).
-UNIT_LINES = 500
+# The generated functions go into C files of their own, compiled in parallel (a compiler's time
+# follows a unit's lines, not its statements: a loop nest is one statement and dozens of lines):
+# as many files as UNIT_LINES lines make, at most MAX_UNITS, unless files of UNIT_MAX_LINES need
+# more (each in bounded compiler memory). microgpt's 1,800 lines of loop nests in one unit took
+# gcc -O2 4.2-4.4 s of CPU, in four (the backward's lines cost more) 0.8-2.2 s each (Zen 3,
+# shared); each file pays its prelude's parse (~0.1 s), hence the cap.
+UNIT_LINES, MAX_UNITS, UNIT_MAX_LINES = 500, 8, 20_000
 # From this many generated statements (a loop nest counts one), the generated functions go into a
 # file of their own even when they fit one, compiled in parallel with the module's skeleton and
 # kernels, which take about half of a fused module's compile time: gcc -O3 -march=native on 2
@@ -68,10 +69,11 @@ def _functions(name, params, statements, chunk):
 
 
 def _units(pieces, unit):
-    """The chunk functions packed in order into the fewest groups of at most about `unit` lines,
-    of about equal lines (the units compile side by side)."""
+    """The chunk functions packed in order into groups of about equal lines: one per `unit` lines,
+    at most MAX_UNITS unless groups of UNIT_MAX_LINES need more (they compile side by side)."""
     lines = [piece[0].count("\n") for piece in pieces]
-    share = sum(lines) / max(1, -(-sum(lines) // unit))
+    count = min(-(-sum(lines) // unit), max(MAX_UNITS, -(-sum(lines) // UNIT_MAX_LINES)))
+    share = sum(lines) / max(1, count)
     units, size = [[]], 0
     for piece, n in zip(pieces, lines):
         if size and size + n / 2 > share:
