@@ -89,17 +89,15 @@ def python_blocks(text):
 
 @pytest.fixture
 def op_added(monkeypatch):
-    """The README's new op, applied as its four snippets say: the table row, the Value method,
-    the test_engine entry and the test_compile case. Returns (name, unary entry, compile case)."""
-    from micrograd_c import Value, ops
-    row, method, unary, case = python_blocks(section("How to add an op"))
+    """The README's new op, applied as its three snippets say: the table row (which makes the
+    Value method, as engine.py does for each row of _TABLE), the test_engine entry and the
+    test_compile case. Returns (name, unary entry, compile case)."""
+    from micrograd_c import Value, engine, ops
+    row, unary, case = python_blocks(section("How to add an op"))
     op = eval(row.strip().rstrip(","), vars(ops))  # the row as it stands in _TABLE
-    assert isinstance(op, ops.Op) and op.name not in ops.OPS
+    assert isinstance(op, ops.Op) and op.name not in ops.OPS and not hasattr(Value, op.method)
     monkeypatch.setitem(ops.OPS, op.name, op)
-    namespace = {}
-    exec(method, namespace)
-    function = next(value for key, value in namespace.items() if not key.startswith("__"))
-    monkeypatch.setattr(Value, function.__name__, function, raising=False)
+    monkeypatch.setattr(Value, op.method, engine.op_method(op), raising=False)
     (name, entry), = eval("{" + unary + "}", {"math": math}).items()
     (case_name, build), = eval("{" + case + "}").items()
     assert name == case_name == op.name
