@@ -40,28 +40,25 @@ PARALLEL_MIN_STATEMENTS = 16
 
 def _functions(name, params, statements, chunk):
     """C functions of at most `chunk` statements each, as (definition, declaration, statement
-    count) triples, and the driver `name` that calls them in order (statements: codegen/write/tree.py's,
-    rendered here). A table.TableCall among the statements is a call in the driver itself, between the functions before and after it."""
-    args = ", ".join(p.split()[-1].lstrip("*") for p in params)
-    signature = ", ".join(params)
+    count) triples, and the driver `name` that calls them in order (statements: codegen/write/tree.py's).
+    A table.TableCall among the statements is a call in the driver itself, between the functions before and after it."""
+    args = tuple(p.split()[-1].lstrip("*") for p in params)
     pieces, calls, run = [], [], []
 
     def close():
         for i in range(0, len(run), chunk):
-            head = f"CHUNK void {name}_{len(pieces)}({signature})"
-            body = "\n    ".join(run[i:i + chunk])
-            calls.append(f"    {name}_{len(pieces)}({args});")
-            pieces.append((f"{head}\n{{\n    {body}\n}}\n", f"{head};", len(run[i:i + chunk])))
+            function = tree.Function(f"{name}_{len(pieces)}", tuple(params), tuple(run[i:i + chunk]), "CHUNK void")
+            calls.append(tree.Invoke(function.name, args))
+            pieces.append((tree.render(function) + "\n", tree.prototype(function), len(function.body)))
         run.clear()
     for statement in statements:
         if isinstance(statement, tables.TableCall):
             close()
-            calls.append(f"    {statement.render()}")
+            calls.append(statement.statement())
         else:
-            run.append(tree.render(statement))
+            run.append(statement)
     close()
-    driver = f"static void {name}({signature})\n{{\n" + "\n".join(calls) + "\n}\n"
-    return pieces, driver
+    return pieces, tree.render(tree.Function(name, tuple(params), tuple(calls))) + "\n"
 
 
 def _units(pieces, unit):
@@ -213,11 +210,10 @@ def _with_table(items, statements):
 def _constants(constants, dtype, name="init_constants", table="CONSTANT_VALUES"):
     """init_constants(d): writes the constants that loops read into their slots (consecutive)."""
     if not constants:
-        return f"static void {name}(real *d) {{ (void)d; }}"
-    values = ", ".join(c_literal(v, dtype) for _, v in constants)
-    return (f"static const real {table}[{len(constants)}] = {{{values}}};\n"
-            f"static void {name}(real *d) {{ memcpy(d + {constants[0][0]}, {table}, "
-            f"sizeof {table}); }}")
+        return tree.render(tree.Function(name, ("real *d",), (tree.Unused(("d",)),), inline=True))
+    copy = tree.Invoke("memcpy", (f"d + {constants[0][0]}", table, f"sizeof {table}"))
+    return (contract.constant_values(table, [c_literal(v, dtype) for _, v in constants]) + "\n"
+            + tree.render(tree.Function(name, ("real *d",), (copy,), inline=True)))
 
 
 def _batched_functions(sides, dtype):
@@ -251,9 +247,7 @@ def _batch_layout(sides, dtype):
 
 def _scan(name, params, calls):
     """A scan of the inputs into their lists (sides.SideTables's nonzero_scans, row_scans)."""
-    lines = "\n".join(f"    {tree.render(c)}" for c in calls)
-    unused = " ".join(f"(void){p.split()[-1]};" for p in params)
-    return f"static void {name}({', '.join(params)})\n{{\n{lines}\n    {unused}\n}}"
+    return tree.render(tree.Function(name, tuple(params), (*calls, tree.Unused(tuple(p.split()[-1] for p in params)))))
 
 
 def _epilogue_definitions(epilogues):
