@@ -93,7 +93,8 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_STATEMENTS, opt
         raise ValueError(f"{len(initial_params)} initial parameter values for {program.n_params} parameters")
     if table and batched is not None:
         raise ValueError("a program in the table form has no batched form")
-    graph, extra = _render(program, chunk, unit, dtype, sparse_inputs, batched, tables.plan(program) if table else None)
+    graph, extra = _render(program, chunk, unit, module=True, thread_pool=True, dtype=dtype, sparse_inputs=bool(sparse_inputs),
+                           batched=batched, plan=tables.plan(program) if table else None)
     return [templates.fill("model.c", CONSTANTS=module.render(), GRAPH=graph)] + extra + [runtime_source(dtype)]
 
 
@@ -118,7 +119,7 @@ def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False, plan=None):
     and backward_sgd_body(d, g, lr) (static). For exporting a model out of Python; with
     thread_pool, for a module that includes templates/pool.c (codegen.jit). plan: the program's
     table form (codegen.explain counts its lines; its passes call the module runtime's loops)."""
-    graph, _ = _render(program, chunk, unit=None, plan=plan, thread_pool=thread_pool)
+    graph, _ = _render(program, chunk, unit=None, module=False, thread_pool=thread_pool, plan=plan)
     return graph
 
 
@@ -128,20 +129,22 @@ def chunk_statements(program, chunk=CHUNK_STATEMENTS):
     return min(chunk, STRAIGHT_LINE_CHUNK_STATEMENTS) if program.fused and ir.straight_line_heavy(program) else chunk
 
 
-def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None, batched=None, plan=None,
-            thread_pool=None):
+def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batched=None,
+            plan=None):
     """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units).
-    sparse_inputs (modules: True or False; None for standalone code, which has no lists): dots
-    over an input range use its nonzero list (scan_nonzeros and the words after d's slots).
-    plan: the program's table form (table.plan), or None."""
+    module: an extension module's graph (its input lists, the step API's tables and tracked
+    backward, the batch layout; products from its runtime), or standalone C (exported, jit: none
+    of those, products defined in the file). thread_pool: the products run on templates/pool.c's
+    threads. sparse_inputs (modules only): dots over an input range use its nonzero list
+    (scan_nonzeros and the words after d's slots). plan: the program's table form (table.plan), or None."""
     dtype = dtypes.lookup(dtype)
     chunk = chunk_statements(program, chunk)
     if plan is not None:
         program = plan.program
     shared = Shared()  # (the batched program's statements use the same offset tables and epilogues)
-    sides = SideTables(program, shared, bool(sparse_inputs))
+    sides = SideTables(program, shared, sparse_inputs)
     # the batched program's: the inputs' row lists with sparse inputs
-    batch_sides = SideTables.batched(batched, shared, bool(sparse_inputs)) if batched else None
+    batch_sides = SideTables.batched(batched, shared, sparse_inputs) if batched else None
     forward, backward_of = Forward(program, sides, dtype), Backward(program, sides, dtype)
     if plan is None:
         forward_outputs = forward.pass_(program.forward[:program.n_output_groups])
@@ -154,7 +157,7 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
     backward_sgd = backward_of.pass_(program.backward, SgdInBackward()) if program.sgd_in_backward else []
     # The step-by-step API's backward (modules only; the same as backward_body when no row is tracked)
     backward_tracked = backward_of.pass_(program.backward, Tracked(sides)) \
-        if sparse_inputs is not None and program.sgd_in_backward else []
+        if module and program.sgd_in_backward else []
     d, dg = ["real *restrict d"], ["real *restrict d", "real *restrict g"]
     tracking = ["uint64_t *restrict stamp", "real *restrict rank1", "real *restrict snap", "uint32_t *restrict live",
                 "uint64_t gen"]
@@ -170,18 +173,16 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
         pieces += functions
         drivers.append(driver)
     units = _units(pieces, unit) if unit else [pieces]
-    # modules (sparse_inputs not None) run products on their threads (templates/pool.c)
-    thread_pool = sparse_inputs is not None if thread_pool is None else thread_pool
-    # a module's units (sparse_inputs not None) call the products its runtime defines
-    prelude = _prelude(dtype, thread_pool, contract.STATIC_PRODUCTS if sparse_inputs is None else contract.RUNTIME_HAS_PRODUCTS)
+    # a module's units call the products its runtime defines
+    prelude = _prelude(dtype, thread_pool, contract.RUNTIME_HAS_PRODUCTS if module else contract.STATIC_PRODUCTS)
     layout = "\n".join([
         contract.Layout.of(program).render(),
         _constants(program.constants, dtype),
         *([contract.TableForm.of(plan).render()] if plan is not None else []),
         *([contract.Words("NONZERO_WORDS", sides.nonzero_words()).render(),
            _scan("scan_nonzeros", ["real *restrict d"], sides.nonzero_scans()),
-           contract.StepTables.of(program, sides.tracked_rows).render()] if sparse_inputs is not None else []),
-        *([_batch_layout(batch_sides, dtype)] if sparse_inputs is not None else []),
+           contract.StepTables.of(program, sides.tracked_rows).render()] if module else []),
+        *([_batch_layout(batch_sides, dtype)] if module else []),
     ])
     epilogues = _epilogue_definitions(shared.epilogues)
     if not unit or (len(units) == 1 and sum(p[2] for p in pieces) < PARALLEL_MIN_STATEMENTS):
