@@ -130,18 +130,18 @@ def test_the_added_op_compiles_to_what_the_interpreter_computes(op_added, mode):
 def test_the_compiler_row_is_one_row(monkeypatch):
     """The README's example row of FAMILIES is a CompilerFamily that find_compiler then knows: it
     finds the compiler, or says how to install it."""
-    from codegen.backend import toolchain
+    from codegen.backend import compilers
     row, = python_blocks(section("How to add a compiler"))
-    family = eval(row.strip().rstrip(","), vars(toolchain))
-    assert isinstance(family, toolchain.CompilerFamily)
-    monkeypatch.setitem(toolchain.FAMILIES, family.name, family)
-    toolchain._find_compiler.cache_clear()
+    family = eval(row.strip().rstrip(","), vars(compilers))
+    assert isinstance(family, compilers.CompilerFamily)
+    monkeypatch.setitem(compilers.FAMILIES, family.name, family)
+    compilers._find_compiler.cache_clear()
     try:
         try:
-            found = toolchain.find_compiler(family.name)
-        except toolchain.CompilerNotFound as error:
+            found = compilers.find_compiler(family.name)
+        except compilers.CompilerNotFound as error:
             assert family.install_advice in str(error)
         else:
             assert found.family == family.name
     finally:
-        toolchain._find_compiler.cache_clear()
+        compilers._find_compiler.cache_clear()
