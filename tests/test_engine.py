@@ -213,6 +213,13 @@ def test_value_has_micrograds_methods_from_the_op_table():
         engine.op_method(ops.Op("clamp", "clamp", 3, "{a}", ("1", "0", "0"), method="clamp"))
 
 
+def test_a_row_cannot_take_the_name_of_a_value_method(monkeypatch):
+    from micrograd_c import engine
+    monkeypatch.setattr(ops, "OPS", {"clash": ops.Op("clash", "clash", 1, "{a}", ("1",), method="backward")})
+    with pytest.raises(ValueError, match="op 'clash': Value already has 'backward'"):
+        engine._add_op_methods()
+
+
 def test_unknown_op_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown op 'gelu'"):
         ops.get("gelu")
