@@ -69,24 +69,8 @@ class Value:
             return NotImplemented
         return Value(other)._apply("vpow", self)
 
-    def relu(self):
-        return self._apply("relu")
-
-    def tanh(self):
-        return self._apply("tanh")
-
-    def sigmoid(self):
-        return self._apply("sigmoid")
-
-    def exp(self):
-        return self._apply("exp")
-
-    def log(self):
-        return self._apply("log")
-
-    def max(self, other):
-        """The larger of self and other (ties pick self); the gradient flows to the one picked."""
-        return self._apply("max", other)
+    # relu, tanh, sigmoid, exp, log and max (self.max(other)) are made below the class, one per
+    # row of the op table that names a method (ops.py's Op.method): x.relu() is x._apply("relu").
 
     def backward(self):
         self.grad = 1
@@ -117,6 +101,33 @@ class Value:
 
     def __repr__(self):
         return f"Value(data={self.data}, grad={self.grad})"
+
+
+def op_method(op):
+    """The Value method an op table row names: self._apply(op.name) for a unary op, with `other`
+    for a binary one."""
+    if op.arity == 1:
+        def method(self):
+            return self._apply(op.name)
+    elif op.arity == 2:
+        def method(self, other):
+            return self._apply(op.name, other)
+    else:
+        raise ValueError(f"op {op.name!r}: a method of {op.arity} arguments is not made")
+    method.__name__, method.__qualname__ = op.method, f"Value.{op.method}"
+    method.__doc__ = op.doc or f"The op table's {op.name!r}: {op.render(op.value, a='self', b='other')}."
+    return method
+
+
+def _add_op_methods():
+    for op in ops.OPS.values():
+        if op.method:
+            if op.method in vars(Value):
+                raise ValueError(f"op {op.name!r}: Value already has {op.method!r}")
+            setattr(Value, op.method, op_method(op))
+
+
+_add_op_methods()
 
 
 def dot(a, b, start=0.0):

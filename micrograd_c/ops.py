@@ -4,7 +4,8 @@ Each formula is an expression in the small syntax that Python and C share (arith
 calls to the primitives below) with placeholders: ``{a}``/``{b}`` the argument values, ``{out}`` the
 op's own value, ``{k}`` the op's constant attribute (the exponent of ``**``). The interpreter turns
 a formula into a Python function once, at import; the C emitter substitutes slots into the same
-string. So the interpreter and the compiled code evaluate the very same formula.
+string. So the interpreter and the compiled code evaluate the very same formula. A row that names
+a ``method`` is also that method of Value (engine.py's op_method makes it: ``x.relu()``).
 
 Primitives: ``exp``, ``log``, ``tanh``, ``pow`` (the C library's; Python's math module calls the
 same libm), ``powk`` (``**`` by a number: the exponents micrograd's own code uses written out, C's
@@ -84,6 +85,8 @@ class Op:
     value: str                # formula of the op's value
     grads: tuple              # one formula per argument: d(out)/d(arg)
     selects: str = ""         # "index" or "largest": {a} is the operand picked (GATHER, MAXIMUM below)
+    method: str = ""          # the Value method that applies it (x.relu(), x.max(y)): engine.py makes it from the row
+    doc: str = ""             # that method's docstring
     value_fn: object = field(init=False, repr=False, compare=False)
     grad_fns: tuple = field(init=False, repr=False, compare=False)
     pair_fn: object = field(init=False, repr=False, compare=False)  # value_fn of (a, b) alone, or None
@@ -122,12 +125,13 @@ _TABLE = [
     Op("pow", "**{k}", 1, "powk({a}, {k})", ("{k} * powk({a}, {k} - 1)",)),
     # a ** b with b a Value too (a > 0 for the gradient in b: log a)
     Op("vpow", "**", 2, "pow({a}, {b})", ("{b} * pow({a}, {b} - 1)", "{out} * log({a})")),
-    Op("relu", "ReLU", 1, "where({a} < 0, 0, {a})", ("({out} > 0)",)),
-    Op("tanh", "tanh", 1, "tanh({a})", ("1 - {out} * {out}",)),
-    Op("sigmoid", "sigmoid", 1, "1 / (1 + exp(-{a}))", ("{out} * (1 - {out})",)),
-    Op("exp", "exp", 1, "exp({a})", ("{out}",)),
-    Op("log", "log", 1, "log({a})", ("1 / {a}",)),
-    Op("max", "max", 2, "where({a} < {b}, {b}, {a})", ("({a} >= {b})", "({a} < {b})")),
+    Op("relu", "ReLU", 1, "where({a} < 0, 0, {a})", ("({out} > 0)",), method="relu"),
+    Op("tanh", "tanh", 1, "tanh({a})", ("1 - {out} * {out}",), method="tanh"),
+    Op("sigmoid", "sigmoid", 1, "1 / (1 + exp(-{a}))", ("{out} * (1 - {out})",), method="sigmoid"),
+    Op("exp", "exp", 1, "exp({a})", ("{out}",), method="exp"),
+    Op("log", "log", 1, "log({a})", ("1 / {a}",), method="log"),
+    Op("max", "max", 2, "where({a} < {b}, {b}, {a})", ("({a} >= {b})", "({a} < {b})"), method="max",
+       doc="The larger of self and other (ties pick self); the gradient flows to the one picked."),
     # values[index]: an index (an int-valued Value set per sample: a token) picks one of the
     # operands, {a}; the gradient flows to that one only. Its children are (index, *values).
     Op("gather", "gather", 1, "{a}", ("1",), selects="index"),

@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import codegen
-from codegen.backend import targets, toolchain
+from codegen.backend import compilers, targets
 from codegen.export import OUTPUT_BOUND, losses_agree, module_steps
 from codegen.backend.toolchain import CompileError, CompilerNotFound
 from conftest import requires
@@ -314,12 +314,12 @@ def test_bad_targets_and_missing_tools(tmp_path, monkeypatch):
     with pytest.raises(targets.EmulatorNotFound, match="qemu-riscv64 not found .*apt-get install qemu-user"):
         build.command()
     monkeypatch.setitem(sys.modules, "ziglang", None)  # as if the wheel were not installed
-    toolchain._find_compiler.cache_clear()
+    compilers._find_compiler.cache_clear()
     try:
         with pytest.raises(CompilerNotFound, match=r"zig not found; .*pip install 'micrograd-c\[zig\]'"):
             codegen.export(v * 2.0, [v], path=tmp_path, target="aarch64-linux-musl")
     finally:
-        toolchain._find_compiler.cache_clear()
+        compilers._find_compiler.cache_clear()
 
 
 def test_explain_names_the_vectors_of_a_target():

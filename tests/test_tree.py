@@ -2,7 +2,8 @@
 import pytest
 
 from codegen.write.kernels import call
-from codegen.write.tree import Assign, Block, Copy, Declare, If, ReadGradient, Seq, nest, render
+from codegen.write.tree import (Assign, Block, Copy, Declare, Function, If, Invoke, ReadGradient, Seq, Unused, nest,
+                                prototype, render)
 
 
 def test_a_loop_nest_indents_only_its_innermost_body():
@@ -25,6 +26,18 @@ def test_blocks_keep_their_statements_at_their_own_indentation_or_on_one_line():
                    inline=True)
     assert render(inline) == ("{ const real go = g[3]; if (go != 0) { g[1] += go; } "
                               "if (stamp[0] == gen) g[2] += go; else if (go != 0) { } }")
+
+
+def test_functions_hold_statements_one_per_line_or_on_their_line():
+    chunk = Function("backward_body_0", ("real *restrict d", "real *restrict g"),
+                     (nest((2,), [Assign("g[i0]", "d[i0]", "+=")]), Invoke("table_backward", ("table + 4", "d", "g"))),
+                     "CHUNK void")
+    assert render(chunk) == ("CHUNK void backward_body_0(real *restrict d, real *restrict g)\n{\n"
+                             "    for (long i0 = 0; i0 < 2; i0++) {\n        g[i0] += d[i0];\n    }\n"
+                             "    table_backward(table + 4, d, g);\n}")
+    assert prototype(chunk) == "CHUNK void backward_body_0(real *restrict d, real *restrict g);"
+    assert render(Function("scan", ("real *d", "long nb"), (Unused(("d", "nb")),), inline=True)) == \
+        "static void scan(real *d, long nb) { (void)d; (void)nb; }"
 
 
 def test_c_text_is_not_a_statement():

@@ -1,14 +1,17 @@
 """What a build is, for the toolchain (codegen/backend/toolchain.py) and the in-memory compiler
-(codegen/backend/libtcc.py) alike: its errors, its result, and where Debian keeps the system's headers
-and libraries."""
+(codegen/backend/libtcc.py) alike: its errors, its result, its name and files (written whole or
+not at all), and where Debian keeps the system's headers and libraries."""
 from __future__ import annotations
 
+import os
 import pathlib
 import platform
+import re
 import shlex
 import shutil
 import subprocess
 import sysconfig
+import tempfile
 from dataclasses import dataclass
 
 
@@ -58,3 +61,28 @@ def multiarch_triplet() -> str:
     if not multiarch and shutil.which('gcc'):
         multiarch = subprocess.run(['gcc', '-print-multiarch'], capture_output=True, text=True).stdout.strip()
     return multiarch or f'{platform.machine()}-linux-gnu'
+
+
+def check_identifier(name) -> None:
+    """A module or library name must be a C identifier (it names PyInit_<name>, the file, the C)."""
+    if not isinstance(name, str) or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):
+        raise ValueError(f'name must be a C identifier, not {name!r}')
+
+
+def unit_file_name(stem: str, index: int) -> str:
+    """The file of a build's C source number `index`: stem.c for the module, stem.1.c... after it."""
+    return f'{stem}.{index}.c' if index else f'{stem}.c'
+
+
+def write_atomically(path: str | os.PathLike, data: str | bytes) -> None:
+    """Write text or bytes to path through a temporary file beside it, then rename: a reader
+    never sees a partial file, and an interrupted write leaves none (the temporary is removed)."""
+    path = pathlib.Path(path)
+    fd, temp_path = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb' if isinstance(data, bytes) else 'w') as file:
+            file.write(data)
+        os.replace(temp_path, path)
+    except BaseException:
+        os.unlink(temp_path)
+        raise

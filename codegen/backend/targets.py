@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .builds import ToolchainError
-from .toolchain import _run_compiler, find_compiler
+from .compilers import find_compiler
+from .run import run_compiler
 
 EMULATOR_ADVICE = "install qemu-user: `apt-get install qemu-user`"
 WASI_RUNNER = "wasmtime"  # the package that runs wasm32-wasi programs (codegen/backend/wasi.py)
@@ -168,7 +169,7 @@ def build(source: pathlib.Path, main: str, name: str, triple: str, opt: int = 2,
                 [zig[0], "ar", "rcs", str(library), str(obj)],
                 [*zig, *flags, "-c", str(main_source), "-o", str(main_obj)],
                 [*zig, "-target", target.triple, str(main_obj), str(library), "-lm", "-o", str(program)]]
-    seconds = sum(_run_compiler(command, timeout)[0] for command in commands)
+    seconds = sum(run_compiler(command, timeout)[0] for command in commands)
     obj.unlink()
     main_obj.unlink()
     return TargetBuild(target, library, program, tuple(map(tuple, commands)), seconds)
@@ -179,7 +180,7 @@ def assembly(source: pathlib.Path, triple: str, opt: int = 2, fma: bool = False)
     target = check(triple, opt)
     source = pathlib.Path(source)
     output = source.parent / f"{source.stem}.{triple}.s"
-    _run_compiler([*_zig(), *_flags(target, opt, fma, source.parent), "-S", str(source), "-o", str(output)], None)
+    run_compiler([*_zig(), *_flags(target, opt, fma, source.parent), "-S", str(source), "-o", str(output)], None)
     text = output.read_text(errors="replace")
     output.unlink()
     return text

@@ -166,6 +166,11 @@ class Layout:
         return "\n".join(lines)
 
 
+def constant_values(name, literals):
+    """The constants' table that init_constants copies into their slots (`literals`: C numbers)."""
+    return f"static const real {name}[{len(literals)}] = {{{', '.join(literals)}}};"
+
+
 @dataclass(frozen=True)
 class Words:
     """How many int32 words a model's input lists take after its slots: `name` NONZERO_WORDS (the

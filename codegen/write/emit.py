@@ -44,28 +44,25 @@ PARALLEL_MIN_STATEMENTS = 16
 
 def _functions(name, params, statements, chunk):
     """C functions of at most `chunk` statements each, as (definition, declaration, statement
-    count) triples, and the driver `name` that calls them in order (statements: codegen/write/tree.py's,
-    rendered here). A table.TableCall among the statements is a call in the driver itself, between the functions before and after it."""
-    args = ", ".join(p.split()[-1].lstrip("*") for p in params)
-    signature = ", ".join(params)
+    count) triples, and the driver `name` that calls them in order (statements: codegen/write/tree.py's).
+    A table.TableCall among the statements is a call in the driver itself, between the functions before and after it."""
+    args = tuple(p.split()[-1].lstrip("*") for p in params)
     pieces, calls, run = [], [], []
 
     def close():
         for i in range(0, len(run), chunk):
-            head = f"CHUNK void {name}_{len(pieces)}({signature})"
-            body = "\n    ".join(run[i:i + chunk])
-            calls.append(f"    {name}_{len(pieces)}({args});")
-            pieces.append((f"{head}\n{{\n    {body}\n}}\n", f"{head};", len(run[i:i + chunk])))
+            function = tree.Function(f"{name}_{len(pieces)}", tuple(params), tuple(run[i:i + chunk]), "CHUNK void")
+            calls.append(tree.Invoke(function.name, args))
+            pieces.append((tree.render(function) + "\n", tree.prototype(function), len(function.body)))
         run.clear()
     for statement in statements:
         if isinstance(statement, tables.TableCall):
             close()
-            calls.append(f"    {statement.render()}")
+            calls.append(statement.statement())
         else:
-            run.append(tree.render(statement))
+            run.append(statement)
     close()
-    driver = f"static void {name}({signature})\n{{\n" + "\n".join(calls) + "\n}\n"
-    return pieces, driver
+    return pieces, tree.render(tree.Function(name, tuple(params), tuple(calls))) + "\n"
 
 
 def _units(pieces, unit):
@@ -104,7 +101,8 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_LINES, optimize
         raise ValueError(f"{len(initial_params)} initial parameter values for {program.n_params} parameters")
     if table and batched is not None:
         raise ValueError("a program in the table form has no batched form")
-    graph, extra = _render(program, chunk, unit, dtype, sparse_inputs, batched, tables.plan(program) if table else None)
+    graph, extra = _render(program, chunk, unit, module=True, thread_pool=True, dtype=dtype, sparse_inputs=bool(sparse_inputs),
+                           batched=batched, plan=tables.plan(program) if table else None)
     return [templates.fill("model.c", CONSTANTS=module.render(), GRAPH=graph)] + extra + [runtime_source(dtype)]
 
 
@@ -129,7 +127,7 @@ def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False, plan=None):
     and backward_sgd_body(d, g, lr) (static). For exporting a model out of Python; with
     thread_pool, for a module that includes templates/pool.c (codegen.jit). plan: the program's
     table form (codegen.explain counts its lines; its passes call the module runtime's loops)."""
-    graph, _ = _render(program, chunk, unit=None, plan=plan, thread_pool=thread_pool)
+    graph, _ = _render(program, chunk, unit=None, module=False, thread_pool=thread_pool, plan=plan)
     return graph
 
 
@@ -139,20 +137,22 @@ def chunk_statements(program, chunk=CHUNK_STATEMENTS):
     return min(chunk, STRAIGHT_LINE_CHUNK_STATEMENTS) if program.fused and ir.straight_line_heavy(program) else chunk
 
 
-def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None, batched=None, plan=None,
-            thread_pool=None):
+def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batched=None,
+            plan=None):
     """(the graph's C: prelude, layout #defines, tables, functions, drivers; the extra units).
-    sparse_inputs (modules: True or False; None for standalone code, which has no lists): dots
-    over an input range use its nonzero list (scan_nonzeros and the words after d's slots).
-    plan: the program's table form (table.plan), or None."""
+    module: an extension module's graph (its input lists, the step API's tables and tracked
+    backward, the batch layout; products from its runtime), or standalone C (exported, jit: none
+    of those, products defined in the file). thread_pool: the products run on templates/pool.c's
+    threads. sparse_inputs (modules only): dots over an input range use its nonzero list
+    (scan_nonzeros and the words after d's slots). plan: the program's table form (table.plan), or None."""
     dtype = dtypes.lookup(dtype)
     chunk = chunk_statements(program, chunk)
     if plan is not None:
         program = plan.program
     shared = Shared()  # (the batched program's statements use the same offset tables and epilogues)
-    sides = SideTables(program, shared, bool(sparse_inputs))
+    sides = SideTables(program, shared, sparse_inputs)
     # the batched program's: the inputs' row lists with sparse inputs
-    batch_sides = SideTables.batched(batched, shared, bool(sparse_inputs)) if batched else None
+    batch_sides = SideTables.batched(batched, shared, sparse_inputs) if batched else None
     forward, backward_of = Forward(program, sides, dtype), Backward(program, sides, dtype)
     if plan is None:
         forward_outputs = forward.pass_(program.forward[:program.n_output_groups])
@@ -165,7 +165,7 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
     backward_sgd = backward_of.pass_(program.backward, SgdInBackward()) if program.sgd_in_backward else []
     # The step-by-step API's backward (modules only; the same as backward_body when no row is tracked)
     backward_tracked = backward_of.pass_(program.backward, Tracked(sides)) \
-        if sparse_inputs is not None and program.sgd_in_backward else []
+        if module and program.sgd_in_backward else []
     d, dg = ["real *restrict d"], ["real *restrict d", "real *restrict g"]
     tracking = ["uint64_t *restrict stamp", "real *restrict rank1", "real *restrict snap", "uint32_t *restrict live",
                 "uint64_t gen"]
@@ -181,18 +181,16 @@ def _render(program, chunk, unit, dtype=dtypes.DEFAULT.name, sparse_inputs=None,
         pieces += functions
         drivers.append(driver)
     units = _units(pieces, unit) if unit else [pieces]
-    # modules (sparse_inputs not None) run products on their threads (templates/pool.c)
-    thread_pool = sparse_inputs is not None if thread_pool is None else thread_pool
-    # a module's units (sparse_inputs not None) call the products its runtime defines
-    prelude = _prelude(dtype, thread_pool, contract.STATIC_PRODUCTS if sparse_inputs is None else contract.RUNTIME_HAS_PRODUCTS)
+    # a module's units call the products its runtime defines
+    prelude = _prelude(dtype, thread_pool, contract.RUNTIME_HAS_PRODUCTS if module else contract.STATIC_PRODUCTS)
     layout = "\n".join([
         contract.Layout.of(program).render(),
         _constants(program.constants, dtype),
         *([contract.TableForm.of(plan).render()] if plan is not None else []),
         *([contract.Words("NONZERO_WORDS", sides.nonzero_words()).render(),
            _scan("scan_nonzeros", ["real *restrict d"], sides.nonzero_scans()),
-           contract.StepTables.of(program, sides.tracked_rows).render()] if sparse_inputs is not None else []),
-        *([_batch_layout(batch_sides, dtype)] if sparse_inputs is not None else []),
+           contract.StepTables.of(program, sides.tracked_rows).render()] if module else []),
+        *([_batch_layout(batch_sides, dtype)] if module else []),
     ])
     epilogues = _epilogue_definitions(shared.epilogues)
     if not unit or (len(units) == 1 and sum(p[2] for p in pieces) < PARALLEL_MIN_STATEMENTS):
@@ -221,11 +219,10 @@ def _with_table(items, statements):
 def _constants(constants, dtype, name="init_constants", table="CONSTANT_VALUES"):
     """init_constants(d): writes the constants that loops read into their slots (consecutive)."""
     if not constants:
-        return f"static void {name}(real *d) {{ (void)d; }}"
-    values = ", ".join(c_literal(v, dtype) for _, v in constants)
-    return (f"static const real {table}[{len(constants)}] = {{{values}}};\n"
-            f"static void {name}(real *d) {{ memcpy(d + {constants[0][0]}, {table}, "
-            f"sizeof {table}); }}")
+        return tree.render(tree.Function(name, ("real *d",), (tree.Unused(("d",)),), inline=True))
+    copy = tree.Invoke("memcpy", (f"d + {constants[0][0]}", table, f"sizeof {table}"))
+    return (contract.constant_values(table, [c_literal(v, dtype) for _, v in constants]) + "\n"
+            + tree.render(tree.Function(name, ("real *d",), (copy,), inline=True)))
 
 
 def _batched_functions(sides, dtype):
@@ -259,9 +256,7 @@ def _batch_layout(sides, dtype):
 
 def _scan(name, params, calls):
     """A scan of the inputs into their lists (sides.SideTables's nonzero_scans, row_scans)."""
-    lines = "\n".join(f"    {tree.render(c)}" for c in calls)
-    unused = " ".join(f"(void){p.split()[-1]};" for p in params)
-    return f"static void {name}({', '.join(params)})\n{{\n{lines}\n    {unused}\n}}"
+    return tree.render(tree.Function(name, tuple(params), (*calls, tree.Unused(tuple(p.split()[-1] for p in params)))))
 
 
 def _epilogue_definitions(epilogues):

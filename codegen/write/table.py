@@ -45,6 +45,7 @@ from micrograd_c import ops
 from . import dtypes
 from .kernels import call
 from .loops import UNROLL_MAX_CONTIGUOUS, unrolled
+from .tree import Invoke
 
 # The kinds of row (the `case`s of templates/table.c): forward, CHEAP, the ops that cost a few
 # instructions (CHEAP_OPS, and a maximum of two), one kind whose rows say which op, each row
@@ -80,9 +81,10 @@ class TableCall:
     def __init__(self, backward, offset):
         self.backward, self.offset = backward, offset
 
-    def render(self):
-        return (f"table_backward(table + {self.offset}, d, g);" if self.backward
-                else f"table_forward(table + {self.offset}, d);")
+    def statement(self):
+        """The call, a codegen/write/tree.py statement."""
+        return (Invoke("table_backward", (f"table + {self.offset}", "d", "g")) if self.backward
+                else Invoke("table_forward", (f"table + {self.offset}", "d")))
 
 
 @dataclass

@@ -2,6 +2,8 @@
 calls, declarations, loops, blocks and ifs), which codegen/write/forward.py,
 codegen/write/backward.py and codegen/write/loops.py build and render() alone writes as C, at the end. Expressions (a
 formula's value, a slot's index, a condition) are C text; no code reads them to decide anything.
+The functions around them (the chunks codegen/write/emit.py cuts and their drivers, the scans,
+init_constants) are nodes too: a Function of statements, an Invoke of another function.
 
 The layout is the generated C's: a function's statements one per line at one indentation, a
 block's braces and statements at that same indentation, only the innermost loop's body indented
@@ -80,6 +82,39 @@ class Loop:
 
 
 @dataclass(frozen=True)
+class Invoke:
+    """`function(arguments);` for a function that is not a kernel (kernels.Call is): a generated
+    chunk, the runtime's table loops, memcpy."""
+    function: str
+    arguments: tuple
+
+
+@dataclass(frozen=True)
+class Function:
+    """A C function's definition: `qualifiers name(params)` and its statements, one per line in
+    braces under it, or with `inline` on its one line. prototype() is its declaration."""
+    name: str
+    params: tuple
+    body: tuple
+    qualifiers: str = "static void"
+    inline: bool = False
+
+    def head(self):
+        return f"{self.qualifiers} {self.name}({', '.join(self.params)})"
+
+
+def prototype(function):
+    """The declaration of a Function: its head and `;`."""
+    return f"{function.head()};"
+
+
+@dataclass(frozen=True)
+class Unused:
+    """`(void)name; ...`: parameters a function may not read, on one line."""
+    names: tuple
+
+
+@dataclass(frozen=True)
 class Seq:
     """Statements that follow each other and count as one (one entry of a generated function)."""
     body: tuple
@@ -106,6 +141,14 @@ def render(node, pad="    "):
         return f"{node.target} {node.op} {node.value};"
     if isinstance(node, ReadGradient):
         return f"const real go = {node.at};"
+    if isinstance(node, Invoke):
+        return f"{node.function}({', '.join(node.arguments)});"
+    if isinstance(node, Unused):
+        return " ".join(f"(void){name};" for name in node.names)
+    if isinstance(node, Function):
+        if node.inline:
+            return f"{node.head()} {{ " + " ".join(render(s, None) for s in node.body) + " }"
+        return f"{node.head()}\n{{\n" + "\n".join(f"    {render(s)}" for s in node.body) + "\n}"
     if isinstance(node, Declare):
         return "real " + ", ".join(f"{name} = 0" for name in node.names) + ";"
     if isinstance(node, Copy):
