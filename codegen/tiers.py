@@ -26,13 +26,15 @@ import warnings
 
 import numpy as np
 
+from templates import SharedSource
+
 from .backend import loader, toolchain
 
-# tiered=None (the default) tiers a build when its C has at least this many lines (lines, not
-# characters: embedded parameters are one line): about 3 s of gcc -O2 on a fused straight-line
-# program (a random graph of 5,000 Values is 9,100 lines and 8-20 s), while the zoo's and MNIST's
-# fused modules are under 4,800 lines (3,000 of them the kernels) and build in 1-2 s; tcc takes
-# 0.1-0.3 s.
+# tiered=None (the default) tiers a build when its own C (not the module runtime, compiled once
+# and cached) has at least this many lines (lines, not characters: embedded parameters are one
+# line; each unit of generated functions repeats the ~1,350-line prelude): about 3 s of gcc -O2.
+# A random graph of 2,000 Values is 16,000 lines and 5,000 Values 17,700 (8-20 s); microgpt's
+# 5,300 lines build in 1.4-1.9 s, the zoo's and MNIST's fused modules in 1-2 s; tcc takes 0.1-0.3 s.
 TIERED_MIN_LINES = 8_000
 # The compilers of the first tier, the first found
 FIRST_TIER = ('tcc', 'libtcc')
@@ -82,7 +84,7 @@ def build_and_load(sources, name, compiler, opt, native, cache, timeout, measure
         return plain(OPTIMISED)  # a cache hit: the optimised module at once
     sources = toolchain._source_text(sources)
     sources = [sources] if isinstance(sources, str) else list(sources)
-    if tiered is None and sum(s.count('\n') for s in sources) < TIERED_MIN_LINES:
+    if tiered is None and sum(s.count('\n') for s in sources if not isinstance(s, SharedSource)) < TIERED_MIN_LINES:
         return plain()
     try:
         first_build, module = toolchain.build_module(sources, name, first, 2, False, cache, timeout, False, None)
