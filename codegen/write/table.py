@@ -423,7 +423,7 @@ def _op_case(op, code, dtype, forward):
     body = [f"const real go = g[w[{width}]];"]
     for i, formula in enumerate(op.grads):
         local = _render(op, dtype, formula, **names)
-        body.append(f"g[w[{width + 1 + i}]] += {'go' if local == '1' else f'({local}) * go'};")
+        body.append(f"g[w[{width + 1 + i}]] += {'go' if op.grad_is_one(i) else f'({local}) * go'};")
     return _case(code, op.name, width + 1 + op.arity, body)
 
 
@@ -472,5 +472,5 @@ def _select_case(op, code, dtype, forward):
     else:
         local = _render(op, dtype, op.grads[0], a=f"d[{at}]", out=f"d[w[{first} + n]]")
         go = f"g[w[{first} + n]]"
-        body = f"g[{at}] += {go if local == '1' else f'({local}) * {go}'};"
+        body = f"g[{at}] += {go if op.grad_is_one(0) else f'({local}) * {go}'};"
     return _case(code, op.name, None, ["const long n = w[0];", body, f"w += {first + 1} + n;"])
