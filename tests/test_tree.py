@@ -45,3 +45,13 @@ def test_c_text_is_not_a_statement():
         render("d[0] = 1;")
     with pytest.raises(TypeError, match="not a statement"):
         render(nest((2,), ["d[0] = 1;"]))
+
+
+def test_line_count_is_the_rendered_lines():
+    """emit cuts functions by it: one for a one-line statement, the rendering's lines otherwise."""
+    from codegen.write.tree import line_count
+    statements = [Assign("d[1]", "d[0] * 2"), call("axpy", y="g", alpha="go", x="d", n="4"), Copy("g", "d", "4"),
+                  nest((3, 4), (Assign("d[i0]", "d[i1]", "+="),)), If("go != 0", Block((Assign("x", "1"),)))]
+    for statement in statements:
+        assert line_count(statement) == render(statement).count("\n") + 1
+    assert line_count(statements[3]) > 1

@@ -75,7 +75,7 @@ def _chunks(statements, chunk):
     (a loop nest is one statement of dozens of lines)."""
     runs, lines = [[]], 0
     for statement in statements:
-        n = tree.render(statement).count("\n") + 1
+        n = tree.line_count(statement)
         if runs[-1] and (len(runs[-1]) >= chunk or lines + n > CHUNK_LINES):
             runs.append([])
             lines = 0

@@ -133,6 +133,14 @@ def nest(shape, body, braced=True, independent=False, first=0):
     return node
 
 
+def line_count(node):
+    """How many lines render(node) writes: one for the statements that never break a line (what a
+    straight-line program is made of), else counted from the rendering."""
+    if isinstance(node, (Call, Assign, ReadGradient, Invoke, Unused, Declare, Copy)):
+        return 1
+    return render(node).count("\n") + 1
+
+
 def render(node, pad="    "):
     """The C of a statement: its lines after the first start with `pad` (None: all on one line)."""
     if isinstance(node, Call):
