@@ -4,6 +4,9 @@ train() and gradients() skip every position past the last nonzero weight. The re
 unbounded program's, bit for bit (forward() and predict() run every position), and microgpt's
 own per-length graph's."""
 
+import random
+import re
+
 import numpy as np
 import pytest
 
@@ -166,3 +169,47 @@ def test_a_batch_runs_each_positions_projections_as_one_product(tiny):
     backward = batched[batched.index("void backward_batch_0(real *restrict d, real *restrict g, long nb, real rate)\n{"):]
     assert forward.count("matmul_set(") >= 6 and backward.count("matmul_nt(") >= 4
     assert "n0 = upto(" in forward  # (the positions' loop, outside, stops at the batch's longest document)
+
+
+WIDE = model.Config(n_embd=16, n_head=2, n_layer=1, block_size=9)
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float64", "float32"])), indirect=["compiler"])
+def test_products_over_the_positions_equal_the_interpreter(tiny, compiler, dtype):
+    """At a width of 16 and 9 positions the projections over the positions are kernel calls whose
+    loops stop at the document's length (the forward matmul_set, the inputs' gradients
+    matmul_acc, the weights' matmul_nt over fewer columns than a vector tile: 1..9): gradients()
+    equals forward() and backward() bit for bit, and microgpt's per-length graph."""
+    tokenizer = tiny[0]
+    random.seed(3)
+    state, params = model.init_state(WIDE, tokenizer.vocab_size)
+    doc = model.document(state, WIDE)
+    kwargs = dict(inputs=doc.inputs, params=params, outputs=doc.outputs, dtype=dtype,
+                  optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS))
+    text = "\n".join(str(u) for u in codegen.generate(doc.loss, **kwargs))
+    calls = {kernel: len(re.findall(kernel + r"\([^;]*upto\(", text)) for kernel in ("matmul_set", "matmul_acc", "matmul_nt")}
+    assert min(calls.values()) >= 4, calls  # the q/k/v, MLP and head projections at least
+    net = codegen.compile(doc.loss, compiler=compiler, **kwargs)
+    tolerance = 1e-9 if dtype == "float64" else 2e-4
+    for text in ["", "abc", "abcdeab", "edcbaabcd", "abcdeabcdeab"]:
+        tokens = tokenizer.encode(text)
+        row = data.row(tokens, WIDE.block_size)
+        net.set_input(row)
+        full_loss = net.forward()
+        net.zero_grad()
+        net.backward()
+        full_grads = np.array(net.grad)[:len(params)].copy()
+        net.zero_grad()
+        block = WIDE.block_size
+        loss = net.gradients(row[None, :2 * block], row[None, 2 * block:])
+        grads = np.array(net.grad)[:len(params)]
+        assert loss == full_loss, text
+        np.testing.assert_array_equal(grads, full_grads, err_msg=text)
+        expected = model.interpreted_loss(state, WIDE, tokens)
+        for p in params:
+            p.grad = 0
+        expected.backward()
+        expected_grads = np.array([p.grad for p in params])
+        assert loss == pytest.approx(expected.data, rel=tolerance), text
+        np.testing.assert_allclose(grads, expected_grads, rtol=tolerance,
+                                   atol=tolerance * np.abs(expected_grads).max(), err_msg=text)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..lower import ir
-from ..lower.types import OP, PARAM, BatchExtent
+from ..lower.types import OP, PARAM, BatchExtent, Bounded
 from .kernels import Call, call
 from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, data_at, fused_gradient, grad_at, guarded,
                     loop_nest, placed, short, slot_index, unrolled)
@@ -197,7 +197,7 @@ class Backward(Statements):
         # sum over its batch when they have no other, train()'s rate permitting)
         # (lists written out are summed in registers over a loop of a fixed count (the zoo's demo:
         # measured faster); over a run-time batch, rows of 16 and more make a product worth its call)
-        if (all(needs) and (not unrolled(wrt, other) or (shape and isinstance(shape[-1], BatchExtent)
+        if (all(needs) and (not unrolled(wrt, other) or (shape and isinstance(shape[-1], (BatchExtent, Bounded))
                                                          and len(wrt.offsets) >= UNROLL_MAX_CONTIGUOUS))
                 and WeightGradient.fits(shape, wrt, other, out)):
             stepped = self.tables.stepped
