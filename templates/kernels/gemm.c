@@ -130,7 +130,9 @@ typedef struct {
  * left (a layer of 16: 6 + 6 + 4), then single rows of 4 vectors (a single row of 2 vectors is 2
  * chains of multiply-adds, which wait on each other's latency: the zoo's demo, layers of 16,
  * ran its products 8-40% faster, float64 on Zen 3); along a row, VECS vectors of columns at a
- * time, then one vector, then single columns. Every element of C is
+ * time, then the rest as vectors of which the last is part (GEMM_TAIL), or (when the kernel
+ * steps the parameters, or N is whole vectors) one vector at a time and single columns. Every
+ * element of C is
  * summed the same way in each of these loops (a multiply-add per p, in p order, from its init),
  * so a variant's tile changes no bit of the result. */
 #define GEMM_KERNEL(name, attributes, vec_t, TILE_ROWS, ROWS, VECS, vectors)                        \
@@ -143,6 +145,7 @@ typedef struct {
         const int32_t *restrict p_list = g->p_list;                                                \
         const real rate = g->rate;                                                                 \
         const int pack = a_i == 1 && a_p != 1 && N > (vectors) * V && P <= GEMM_PANEL;             \
+        const int tail = N % V && !g->step; /* (see GEMM_TAIL) */                                  \
         real panel[(ROWS) * GEMM_PANEL];                                                           \
         long i = first;                                                                            \
         for (; i + (ROWS) <= last; i += (ROWS))                                                    \
@@ -175,9 +178,12 @@ typedef struct {
         long n = 0;                                                                                \
         for (; n + (vectors) * V <= N; n += (vectors) * V)                                         \
             GEMM_COLUMNS(ROWS, VECS)                                                               \
-        for (; n + V <= N; n += V)                                                                 \
-            GEMM_COLUMNS(ROWS, GEMM_VECS1)                                                         \
-        for (; n < N; n++) {                                                                       \
+        if (tail && n < N)                                                                         \
+            GEMM_TAIL(ROWS, vectors)                                                               \
+        else                                                                                       \
+            for (; n + V <= N; n += V)                                                             \
+                GEMM_COLUMNS(ROWS, GEMM_VECS1)                                                     \
+        for (; !tail && n < N; n++) {                                                              \
             ROWS(GEMM_DECLARE_SCALAR, _)                                                           \
             ROWS(GEMM_INIT_SCALAR, _)                                                              \
             GEMM_OVER_P(const real b0 = B[p * b_p + n]; ROWS(GEMM_FMA_SCALAR, _))                  \
@@ -193,6 +199,40 @@ typedef struct {
         GEMM_OVER_P(VECS(GEMM_LOAD_B, _) ROWS(GEMM_FMA, VECS))                                     \
         ROWS(GEMM_STORE, VECS)                                                                     \
     }
+/* The columns after a block's whole tiles, N - n of them (fewer than a tile's), as ceil((N - n)
+ * / V) vectors (1, 2 or 4), the last one loaded and stored in part (AVX's masked moves: lanes
+ * past N are neither read nor written): microgpt's projections over a document's ~7 positions
+ * ran 3 of their 7 columns as single ones, chains of multiply-adds waiting on their latency
+ * (the step's largest cost in the kernel). */
+#define GEMM_TAIL(ROWS, vectors)                                                                   \
+    {                                                                                              \
+        const long rest = N - n;                                                                   \
+        if (rest <= V)                                                                             \
+            GEMM_COLUMNS_PART(ROWS, GEMM_VECS1)                                                    \
+        else if ((vectors) == 2 || rest <= 2 * V) /* (a tile's rest is under 2 vectors) */         \
+            GEMM_COLUMNS_PART(ROWS, GEMM_VECS2)                                                    \
+        else                                                                                       \
+            GEMM_COLUMNS_PART(ROWS, GEMM_VECS4)                                                    \
+    }
+#define GEMM_COLUMNS_PART(ROWS, VECS)                                                              \
+    {                                                                                              \
+        ROWS(GEMM_DECLARE, VECS)                                                                   \
+        ROWS(GEMM_START_PART, VECS)                                                                \
+        GEMM_OVER_P(VECS(GEMM_LOAD_B_PART, _) ROWS(GEMM_FMA, VECS))                                \
+        ROWS(GEMM_STORE_PART, VECS)                                                                \
+    }
+#define GEMM_START_PART(r, VECS)                                                                   \
+    if (g->accumulate) {                                                                           \
+        VECS(GEMM_LOAD_C_PART, r)                                                                  \
+    } else {                                                                                       \
+        VECS(GEMM_START_VECTOR, r)                                                                 \
+    }
+/* (GEMM_PART_LOAD(p, count): lanes [0, count) of a vector at p, count clamped to 0..V, 0 in the
+ * others; GEMM_PART_STORE(p, count, x) stores them: the width's, defined around each kernel) */
+#define GEMM_LOAD_C_PART(r, v) s##r##_##v = GEMM_PART_LOAD(c + r * c_i + n + v * V, rest - v * V);
+#define GEMM_LOAD_B_PART(_, v) const vec b##v = GEMM_PART_LOAD(B + p * b_p + n + v * V, rest - v * V);
+#define GEMM_STORE_PART(r, VECS) VECS(GEMM_STORE_PART_VECTOR, r)
+#define GEMM_STORE_PART_VECTOR(r, v) GEMM_PART_STORE(c + r * c_i + n + v * V, rest - v * V, s##r##_##v);
 /* the sum's loop over p, written twice: the dense one counts, the listed one reads the list (t
  * counts its terms, q is A's: t in the panel, p in A) */
 #define GEMM_OVER_P(...)                                                                           \
@@ -274,11 +314,71 @@ typedef real gemm_vec64 __attribute__((vector_size(64)));
 #define GEMM_TARGET_AVX512 __attribute__((target("avx512f")))
 #define GEMM_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #endif
+/* GEMM_TAIL's loads and stores in part: AVX's masked moves (which neither read nor write a lane
+ * left out, whatever memory lies there), each width's */
+#include <immintrin.h>
+static inline long gemm_part_count(long count, long lanes)
+{
+    return count < 0 ? 0 : count > lanes ? lanes : count;
+}
+#if REAL_IS_FLOAT
+static const int32_t gemm_part_lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1};
+#else
+static const int64_t gemm_part_lanes[8] = {-1, -1, -1, -1};
+#endif
+enum { GEMM_PART_AVX2_LANES = 32 / sizeof(real), GEMM_PART_AVX512_LANES = 64 / sizeof(real) };
+static __attribute__((target("avx2,fma"))) inline __m256i gemm_part_mask_avx2(long count)
+{
+    count = gemm_part_count(count, GEMM_PART_AVX2_LANES);
+    return _mm256_loadu_si256((const __m256i *)(gemm_part_lanes + GEMM_PART_AVX2_LANES - count));
+}
+static __attribute__((target("avx2,fma"))) inline gemm_vec32 gemm_part_load_avx2(const real *p, long count)
+{
+#if REAL_IS_FLOAT
+    return (gemm_vec32)_mm256_maskload_ps(p, gemm_part_mask_avx2(count));
+#else
+    return (gemm_vec32)_mm256_maskload_pd(p, gemm_part_mask_avx2(count));
+#endif
+}
+static __attribute__((target("avx2,fma"))) inline void gemm_part_store_avx2(real *p, long count, gemm_vec32 x)
+{
+#if REAL_IS_FLOAT
+    _mm256_maskstore_ps(p, gemm_part_mask_avx2(count), (__m256)x);
+#else
+    _mm256_maskstore_pd(p, gemm_part_mask_avx2(count), (__m256d)x);
+#endif
+}
+static __attribute__((target("avx512f"))) inline gemm_vec64 gemm_part_load_avx512(const real *p, long count)
+{
+    const unsigned mask = (1u << gemm_part_count(count, GEMM_PART_AVX512_LANES)) - 1;
+#if REAL_IS_FLOAT
+    return (gemm_vec64)_mm512_maskz_loadu_ps((__mmask16)mask, p);
+#else
+    return (gemm_vec64)_mm512_maskz_loadu_pd((__mmask8)mask, p);
+#endif
+}
+static __attribute__((target("avx512f"))) inline void gemm_part_store_avx512(real *p, long count, gemm_vec64 x)
+{
+    const unsigned mask = (1u << gemm_part_count(count, GEMM_PART_AVX512_LANES)) - 1;
+#if REAL_IS_FLOAT
+    _mm512_mask_storeu_ps(p, (__mmask16)mask, (__m512)x);
+#else
+    _mm512_mask_storeu_pd(p, (__mmask8)mask, (__m512d)x);
+#endif
+}
 #if GEMM_AVX2_KERNELS
+#define GEMM_PART_LOAD gemm_part_load_avx2
+#define GEMM_PART_STORE gemm_part_store_avx2
 GEMM_KERNEL(gemm_rows_avx2_6x2, GEMM_TARGET_AVX2, gemm_vec32, GEMM_ROWS6, 6, GEMM_VECS2, 2)
+#undef GEMM_PART_LOAD
+#undef GEMM_PART_STORE
 #endif
 #if GEMM_AVX512_KERNELS
+#define GEMM_PART_LOAD gemm_part_load_avx512
+#define GEMM_PART_STORE gemm_part_store_avx512
 GEMM_KERNEL(gemm_rows_avx512_6x2, GEMM_TARGET_AVX512, gemm_vec64, GEMM_ROWS6, 6, GEMM_VECS2, 2)
+#undef GEMM_PART_LOAD
+#undef GEMM_PART_STORE
 #endif
 #endif
 
