@@ -180,6 +180,48 @@ static int backward_steps(long long batch)
     return MODEL.optimizer.plain_sgd && MODEL.n_batch_stepped_runs > 0 && batch <= MODEL.batch_capacity;
 }
 
+/* A training pass's nb samples in rows[] (loaded into d) reordered longest document first
+ * (stably; a document's length is one past its last loss weight that is not 0, as in
+ * bound_positions) into sorted[], and how many of them reach each position p into
+ * d[batch_active_base + p]: the batched program's loops of position p run over those first
+ * samples only (codegen/lower/batch.py's _active_samples). Returns the rows to load: rows itself
+ * when already in that order. */
+static const Py_ssize_t *longest_first(real *restrict d, const Py_ssize_t *rows, long nb, Py_ssize_t *sorted)
+{
+    long length[MODEL.batch_capacity], order[MODEL.batch_capacity];
+    int moved = 0;
+    for (long b = 0; b < nb; b++) {
+        length[b] = 0;
+        for (long t = 0; t < MODEL.n_positions; t++)
+            if (d[MODEL.batch_position_weights[t] + b] != 0)
+                length[b] = t + 1;
+        long at = b; /* insertion: after every longer or equal one */
+        while (at > 0 && length[order[at - 1]] < length[b]) {
+            order[at] = order[at - 1];
+            at--;
+            moved = 1;
+        }
+        order[at] = b;
+    }
+    for (long p = 0; p < MODEL.n_positions; p++) {
+        long count = 0;
+        while (count < nb && length[order[count]] > p)
+            count++;
+        d[MODEL.batch_active_base + p] = (real)count;
+    }
+    for (long b = 0; b < nb; b++)
+        sorted[b] = rows[order[b]];
+    return moved ? sorted : rows;
+}
+
+/* Every sample reaches every position: any pass but training's. */
+static void all_active(real *restrict d, long nb)
+{
+    if (MODEL.batch_active_base >= 0)
+        for (long p = 0; p < MODEL.n_positions; p++)
+            d[MODEL.batch_active_base + p] = (real)nb;
+}
+
 /* The rows order[0..count) forward and backward in pieces of at most BATCH_CAPACITY samples on the
  * batch buffers d, g (the parameters copied in), their parameter gradients added to g[0..N_PARAMS),
  * their losses to *loss_sum: a batch of train(), or gradients()'s rows. rate: 0, or (one piece)
@@ -188,9 +230,15 @@ static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *o
                                 double *loss_sum, real rate)
 {
     real *d = st->bd, *g = st->bg;
+    Py_ssize_t sorted[MODEL.batch_capacity];
     for (Py_ssize_t first = 0; first < count; first += MODEL.batch_capacity) {
         const long nb = count - first < MODEL.batch_capacity ? (long)(count - first) : MODEL.batch_capacity;
         load_batch(s, order + first, nb, st->d + MODEL.input_base, d);
+        if (MODEL.batch_active_base >= 0) {
+            const Py_ssize_t *rows = longest_first(d, order + first, nb, sorted);
+            if (rows != order + first)
+                load_batch(s, rows, nb, st->d + MODEL.input_base, d);
+        }
         bound_positions(d, MODEL.batch_positions_slot, MODEL.batch_position_weights, nb);
         MODEL.scan_batch_rows(d, nb);
         MODEL.forward_outputs_batch(d, nb);
@@ -266,6 +314,7 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, PyTh
             rows[b] = first + b;
         load_batch(s, rows, nb, st->d + MODEL.input_base, d);
         all_positions(d, MODEL.batch_positions_slot);
+        all_active(d, nb);
         MODEL.scan_batch_rows(d, nb);
         MODEL.forward_outputs_batch(d, nb);
         for (long b = 0; b < nb; b++)

@@ -102,6 +102,9 @@ static const long BATCH_POSITION_WEIGHTS[] = {BATCH_POSITION_WEIGHTS_LIST};
 #define BATCH_POSITIONS_SLOT (-1)
 static const long BATCH_POSITION_WEIGHTS[1] = {0};
 #endif
+#ifndef BATCH_ACTIVE_BASE
+#define BATCH_ACTIVE_BASE (-1)
+#endif
 #ifndef TABLE_WORDS /* no table form: every statement compiled (codegen/write/table.py) */
 #define TABLE_WORDS 0
 static const char TABLE_TEXT[] = "";
@@ -156,6 +159,7 @@ SHARED const Model MODEL = {
     .have_batch = HAVE_BATCH,
     .batch_positions_slot = BATCH_POSITIONS_SLOT,
     .batch_position_weights = BATCH_POSITION_WEIGHTS,
+    .batch_active_base = BATCH_ACTIVE_BASE,
 #if HAVE_BATCH
     .batch_capacity = BATCH_CAPACITY,
     .n_batch_slots = N_BATCH_SLOTS,

@@ -69,6 +69,7 @@ typedef struct {
     const long *batch_output_slots;
     long batch_positions_slot;        /* the same in the batch buffers (sample b's weights at + b) */
     const long *batch_position_weights;
+    long batch_active_base;           /* d[it + p]: how many of the pass's samples reach position p (-1: none) */
     long n_batch_stepped_runs;        /* the runs backward_batch steps, then (n_params, 0) */
     const long (*batch_stepped_runs)[2];
     SlotsFunction init_batch_constants;

@@ -99,6 +99,38 @@ def test_a_batch_stops_at_its_longest_document(tiny, compiler):
         np.testing.assert_allclose(grads, expected, rtol=1e-9, atol=1e-12 * np.abs(expected).max())
 
 
+@pytest.mark.parametrize("compiler", ["tcc", "clang"], indirect=True)
+def test_a_batch_runs_each_position_over_the_documents_that_reach_it(tiny, compiler):
+    """In a training pass the batched program's loops of position p run over the samples that
+    reach p (the batch sorted longest first; codegen/lower/batch.py's _active_samples): gradients()
+    of a batch given shortest first, with an empty document, equals the documents one by one;
+    train()'s steps are the same on 1 and 2 threads; predict() after it runs every sample at
+    every position (forward()'s outputs, row by row)."""
+    tokenizer, state, params = tiny
+    net = _compile(tiny, compiler, batch=4)
+    units = codegen.generate(*(lambda doc: (doc.loss, doc.inputs, params, doc.outputs))(model.document(state, CONFIG)),
+                             batch=4, optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS))
+    assert re.search(r"for \(long i\d = 0; i\d < \(long\)d\[\d+ \+ i\d\]; i\d\+\+\)", "\n".join(map(str, units)))
+    docs = ["", "a", "abc", "edcbaab"]
+    rows = np.stack([data.row(tokenizer.encode(d), CONFIG.block_size) for d in docs])
+    one_by_one = [_full(net, row, len(params)) for row in rows]
+    loss, grads = _bounded(net, rows, len(params))
+    assert loss == pytest.approx(sum(l for l, _ in one_by_one), rel=1e-12)
+    expected = sum(g for _, g in one_by_one)
+    np.testing.assert_allclose(grads, expected, rtol=1e-9, atol=1e-12 * np.abs(expected).max())
+    stepped = []
+    for threads in (1, 2):  # (each its own module: Adam's state moves with a step)
+        fresh = _compile(tiny, compiler, batch=4)
+        fresh.train(*_split(rows[::-1]), 0.01, batch_size=4, threads=threads)
+        stepped.append(np.asarray(fresh.params).copy())
+    np.testing.assert_array_equal(stepped[0], stepped[1])
+    predicted = np.asarray(net.predict(_split(rows)[0]))
+    for row, out in zip(rows, predicted):
+        net.set_input(row)
+        net.forward()
+        np.testing.assert_allclose(out, net.outputs(), rtol=1e-12, atol=1e-12)
+
+
 def test_positions_past_the_end_are_skipped_and_predict_runs_them_all(tiny):
     """After a training pass on a short document the outputs of the later positions are the
     previous pass's (not computed); predict() and forward() compute every position."""

@@ -21,7 +21,8 @@ no batched form: `batch_program` says why, and train()/predict() run sample by s
 
 import numpy as np
 
-from .types import DOT, OP, Affine, BatchedProgram, BatchExtent, Bounded, Extent, Group, Operands, Sequence, Vector
+from .types import (DOT, OP, ActiveBatch, Affine, BatchedProgram, BatchExtent, Bounded, Extent, Group, Operands,
+                    Sequence, Vector)
 from .vector import progression
 
 # Samples side by side in the batch buffers (the batch loop's largest extent): train()'s larger
@@ -99,7 +100,7 @@ def _vector(layout, vector, shape):
     return Vector(start, tuple(o * scale for o in vector.offsets), vector.length)
 
 
-def _group(layout, g, extent):
+def _group(layout, g, extent, active):
     ops, shape = g.operands, g.shape
     args = tuple(a if isinstance(a, float) else _affine(layout, a, shape)[0] for a in ops.args)
     op = g.first.op
@@ -111,7 +112,27 @@ def _group(layout, g, extent):
     batched.operands = Operands(_affine(layout, ops.out, shape)[0], args, ops.constants, ops.term_positions,
                                 _vector(layout, ops.terms, shape), _vector(layout, ops.a, shape),
                                 _vector(layout, ops.b, shape), ops.choices)
-    return _sequence_outside(batched)
+    return _active_samples(_sequence_outside(batched), active)
+
+
+def _active_samples(g, active):
+    """A group of one position of a sequence with its batch loop over the samples that reach
+    that position only (ActiveBatch: a training pass sorts its batch longest document first);
+    g as it is when it is not one (a loop over pairs of positions laid flat, the positions not a
+    loop's pass), or the program has no sequence. The samples left out have loss weights of 0
+    there and after: what they would compute adds exact zeros to every gradient."""
+    if active is None:
+        return g
+    extent = g.shape[-1]
+    if g.guard is not None:
+        batch = ActiveBatch(int(extent), active, g.guard[1])
+    else:
+        cut = [k for k, n in enumerate(g.shape[:-1]) if isinstance(n, Bounded) and n.counts is None]
+        if len(cut) != 1:
+            return g
+        batch = ActiveBatch(int(extent), active, g.shape[cut[0]].first, cut[0])
+    g.shape = g.shape[:-1] + (batch,)
+    return g
 
 
 def _sequence_outside(g):
@@ -170,20 +191,22 @@ def batch_program(program, capacity=DEFAULT_CAPACITY):
                            "as many loops to compile")
     layout = _Layout(program, capacity)
     extent = BatchExtent(capacity)
+    sequence = program.sequence
+    active = layout.n_slots if sequence else None  # (slots after the others: see ActiveBatch)
     by_id = {}
     forward = []
     for g in program.forward:
-        by_id[id(g)] = _group(layout, g, extent)
+        by_id[id(g)] = _group(layout, g, extent, active)
         forward.append(by_id[id(g)])
     return BatchedProgram(
-        capacity=capacity, n_params=program.n_params, n_slots=layout.n_slots,
+        capacity=capacity, n_params=program.n_params, n_slots=layout.n_slots + (len(sequence.weights) if sequence else 0),
         input_base=layout.slot(program.input_base), n_inputs=program.n_inputs, loss_slot=layout.slot(program.loss.slot),
         output_slots=[layout.slot(n.slot) for n in program.outputs], constants_base=layout.constants_base,
         forward=forward,
         n_output_groups=program.n_output_groups, backward=[by_id[id(g)] for g in program.backward],
         constants=[(layout.slot(slot), value) for slot, value in program.constants],
-        sequence=program.sequence and Sequence(layout.slot(program.sequence.slot),
-                                               tuple(layout.slot(w) for w in program.sequence.weights)))
+        sequence=sequence and Sequence(layout.slot(sequence.slot), tuple(layout.slot(w) for w in sequence.weights),
+                                       active))
 
 
 def batched_form(program, capacity=DEFAULT_CAPACITY):

@@ -106,6 +106,29 @@ class BatchExtent(int):
         return "nb" if not spec else int.__format__(self, spec)
 
 
+class ActiveBatch(BatchExtent):
+    """The batch loop's extent in a group of one position p of a sequence (the batched program):
+    the samples whose document reaches p, `d[active + p]`, which the runtime writes before a
+    training pass with the batch's samples sorted longest first (templates/batch.c), nb at every
+    position before any other. p is `first + i<loop>` in a loop over the positions cut at run
+    time (Bounded), else a fixed position (a guarded group's)."""
+
+    def __new__(cls, capacity, active, first, loop=None):
+        extent = super().__new__(cls, capacity)
+        extent.active, extent.first, extent.loop = active, first, loop
+        return extent
+
+    def __str__(self):
+        if self.loop is None:
+            return f"(long)d[{self.active + self.first}]"
+        return f"(long)d[{self.active + self.first} + i{self.loop}]"
+
+    __repr__ = __str__
+
+    def __format__(self, spec):
+        return str(self) if not spec else int.__format__(self, spec)
+
+
 class Bounded:
     """A loop extent cut at run time: `N` as a number (the emitter's choices hold for any
     shorter loop, as for BatchExtent); in C the count of the loop's passes whose members
@@ -296,9 +319,11 @@ class BatchedProgram:
 @dataclasses.dataclass(frozen=True)
 class Sequence:
     """What the runtime needs to bound a pass: the slot it writes n into, and the slots of the
-    loss's weights w[0..T) (n = one past the last that is not 0)."""
+    loss's weights w[0..T) (n = one past the last that is not 0); in the batched program also
+    where it writes how many of the batch's samples reach each position (ActiveBatch)."""
     slot: int
     weights: tuple
+    active: int = None  # the batched program's: d[active + p], the batch's samples that reach position p
 
     @property
     def every(self):

@@ -39,13 +39,15 @@ def _table(name, rows):
 
 
 def _sequence(prefix, sequence):
-    """<prefix>POSITIONS_SLOT and <prefix>POSITION_WEIGHTS_LIST (and N_POSITIONS) of a Sequence,
+    """<prefix>POSITIONS_SLOT and <prefix>POSITION_WEIGHTS_LIST (and N_POSITIONS, and the batched
+    program's BATCH_ACTIVE_BASE) of a Sequence,
     or none (a list, not a table: exported C, which runs every position, has no use for it)."""
     if sequence is None:
         return []
     return ([f"#define {prefix}POSITIONS_SLOT {sequence.slot}"]
             + ([] if prefix else [f"#define N_POSITIONS {len(sequence.weights)}"])
-            + [f"#define {prefix}POSITION_WEIGHTS_LIST {', '.join(map(str, sequence.weights))}"])
+            + [f"#define {prefix}POSITION_WEIGHTS_LIST {', '.join(map(str, sequence.weights))}"]
+            + ([f"#define {prefix}ACTIVE_BASE {sequence.active}"] if sequence.active is not None else []))
 
 
 # templates/kernels/gemm.c's RUNTIME_PRODUCTS: the matrix products defined in each file (exported
