@@ -52,7 +52,7 @@ def test_microgpts_graph_is_bounded_by_its_weights(tiny):
     # every group reads a token: each is cut (a loop stops at the length) or guarded (one position's)
     cut = [s for s in explanation.steps if any(str(n).startswith("<=") for n in s.shape)]
     guarded = [g for g in program.forward if g.guard is not None]
-    assert len(cut) >= 30 and len(guarded) >= 10
+    assert len(cut) >= 30 and len(guarded) >= 4  # (the first positions' softmax of one and of two values)
     assert len(cut) + len(guarded) == len(program.forward) - 1, str(explanation)  # (and the loss's sum)
     assert program.forward[-1].masked == program.sequence.slot
 

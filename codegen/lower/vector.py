@@ -32,20 +32,89 @@ def progression(offsets):
 
 def group(compute):
     """Classes of alike nodes (Groups), in an order that evaluates every operand first. Sets
-    each computed node's `cls` to ("c", its class); a leaf's is its kind."""
+    each computed node's `cls` to ("c", its class); a leaf's is its kind. Dots over the same
+    parameters whose classes differ only in where their other operands come from become one
+    class, and so does everything alike after them (_shared_rows)."""
+    merged = {}
+    while True:
+        members, height = _classes_of(compute, merged)
+        more = _shared_rows(members, height, merged)
+        if not more:
+            break
+        merged.update(more)
+    order = sorted(range(len(members)), key=lambda c: height[c])  # stable: first appearance breaks ties
+    return [Group(members[c]) for c in order]
+
+
+def _classes_of(compute, merged):
+    """(each class's members, its height), node.cls set: the classes by key, a node in `merged`
+    (id -> token) keyed by its token."""
     keys, height = {}, []
     members = []
     for node in compute:
-        key = _key(node)
+        key = merged.get(id(node)) or _key(node)
         c = keys.get(key)
         if c is None:
             c = keys[key] = len(height)
-            height.append(1 + max((height[x.cls[1]] for x in node.reads() if x.kind in COMPUTED), default=0))
+            height.append(0)
             members.append([])
         node.cls = ("c", c)
         members[c].append(node)
-    order = sorted(range(len(members)), key=lambda c: height[c])  # stable: first appearance breaks ties
-    return [Group(members[c]) for c in order]
+        height[c] = max(height[c], 1 + max((height[x.cls[1]] for x in node.reads() if x.kind in COMPUTED), default=0))
+    if merged:  # a merged class's height may rise after a class that reads it took its own: settle them
+        reads = [set() for _ in members]
+        for c, nodes in enumerate(members):
+            for node in nodes:
+                reads[c].update(x.cls[1] for x in node.reads() if x.kind in COMPUTED)
+        changed = True
+        while changed:
+            changed = False
+            for c in range(len(members)):
+                h = 1 + max((height[r] for r in reads[c]), default=0)
+                if h > height[c]:
+                    height[c], changed = h, True
+    return members, height
+
+
+def _shared_rows(members, height, merged):
+    """Tokens (node id -> token) that make one class of dot classes whose members read the same
+    parameters (a projection's rows) and differ only in their other operands' classes, where
+    neither reads the other: microgpt's output projection of the first positions, whose
+    attention is its own code (a softmax of one value has no max), and of the later ones; the
+    classes after them (the residual stream, the MLP, the head, the next layer) are then alike
+    at every position. Empty when there are none (or all are merged already)."""
+    by_rows = {}
+    for c, nodes in enumerate(members):
+        first = nodes[0]
+        if first.kind != DOT or id(first) in merged:
+            continue
+        rows = tuple(id(x) for x in first.reads() if x.kind == PARAM)
+        if rows:
+            shape = (first.for_outputs, len(first.args), len(first.a), len(first.b),
+                     tuple(x.kind == PARAM for x in first.reads()))
+            by_rows.setdefault((rows, shape), []).append(c)
+    candidates = [cs for cs in by_rows.values() if len(cs) > 1]
+    if not candidates:
+        return {}
+    below = _reads_below(members, height)
+    more = {}
+    for cs in candidates:
+        apart = [c for c in cs if not any(o in below[c] or c in below[o] for o in cs if o != c)]
+        if len(apart) > 1:
+            token = ("rows", id(members[apart[0]][0]))
+            for c in apart:
+                for node in members[c]:
+                    more[id(node)] = token
+    return more
+
+
+def _reads_below(members, height):
+    """Per class, the set of classes it reads, directly or not."""
+    below = [set() for _ in members]
+    for c in sorted(range(len(members)), key=lambda c: height[c]):  # (what a class reads is lower)
+        direct = {x.cls[1] for node in members[c] for x in node.reads() if x.kind in COMPUTED}
+        below[c] = set(direct).union(*(below[r] for r in direct))
+    return below
 
 
 _cls, _slot = attrgetter("cls"), attrgetter("slot")
