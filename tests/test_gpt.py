@@ -164,20 +164,22 @@ def test_max_chains_are_one_maximum(compiler):
 
 
 def test_attention_is_loops_not_statements(tiny):
-    """The per-position code is shared: every position after the first one or two is one loop nest's
-    iteration, and the causal triangle is one loop nest over the positions, not one per position
-    (codegen/lower/vector.py's _families): the program has as many groups at every block_size."""
+    """The per-position code is shared: every position is one loop nest's iteration (the first one
+    or two positions' attention aside), and the causal triangle is one loop nest over the
+    positions, not one per position (codegen/lower/vector.py's _families, _shared_rows): the
+    program has as many groups at every block_size, with one layer or two."""
     counts = []
-    for block_size in (8, 12):
-        config = model.Config(n_embd=8, n_head=2, n_layer=1, block_size=block_size)
+    for block_size, n_layer in ((6, 1), (9, 1), (6, 2), (9, 2)):
+        config = model.Config(n_embd=8, n_head=2, n_layer=n_layer, block_size=block_size)
         state, params = model.init_state(config, tiny[0].vocab_size)
         doc = model.document(state, config)
         program = codegen.lower.ir.lower(doc.loss, doc.inputs, params, doc.outputs)
         singles = sum(1 for g in program.forward if not g.shape)
-        assert singles <= 20, singles
-        assert any(g.shape[0] >= config.block_size - 2 for g in program.forward if g.shape)  # positions as a loop
+        assert singles <= 3, singles  # (the first positions' projections join the later ones': _shared_rows)
+        assert any(g.shape[0] >= config.block_size for g in program.forward if g.shape)  # every position a loop's pass
         counts.append((len(program.forward), len(program.backward)))
-    assert counts[0] == counts[1], counts
+    assert counts[0] == counts[1] and counts[2] == counts[3], counts
+    assert counts[2][0] < 2 * counts[0][0], counts  # a second layer: its own loops, no more statements
 
 
 class _Bar:
