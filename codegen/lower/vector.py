@@ -83,23 +83,41 @@ def _shared_rows(members, height, merged):
     attention is its own code (a softmax of one value has no max), and of the later ones; the
     classes after them (the residual stream, the MLP, the head, the next layer) are then alike
     at every position. Empty when there are none (or all are merged already)."""
-    by_rows = {}
+    by_rows = {}  # (a member's parameters, the dot's shape) -> the classes with such a member
     for c, nodes in enumerate(members):
         first = nodes[0]
         if first.kind != DOT or id(first) in merged:
             continue
-        rows = tuple(id(x) for x in first.reads() if x.kind == PARAM)
-        if rows:
-            shape = (first.for_outputs, len(first.args), len(first.a), len(first.b),
-                     tuple(x.kind == PARAM for x in first.reads()))
-            by_rows.setdefault((rows, shape), []).append(c)
-    candidates = [cs for cs in by_rows.values() if len(cs) > 1]
-    if not candidates:
+        shape = (first.for_outputs, len(first.args), len(first.a), len(first.b),
+                 tuple(x.kind == PARAM for x in first.reads()))
+        if not any(shape[-1]):
+            continue
+        for node in nodes:
+            classes = by_rows.setdefault((tuple(id(x) for x in node.reads() if x.kind == PARAM), shape), [])
+            if not classes or classes[-1] != c:
+                classes.append(c)
+    joined = {}  # union-find over the classes that share a member's parameters
+    def root(c):
+        while joined.get(c, c) != c:
+            c = joined[c]
+        return c
+    for classes in by_rows.values():
+        for c in classes[1:]:
+            a, b = root(classes[0]), root(c)
+            if a != b:
+                joined[max(a, b)] = min(a, b)
+    sets = {}
+    for c in sorted(joined):
+        sets.setdefault(root(c), [root(c)]).append(c)
+    if not sets:
         return {}
     below = _reads_below(members, height)
     more = {}
-    for cs in candidates:
-        apart = [c for c in cs if not any(o in below[c] or c in below[o] for o in cs if o != c)]
+    for cs in sets.values():
+        apart = []  # the first of them, and each after it that neither reads nor is read by those taken
+        for c in sorted(cs):
+            if not any(o in below[c] or c in below[o] for o in apart):
+                apart.append(c)
         if len(apart) > 1:
             token = ("rows", id(members[apart[0]][0]))
             for c in apart:
