@@ -1,10 +1,11 @@
 """A group's forward statements: a value per member, from the op table's formula or a sum of
 constants, loose terms and products (a fused dot), or one layer kernel's call (loops.layer
-decides); an activation of a layer's results folded into the layer's product as its epilogue.
+decides) or a convolution's (convolution.py); an activation of a layer's results folded into the layer's product as its epilogue.
 """
 
 from ..lower.types import OP
 from .dtypes import c_literal
+from .convolution import convolution
 from .kernels import call
 from .loops import (data_at, fused_activation, guarded, layer, loop_nest, short, slot_index, takes_epilogue, tree_sum,
                     unrolled)
@@ -39,6 +40,9 @@ class Forward(Statements):
         kernel = layer(g, self.tables, epilogue)
         if kernel:
             return [kernel]
+        conv = convolution(g)
+        if conv:
+            return [conv.forward(self.tables.offsets)]
         if node.kind == OP:
             names = self._op_names(node, ops)
             value = self._op_c(node, node.op.value, names)

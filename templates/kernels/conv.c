@@ -1,0 +1,270 @@
+/* ---- convolutions over a batch ---------------------------------------------------------------
+ * A convolution written with scalar Values (the zoo's CNN: each output a sum of a filter's K
+ * weights times a window of K inputs, at P x Q positions) becomes, over a batch (the samples
+ * innermost, S of them, stride 1), loops whose window is a list of K offsets (a 3x3 window of a
+ * 28-wide image: 0, 1, 2, 28, 29, 30, 56, 57, 58, times the batch's capacity). Its three products
+ * (codegen/write/convolution.py calls them), with X(p, q, k) = x + p * x_p + q * x_q + offsets[k]:
+ *   forward             conv_set: out[f, p, q, s] = bias[f] + sum over k of w[f, k] * X(p, q, k)[s]
+ *   weights' gradients  conv_nt:  gw[f, k] += sum over p, q, s of go[f, p, q, s] * X(p, q, k)[s],
+ *                                 and gb[f] += the sum of go[f, ...] (the bias's)
+ *   inputs' gradients   conv_acc: X(p, q, k)[s] += sum over f of w[f, k] * go[f, p, q, s], at every
+ *                                 position in turn (windows overlap)
+ * The forward's outputs and the weights' sums each run whole in one thread (a filter's rows, a
+ * filter), in a fixed order of p, q and the lanes: the same bits for any thread count; the
+ * inputs' gradients, whose windows overlap, on the caller's thread. The samples go in vectors of
+ * CONV_LANES (GCC's and Clang's vector extension; TCC runs the same lanes as scalars), each
+ * lane's sum in position order, the lanes summed pairwise at the end, the samples after the last
+ * whole vector in scalars; the forward's sums run in k order from the bias, lane or not. */
+#if REAL_IS_FLOAT
+#define CONV_LANES 8
+#define CONV_SUM(s) ((((s)[0] + (s)[1]) + ((s)[2] + (s)[3])) + (((s)[4] + (s)[5]) + ((s)[6] + (s)[7])))
+#else
+#define CONV_LANES 4
+#define CONV_SUM(s) (((s)[0] + (s)[1]) + ((s)[2] + (s)[3]))
+#endif
+#if defined(__GNUC__) && !defined(__TINYC__)
+typedef real conv_lanes __attribute__((vector_size(CONV_LANES * sizeof(real)), aligned(sizeof(real)), may_alias));
+#define LANES(v) conv_lanes v
+#define LANES_SET(v, x) (v) = (conv_lanes){0} + (x)
+#define LANES_FMA(v, w, p) (v) += (w) * *(const conv_lanes *)(p)        /* v += w * p[0..L) */
+#define LANES_FMA2(v, p, q) (v) += *(const conv_lanes *)(p) * *(const conv_lanes *)(q)
+#define LANES_ADD(v, u) (v) += (u)
+#define LANES_ACC(v, p) (v) += *(const conv_lanes *)(p)                 /* v += p[0..L) */
+#define LANES_LOAD(v, p) (v) = *(const conv_lanes *)(p)
+#define LANES_STORE(p, v) (*(conv_lanes *)(p) = (v))
+#define LANES_GET(v, lanes) memcpy(lanes, &(v), sizeof(v))
+#else
+#define LANES(v) real v[CONV_LANES]
+#define LANES_EACH(statement)                                                                      \
+    for (int l_ = 0; l_ < CONV_LANES; l_++) statement
+#define LANES_SET(v, x) LANES_EACH((v)[l_] = (x))
+#define LANES_FMA(v, w, p) LANES_EACH((v)[l_] += (w) * (p)[l_])
+#define LANES_FMA2(v, p, q) LANES_EACH((v)[l_] += (p)[l_] * (q)[l_])
+#define LANES_ADD(v, u) LANES_EACH((v)[l_] += (u)[l_])
+#define LANES_ACC(v, p) LANES_EACH((v)[l_] += (p)[l_])
+#define LANES_LOAD(v, p) LANES_EACH((v)[l_] = (p)[l_])
+#define LANES_STORE(p, v) LANES_EACH((p)[l_] = (v)[l_])
+#define LANES_GET(v, lanes) memcpy(lanes, v, sizeof(v))
+#endif
+
+#if RUNTIME_PRODUCTS
+SHARED void conv_set(real *restrict out, long out_f, long out_p, long out_q, const real *restrict bias,
+                     long bias_f, const real *restrict w, long w_f, long w_k, const real *restrict x, long x_p,
+                     long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K);
+SHARED void conv_nt(real *restrict out, long out_f, long out_k, real *restrict bias, long bias_f,
+                    const real *restrict go, long go_f, long go_p, long go_q, const real *restrict x, long x_p,
+                    long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K);
+SHARED void conv_acc(real *restrict out, long out_p, long out_q, const int32_t *offsets, const real *restrict w,
+                     long w_f, long w_k, const real *restrict go, long go_f, long go_p, long go_q, long F, long P,
+                     long Q, long S, long K);
+#endif
+#if RUNTIME_PRODUCTS != 1
+
+/* (filled by field name; x's fields are the inputs' or, for conv_acc, their gradients') */
+typedef struct {
+    real *out, *bias;
+    const real *w, *x, *go, *bias_in;
+    const int32_t *offsets;
+    long out_f, out_p, out_q, out_k, bias_f, w_f, w_k, x_p, x_q, go_f, go_p, go_q, F, P, Q, S, K;
+} ConvArgs;
+
+/* Rows [first, last) of conv_set's F * P rows (filter f, row p): four vectors of samples at a
+ * time, then one, then single samples. */
+static void conv_set_rows(void *args, long first, long last)
+{
+    const ConvArgs *a = (const ConvArgs *)args;
+    const long K = a->K, S = a->S;
+    for (long r = first; r < last; r++) {
+        const long f = r / a->P, p = r % a->P;
+        const real *w = a->w + f * a->w_f;
+        const real init = a->bias_in ? a->bias_in[f * a->bias_f] : 0;
+        for (long q = 0; q < a->Q; q++) {
+            const real *x = a->x + p * a->x_p + q * a->x_q;
+            real *out = a->out + f * a->out_f + p * a->out_p + q * a->out_q;
+            long s = 0;
+            for (; s + 4 * CONV_LANES <= S; s += 4 * CONV_LANES) {
+                LANES(v0);
+                LANES(v1);
+                LANES(v2);
+                LANES(v3);
+                LANES_SET(v0, init);
+                LANES_SET(v1, init);
+                LANES_SET(v2, init);
+                LANES_SET(v3, init);
+                for (long k = 0; k < K; k++) {
+                    const real wk = w[k * a->w_k], *xk = x + a->offsets[k] + s;
+                    LANES_FMA(v0, wk, xk);
+                    LANES_FMA(v1, wk, xk + CONV_LANES);
+                    LANES_FMA(v2, wk, xk + 2 * CONV_LANES);
+                    LANES_FMA(v3, wk, xk + 3 * CONV_LANES);
+                }
+                LANES_STORE(out + s, v0);
+                LANES_STORE(out + s + CONV_LANES, v1);
+                LANES_STORE(out + s + 2 * CONV_LANES, v2);
+                LANES_STORE(out + s + 3 * CONV_LANES, v3);
+            }
+            for (; s + CONV_LANES <= S; s += CONV_LANES) {
+                LANES(v0);
+                LANES_SET(v0, init);
+                for (long k = 0; k < K; k++)
+                    LANES_FMA(v0, w[k * a->w_k], x + a->offsets[k] + s);
+                LANES_STORE(out + s, v0);
+            }
+            for (; s < S; s++) {
+                real sum = init;
+                for (long k = 0; k < K; k++)
+                    sum += w[k * a->w_k] * x[a->offsets[k] + s];
+                out[s] = sum;
+            }
+        }
+    }
+}
+
+PRODUCT void conv_set(real *restrict out, long out_f, long out_p, long out_q, const real *restrict bias,
+                      long bias_f, const real *restrict w, long w_f, long w_k, const real *restrict x, long x_p,
+                      long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K)
+{
+    const ConvArgs a = {.out = out, .out_f = out_f, .out_p = out_p, .out_q = out_q, .bias_in = bias,
+                        .bias_f = bias_f, .w = w, .w_f = w_f, .w_k = w_k, .x = x, .x_p = x_p, .x_q = x_q,
+                        .offsets = offsets, .F = F, .P = P, .Q = Q, .S = S, .K = K};
+    if (F <= 0 || P <= 0 || Q <= 0 || S <= 0)
+        return;
+    if ((double)F * P * Q * S * K < GEMM_PARALLEL_MIN)
+        conv_set_rows((void *)&a, 0, F * P);
+    else
+        parallel_rows(conv_set_rows, (void *)&a, F * P, 1);
+}
+
+/* Filter f's weights' gradients k0, k0 + 1, k0 + 2 (the window's rows of three; past K, the last
+ * stands in for the missing ones), over every position: each in two chains of lanes (a vector
+ * of samples and the next), the samples after the last pair of vectors in one, the rest in
+ * scalars. */
+static void conv_nt_three(const ConvArgs *a, long f, long k0)
+{
+    const long S = a->S, k1 = k0 + 1 < a->K ? k0 + 1 : a->K - 1, k2 = k0 + 2 < a->K ? k0 + 2 : a->K - 1;
+    const long o0 = a->offsets[k0], o1 = a->offsets[k1], o2 = a->offsets[k2];
+    LANES(s0);
+    LANES(s1);
+    LANES(s2);
+    LANES(t0);
+    LANES(t1);
+    LANES(t2);
+    LANES_SET(s0, 0);
+    LANES_SET(s1, 0);
+    LANES_SET(s2, 0);
+    LANES_SET(t0, 0);
+    LANES_SET(t1, 0);
+    LANES_SET(t2, 0);
+    real r0 = 0, r1 = 0, r2 = 0;
+    for (long p = 0; p < a->P; p++)
+        for (long q = 0; q < a->Q; q++) {
+            const real *go = a->go + f * a->go_f + p * a->go_p + q * a->go_q;
+            const real *x = a->x + p * a->x_p + q * a->x_q;
+            long s = 0;
+            for (; s + 2 * CONV_LANES <= S; s += 2 * CONV_LANES) {
+                LANES_FMA2(s0, go + s, x + o0 + s);
+                LANES_FMA2(s1, go + s, x + o1 + s);
+                LANES_FMA2(s2, go + s, x + o2 + s);
+                LANES_FMA2(t0, go + s + CONV_LANES, x + o0 + s + CONV_LANES);
+                LANES_FMA2(t1, go + s + CONV_LANES, x + o1 + s + CONV_LANES);
+                LANES_FMA2(t2, go + s + CONV_LANES, x + o2 + s + CONV_LANES);
+            }
+            if (s + CONV_LANES <= S) {
+                LANES_FMA2(s0, go + s, x + o0 + s);
+                LANES_FMA2(s1, go + s, x + o1 + s);
+                LANES_FMA2(s2, go + s, x + o2 + s);
+                s += CONV_LANES;
+            }
+            for (; s < S; s++) {
+                r0 += go[s] * x[o0 + s];
+                r1 += go[s] * x[o1 + s];
+                r2 += go[s] * x[o2 + s];
+            }
+        }
+    real lanes[CONV_LANES];
+    LANES_ADD(s0, t0);
+    LANES_ADD(s1, t1);
+    LANES_ADD(s2, t2);
+    real *out = a->out + f * a->out_f;
+    LANES_GET(s0, lanes);
+    out[k0 * a->out_k] += CONV_SUM(lanes) + r0;
+    if (k1 == k0 + 1) {
+        LANES_GET(s1, lanes);
+        out[k1 * a->out_k] += CONV_SUM(lanes) + r1;
+    }
+    if (k2 == k0 + 2) {
+        LANES_GET(s2, lanes);
+        out[k2 * a->out_k] += CONV_SUM(lanes) + r2;
+    }
+}
+
+/* Filters [first, last) of conv_nt: the bias's sum, then the weights' three at a time. */
+static void conv_nt_filters(void *args, long first, long last)
+{
+    const ConvArgs *a = (const ConvArgs *)args;
+    for (long f = first; f < last; f++) {
+        if (a->bias) {
+            LANES(s0);
+            LANES_SET(s0, 0);
+            real r0 = 0, lanes[CONV_LANES];
+            for (long p = 0; p < a->P; p++)
+                for (long q = 0; q < a->Q; q++) {
+                    const real *go = a->go + f * a->go_f + p * a->go_p + q * a->go_q;
+                    long s = 0;
+                    for (; s + CONV_LANES <= a->S; s += CONV_LANES)
+                        LANES_ACC(s0, go + s);
+                    for (; s < a->S; s++)
+                        r0 += go[s];
+                }
+            LANES_GET(s0, lanes);
+            a->bias[f * a->bias_f] += CONV_SUM(lanes) + r0;
+        }
+        for (long k0 = 0; k0 < a->K; k0 += 3)
+            conv_nt_three(a, f, k0);
+    }
+}
+
+PRODUCT void conv_nt(real *restrict out, long out_f, long out_k, real *restrict bias, long bias_f,
+                     const real *restrict go, long go_f, long go_p, long go_q, const real *restrict x, long x_p,
+                     long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K)
+{
+    const ConvArgs a = {.out = out, .out_f = out_f, .out_k = out_k, .bias = bias, .bias_f = bias_f, .go = go,
+                        .go_f = go_f, .go_p = go_p, .go_q = go_q, .x = x, .x_p = x_p, .x_q = x_q,
+                        .offsets = offsets, .F = F, .P = P, .Q = Q, .S = S, .K = K};
+    if (F <= 0 || P <= 0 || Q <= 0 || S <= 0)
+        return;
+    if ((double)F * P * Q * S * K < GEMM_PARALLEL_MIN)
+        conv_nt_filters((void *)&a, 0, F);
+    else
+        parallel_rows(conv_nt_filters, (void *)&a, F, 1);
+}
+
+/* The inputs' gradients, position by position (windows overlap): each window element's vector
+ * of samples read once, the filters' terms added in f order, written back. */
+PRODUCT void conv_acc(real *restrict out, long out_p, long out_q, const int32_t *offsets, const real *restrict w,
+                      long w_f, long w_k, const real *restrict go, long go_f, long go_p, long go_q, long F, long P,
+                      long Q, long S, long K)
+{
+    for (long p = 0; p < P; p++)
+        for (long q = 0; q < Q; q++) {
+            const real *g = go + p * go_p + q * go_q;
+            for (long k = 0; k < K; k++) {
+                real *o = out + p * out_p + q * out_q + offsets[k];
+                long s = 0;
+                for (; s + CONV_LANES <= S; s += CONV_LANES) {
+                    LANES(v);
+                    LANES_LOAD(v, o + s);
+                    for (long f = 0; f < F; f++)
+                        LANES_FMA(v, w[f * w_f + k * w_k], g + f * go_f + s);
+                    LANES_STORE(o + s, v);
+                }
+                for (; s < S; s++) {
+                    real sum = o[s];
+                    for (long f = 0; f < F; f++)
+                        sum += w[f * w_f + k * w_k] * g[f * go_f + s];
+                    o[s] = sum;
+                }
+            }
+        }
+}
+#endif
