@@ -68,55 +68,72 @@ typedef struct {
     long out_f, out_p, out_q, out_k, bias_f, w_f, w_k, x_p, x_q, go_f, go_p, go_q, F, P, Q, S, K;
 } ConvArgs;
 
-/* Rows [first, last) of conv_set's F * P rows (filter f, row p): four vectors of samples at a
- * time, then one, then single samples. */
+/* The window in groups of CONV_GROUP elements, then of 3, then single ones: a group's weights (the
+ * forward's) or its sums (the weights' gradients') and its offsets are held in registers over
+ * every position, its count known where the group is written out (CONV_UNROLLED). */
+#define CONV_GROUP 9
+#if defined(__GNUC__) && !defined(__TINYC__)
+#define CONV_INLINE static inline __attribute__((always_inline))
+#define CONV_UNROLLED _Pragma("GCC unroll 9")
+#else
+#define CONV_INLINE static
+#define CONV_UNROLLED
+#endif
+
+/* conv_set's filter f, row p, window elements [k0, k0 + n): out (from the bias when k0 is 0, else
+ * from what the groups before left) plus the group's terms, in k order, vector by vector of
+ * samples, then single samples. */
+CONV_INLINE void conv_set_group(const ConvArgs *a, long f, long p, long k0, int n)
+{
+    real w[CONV_GROUP];
+    long o[CONV_GROUP];
+    CONV_UNROLLED
+    for (int k = 0; k < n; k++) {
+        w[k] = a->w[f * a->w_f + (k0 + k) * a->w_k];
+        o[k] = a->offsets[k0 + k];
+    }
+    const real init = k0 ? 0 : a->bias_in ? a->bias_in[f * a->bias_f] : 0;
+    const long S = a->S;
+    for (long q = 0; q < a->Q; q++) {
+        const real *x = a->x + p * a->x_p + q * a->x_q;
+        real *out = a->out + f * a->out_f + p * a->out_p + q * a->out_q;
+        long s = 0;
+        for (; s + CONV_LANES <= S; s += CONV_LANES) {
+            LANES(v);
+            if (k0)
+                LANES_LOAD(v, out + s);
+            else
+                LANES_SET(v, init);
+            CONV_UNROLLED
+            for (int k = 0; k < n; k++)
+                LANES_FMA(v, w[k], x + o[k] + s);
+            LANES_STORE(out + s, v);
+        }
+        for (; s < S; s++) {
+            real sum = k0 ? out[s] : init;
+            CONV_UNROLLED
+            for (int k = 0; k < n; k++)
+                sum += w[k] * x[o[k] + s];
+            out[s] = sum;
+        }
+    }
+}
+
+/* Rows [first, last) of conv_set's F * P rows (filter f, row p). */
 static void conv_set_rows(void *args, long first, long last)
 {
     const ConvArgs *a = (const ConvArgs *)args;
-    const long K = a->K, S = a->S;
     for (long r = first; r < last; r++) {
         const long f = r / a->P, p = r % a->P;
-        const real *w = a->w + f * a->w_f;
-        const real init = a->bias_in ? a->bias_in[f * a->bias_f] : 0;
-        for (long q = 0; q < a->Q; q++) {
-            const real *x = a->x + p * a->x_p + q * a->x_q;
-            real *out = a->out + f * a->out_f + p * a->out_p + q * a->out_q;
-            long s = 0;
-            for (; s + 4 * CONV_LANES <= S; s += 4 * CONV_LANES) {
-                LANES(v0);
-                LANES(v1);
-                LANES(v2);
-                LANES(v3);
-                LANES_SET(v0, init);
-                LANES_SET(v1, init);
-                LANES_SET(v2, init);
-                LANES_SET(v3, init);
-                for (long k = 0; k < K; k++) {
-                    const real wk = w[k * a->w_k], *xk = x + a->offsets[k] + s;
-                    LANES_FMA(v0, wk, xk);
-                    LANES_FMA(v1, wk, xk + CONV_LANES);
-                    LANES_FMA(v2, wk, xk + 2 * CONV_LANES);
-                    LANES_FMA(v3, wk, xk + 3 * CONV_LANES);
-                }
-                LANES_STORE(out + s, v0);
-                LANES_STORE(out + s + CONV_LANES, v1);
-                LANES_STORE(out + s + 2 * CONV_LANES, v2);
-                LANES_STORE(out + s + 3 * CONV_LANES, v3);
-            }
-            for (; s + CONV_LANES <= S; s += CONV_LANES) {
-                LANES(v0);
-                LANES_SET(v0, init);
-                for (long k = 0; k < K; k++)
-                    LANES_FMA(v0, w[k * a->w_k], x + a->offsets[k] + s);
-                LANES_STORE(out + s, v0);
-            }
-            for (; s < S; s++) {
-                real sum = init;
-                for (long k = 0; k < K; k++)
-                    sum += w[k * a->w_k] * x[a->offsets[k] + s];
-                out[s] = sum;
-            }
-        }
+        long k0 = 0;
+        for (; k0 + CONV_GROUP <= a->K; k0 += CONV_GROUP)
+            conv_set_group(a, f, p, k0, CONV_GROUP);
+        for (; k0 + 3 <= a->K; k0 += 3)
+            conv_set_group(a, f, p, k0, 3);
+        for (; k0 < a->K; k0++)
+            conv_set_group(a, f, p, k0, 1);
+        if (a->K == 0)
+            conv_set_group(a, f, p, 0, 0);
     }
 }
 
@@ -135,66 +152,41 @@ PRODUCT void conv_set(real *restrict out, long out_f, long out_p, long out_q, co
         parallel_rows(conv_set_rows, (void *)&a, F * P, 1);
 }
 
-/* Filter f's weights' gradients k0, k0 + 1, k0 + 2 (the window's rows of three; past K, the last
- * stands in for the missing ones), over every position: each in two chains of lanes (a vector
- * of samples and the next), the samples after the last pair of vectors in one, the rest in
- * scalars. */
-static void conv_nt_three(const ConvArgs *a, long f, long k0)
+/* conv_nt's filter f, window elements [k0, k0 + n): each weight's sum in lanes over every
+ * position's vectors of samples (lane l: sample l of each vector, in position order), the lanes
+ * summed pairwise, then the samples after the last whole vector in position order. */
+CONV_INLINE void conv_nt_group(const ConvArgs *a, long f, long k0, int n)
 {
-    const long S = a->S, k1 = k0 + 1 < a->K ? k0 + 1 : a->K - 1, k2 = k0 + 2 < a->K ? k0 + 2 : a->K - 1;
-    const long o0 = a->offsets[k0], o1 = a->offsets[k1], o2 = a->offsets[k2];
-    LANES(s0);
-    LANES(s1);
-    LANES(s2);
-    LANES(t0);
-    LANES(t1);
-    LANES(t2);
-    LANES_SET(s0, 0);
-    LANES_SET(s1, 0);
-    LANES_SET(s2, 0);
-    LANES_SET(t0, 0);
-    LANES_SET(t1, 0);
-    LANES_SET(t2, 0);
-    real r0 = 0, r1 = 0, r2 = 0;
+    LANES(sums[CONV_GROUP]);
+    real rest[CONV_GROUP];
+    long o[CONV_GROUP];
+    CONV_UNROLLED
+    for (int k = 0; k < n; k++) {
+        LANES_SET(sums[k], 0);
+        rest[k] = 0;
+        o[k] = a->offsets[k0 + k];
+    }
+    const long S = a->S;
     for (long p = 0; p < a->P; p++)
         for (long q = 0; q < a->Q; q++) {
             const real *go = a->go + f * a->go_f + p * a->go_p + q * a->go_q;
             const real *x = a->x + p * a->x_p + q * a->x_q;
             long s = 0;
-            for (; s + 2 * CONV_LANES <= S; s += 2 * CONV_LANES) {
-                LANES_FMA2(s0, go + s, x + o0 + s);
-                LANES_FMA2(s1, go + s, x + o1 + s);
-                LANES_FMA2(s2, go + s, x + o2 + s);
-                LANES_FMA2(t0, go + s + CONV_LANES, x + o0 + s + CONV_LANES);
-                LANES_FMA2(t1, go + s + CONV_LANES, x + o1 + s + CONV_LANES);
-                LANES_FMA2(t2, go + s + CONV_LANES, x + o2 + s + CONV_LANES);
-            }
-            if (s + CONV_LANES <= S) {
-                LANES_FMA2(s0, go + s, x + o0 + s);
-                LANES_FMA2(s1, go + s, x + o1 + s);
-                LANES_FMA2(s2, go + s, x + o2 + s);
-                s += CONV_LANES;
+            for (; s + CONV_LANES <= S; s += CONV_LANES) {
+                CONV_UNROLLED
+                for (int k = 0; k < n; k++)
+                    LANES_FMA2(sums[k], go + s, x + o[k] + s);
             }
             for (; s < S; s++) {
-                r0 += go[s] * x[o0 + s];
-                r1 += go[s] * x[o1 + s];
-                r2 += go[s] * x[o2 + s];
+                CONV_UNROLLED
+                for (int k = 0; k < n; k++)
+                    rest[k] += go[s] * x[o[k] + s];
             }
         }
-    real lanes[CONV_LANES];
-    LANES_ADD(s0, t0);
-    LANES_ADD(s1, t1);
-    LANES_ADD(s2, t2);
-    real *out = a->out + f * a->out_f;
-    LANES_GET(s0, lanes);
-    out[k0 * a->out_k] += CONV_SUM(lanes) + r0;
-    if (k1 == k0 + 1) {
-        LANES_GET(s1, lanes);
-        out[k1 * a->out_k] += CONV_SUM(lanes) + r1;
-    }
-    if (k2 == k0 + 2) {
-        LANES_GET(s2, lanes);
-        out[k2 * a->out_k] += CONV_SUM(lanes) + r2;
+    real lanes[CONV_LANES], *out = a->out + f * a->out_f;
+    for (int k = 0; k < n; k++) {
+        LANES_GET(sums[k], lanes);
+        out[(k0 + k) * a->out_k] += CONV_SUM(lanes) + rest[k];
     }
 }
 
@@ -219,8 +211,13 @@ static void conv_nt_filters(void *args, long first, long last)
             LANES_GET(s0, lanes);
             a->bias[f * a->bias_f] += CONV_SUM(lanes) + r0;
         }
-        for (long k0 = 0; k0 < a->K; k0 += 3)
-            conv_nt_three(a, f, k0);
+        long k0 = 0;
+        for (; k0 + CONV_GROUP <= a->K; k0 += CONV_GROUP)
+            conv_nt_group(a, f, k0, CONV_GROUP);
+        for (; k0 + 3 <= a->K; k0 += 3)
+            conv_nt_group(a, f, k0, 3);
+        for (; k0 < a->K; k0++)
+            conv_nt_group(a, f, k0, 1);
     }
 }
 
