@@ -86,35 +86,35 @@ typedef struct {
 CONV_INLINE void conv_set_group(const ConvArgs *a, long f, long p, long k0, int n)
 {
     real w[CONV_GROUP];
-    long o[CONV_GROUP];
+    const real *x[CONV_GROUP]; /* the window's elements at position (p, 0) */
     CONV_UNROLLED
     for (int k = 0; k < n; k++) {
         w[k] = a->w[f * a->w_f + (k0 + k) * a->w_k];
-        o[k] = a->offsets[k0 + k];
+        x[k] = a->x + p * a->x_p + a->offsets[k0 + k];
     }
     const real init = k0 ? 0 : a->bias_in ? a->bias_in[f * a->bias_f] : 0;
-    const long S = a->S;
-    for (long q = 0; q < a->Q; q++) {
-        const real *x = a->x + p * a->x_p + q * a->x_q;
-        real *out = a->out + f * a->out_f + p * a->out_p + q * a->out_q;
-        long s = 0;
-        for (; s + CONV_LANES <= S; s += CONV_LANES) {
+    real *out = a->out + f * a->out_f + p * a->out_p;
+    const long S = a->S, Q = a->Q, x_q = a->x_q, out_q = a->out_q, vectors = S - S % CONV_LANES;
+    for (long q = 0; q < Q; q++) {
+        const long from = q * x_q;
+        real *at = out + q * out_q;
+        for (long s = 0; s < vectors; s += CONV_LANES) {
             LANES(v);
             if (k0)
-                LANES_LOAD(v, out + s);
+                LANES_LOAD(v, at + s);
             else
                 LANES_SET(v, init);
             CONV_UNROLLED
             for (int k = 0; k < n; k++)
-                LANES_FMA(v, w[k], x + o[k] + s);
-            LANES_STORE(out + s, v);
+                LANES_FMA(v, w[k], x[k] + from + s);
+            LANES_STORE(at + s, v);
         }
-        for (; s < S; s++) {
-            real sum = k0 ? out[s] : init;
+        for (long s = vectors; s < S; s++) {
+            real sum = k0 ? at[s] : init;
             CONV_UNROLLED
             for (int k = 0; k < n; k++)
-                sum += w[k] * x[o[k] + s];
-            out[s] = sum;
+                sum += w[k] * x[k][from + s];
+            at[s] = sum;
         }
     }
 }
@@ -159,30 +159,32 @@ CONV_INLINE void conv_nt_group(const ConvArgs *a, long f, long k0, int n)
 {
     LANES(sums[CONV_GROUP]);
     real rest[CONV_GROUP];
-    long o[CONV_GROUP];
     CONV_UNROLLED
     for (int k = 0; k < n; k++) {
         LANES_SET(sums[k], 0);
         rest[k] = 0;
-        o[k] = a->offsets[k0 + k];
     }
-    const long S = a->S;
-    for (long p = 0; p < a->P; p++)
-        for (long q = 0; q < a->Q; q++) {
-            const real *go = a->go + f * a->go_f + p * a->go_p + q * a->go_q;
-            const real *x = a->x + p * a->x_p + q * a->x_q;
-            long s = 0;
-            for (; s + CONV_LANES <= S; s += CONV_LANES) {
+    const long S = a->S, Q = a->Q, x_q = a->x_q, go_q = a->go_q, vectors = S - S % CONV_LANES;
+    for (long p = 0; p < a->P; p++) {
+        const real *go = a->go + f * a->go_f + p * a->go_p, *x[CONV_GROUP];
+        CONV_UNROLLED
+        for (int k = 0; k < n; k++)
+            x[k] = a->x + p * a->x_p + a->offsets[k0 + k];
+        for (long q = 0; q < Q; q++) {
+            const real *g = go + q * go_q;
+            const long from = q * x_q;
+            for (long s = 0; s < vectors; s += CONV_LANES) {
                 CONV_UNROLLED
                 for (int k = 0; k < n; k++)
-                    LANES_FMA2(sums[k], go + s, x + o[k] + s);
+                    LANES_FMA2(sums[k], g + s, x[k] + from + s);
             }
-            for (; s < S; s++) {
+            for (long s = vectors; s < S; s++) {
                 CONV_UNROLLED
                 for (int k = 0; k < n; k++)
-                    rest[k] += go[s] * x[o[k] + s];
+                    rest[k] += g[s] * x[k][from + s];
             }
         }
+    }
     real lanes[CONV_LANES], *out = a->out + f * a->out_f;
     for (int k = 0; k < n; k++) {
         LANES_GET(sums[k], lanes);
