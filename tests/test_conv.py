@@ -1,7 +1,7 @@
 """A convolution over a batch (templates/kernels/conv.c, codegen/write/convolution.py): its three
 kernels called directly against NumPy (the max difference printed) at shapes with tails (samples
-after the last vector, windows of 1, 10 and 16 elements: groups of 9, 3 and 1), with the strides
-the generated code passes; and a CNN written with scalar Values (two convolutions, the second over
+after the last vector, odd filter counts, windows of 1, 10 and 16 elements: groups of 9, 3 and 1),
+with the strides the generated code passes, the forward with a ReLU as its epilogue; and a CNN written with scalar Values (two convolutions, the second over
 the first's ReLU, so that its inputs need gradients) trained over batches, equal to micrograd_c's
 interpreter, in both dtypes on every compiler, and the same bits on 1 and 2 threads."""
 
@@ -21,9 +21,14 @@ from conftest import compiler_diagonal
 from micrograd_c import Value, cross_entropy
 
 HARNESS = """
+static void relu_rows(const real *restrict x, real *restrict y, const real *restrict a, const real *restrict o,
+                      long count)
+{ (void)a; (void)o; for (long n = 0; n < count; n++) y[n] = where(x[n] < 0, 0, x[n]); }
 void call_set(real *out, long out_f, long out_p, long out_q, const real *bias, long bias_f, const real *w, long w_f,
-              long w_k, const real *x, long x_p, long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K)
-{ conv_set(out, out_f, out_p, out_q, bias, bias_f, w, w_f, w_k, x, x_p, x_q, offsets, F, P, Q, S, K); }
+              long w_k, const real *x, long x_p, long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K,
+              real *y)
+{ conv_set(out, out_f, out_p, out_q, bias, bias_f, w, w_f, w_k, x, x_p, x_q, offsets, F, P, Q, S, K,
+           y ? relu_rows : 0, y, P * Q * CAPACITY, Q * CAPACITY, CAPACITY); }
 void call_nt(real *out, long out_f, long out_k, real *bias, long bias_f, const real *go, long go_f, long go_p,
              long go_q, const real *x, long x_p, long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K)
 { conv_nt(out, out_f, out_k, bias, bias_f, go, go_f, go_p, go_q, x, x_p, x_q, offsets, F, P, Q, S, K); }
@@ -33,7 +38,8 @@ void call_acc(real *out, long out_p, long out_q, const int32_t *offsets, const r
 """
 DECLARATIONS = """
 void call_set(real *out, long out_f, long out_p, long out_q, const real *bias, long bias_f, const real *w, long w_f,
-              long w_k, const real *x, long x_p, long x_q, const int *offsets, long F, long P, long Q, long S, long K);
+              long w_k, const real *x, long x_p, long x_q, const int *offsets, long F, long P, long Q, long S, long K,
+              real *y);
 void call_nt(real *out, long out_f, long out_k, real *bias, long bias_f, const real *go, long go_f, long go_p,
              long go_q, const real *x, long x_p, long x_q, const int *offsets, long F, long P, long Q, long S, long K);
 void call_acc(real *out, long out_p, long out_q, const int *offsets, const real *w, long w_f, long w_k,
@@ -50,7 +56,7 @@ CASES = [(4, 3, 3, 28, 28, 32), (3, 3, 3, 9, 11, 13), (1, 2, 5, 6, 10, 1), (2, 1
 def kernels(compiler, dtype):
     ctype = DTYPES[dtype][0]
     source = (f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n#define HAVE_THREAD_POOL 0\n"
-              + templates.read("prelude.c") + HARNESS)
+              + templates.read("prelude.c") + f"#define CAPACITY {CAPACITY}\n" + HARNESS)
     build = toolchain.build_library(source, "conv", compiler, opt=2)
     ffi = cffi.FFI()
     ffi.cdef(f"typedef {ctype} real;\n" + DECLARATIONS)
@@ -88,11 +94,12 @@ def test_kernels_follow_numpy(compiler, dtype):
         X = np.stack([x[ky:ky + P, kx:kx + Q, :S] for ky, kx in window], axis=2).astype(np.float64)  # P, Q, K, S
         Wk = w[:, :K].astype(np.float64)
         expected = np.einsum("fk,pqks->fpqs", Wk, X) + bias[:, None, None, None]
-        out = np.full((F, P, Q, CAPACITY), 7, np_type)
+        out, relu = np.full((F, P, Q, CAPACITY), 7, np_type), np.full((F, P, Q, CAPACITY), 7, np_type)
         lib.call_set(ptr(out), P * Q * CAPACITY, Q * CAPACITY, CAPACITY, ptr(bias), 1, ptr(w), K + 2, 1, ptr(x),
-                     W * CAPACITY, CAPACITY, table, F, P, Q, S, K)
+                     W * CAPACITY, CAPACITY, table, F, P, Q, S, K, ptr(relu))
         worst = max(worst, compare(out[..., :S], expected, rtol, "conv_set", case))
-        assert (out[..., S:] == 7).all()  # nothing past the batch
+        assert (out[..., S:] == 7).all() and (relu[..., S:] == 7).all()  # nothing past the batch
+        np.testing.assert_array_equal(relu[..., :S], np.where(out[..., :S] < 0, 0, out[..., :S]))  # the epilogue
         go = rng.standard_normal((F, P, Q, CAPACITY)).astype(np_type)
         G = go[..., :S].astype(np.float64)
         gw, gb = rng.standard_normal((F, K + 2)).astype(np_type), rng.standard_normal(F).astype(np_type)

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 from ..lower.types import DOT, BatchExtent
 from ..lower.vector import progression
+import numpy as np
+
 from .kernels import call
-from .loops import LAYER_MIN_SAMPLES, loop_start
+from .loops import LAYER_MIN_SAMPLES, _activation, _positions, loop_start
 
 # the loops outside the batch's: a filters' loop and two of positions at most
 MAX_OUTER = 3
@@ -51,9 +53,17 @@ class Convolution:
     def _start(self, affine, offset=0, grad=False):
         return loop_start(affine, len(self.shape), offset, grad=grad)
 
-    def forward(self, offsets):
-        """conv_set's call (offsets: the program's offset tables)."""
+    def forward(self, offsets, epilogue=None):
+        """conv_set's call (offsets: the program's offset tables); epilogue: (the C function, the
+        Affine over the convolution's loops of its results) of an activation of the results that
+        the kernel applies as it finishes each position (fused_activation)."""
         F, P, Q, along = self._sizes()
+        if epilogue:
+            function, y = epilogue
+            y_f, y_p, y_q = along(y)
+            applied = dict(epilogue=function, y=self._start(y), y_f=y_f, y_p=y_p, y_q=y_q)
+        else:
+            applied = dict(epilogue="NULL", y="NULL", y_f=0, y_p=0, y_q=0)
         out_f, out_p, out_q = along(self.out)
         _, x_p, x_q = along(self.inputs.start)
         w_f = along(self.weights.start)[0]
@@ -63,7 +73,28 @@ class Convolution:
                     w=self._start(self.weights.start, self.weights.offsets[0]), w_f=w_f,
                     w_k=progression(self.weights.offsets), x=self._start(self.inputs.start), x_p=x_p, x_q=x_q,
                     offsets=offsets(self.inputs.offsets), F=F, P=P, Q=Q, S=self.shape[-1],
-                    K=len(self.inputs.offsets))
+                    K=len(self.inputs.offsets), **applied)
+
+    def fused_activation(self, h):
+        """Where group h (later in the same forward pass) writes, as an Affine over the
+        convolution's loops, when h is an activation of exactly its results in their order (a
+        loop over the batch inside loops over them, laid out however), its own results along the
+        batch at stride 1: conv_set can apply it as its epilogue (as loops.fused_activation for a
+        layer); else None."""
+        if not _activation(h) or not isinstance(h.shape[-1], BatchExtent) or h.shape[-1] != self.shape[-1]:
+            return None
+        arg, out = h.operands.args[0], h.operands.out
+        if arg.strides[-1] != 1 or out.strides[-1] != 1:
+            return None
+        outer = lambda affine, shape: _positions(type(affine)(affine.base, affine.strides[:-1]), shape[:-1])
+        if not np.array_equal(outer(arg, h.shape), outer(self.out, self.shape)):
+            return None
+        ys = outer(out, h.shape)
+        grid = ys.reshape(self.shape[:-1])
+        strides = tuple(int(np.take(grid, 1, axis=d).flat[0] - grid.flat[0]) if n > 1 else 0
+                        for d, n in enumerate(self.shape[:-1]))
+        y = type(out)(int(grid.flat[0]), strides + (1,))
+        return y if np.array_equal(outer(y, self.shape), ys) else None
 
     def backward(self, node, offsets):
         """The kernel calls that add the group's gradients into its operands': the weights' and

@@ -22,10 +22,11 @@ class Forward(Statements):
         for i, g in enumerate(groups):
             if id(g) in folded:
                 continue
-            epilogue = None
-            if takes_epilogue(g):
+            epilogue, conv = None, convolution(g)
+            if conv or takes_epilogue(g):
                 for h in groups[i + 1:]:
-                    y = fused_activation(g, h) if h.guard == g.guard else None
+                    y = ((conv.fused_activation(h) if conv else fused_activation(g, h)) if h.guard == g.guard
+                         else None)
                     if y is not None:
                         folded.add(id(h))
                         epilogue = (self._epilogue(h.first), y)
@@ -34,7 +35,8 @@ class Forward(Statements):
         return statements
 
     def group(self, g, epilogue=None):
-        """The statements computing group g's values (epilogue: see loops.layer)."""
+        """The statements computing group g's values (epilogue: see loops.layer, and a
+        convolution's: convolution.Convolution.forward)."""
         ops = g.operands
         node = g.first
         kernel = layer(g, self.tables, epilogue)
@@ -42,7 +44,7 @@ class Forward(Statements):
             return [kernel]
         conv = convolution(g)
         if conv:
-            return [conv.forward(self.tables.offsets)]
+            return [conv.forward(self.tables.offsets, epilogue)]
         if node.kind == OP:
             names = self._op_names(node, ops)
             value = self._op_c(node, node.op.value, names)

@@ -4,7 +4,8 @@
  * innermost, S of them, stride 1), loops whose window is a list of K offsets (a 3x3 window of a
  * 28-wide image: 0, 1, 2, 28, 29, 30, 56, 57, 58, times the batch's capacity). Its three products
  * (codegen/write/convolution.py calls them), with X(p, q, k) = x + p * x_p + q * x_q + offsets[k]:
- *   forward             conv_set: out[f, p, q, s] = bias[f] + sum over k of w[f, k] * X(p, q, k)[s]
+ *   forward             conv_set: out[f, p, q, s] = bias[f] + sum over k of w[f, k] * X(p, q, k)[s],
+ *                                 and with an epilogue (kernels/gemm.c's), its activation into y
  *   weights' gradients  conv_nt:  gw[f, k] += sum over p, q, s of go[f, p, q, s] * X(p, q, k)[s],
  *                                 and gb[f] += the sum of go[f, ...] (the bias's)
  *   inputs' gradients   conv_acc: X(p, q, k)[s] += sum over f of w[f, k] * go[f, p, q, s], at every
@@ -28,6 +29,7 @@ typedef real conv_lanes __attribute__((vector_size(CONV_LANES * sizeof(real)), a
 #define LANES_SET(v, x) (v) = (conv_lanes){0} + (x)
 #define LANES_FMA(v, w, p) (v) += (w) * *(const conv_lanes *)(p)        /* v += w * p[0..L) */
 #define LANES_FMA2(v, p, q) (v) += *(const conv_lanes *)(p) * *(const conv_lanes *)(q)
+#define LANES_FMA_BY(v, w, u) (v) += (w) * (u)                             /* v += w * u (lanes) */
 #define LANES_ADD(v, u) (v) += (u)
 #define LANES_ACC(v, p) (v) += *(const conv_lanes *)(p)                 /* v += p[0..L) */
 #define LANES_LOAD(v, p) (v) = *(const conv_lanes *)(p)
@@ -40,6 +42,7 @@ typedef real conv_lanes __attribute__((vector_size(CONV_LANES * sizeof(real)), a
 #define LANES_SET(v, x) LANES_EACH((v)[l_] = (x))
 #define LANES_FMA(v, w, p) LANES_EACH((v)[l_] += (w) * (p)[l_])
 #define LANES_FMA2(v, p, q) LANES_EACH((v)[l_] += (p)[l_] * (q)[l_])
+#define LANES_FMA_BY(v, w, u) LANES_EACH((v)[l_] += (w) * (u)[l_])
 #define LANES_ADD(v, u) LANES_EACH((v)[l_] += (u)[l_])
 #define LANES_ACC(v, p) LANES_EACH((v)[l_] += (p)[l_])
 #define LANES_LOAD(v, p) LANES_EACH((v)[l_] = (p)[l_])
@@ -50,7 +53,8 @@ typedef real conv_lanes __attribute__((vector_size(CONV_LANES * sizeof(real)), a
 #if RUNTIME_PRODUCTS
 SHARED void conv_set(real *restrict out, long out_f, long out_p, long out_q, const real *restrict bias,
                      long bias_f, const real *restrict w, long w_f, long w_k, const real *restrict x, long x_p,
-                     long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K);
+                     long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K, Epilogue epilogue,
+                     real *y, long y_f, long y_p, long y_q);
 SHARED void conv_nt(real *restrict out, long out_f, long out_k, real *restrict bias, long bias_f,
                     const real *restrict go, long go_f, long go_p, long go_q, const real *restrict x, long x_p,
                     long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K);
@@ -66,11 +70,14 @@ typedef struct {
     const real *w, *x, *go, *bias_in;
     const int32_t *offsets;
     long out_f, out_p, out_q, out_k, bias_f, w_f, w_k, x_p, x_q, go_f, go_p, go_q, F, P, Q, S, K;
+    Epilogue epilogue; /* conv_set's: 0, or f: y[f, p, q, s] = f(out[f, p, q, s]) (an activation) */
+    real *y;
+    long y_f, y_p, y_q;
 } ConvArgs;
 
-/* The window in groups of CONV_GROUP elements, then of 3, then single ones: a group's weights (the
- * forward's) or its sums (the weights' gradients') and its offsets are held in registers over
- * every position, its count known where the group is written out (CONV_UNROLLED). */
+/* A register tile's functions are inlined where each is called with constant sizes, and their
+ * loops over the tile unrolled: the tile's sums (or weights) stay in registers. The weights'
+ * gradients take the window in groups of CONV_GROUP elements, then of 3, then single ones. */
 #define CONV_GROUP 9
 #if defined(__GNUC__) && !defined(__TINYC__)
 #define CONV_INLINE static inline __attribute__((always_inline))
@@ -80,76 +87,112 @@ typedef struct {
 #define CONV_UNROLLED
 #endif
 
-/* conv_set's filter f, row p, window elements [k0, k0 + n): out (from the bias when k0 is 0, else
- * from what the groups before left) plus the group's terms, in k order, vector by vector of
- * samples, then single samples. */
-CONV_INLINE void conv_set_group(const ConvArgs *a, long f, long p, long k0, int n)
+/* conv_set's filters [f0, f0 + m) (m at most CONV_FILTERS) at row p: a tile of the m filters by
+ * two vectors of samples held in registers while the window runs (each load of the inputs serves
+ * every filter, each weight both vectors), then a tile of one vector, then single samples; every
+ * sum in k order from the bias. */
+#define CONV_FILTERS 4
+CONV_INLINE void conv_set_filters(const ConvArgs *a, long f0, int m, long p)
 {
-    real w[CONV_GROUP];
-    const real *x[CONV_GROUP]; /* the window's elements at position (p, 0) */
+    real init[CONV_FILTERS], *out[CONV_FILTERS];
+    const real *w[CONV_FILTERS];
     CONV_UNROLLED
-    for (int k = 0; k < n; k++) {
-        w[k] = a->w[f * a->w_f + (k0 + k) * a->w_k];
-        x[k] = a->x + p * a->x_p + a->offsets[k0 + k];
+    for (int j = 0; j < m; j++) {
+        init[j] = a->bias_in ? a->bias_in[(f0 + j) * a->bias_f] : 0;
+        w[j] = a->w + (f0 + j) * a->w_f;
+        out[j] = a->out + (f0 + j) * a->out_f + p * a->out_p;
     }
-    const real init = k0 ? 0 : a->bias_in ? a->bias_in[f * a->bias_f] : 0;
-    real *out = a->out + f * a->out_f + p * a->out_p;
-    const long S = a->S, Q = a->Q, x_q = a->x_q, out_q = a->out_q, vectors = S - S % CONV_LANES;
-    for (long q = 0; q < Q; q++) {
-        const long from = q * x_q;
-        real *at = out + q * out_q;
-        for (long s = 0; s < vectors; s += CONV_LANES) {
-            LANES(v);
-            if (k0)
-                LANES_LOAD(v, at + s);
-            else
-                LANES_SET(v, init);
+    const long S = a->S, K = a->K, w_k = a->w_k;
+    const int32_t *offsets = a->offsets;
+    for (long q = 0; q < a->Q; q++) {
+        const real *x = a->x + p * a->x_p + q * a->x_q;
+        const long at = q * a->out_q;
+        long s = 0;
+        for (; s + 2 * CONV_LANES <= S; s += 2 * CONV_LANES) {
+            LANES(v[CONV_FILTERS][2]);
             CONV_UNROLLED
-            for (int k = 0; k < n; k++)
-                LANES_FMA(v, w[k], x[k] + from + s);
-            LANES_STORE(at + s, v);
-        }
-        for (long s = vectors; s < S; s++) {
-            real sum = k0 ? at[s] : init;
+            for (int j = 0; j < m; j++) {
+                LANES_SET(v[j][0], init[j]);
+                LANES_SET(v[j][1], init[j]);
+            }
+            for (long k = 0; k < K; k++) {
+                const real *xk = x + offsets[k] + s;
+                LANES(x0);
+                LANES(x1);
+                LANES_LOAD(x0, xk);
+                LANES_LOAD(x1, xk + CONV_LANES);
+                CONV_UNROLLED
+                for (int j = 0; j < m; j++) {
+                    const real wk = w[j][k * w_k];
+                    LANES_FMA_BY(v[j][0], wk, x0);
+                    LANES_FMA_BY(v[j][1], wk, x1);
+                }
+            }
             CONV_UNROLLED
-            for (int k = 0; k < n; k++)
-                sum += w[k] * x[k][from + s];
-            at[s] = sum;
+            for (int j = 0; j < m; j++) {
+                LANES_STORE(out[j] + at + s, v[j][0]);
+                LANES_STORE(out[j] + at + s + CONV_LANES, v[j][1]);
+            }
         }
+        for (; s + CONV_LANES <= S; s += CONV_LANES) {
+            LANES(v[CONV_FILTERS]);
+            CONV_UNROLLED
+            for (int j = 0; j < m; j++)
+                LANES_SET(v[j], init[j]);
+            for (long k = 0; k < K; k++) {
+                LANES(x0);
+                LANES_LOAD(x0, x + offsets[k] + s);
+                CONV_UNROLLED
+                for (int j = 0; j < m; j++)
+                    LANES_FMA_BY(v[j], w[j][k * w_k], x0);
+            }
+            CONV_UNROLLED
+            for (int j = 0; j < m; j++)
+                LANES_STORE(out[j] + at + s, v[j]);
+        }
+        for (; s < S; s++)
+            for (int j = 0; j < m; j++) {
+                real sum = init[j];
+                for (long k = 0; k < K; k++)
+                    sum += w[j][k * w_k] * x[offsets[k] + s];
+                out[j][at + s] = sum;
+            }
+        if (a->epilogue) /* the position's results done: their activation, while they are in the cache */
+            for (int j = 0; j < m; j++)
+                a->epilogue(out[j] + at, a->y + (f0 + j) * a->y_f + p * a->y_p + q * a->y_q, 0, 0, S);
     }
 }
 
-/* Rows [first, last) of conv_set's F * P rows (filter f, row p). */
+/* Rows [first, last) of conv_set's P rows: every filter, CONV_FILTERS at a time. */
 static void conv_set_rows(void *args, long first, long last)
 {
     const ConvArgs *a = (const ConvArgs *)args;
-    for (long r = first; r < last; r++) {
-        const long f = r / a->P, p = r % a->P;
-        long k0 = 0;
-        for (; k0 + CONV_GROUP <= a->K; k0 += CONV_GROUP)
-            conv_set_group(a, f, p, k0, CONV_GROUP);
-        for (; k0 + 3 <= a->K; k0 += 3)
-            conv_set_group(a, f, p, k0, 3);
-        for (; k0 < a->K; k0++)
-            conv_set_group(a, f, p, k0, 1);
-        if (a->K == 0)
-            conv_set_group(a, f, p, 0, 0);
+    for (long p = first; p < last; p++) {
+        long f = 0;
+        for (; f + CONV_FILTERS <= a->F; f += CONV_FILTERS)
+            conv_set_filters(a, f, CONV_FILTERS, p);
+        for (; f + 2 <= a->F; f += 2)
+            conv_set_filters(a, f, 2, p);
+        for (; f < a->F; f++)
+            conv_set_filters(a, f, 1, p);
     }
 }
 
 PRODUCT void conv_set(real *restrict out, long out_f, long out_p, long out_q, const real *restrict bias,
                       long bias_f, const real *restrict w, long w_f, long w_k, const real *restrict x, long x_p,
-                      long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K)
+                      long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K, Epilogue epilogue,
+                      real *y, long y_f, long y_p, long y_q)
 {
     const ConvArgs a = {.out = out, .out_f = out_f, .out_p = out_p, .out_q = out_q, .bias_in = bias,
                         .bias_f = bias_f, .w = w, .w_f = w_f, .w_k = w_k, .x = x, .x_p = x_p, .x_q = x_q,
-                        .offsets = offsets, .F = F, .P = P, .Q = Q, .S = S, .K = K};
+                        .offsets = offsets, .F = F, .P = P, .Q = Q, .S = S, .K = K, .epilogue = epilogue, .y = y,
+                        .y_f = y_f, .y_p = y_p, .y_q = y_q};
     if (F <= 0 || P <= 0 || Q <= 0 || S <= 0)
         return;
     if ((double)F * P * Q * S * K < GEMM_PARALLEL_MIN)
-        conv_set_rows((void *)&a, 0, F * P);
+        conv_set_rows((void *)&a, 0, P);
     else
-        parallel_rows(conv_set_rows, (void *)&a, F * P, 1);
+        parallel_rows(conv_set_rows, (void *)&a, P, 1);
 }
 
 /* conv_nt's filter f, window elements [k0, k0 + n): each weight's sum in lanes over every

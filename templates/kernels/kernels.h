@@ -49,7 +49,8 @@ KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, l
 /* a convolution over a batch (templates/kernels/conv.c) */
 KERNEL void conv_set(real *restrict out, long out_f, long out_p, long out_q, const real *restrict bias,
                      long bias_f, const real *restrict w, long w_f, long w_k, const real *restrict x, long x_p,
-                     long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K);
+                     long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K, Epilogue epilogue,
+                     real *y, long y_f, long y_p, long y_q);
 KERNEL void conv_nt(real *restrict out, long out_f, long out_k, real *restrict bias, long bias_f,
                     const real *restrict go, long go_f, long go_p, long go_q, const real *restrict x, long x_p,
                     long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K);
