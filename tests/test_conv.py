@@ -179,8 +179,9 @@ def data(n=20, seed=1):
 
 
 def test_both_convolutions_become_kernels():
-    """The lowering's groups for the two convolutions are Convolutions over the batch, and the
-    batched C calls each kernel (the second's inputs need gradients: conv_acc)."""
+    """The lowering's groups for the two convolutions are Convolutions over the batch, the
+    batched C calls each kernel (the second's inputs need gradients: conv_acc; each ReLU is
+    conv_set's epilogue), and codegen.explain names them."""
     params, pixels, targets, logits, loss, _ = two_convolutions()
     program = batch.batch_program(ir.lower(loss, pixels + targets, params, logits))
     found = [convolution(g) for g in program.forward if convolution(g)]
@@ -188,6 +189,8 @@ def test_both_convolutions_become_kernels():
     source = "\n".join(codegen.generate(loss, pixels + targets, params, logits))
     for kernel, calls in (("conv_set(d", 2), ("conv_nt(g", 2), ("conv_acc(g", 1)):
         assert source.count(kernel) == calls, kernel
+    assert source.count("nb, 9, epilogue_") == 1 and source.count("nb, 18, epilogue_") == 1
+    assert "steps 0, 2 a convolution over the batch" in codegen.explain(loss, pixels + targets, params, logits).summary()
 
 
 def _model_grid():
