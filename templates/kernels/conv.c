@@ -75,6 +75,17 @@ typedef struct {
     long y_f, y_p, y_q;
 } ConvArgs;
 
+/* A kernel's parts [0, parts) (rows, filters), on the module's threads when it is big enough. */
+static void conv_run(RowTask task, const ConvArgs *a, long parts)
+{
+    if (a->F <= 0 || a->P <= 0 || a->Q <= 0 || a->S <= 0)
+        return;
+    if ((double)a->F * a->P * a->Q * a->S * a->K < GEMM_PARALLEL_MIN)
+        task((void *)a, 0, parts);
+    else
+        parallel_rows(task, (void *)a, parts, 1);
+}
+
 /* A register tile's functions are inlined where each is called with constant sizes, and their
  * loops over the tile unrolled: the tile's sums (or weights) stay in registers. The weights'
  * gradients take the window in groups of CONV_GROUP elements, then of 3, then single ones. */
@@ -187,12 +198,7 @@ PRODUCT void conv_set(real *restrict out, long out_f, long out_p, long out_q, co
                         .bias_f = bias_f, .w = w, .w_f = w_f, .w_k = w_k, .x = x, .x_p = x_p, .x_q = x_q,
                         .offsets = offsets, .F = F, .P = P, .Q = Q, .S = S, .K = K, .epilogue = epilogue, .y = y,
                         .y_f = y_f, .y_p = y_p, .y_q = y_q};
-    if (F <= 0 || P <= 0 || Q <= 0 || S <= 0)
-        return;
-    if ((double)F * P * Q * S * K < GEMM_PARALLEL_MIN)
-        conv_set_rows((void *)&a, 0, P);
-    else
-        parallel_rows(conv_set_rows, (void *)&a, P, 1);
+    conv_run(conv_set_rows, &a, P);
 }
 
 /* conv_nt's filter f, window elements [k0, k0 + n): each weight's sum in lanes over every
@@ -273,12 +279,7 @@ PRODUCT void conv_nt(real *restrict out, long out_f, long out_k, real *restrict 
     const ConvArgs a = {.out = out, .out_f = out_f, .out_k = out_k, .bias = bias, .bias_f = bias_f, .go = go,
                         .go_f = go_f, .go_p = go_p, .go_q = go_q, .x = x, .x_p = x_p, .x_q = x_q,
                         .offsets = offsets, .F = F, .P = P, .Q = Q, .S = S, .K = K};
-    if (F <= 0 || P <= 0 || Q <= 0 || S <= 0)
-        return;
-    if ((double)F * P * Q * S * K < GEMM_PARALLEL_MIN)
-        conv_nt_filters((void *)&a, 0, F);
-    else
-        parallel_rows(conv_nt_filters, (void *)&a, F, 1);
+    conv_run(conv_nt_filters, &a, F);
 }
 
 /* The inputs' gradients, position by position (windows overlap): each window element's vector
