@@ -203,16 +203,13 @@ PRODUCT void conv_set(real *restrict out, long out_f, long out_p, long out_q, co
 
 /* conv_nt's filter f, window elements [k0, k0 + n): each weight's sum in lanes over every
  * position's vectors of samples (lane l: sample l of each vector, in position order), the lanes
- * summed pairwise, then the samples after the last whole vector in position order. */
+ * summed pairwise, then the samples after the last whole vector, each in position order. */
 CONV_INLINE void conv_nt_group(const ConvArgs *a, long f, long k0, int n)
 {
     LANES(sums[CONV_GROUP]);
-    real rest[CONV_GROUP];
     CONV_UNROLLED
-    for (int k = 0; k < n; k++) {
+    for (int k = 0; k < n; k++)
         LANES_SET(sums[k], 0);
-        rest[k] = 0;
-    }
     const long S = a->S, Q = a->Q, x_q = a->x_q, go_q = a->go_q, vectors = S - S % CONV_LANES;
     for (long p = 0; p < a->P; p++) {
         const real *go = a->go + f * a->go_f + p * a->go_p, *x[CONV_GROUP];
@@ -227,14 +224,20 @@ CONV_INLINE void conv_nt_group(const ConvArgs *a, long f, long k0, int n)
                 for (int k = 0; k < n; k++)
                     LANES_FMA2(sums[k], g + s, x[k] + from + s);
             }
-            for (long s = vectors; s < S; s++) {
-                CONV_UNROLLED
-                for (int k = 0; k < n; k++)
-                    rest[k] += g[s] * x[k][from + s];
-            }
         }
     }
-    real lanes[CONV_LANES], *out = a->out + f * a->out_f;
+    real lanes[CONV_LANES], rest[CONV_GROUP], *out = a->out + f * a->out_f;
+    for (int k = 0; k < n; k++)
+        rest[k] = 0;
+    if (vectors < S) /* (apart: scalars live across the vectors' loop would push its sums out of the registers) */
+        for (long p = 0; p < a->P; p++)
+            for (long q = 0; q < Q; q++) {
+                const real *g = a->go + f * a->go_f + p * a->go_p + q * go_q;
+                const real *x = a->x + p * a->x_p + q * x_q;
+                for (long s = vectors; s < S; s++)
+                    for (int k = 0; k < n; k++)
+                        rest[k] += g[s] * x[a->offsets[k0 + k] + s];
+            }
     for (int k = 0; k < n; k++) {
         LANES_GET(sums[k], lanes);
         out[(k0 + k) * a->out_k] += CONV_SUM(lanes) + rest[k];
