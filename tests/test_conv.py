@@ -128,7 +128,8 @@ SIDE, FIRST, SECOND, CLASSES = 9, 2, 3, 4  # 9x9 images, 3x3 windows: 2 planes o
 
 def two_convolutions(seed=0):
     """(params, pixels, targets, logits, loss, forward): 3x3 convolution with FIRST filters, ReLU,
-    3x3 convolution over those planes with SECOND filters (windows of 18), ReLU, dense to CLASSES,
+    3x3 convolution over those planes with SECOND filters (windows of 18; each product written
+    input first, so the weights are the dot's second list), ReLU, dense to CLASSES,
     softmax cross-entropy; forward(image) builds one sample's logits for the interpreter."""
     random.seed(seed)
     uniform = lambda n, scale: [Value(random.uniform(-1, 1) * scale) for _ in range(n)]
@@ -141,7 +142,7 @@ def two_convolutions(seed=0):
     def forward(x):  # x: SIDE rows of SIDE Values or numbers
         h = [[[(sum(w1[f * 9 + 3 * ky + kx] * x[i + ky][j + kx] for ky in range(3) for kx in range(3)) + b1[f]).relu()
                for j in range(7)] for i in range(7)] for f in range(FIRST)]
-        h2 = [(sum(w2[(f * FIRST + c) * 9 + 3 * ky + kx] * h[c][i + ky][j + kx]
+        h2 = [(sum(h[c][i + ky][j + kx] * w2[(f * FIRST + c) * 9 + 3 * ky + kx]  # (inputs first: swapped)
                    for c in range(FIRST) for ky in range(3) for kx in range(3)) + b2[f]).relu()
               for f in range(SECOND) for i in range(5) for j in range(5)]
         return [sum(dense[n * len(h2) + k] * v for k, v in enumerate(h2)) + bias[n] for n in range(CLASSES)]
@@ -185,7 +186,7 @@ def test_both_convolutions_become_kernels():
     params, pixels, targets, logits, loss, _ = two_convolutions()
     program = batch.batch_program(ir.lower(loss, pixels + targets, params, logits))
     found = [convolution(g) for g in program.forward if convolution(g)]
-    assert [len(c.inputs.offsets) for c in found] == [9, 18]
+    assert [(len(c.inputs.offsets), c.swapped) for c in found] == [(9, False), (18, True)]
     source = "\n".join(codegen.generate(loss, pixels + targets, params, logits))
     for kernel, calls in (("conv_set(d", 2), ("conv_nt(g", 2), ("conv_acc(g", 1)):
         assert source.count(kernel) == calls, kernel
