@@ -15,6 +15,7 @@ import templates
 from .lower import batch, ir
 from .lower.types import OP, Bounded
 from .write import emit, optim
+from .write.convolution import convolution
 from .write import table as tables
 from .backend import targets
 
@@ -102,13 +103,23 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
     c_lines = len(emit.standalone(program, plan=plan).splitlines()) - len(templates.read("prelude.c").splitlines())
     values = value_count(*outputs, loss)
     batched, why_not = (None, "the table form") if plan else batch.batched_form(program)
-    how = (f"batched over up to {batched.capacity} samples (train() with batch_size > 1, predict())" if batched
+    how = (f"batched over up to {batched.capacity} samples (train() with batch_size > 1, predict())"
+           + _convolutions(batched) if batched
            else f"no batched form ({why_not}): train() and predict() run sample by sample")
     sequence = (f"loops stop at each training sample's length (one past its last nonzero loss weight, of "
                 f"{len(program.sequence.weights)})" if program.sequence
                 else f"every position computed ({program.unbounded})" if program.unbounded else "")
     return Explanation(values, steps, c_lines, program, how, vectors,
                        _table(plan) if plan else _straight_line(program, optim.check(optimizer)), sequence)
+
+
+def _convolutions(batched):
+    """Which steps run over the batch as convolution kernels (codegen/write/convolution.py)."""
+    steps = [i for i, g in enumerate(batched.forward) if convolution(g)]
+    if not steps:
+        return ""
+    return (f"; step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))} a convolution over the batch "
+            "(conv_set, conv_nt, conv_acc: templates/kernels/conv.c)")
 
 
 def _table(plan):

@@ -21,6 +21,7 @@ generated C gets into a template.
       kernels/dot.c     dot products and sums (fused sums of one sample)
       kernels/rows.c    a layer's weights' gradients over a batch built into the graph (dot_rows)
       kernels/gemm.c    the matrix products of a layer over a batch: one register-blocked micro-kernel
+      kernels/conv.c    a convolution over a batch: its forward and both gradients (conv_set, conv_nt, conv_acc)
       kernels/axpy.c    updates: axpy, SGD steps, lists at offsets (a convolution's window)
       kernels/sparse.c  sparse inputs: nonzero chunk lists, matvec, dot_nz, axpy_nz
     jit.c       a codegen.jit function's module

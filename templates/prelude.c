@@ -212,6 +212,8 @@ static inline int cpu_features(void)
 
 /*@INCLUDE kernels/gemm.c@*/
 
+/*@INCLUDE kernels/conv.c@*/
+
 /*@INCLUDE kernels/axpy.c@*/
 
 /*@INCLUDE kernels/sparse.c@*/

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..lower import ir
 from ..lower.types import OP, PARAM, BatchExtent, Bounded
+from .convolution import convolution
 from .kernels import Call, call
 from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, data_at, fused_gradient, grad_at, guarded,
                     loop_nest, placed, short, slot_index, unrolled)
@@ -143,6 +144,9 @@ class Backward(Statements):
                     mode.place(Contribution(arg.sgd_fused, Accumulate(where, 0, term),
                                             Assign(data_at(where), f"lr * ({term})", "-=")), g.shape, body)
             return loop_nest(g.shape, body.grads + body.updates), False
+        conv = convolution(g) if isinstance(mode, Plain) else None
+        if conv:
+            return conv.backward(node, self.tables.offsets), False
         go, contributions = "go", []
         if ops.terms:
             contributions += self._terms(ops.terms, [node.args[i] for i in ops.term_positions], go, ops.out)

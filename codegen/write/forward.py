@@ -1,10 +1,11 @@
 """A group's forward statements: a value per member, from the op table's formula or a sum of
 constants, loose terms and products (a fused dot), or one layer kernel's call (loops.layer
-decides); an activation of a layer's results folded into the layer's product as its epilogue.
+decides) or a convolution's (convolution.py); an activation of a layer's results folded into the layer's product as its epilogue.
 """
 
 from ..lower.types import OP
 from .dtypes import c_literal
+from .convolution import convolution
 from .kernels import call
 from .loops import (data_at, fused_activation, guarded, layer, loop_nest, short, slot_index, takes_epilogue, tree_sum,
                     unrolled)
@@ -21,10 +22,11 @@ class Forward(Statements):
         for i, g in enumerate(groups):
             if id(g) in folded:
                 continue
-            epilogue = None
-            if takes_epilogue(g):
+            epilogue, conv = None, convolution(g)
+            if conv or takes_epilogue(g):
                 for h in groups[i + 1:]:
-                    y = fused_activation(g, h) if h.guard == g.guard else None
+                    y = ((conv.fused_activation(h) if conv else fused_activation(g, h)) if h.guard == g.guard
+                         else None)
                     if y is not None:
                         folded.add(id(h))
                         epilogue = (self._epilogue(h.first), y)
@@ -33,12 +35,16 @@ class Forward(Statements):
         return statements
 
     def group(self, g, epilogue=None):
-        """The statements computing group g's values (epilogue: see loops.layer)."""
+        """The statements computing group g's values (epilogue: see loops.layer, and a
+        convolution's: convolution.Convolution.forward)."""
         ops = g.operands
         node = g.first
         kernel = layer(g, self.tables, epilogue)
         if kernel:
             return [kernel]
+        conv = convolution(g)
+        if conv:
+            return [conv.forward(self.tables.offsets, epilogue)]
         if node.kind == OP:
             names = self._op_names(node, ops)
             value = self._op_c(node, node.op.value, names)

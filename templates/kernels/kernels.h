@@ -46,6 +46,18 @@ KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, l
                       const real *restrict x, long x_k, long J, long K, long S, const int32_t *rows, real *w,
                       real rate);
 
+/* a convolution over a batch (templates/kernels/conv.c) */
+KERNEL void conv_set(real *restrict out, long out_f, long out_p, long out_q, const real *restrict bias,
+                     long bias_f, const real *restrict w, long w_f, long w_k, const real *restrict x, long x_p,
+                     long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K, Epilogue epilogue,
+                     real *y, long y_f, long y_p, long y_q);
+KERNEL void conv_nt(real *restrict out, long out_f, long out_k, real *restrict bias, long bias_f,
+                    const real *restrict go, long go_f, long go_p, long go_q, const real *restrict x, long x_p,
+                    long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K);
+KERNEL void conv_acc(real *restrict out, long out_p, long out_q, const int32_t *offsets, const real *restrict w,
+                     long w_f, long w_k, const real *restrict go, long go_f, long go_p, long go_q, long F, long P,
+                     long Q, long S, long K);
+
 /* the sparse inputs' lists (templates/kernels/sparse.c, gemm.c) */
 static void scan_range(const real *restrict x, long n, int32_t *restrict nz);
 KERNEL void scan_rows(const real *restrict x, long stride, long nb, long n, int32_t *restrict list);
