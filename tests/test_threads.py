@@ -185,9 +185,9 @@ def test_a_signal_handler_using_the_training_module_gets_an_error_not_a_deadlock
 CTRL_C = textwrap.dedent("""
     import os, random, signal, sys, threading, time
     # A process started from a pytest worker inherits what the worker's earlier tests left: an
-    # ignored or blocked SIGINT (a CI run saw the signal never arrive, twice in a row) would make
-    # this test about them, not about train(): say what was inherited, then start as a shell's
-    # Python does
+    # ignored or blocked SIGINT would make this test about them, not about train(). Say what was
+    # inherited, then start as a shell's Python does (a CI run saw the signal never arrive, twice
+    # in a row; its cause not found: no test was seen to change either)
     print("inherited:", signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []), file=sys.stderr)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.default_int_handler)
