@@ -62,10 +62,7 @@ def _classes_of(compute, merged):
         members[c].append(node)
         height[c] = max(height[c], 1 + max((height[x.cls[1]] for x in node.reads() if x.kind in COMPUTED), default=0))
     if merged:  # a merged class's height may rise after a class that reads it took its own: settle them
-        reads = [set() for _ in members]
-        for c, nodes in enumerate(members):
-            for node in nodes:
-                reads[c].update(x.cls[1] for x in node.reads() if x.kind in COMPUTED)
+        reads = _class_reads(members)
         changed = True
         while changed:
             changed = False
@@ -126,12 +123,17 @@ def _shared_rows(members, height, merged):
     return more
 
 
+def _class_reads(members):
+    """Per class, the set of classes its members read."""
+    return [{x.cls[1] for node in nodes for x in node.reads() if x.kind in COMPUTED} for nodes in members]
+
+
 def _reads_below(members, height):
     """Per class, the set of classes it reads, directly or not."""
+    direct = _class_reads(members)
     below = [set() for _ in members]
     for c in sorted(range(len(members)), key=lambda c: height[c]):  # (what a class reads is lower)
-        direct = {x.cls[1] for node in members[c] for x in node.reads() if x.kind in COMPUTED}
-        below[c] = set(direct).union(*(below[r] for r in direct))
+        below[c] = direct[c].union(*(below[r] for r in direct[c]))
     return below
 
 
