@@ -100,18 +100,20 @@ static inline long gather_index(double x, long n) { return (long)x < 0 ? (long)x
 static inline long largest_at(const real *x, long step, long n)
 {
     long k = 0;
+    real best = x[0]; /* x[k * step], in a register: a chain of compares, not of loads */
     for (long i = 1; i < n; i++)
-        if (x[k * step] < x[i * step])
-            k = i;
+        if (best < x[i * step])
+            best = x[i * step], k = i;
     return k;
 }
 
 static inline long largest_in(const real *x, const int32_t *offsets, long n)
 {
     long k = 0;
+    real best = x[offsets[0]];
     for (long i = 1; i < n; i++)
-        if (x[offsets[k]] < x[offsets[i]])
-            k = i;
+        if (best < x[offsets[i]])
+            best = x[offsets[i]], k = i;
     return k;
 }
 
