@@ -9,12 +9,13 @@ and files.
 """
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..lower.types import DOT, OP, Extent, is_family
+from ..lower.types import DOT, OP, ActiveBatch, Extent, is_family
 from ..lower.vector import progression
 from .dtypes import c_literal
 from .kernels import call
@@ -187,8 +188,9 @@ class Matmul:
         wrt, weights = self.wrt, self.weights
         if self.epilogue:
             function, y, a, o = self.epilogue
-            epilogue = dict(epilogue=function, y=f"g + {y.base}", y_k=y.strides[0], a=f"d + {a.base}",
-                            a_k=a.strides[0], o=f"d + {o.base}", o_k=o.strides[0])
+            # (over the product's rows, fused_gradient's: the kernel runs their last two loops)
+            epilogue = dict(epilogue=function, y=loop_start(y, 2, grad=True), y_k=y.strides[-2],
+                            a=loop_start(a, 2), a_k=a.strides[-2], o=loop_start(o, 2), o_k=o.strides[-2])
         else:
             epilogue = dict(epilogue="NULL", y="NULL", y_k=0, a="NULL", a_k=0, o="NULL", o_k=0)
         product = call("matmul_acc", out=loop_start(wrt.start, last, wrt.offsets[0], grad=True),
@@ -351,17 +353,20 @@ def fused_gradient(wrt, shape, h):
     """For a layer's inputs' gradients (a Matmul of wrt over a loop nest of `shape`) and the
     group h after it in backward order: when the inputs are h's results, h an activation, as
     (where its argument's gradient, its argument and its results are), Affines over the product's
-    rows (inputs by samples), what the product's epilogue needs to add h's gradient to its
-    argument's (templates/kernels/gemm.c); else None. The product is the last to add to the
-    inputs' gradients: h reads them next."""
-    if not _activation(h) or len(shape) > 2:
+    rows (inputs by samples, in each pass of the loops outside the product's: a batch's
+    positions), what the product's epilogue needs to add h's gradient to its argument's
+    (templates/kernels/gemm.c); else None. The product is the last to add to the inputs'
+    gradients: h reads them next."""
+    if not _activation(h):
         return None
     x, node = h.operands.args[0], h.first.args[0]
     if not node.needs_grad or node.shares_grad or wrt.start.grad_base is not None or x.grad_base is not None:
         return None
-    rows = (len(wrt.offsets), shape[-1])
+    outer = len(shape) - kernel_loops(shape)
+    rows = (*shape[:outer], len(wrt.offsets), shape[-1])
     results, argument = _laid(h.operands.out, h.shape, rows), _laid(x, h.shape, rows)
-    if argument is None or results != type(x)(wrt.start.base + wrt.offsets[0], (progression(wrt.offsets), 1)):
+    inputs = type(x)(wrt.start.base + wrt.offsets[0], (*wrt.start.strides[:outer], progression(wrt.offsets), 1))
+    if argument is None or results != inputs:
         return None
     return argument, argument, results  # (gradients and values share slot numbers)
 
@@ -379,6 +384,10 @@ def _laid(affine, along, shape):
     one); a batch's (whose extent varies) only as they are."""
     if along == shape:
         return affine if affine.strides and affine.strides[-1] == 1 else None
+    order = _same_loops(along, shape)
+    if order is not None:  # the same loops in another order (a batch's: positions, neurons, samples)
+        strides = tuple(affine.strides[k] for k in order)
+        return dataclasses.replace(affine, strides=strides) if strides[-1] == 1 else None
     fixed = all(type(n) is int for n in along + shape)
     if not fixed or not 1 <= len(shape) <= 2 or math.prod(along) != math.prod(shape):
         return None
@@ -386,6 +395,29 @@ def _laid(affine, along, shape):
     step = int(positions[1, 0] - positions[0, 0]) if positions.shape[0] > 1 else 0
     laid = type(affine)(int(positions[0, 0]), (step, 1)[-len(shape):])
     return laid if np.array_equal(_positions(laid, shape), positions.ravel()) else None
+
+
+def _same_loops(along, shape):
+    """The order of the loops of nest `along` that makes nest `shape` (its loop k is along's
+    loop order[k]), when the two have the same loops in another order and one of their extents
+    is cut at run time (a batch's: an extent that names the index of the loop it depends on
+    names it in the new order); else None. Nests of a fixed size compare slot by slot (_laid)."""
+    if len(along) != len(shape) or all(type(n) is int for n in along + shape):
+        return None
+    for order in itertools.permutations(range(len(along))):
+        if list(order) != sorted(order) and all(_same_extent(along[k], shape[i], order) for i, k in enumerate(order)):
+            return order
+    return None
+
+
+def _same_extent(a, b, order):
+    """Whether loop extent a of one nest is extent b of the same loops in `order` (_same_loops)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, ActiveBatch):
+        return (a.active, a.first) == (b.active, b.first) and (
+            a.loop == b.loop if a.loop is None or b.loop is None else order.index(a.loop) == b.loop)
+    return str(a) == str(b) and int(a) == int(b)
 
 
 def _positions(affine, shape):
