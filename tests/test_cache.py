@@ -4,6 +4,7 @@ evicting entries in use, and concurrent processes building one model (or several
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -120,8 +121,9 @@ def test_the_loader_refuses_a_damaged_entry_instead_of_crashing(tmp_path):
 # ---- the module runtime: one cached object that every optimising build links -------------------
 
 def compile_gcc(directory, hidden):
+    """With gcc, whose builds link the module runtime's object (at -O0: the fastest to build)."""
     loss, xs, params = tiny_model(hidden)
-    return codegen.compile(loss, xs, params, compiler="gcc", cache=directory)
+    return codegen.compile(loss, xs, params, compiler="gcc", opt=0, cache=directory)
 
 
 def runtime_objects(directory):
@@ -141,10 +143,19 @@ def test_models_share_one_runtime_object(tmp_path):
     assert first.forward() == expected_forward(4) and second.forward() == expected_forward(5)
 
 
+@pytest.fixture(scope="module")
+def gcc_cache(tmp_path_factory):
+    """A cache holding a gcc module and the runtime object it links (built once: each runtime
+    build is seconds of gcc)."""
+    directory = tmp_path_factory.mktemp("gcc-cache")
+    compile_gcc(directory, 4)
+    return directory
+
+
 @pytest.mark.requires("gcc")
 @pytest.mark.parametrize("damage", ["truncate", "flip", "missing"])
-def test_a_damaged_or_missing_runtime_object_is_rebuilt(tmp_path, damage):
-    compile_gcc(tmp_path, 4)
+def test_a_damaged_or_missing_runtime_object_is_rebuilt(tmp_path, gcc_cache, damage):
+    tmp_path = shutil.copytree(gcc_cache, tmp_path / "cache")
     (runtime,) = runtime_objects(tmp_path)
     data = bytearray(runtime.read_bytes())
     if damage == "truncate":

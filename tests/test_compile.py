@@ -380,10 +380,10 @@ def test_random_graphs(compiler, column):
 def test_long_chain_compiles_in_bounded_functions():
     x, p = Value(0.5), Value(1.0)
     y = x
-    for i in range(8_000):
+    for i in range(2_400):
         y = y * p + 0.25 if i % 2 else (y * 0.5).tanh()
     sources = codegen.generate(y, [x], [p], fuse=False)
     assert len(sources) > 2  # several files of the model's, compiled in parallel (then the module runtime)
-    assert sum(s.count("CHUNK void forward_rest_") for s in sources) >= 20  # small functions
+    assert sum(s.count("CHUNK void forward_rest_") for s in sources) >= 10  # small functions
     net = codegen.compile(y, [x], [p], compiler=None, opt=1, tiered=False)  # the optimising build itself
     assert net.forward() == pytest.approx(y.data, rel=1e-12)

@@ -244,11 +244,11 @@ def test_node_used_by_two_parents_accumulates():
 def test_deep_chain_backward_is_iterative():
     x = Value(1.0)
     y = x
-    for _ in range(200_000):
+    for _ in range(20_000):  # 20 times Python's default recursion limit
         y = y + 1e-6
     y.backward()
     assert x.grad == 1.0
-    assert len(topological_order(y)) == 400_001  # 200,000 sums and their constants, plus x
+    assert len(topological_order(y)) == 40_001  # 20,000 sums and their constants, plus x
 
 
 def test_cross_entropy_is_stable_for_extreme_logits():
