@@ -6,10 +6,12 @@ columns after the last pair of vectors and the last vector), with strides as the
 passes them, over all input rows and over the list scan_rows makes of those that hold a nonzero
 (sparse inputs, a third of the rows zero; and a quarter of the gradient rows 0, which matmul_acc
 leaves out; matmul_set and matmul_acc with an epilogue, a ReLU and its gradient; matmul_nt
-stepping the weights); each variant of the micro-kernel built (GEMM_VARIANT: the plain loops, AVX2's
-tile, AVX-512's), those this CPU has run, with the sums in slices (GEMM_DEPTH: 7 terms, the
-depth chosen for the L2) and in one piece, the vector variants and depths giving the same bits."""
+stepping the weights); each variant of the micro-kernel built (the plain loops, AVX2's tile,
+AVX-512's: every build holds them all), those this CPU has run, forced in turn
+(gemm_forced_variant), with the sums in slices (gemm_forced_depth: 7 terms, the depth chosen for
+the L2) and in one piece, the vector variants and depths giving the same bits."""
 
+import functools
 import itertools
 
 import cffi
@@ -40,6 +42,7 @@ void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, lo
 { matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S, rows, w, rate); }
 void call_scan(const real *x, long stride, long nb, long n, int32_t *list) { scan_rows(x, stride, nb, n, list); }
 const char *call_variant(void) { return gemm_variant()->name; }
+void call_force(int variant, long depth) { gemm_forced_variant = variant, gemm_forced_depth = depth; }
 """
 DECLARATIONS = """
 void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
@@ -50,6 +53,7 @@ void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, lo
              const int *rows, real *w, real rate);
 void call_scan(const real *x, long stride, long nb, long n, int *list);
 const char *call_variant(void);
+void call_force(int variant, long depth);
 """
 DTYPES = {"float64": ("double", np.float64, 1e-12), "float32": ("float", np.float32, 2e-5)}
 # (neurons J, samples S, inputs K): tails of rows, vectors and columns (the last vector loaded
@@ -62,13 +66,11 @@ VARIANTS = {"plain": 0, "avx2 6x2": 1, "avx512 6x2": 2}
 ONE_PIECE = 1 << 30  # a depth that no sum is sliced at
 
 
-def kernels(compiler, dtype, variant=None, depth=None):
+@functools.cache
+def kernels(compiler, dtype):
+    """The kernels built into a library with the harness (every variant, each forced in turn)."""
     ctype = DTYPES[dtype][0]
     defines = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n#define HAVE_THREAD_POOL 0\n"
-    if variant is not None:
-        defines += f"#define GEMM_VARIANT {VARIANTS[variant]}\n"
-    if depth is not None:
-        defines += f"#define GEMM_DEPTH {depth}\n"
     source = defines + templates.read("prelude.c") + HARNESS
     build = toolchain.build_library(source, "gemm", compiler, opt=2)
     ffi = cffi.FFI()
@@ -77,8 +79,10 @@ def kernels(compiler, dtype, variant=None, depth=None):
 
 
 def check(compiler, dtype, variant=None, depth=None):
-    """The products at every size against NumPy, asserting the bound; the results, in order."""
-    ffi, lib = kernels(compiler, dtype, variant, depth)
+    """The products at every size against NumPy, asserting the bound; the results, in order.
+    variant and depth: forced (None: the machine's choice)."""
+    ffi, lib = kernels(compiler, dtype)
+    lib.call_force(-1 if variant is None else VARIANTS[variant], depth or 0)
     ran = ffi.string(lib.call_variant()).decode()
     assert variant is None or ran == variant, (variant, ran)
     _, np_type, rtol = DTYPES[dtype]
@@ -188,8 +192,8 @@ def test_each_variant(vector_compiler, variant):
         for dtype in DTYPES:
             for depth in (7, ONE_PIECE):
                 check(vector_compiler, dtype, variant, depth)
-    else:
-        kernels(vector_compiler, "float32", variant)
+    else:  # (every build holds every variant)
+        kernels(vector_compiler, "float32")
 
 
 # each dtype on one compiler at least (the rest in the slow set)
@@ -212,6 +216,7 @@ def test_chosen_variant_is_the_widest_the_cpu_runs(compiler):
     """Left to choose, the build takes the widest vectors this CPU has (TCC: the plain loops), zig's
     too (CPUID read directly: its compiler-rt answers __builtin_cpu_supports with 0)."""
     ffi, lib = kernels(compiler, "float32")
+    lib.call_force(-1, 0)  # (the library is shared with the tests that force one)
     ran = ffi.string(lib.call_variant()).decode()
     if not toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native:
         assert ran == "plain"

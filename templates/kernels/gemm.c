@@ -382,8 +382,8 @@ GEMM_KERNEL(gemm_rows_avx512_6x2, GEMM_TARGET_AVX512, gemm_vec64, GEMM_ROWS6, 6,
 #endif
 #endif
 
-/* Every variant built, the plain loops first; GEMM_VARIANT (an index) forces one
- * (tests/test_gemm.py runs each the CPU has). */
+/* Every variant built, the plain loops first (tests/test_gemm.py runs each the CPU has, forced:
+ * gemm_forced_variant below). */
 static const GemmVariant gemm_variants[] = {
     {gemm_rows_plain, 6, 1, 0, "plain"},
 #if GEMM_AVX2_KERNELS
@@ -398,15 +398,19 @@ static const GemmVariant gemm_variants[] = {
  * without AVX2, and TCC: the plain loops), the first tile of that width in the table. Every
  * variant sums each element the same way, so which one runs changes no bit, except that the
  * plain loops round a product before adding it where the vector variants fuse the two. */
+/* A variant (an index into gemm_variants) and a depth (gemm_depth) set by tests/test_gemm.py's
+ * harness, which runs them all in one build; -1 and 0: the machine's choice. */
+static int gemm_forced_variant = -1;
+static long gemm_forced_depth;
+
 static const GemmVariant *gemm_variant(void)
 {
     static const GemmVariant *chosen; /* every thread that chooses chooses the same */
+    const int count = (int)(sizeof gemm_variants / sizeof gemm_variants[0]);
+    if (gemm_forced_variant >= 0)
+        return &gemm_variants[gemm_forced_variant < count ? gemm_forced_variant : 0];
     if (!chosen) {
-        const int count = (int)(sizeof gemm_variants / sizeof gemm_variants[0]);
         int pick = 0;
-#if defined(GEMM_VARIANT)
-        pick = GEMM_VARIANT < count ? GEMM_VARIANT : 0;
-#else
         for (int v = 1; v < count; v++) {
 #if defined(GEMM_RUNTIME_CHOICE)
             const int needs = gemm_variants[v].vector_bytes == 64 ? CPU_AVX512F : CPU_AVX2_FMA;
@@ -417,7 +421,6 @@ static const GemmVariant *gemm_variant(void)
             if (runs && gemm_variants[v].vector_bytes > gemm_variants[pick].vector_bytes)
                 pick = v;
         }
-#endif
         chosen = &gemm_variants[pick];
     }
     return chosen;
@@ -433,7 +436,7 @@ static const GemmVariant *gemm_variant(void)
  * (slices of half the L1 did not gain). The L2's size is the CPU's (sysconf) where the module
  * has libc, 512 KiB in exported C. A slice ends with C holding its partial sums, which the
  * next continues from: every element is summed in p order from its init whatever the depth,
- * so the depth changes no bit. GEMM_DEPTH forces one (tests/test_gemm.py). */
+ * so the depth changes no bit. tests/test_gemm.py forces one (gemm_forced_depth). */
 #define GEMM_DEPTH_MIN 16
 static long gemm_l2_bytes(void)
 {
@@ -451,13 +454,10 @@ static long gemm_l2_bytes(void)
 
 static long gemm_depth(long b_p)
 {
-#ifdef GEMM_DEPTH
-    (void)b_p;
-    return GEMM_DEPTH;
-#else
     const long depth = gemm_l2_bytes() / 4 / ((b_p > 0 ? b_p : 1) * (long)sizeof(real));
+    if (gemm_forced_depth > 0)
+        return gemm_forced_depth;
     return depth < GEMM_DEPTH_MIN ? GEMM_DEPTH_MIN : depth;
-#endif
 }
 
 /* Rows [first, last) of g's product, in slices of the sum (gemm_depth): the first slice starts
