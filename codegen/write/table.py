@@ -60,12 +60,12 @@ CHEAP_MAXIMUM = len(CHEAP_OPS)  # a CHEAP row's op: CHEAP_OPS' positions, then a
 # 2**k parts is tree_sum's over the first n, then, so the row needs no branch and no count
 DOT_SIZES = (2, 4, 8, 16, 32, 64)
 DOT_KINDS = {size: CHEAP + 1 + i for i, size in enumerate(DOT_SIZES)}
-# Backward, a dot's row lists its parts as they are (the pads' gradients would cost as much as the
-# parts'): one kind, loops over its counts
-DOT_BACKWARD = CHEAP + 1 + len(DOT_SIZES)
-OP_BASE = DOT_BACKWARD + 1
-# Gradient sinks (see _Slots)
-SINKS = 16
+# Backward, every contribution to a gradient is a row of its own, an edge: g[target] += d[coefficient] *
+# g[out], the coefficient the local derivative's slot (an operand's, the constant 1's, or one that a
+# coefficient row of the op's kind fills first from the forward's values), one kind for every op
+# and dot, so that a segment's edges run as one loop in the straight-line C's order
+EDGE = CHEAP + 1 + len(DOT_SIZES)
+OP_BASE = EDGE + 1
 # A loop nest of at most this many nodes becomes rows too (an irregular graph's few alike nodes,
 # whose tiny loops would each cut the rows around them into segments of their own)
 LOOP_MAX_MEMBERS = 8
@@ -181,30 +181,29 @@ def plan(program):
                 compiled.append(g)
         close()
         passes[name] = items
+    words = slots.placed(words)
     lowered = replace(program, n_slots=slots.n_slots, constants=program.constants + slots.constants,
                       sgd_in_backward=False, sgd_after_backward=[])
-    return Plan(lowered, passes, np.array(words, dtype=np.int32), rows, runs, compiled)
+    return Plan(lowered, passes, words, rows, runs, compiled)
 
 
 class _Slots:
     """Operand slots of rows: a node's slot, or for a constant that has none (the straight-line
-    C's literals) one more slot after the program's, one per distinct value (its bits)."""
+    C's literals) one more slot after the program's, one per distinct value (its bits); and the
+    coefficient slots that backward's coefficient rows fill, after the constants (which
+    init_constants writes as one block): numbered from COEFFICIENTS while planning, then moved
+    (placed)."""
+
+    COEFFICIENTS = 1 << 30
 
     def __init__(self, program):
         self.n_slots = program.n_slots
         self.constants = []  # (slot, value), appended to the program's
         self._by_bits = {}
-        # where the contributions to operands that need no gradient go: the gradients of slots
-        # of the constant 0, which nothing reads (d's slots past the program's are constants,
-        # consecutive, as init_constants writes them); several, taken in turn, so that rows do
-        # not wait on each other's additions to one
-        self.sinks = [self.constant(0.0)] + [self._new(0.0) for _ in range(SINKS - 1)]
-        self._turn = 0
-
-    def sink(self):
-        """The next sink in turn."""
-        self._turn += 1
-        return self.sinks[self._turn % SINKS]
+        self.n_coefficients = 0
+        # where a coefficient row writes the local derivatives nothing reads (an operand that
+        # needs no gradient): a slot of its own, never read
+        self.scratch = self.coefficient()
 
     def of(self, node):
         if node.slot is not None:
@@ -215,19 +214,30 @@ class _Slots:
         bits = struct.pack("<d", value)
         slot = self._by_bits.get(bits)
         if slot is None:
-            slot = self._by_bits[bits] = self._new(value)
+            slot = self._by_bits[bits] = self.n_slots
+            self.constants.append((slot, value))
+            self.n_slots += 1
         return slot
 
-    def _new(self, value):
-        self.constants.append((self.n_slots, value))
-        self.n_slots += 1
-        return self.n_slots - 1
+    def coefficient(self):
+        """A new coefficient slot (numbered from COEFFICIENTS until placed)."""
+        self.n_coefficients += 1
+        return self.COEFFICIENTS + self.n_coefficients - 1
+
+    def placed(self, words):
+        """The words with the coefficient slots after the constants; n_slots counting them."""
+        words = np.array(words, dtype=np.int64)
+        words = np.where(words >= self.COEFFICIENTS, words - self.COEFFICIENTS + self.n_slots, words)
+        self.n_slots += self.n_coefficients
+        self.n_coefficients = 0
+        return words.astype(np.int32)
 
 
-def _kind(node, backward=False):
+def _kind(node):
+    """A forward row's kind."""
     if node.kind == "dot":
-        return DOT_BACKWARD if backward else DOT_KINDS[_dot_size(node)]
-    if not backward and _cheap(node):
+        return DOT_KINDS[_dot_size(node)]
+    if _cheap(node):
         return CHEAP
     return op_kind(node.op)
 
@@ -274,45 +284,139 @@ def _segment(nodes, slots, backward):
     """One segment's words (see the module's docstring) and its number of runs. nodes: in the
     straight-line C's order (forward order, or backward's)."""
     if backward:
-        nodes = [n for n in nodes if not _selects_without_gradient(n)]
+        return _backward_segment(nodes, slots)
     index = {id(n): i for i, n in enumerate(nodes)}
-    preds = [[] for _ in nodes]
-    if backward:
-        last = {}  # gradient slot -> the last row adding to it so far
-        for i, n in enumerate(nodes):
-            before = last.get(n.grad_slot)
-            if before is not None:
-                preds[i].append(before)  # its own gradient complete
-            for x in _targets(n):
-                target = slots.of(x) if x.grad_slot is None else x.grad_slot  # (a constant candidate's: its slot's)
-                before = last.get(target)
-                if before is not None and before != i:
-                    preds[i].append(before)
-                last[target] = i
-    else:
-        for i, n in enumerate(nodes):
-            preds[i] = [index[id(x)] for x in _reads(n) if id(x) in index]
-    kinds = [_kind(n, backward) for n in nodes]
-    order = _schedule(preds, kinds)
-    words, n_runs, at = [0], 0, 0
+    preds = [[index[id(x)] for x in _reads(n) if id(x) in index] for n in nodes]
+    kinds = [_kind(n) for n in nodes]
+    return _encode(_schedule(preds, kinds), kinds, [_row(n, slots) for n in nodes], [])
+
+
+def _encode(order, kinds, rows, first):
+    """The segment's words and its number of runs: the runs `first` ((kind, rows) each), then the
+    rows in `order`, a run per stretch of one kind."""
+    out, n_runs, at = [0], 0, 0
+    for kind, run in first:
+        out += [kind, len(run)]
+        for row in run:
+            out += row
+        n_runs += 1
     while at < len(order):
         kind = kinds[order[at]]
         end = at
         while end < len(order) and kinds[order[end]] == kind:
             end += 1
-        words += [kind, end - at]
+        out += [kind, end - at]
         for i in order[at:end]:
-            words += _row(nodes[i], slots, backward)
+            out += rows[i]
         n_runs += 1
         at = end
-    words[0] = n_runs
-    return words, n_runs
+    out[0] = n_runs
+    return out, n_runs
+
+
+def _backward_segment(nodes, slots):
+    """Backward: first the coefficient rows (a run per op whose local derivatives are formulas,
+    reading only the forward's values), then the edges and the rows of ops that select, in the
+    straight-line C's order but for the selects, which wait in runs of their own."""
+    nodes = [n for n in nodes if not _selects_without_gradient(n)]
+    coefficients = {}  # kind -> rows
+    kinds, rows, preds = [], [], []
+    last = {}  # gradient slot -> the last row adding to it so far
+
+    def add(kind, row, out, targets):
+        i = len(rows)
+        ps = []
+        before = last.get(out)
+        if before is not None:
+            ps.append(before)  # its own gradient complete
+        for target in targets:
+            before = last.get(target)
+            if before is not None and before != i:
+                ps.append(before)
+            last[target] = i
+        kinds.append(kind)
+        rows.append(row)
+        preds.append(ps)
+    for n in nodes:
+        if n.kind == "op" and n.op.selects:
+            add(op_kind(n.op), _select_row(n, slots),
+                n.grad_slot, [slots.of(x) if x.grad_slot is None else x.grad_slot for x in _targets(n)])
+            continue
+        for coefficient, x in _edges(n, slots, coefficients):
+            add(EDGE, [coefficient, n.slot, x.grad_slot], n.grad_slot, [x.grad_slot])
+    return _encode(_schedule(preds, kinds), kinds, rows, list(coefficients.items()))
+
+
+def _edges(node, slots, coefficients):
+    """(coefficient slot, operand) of each contribution of a backward row to an operand's gradient,
+    in the straight-line C's order; the rows that fill the coefficients go into `coefficients`."""
+    if node.kind == "dot":
+        one = slots.constant(1.0)
+        return ([(one, x) for x in node.args if x.needs_grad]
+                + [(slots.of(a), b) for a, b in zip(node.a, node.b) if b.needs_grad]
+                + [(slots.of(b), a) for a, b in zip(node.a, node.b) if a.needs_grad])
+    if not any(x.needs_grad for x in node.args):
+        return []
+    op = node.op
+    names = {"a": node.args[0], "b": node.args[-1], "out": node}
+    computed = [i for i in range(op.arity) if _computed(op, i)]
+    if computed:
+        filled = {i: slots.coefficient() if node.args[i].needs_grad else slots.scratch for i in computed}
+        k = [slots.constant(float(node.k))] if _has_k(op) else []
+        coefficients.setdefault(op_kind(op), []).append(
+            [*map(slots.of, node.args), *k, node.slot, *(filled[i] for i in computed)])
+    edges = []
+    for i, x in enumerate(node.args):
+        if not x.needs_grad:
+            continue
+        formula = op.grads[i].strip()
+        if op.grad_is_one(i):
+            coefficient = slots.constant(1.0)
+        elif formula == "{k}":
+            coefficient = slots.constant(float(node.k))
+        elif not _computed(op, i):
+            coefficient = slots.of(names[formula[1:-1]])
+        else:
+            coefficient = filled[i]
+        edges.append((coefficient, x))
+    return edges
+
+
+def _computed(op, i):
+    """Whether an op's local derivative in argument i is a formula that a coefficient row computes
+    (not 1, nor an operand, the value or the constant k as they are)."""
+    return not op.grad_is_one(i) and op.grads[i].strip() not in ("{a}", "{b}", "{out}", "{k}")
 
 
 def _schedule(preds, kinds):
-    """An order of the rows (a topological order of preds) in few runs of one kind: repeatedly,
-    the kind of the ready row with the longest path after it, and every row of that kind ready
-    or made ready by the run itself."""
+    """An order of the rows (a topological order of preds; preds[v] < v) in few runs of one kind,
+    each run's rows by their depth in the graph (_by_depth)."""
+    return _by_depth(_runs(preds, kinds) if len(set(kinds)) > 1 else range(len(kinds)), preds, kinds)
+
+
+def _by_depth(order, preds, kinds):
+    """The order with each run's rows sorted by their depth (the longest path to them): a row and
+    the rows it waits for far apart, so that the processor overlaps many rows' latencies, where
+    a row right after the one it reads waits for it (a gradient stored and loaded at once)."""
+    depth = [0] * len(kinds)
+    for v, ps in enumerate(preds):
+        for u in ps:
+            if depth[u] >= depth[v]:
+                depth[v] = depth[u] + 1
+    out, at = [], 0
+    while at < len(order):
+        end = at
+        while end < len(order) and kinds[order[end]] == kinds[order[at]]:
+            end += 1
+        out += sorted(order[at:end], key=depth.__getitem__)
+        at = end
+    return out
+
+
+def _runs(preds, kinds):
+    """A topological order of the rows in few runs of one kind: repeatedly, the kind of the ready
+    row with the longest path after it, and every row of that kind ready or made ready by the run
+    itself."""
     n = len(kinds)
     succs = [[] for _ in range(n)]
     waiting = [0] * n
@@ -341,41 +445,36 @@ def _schedule(preds, kinds):
     return order
 
 
-def _row(node, slots, backward):
+def _row(node, slots):
+    """A forward row."""
     of = slots.of
     if node.kind == "dot":
-        return _dot_row(node, slots, backward)
+        return _dot_row(node, slots)
     op = node.op
-    if not backward and _cheap(node):
+    if _cheap(node):
         which = CHEAP_MAXIMUM if op.selects else CHEAP_OPS.index(op.name)
         a, b = (node.args * 2)[:2]  # (a unary op reads its operand twice)
         return [which, of(a), of(b), node.slot]
     if op.selects:
-        choices = node.args[op.first_choice:]
-        return [len(choices), *map(of, node.args), node.slot]
+        return _select_row(node, slots)
     k = [slots.constant(float(node.k))] if _has_k(op) else []
-    row = [*map(of, node.args), *k, node.slot]
-    return row + [_target(x, slots) for x in node.args] if backward else row
+    return [*map(of, node.args), *k, node.slot]
 
 
-def _dot_row(node, slots, backward):
-    """A dot's row of DOT_SIZES' parts: its terms (1 * t), its products, then -0 * 1; backward
-    [nt, np, gt.., a.., b.., out, gb.., ga..] (its terms' gradients, factors, the factors' gradients)."""
-    if backward:
-        terms = [x for x in node.args if x.needs_grad]
-        return [len(terms), len(node.a), *(x.grad_slot for x in terms), *map(slots.of, node.a),
-                *map(slots.of, node.b), node.slot, *(_target(x, slots) for x in node.b),
-                *(_target(x, slots) for x in node.a)]
+def _select_row(node, slots):
+    """A gather's or a maximum's row (both passes): [n, (index,) candidates.., out]."""
+    choices = node.args[node.op.first_choice:]
+    return [len(choices), *map(slots.of, node.args), node.slot]
+
+
+def _dot_row(node, slots):
+    """A dot's forward row of DOT_SIZES' parts: its terms (1 * t), its products, then -0 * 1."""
     size = _dot_size(node)
     one, zero = slots.constant(1.0), slots.constant(-0.0)
     pad = size - len(node.args) - len(node.a)
     a = [one] * len(node.args) + [slots.of(x) for x in node.a] + [zero] * pad
     b = [slots.of(x) for x in node.args] + [slots.of(x) for x in node.b] + [one] * pad
     return a + b + [node.slot]
-
-
-def _target(node, slots):
-    return node.grad_slot if node.needs_grad else slots.sink()
 
 
 def _has_k(op):
@@ -394,10 +493,13 @@ def runtime_cases(dtype):
         out = []
         for op in ops.OPS.values():
             code = op_kind(op)
-            out.append(_select_case(op, code, dtype, forward) if op.selects else _op_case(op, code, dtype, forward))
-        if forward:
-            out.append(_cheap_case(dtype))
-        out += [_dot_case(size) for size in DOT_SIZES] if forward else [_dot_backward_case()]
+            if op.selects:
+                out.append(_select_case(op, code, dtype, forward))
+            elif forward:
+                out.append(_op_case(op, code, dtype))
+            elif any(_computed(op, i) for i in range(op.arity)):
+                out.append(_coefficient_case(op, code, dtype))
+        out += [_cheap_case(dtype)] + [_dot_case(size) for size in DOT_SIZES] if forward else [_edge_case()]
         cases["TABLE_FORWARD" if forward else "TABLE_BACKWARD"] = "\n".join(out)
     return cases
 
@@ -414,17 +516,31 @@ def _case(code, name, step, body):
             f"{lines}            }}\n            break;")
 
 
-def _op_case(op, code, dtype, forward):
-    """An op's rows: [a, (b), (k), out], backward [a, (b), (k), out, ga, (gb)]."""
+def _op_names(op):
+    """The op's operands, k and value in its rows [a, (b), (k), out, ...]."""
     width = op.arity + _has_k(op)
-    names = {"a": "d[w[0]]", "b": "d[w[1]]", "k": f"d[w[{op.arity}]]", "out": f"d[w[{width}]]"}
-    if forward:
-        return _case(code, op.name, width + 1, [f"d[w[{width}]] = {_render(op, dtype, op.value, **names)};"])
-    body = [f"const real go = g[w[{width}]];"]
-    for i, formula in enumerate(op.grads):
-        local = _render(op, dtype, formula, **names)
-        body.append(f"g[w[{width + 1 + i}]] += {'go' if op.grad_is_one(i) else f'({local}) * go'};")
-    return _case(code, op.name, width + 1 + op.arity, body)
+    return width, {"a": "d[w[0]]", "b": "d[w[1]]", "k": f"d[w[{op.arity}]]", "out": f"d[w[{width}]]"}
+
+
+def _op_case(op, code, dtype):
+    """An op's rows forward: [a, (b), (k), out]."""
+    width, names = _op_names(op)
+    return _case(code, op.name, width + 1, [f"d[w[{width}]] = {_render(op, dtype, op.value, **names)};"])
+
+
+def _coefficient_case(op, code, dtype):
+    """An op's coefficient rows backward: [a, (b), (k), out, c..], c the slots of its local
+    derivatives that are formulas (_computed), each written as the straight-line C's statement
+    computes it before multiplying the gradient by it."""
+    width, names = _op_names(op)
+    computed = [i for i in range(op.arity) if _computed(op, i)]
+    body = [f"d[w[{width + 1 + j}]] = {_render(op, dtype, op.grads[i], **names)};" for j, i in enumerate(computed)]
+    return _case(code, f"{op.name}: local derivatives", width + 1 + len(computed), body)
+
+
+def _edge_case():
+    """The edges backward: [coefficient, out, target]."""
+    return _case(EDGE, "edge", 3, ["g[w[2]] += d[w[0]] * g[w[1]];"])
 
 
 def _cheap_case(dtype):
@@ -446,18 +562,6 @@ def _dot_case(size):
              "    for (int k = 0; k < n; k++)", "        p[k] = p[2 * k] + p[2 * k + 1];",
              f"d[b[{size}]] = p[0];"]
     return _case(DOT_KINDS[size], f"dot of {size} parts", 2 * size + 1, body)
-
-
-def _dot_backward_case():
-    """A dot's rows backward: its terms' gradients, then the second factors', then the first's."""
-    return _case(DOT_BACKWARD, "dot", None, [
-        "const long nt = w[0], np = w[1];",
-        "const int32_t *t = w + 2, *a = t + nt, *b = a + np, *gb = b + np + 1, *ga = gb + np;",
-        "const real go = g[b[np]];",
-        "for (long k = 0; k < nt; k++)", "    g[t[k]] += go;",
-        "for (long k = 0; k < np; k++)", "    g[gb[k]] += go * d[a[k]];",
-        "for (long k = 0; k < np; k++)", "    g[ga[k]] += go * d[b[k]];",
-        "w = ga + np;"])
 
 
 def _select_case(op, code, dtype, forward):
