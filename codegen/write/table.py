@@ -44,7 +44,7 @@ from micrograd_c import ops
 
 from . import dtypes
 from .kernels import call
-from .loops import UNROLL_MAX_CONTIGUOUS, unrolled
+from .loops import UNROLL_MAX_CONTIGUOUS, tree_sum, unrolled
 from .tree import Invoke
 
 # The kinds of row (the `case`s of templates/table.c): forward, CHEAP, the ops that cost a few
@@ -316,11 +316,14 @@ def _encode(order, kinds, rows, first):
 
 def _backward_segment(nodes, slots):
     """Backward: first the coefficient rows (a run per op whose local derivatives are formulas,
-    reading only the forward's values), then the edges and the rows of ops that select, in the
-    straight-line C's order but for the selects, which wait in runs of their own."""
+    reading only the forward's values), then the edges and the rows of ops that select, in phases:
+    a row's phase is the most selects on a path to it (a select waits for the rows before it, an
+    edge only for them), and phase p is its edges, in the straight-line C's order, then its
+    selects (independent of each other), so that the edges run in as few runs as the selects
+    allow; then each run's rows by depth (_by_depth)."""
     nodes = [n for n in nodes if not _selects_without_gradient(n)]
     coefficients = {}  # kind -> rows
-    kinds, rows, preds = [], [], []
+    kinds, rows, preds, phases = [], [], [], []
     last = {}  # gradient slot -> the last row adding to it so far
 
     def add(kind, row, out, targets):
@@ -334,6 +337,7 @@ def _backward_segment(nodes, slots):
             if before is not None and before != i:
                 ps.append(before)
             last[target] = i
+        phases.append(max([phases[u] + (kinds[u] != EDGE) for u in ps], default=0))
         kinds.append(kind)
         rows.append(row)
         preds.append(ps)
@@ -344,7 +348,8 @@ def _backward_segment(nodes, slots):
             continue
         for coefficient, x in _edges(n, slots, coefficients):
             add(EDGE, [coefficient, n.slot, x.grad_slot], n.grad_slot, [x.grad_slot])
-    return _encode(_schedule(preds, kinds), kinds, rows, list(coefficients.items()))
+    order = sorted(range(len(rows)), key=lambda i: (phases[i], kinds[i] != EDGE, kinds[i]))
+    return _encode(_by_depth(order, preds, kinds), kinds, rows, list(coefficients.items()))
 
 
 def _edges(node, slots, coefficients):
@@ -391,7 +396,7 @@ def _computed(op, i):
 def _schedule(preds, kinds):
     """An order of the rows (a topological order of preds; preds[v] < v) in few runs of one kind,
     each run's rows by their depth in the graph (_by_depth)."""
-    return _by_depth(_runs(preds, kinds) if len(set(kinds)) > 1 else range(len(kinds)), preds, kinds)
+    return _by_depth(_runs(preds, kinds), preds, kinds)
 
 
 def _by_depth(order, preds, kinds):
@@ -555,13 +560,11 @@ def _cheap_case(dtype):
 
 
 def _dot_case(size):
-    """A dot's rows of `size` parts forward: [a_0.., b_0.., out]."""
-    body = [f"const int32_t *a = w, *b = w + {size};"]
-    body += [f"real p[{size}];", f"for (int k = 0; k < {size}; k++)", "    p[k] = d[a[k]] * d[b[k]];",
-             f"for (int n = {size} / 2; n > 0; n /= 2) /* loops.tree_sum's pairs */",
-             "    for (int k = 0; k < n; k++)", "        p[k] = p[2 * k] + p[2 * k + 1];",
-             f"d[b[{size}]] = p[0];"]
-    return _case(DOT_KINDS[size], f"dot of {size} parts", 2 * size + 1, body)
+    """A dot's rows of `size` parts forward: [a_0.., b_0.., out], the parts summed in
+    loops.tree_sum's tree, written out (the emitter's own expression)."""
+    sum_ = tree_sum([f"d[a[{k}]] * d[b[{k}]]" for k in range(size)])
+    return _case(DOT_KINDS[size], f"dot of {size} parts", 2 * size + 1,
+                 [f"const int32_t *a = w, *b = w + {size};", f"d[b[{size}]] = {sum_};"])
 
 
 def _select_case(op, code, dtype, forward):
