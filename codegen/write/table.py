@@ -156,6 +156,7 @@ def plan(program):
     words, rows, runs = [], 0, 0
     passes, compiled = {}, []
     forward = program.forward
+    as_rows = {id(g) for g in forward if rowable(g)}  # (backward's groups are forward's)
     for name, groups, backward in (("forward_outputs", forward[:program.n_output_groups], False),
                                    ("forward_rest", forward[program.n_output_groups:], False),
                                    ("backward", program.backward, True)):
@@ -171,7 +172,7 @@ def plan(program):
                 runs += n_runs
                 segment.clear()
         for g in groups:
-            if rowable(g):
+            if id(g) in as_rows:
                 # (a loop nest's members in its order, backward too: its iterations' order)
                 segment.extend(g.members)
                 continue
@@ -252,7 +253,10 @@ def _cheap(node):
 
 
 def _dot_size(node):
-    return next(size for size in DOT_SIZES if size >= len(node.args) + len(node.a))
+    return _DOT_SIZE_OF[len(node.args) + len(node.a)]
+
+
+_DOT_SIZE_OF = [next(size for size in DOT_SIZES if size >= n) for n in range(DOT_SIZES[-1] + 1)]
 
 
 def _maximum_of_two(node):
