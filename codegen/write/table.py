@@ -10,26 +10,29 @@ its unit that the runtime decodes once when the module loads.
 
 The rows are ordered so that the runtime's loops need no switch per row: each pass's rows between
 two compiled groups (a segment) are scheduled into runs of one kind (an op of micrograd_c/ops.py,
-the cheap ops together, or a dot of a size), a run a tight loop over its rows. A row is scheduled
-after the rows it reads (forward: the values; backward: every contribution to its own gradient),
-and in backward after every row that adds to one of the same gradients before it in the
-straight-line order, so that each gradient sums its contributions in the same order as the
-straight-line C: the table computes the same formulas (the op table's, rendered as the emitter
-renders them), the same sums (a dot's parts in the emitter's tree, loops.tree_sum), the same bits
-(tests/test_table.py; an FMA contraction by the compiler, with native=True, could change one).
-Among the ready rows, the kind of the one with the longest path after it runs next, taking every
-ready row of its kind, and those its own rows make ready (a run's rows run in order, so a row may
-read an earlier one's).
+the cheap ops together, or a dot of a size), a run a tight loop over its rows. Forward, a row is
+scheduled after the rows it reads; among the ready rows, the kind of the one with the longest path
+after it runs next, taking every ready row of its kind, and those its own rows make ready.
+Backward, every contribution to a gradient is a row, an edge: g[target] += d[coefficient] * g[out],
+the coefficient the local derivative's slot (an operand's, the value's, the constant 1's, or one
+that the segment's coefficient rows fill first from the forward's values, a run per op), so that
+every op and dot shares one kind; an edge comes after every contribution to its own gradient and
+after the edge before it adding to the same gradient in the straight-line order, so that each
+gradient sums its contributions in the same order as the straight-line C. The table computes the
+same formulas (the op table's, rendered as the emitter renders them), the same products and sums
+(a dot's parts in the emitter's tree, loops.tree_sum; a contribution as the local derivative
+times the gradient), the same bits (tests/test_table.py; an FMA contraction by the compiler, with
+native=True, could change one). Within a run, rows go by their depth in the graph (_by_depth): a
+row far from the rows it waits for, so that the processor overlaps their latencies.
 
-A row's layout (int32 words) by kind; `g*` are gradient targets (a sink for an operand that needs
-no gradient, so that every row of a kind does the same work):
+A row's layout (int32 words) by kind:
     op, forward     a, [b], [k], out                  (k: the op's constant, from a slot)
-    op, backward    a, [b], [k], out, ga, [gb]
     cheap (forward) which, a, b, out                  (which: the op, CHEAP_OPS' position)
+    dot, forward    a_0..a_S-1, b_0..b_S-1, out       (S parts, padded: DOT_SIZES)
     gather          n, index, c_0..c_n-1, out         (both passes; the gradient goes to the one picked)
     maximum         n, c_0..c_n-1, out
-    dot, forward    a_0..a_S-1, b_0..b_S-1, out       (S parts, padded: DOT_SIZES)
-    dot, backward   nt, np, gt_0.., a_0.., b_0.., out, gb_0.., ga_0..
+    op, backward    a, [b], [k], out, c..             (coefficient rows: the local derivatives that are formulas)
+    edge (backward) coefficient, out, target
 A segment is [number of runs] then each run [kind, count, rows...].
 """
 
@@ -50,8 +53,9 @@ from .tree import Invoke
 # The kinds of row (the `case`s of templates/table.c): forward, CHEAP, the ops that cost a few
 # instructions (CHEAP_OPS, and a maximum of two), one kind whose rows say which op, each row
 # computing all of them and keeping its own, so that the many short runs of each become fewer,
-# longer ones; a dot of DOT_SIZES[i] parts forward, a dot backward; then each op of the op table,
-# OP_BASE + its position (op_kind: the table may grow, as the op tests/test_docs.py adds does)
+# longer ones; a dot of DOT_SIZES[i] parts forward; backward, EDGE; then each op of the op table
+# (forward its value, backward its coefficients or, selecting, its gradient), OP_BASE + its
+# position (op_kind: the table may grow, as the op tests/test_docs.py adds does)
 CHEAP_OPS = ("add", "mul", "max", "relu")
 CHEAP = 0
 CHEAP_MAXIMUM = len(CHEAP_OPS)  # a CHEAP row's op: CHEAP_OPS' positions, then a maximum of two
@@ -63,7 +67,8 @@ DOT_KINDS = {size: CHEAP + 1 + i for i, size in enumerate(DOT_SIZES)}
 # Backward, every contribution to a gradient is a row of its own, an edge: g[target] += d[coefficient] *
 # g[out], the coefficient the local derivative's slot (an operand's, the constant 1's, or one that a
 # coefficient row of the op's kind fills first from the forward's values), one kind for every op
-# and dot, so that a segment's edges run as one loop in the straight-line C's order
+# and dot, so that a segment's edges run as one loop but for its selects' runs (where an edge
+# had a kind per op, the step's backward was 1.4x this one's on a random 20,000-Value graph)
 EDGE = CHEAP + 1 + len(DOT_SIZES)
 OP_BASE = EDGE + 1
 # A loop nest of at most this many nodes becomes rows too (an irregular graph's few alike nodes,
@@ -89,8 +94,8 @@ class TableCall:
 
 @dataclass
 class Plan:
-    """A program's table form: the program (with slots for the constants rows read and the
-    gradient sinks; one backward, no batch-1 SGD inside it), per pass ("forward_outputs",
+    """A program's table form: the program (with slots for the constants rows read and for the
+    backward's coefficients; one backward, no batch-1 SGD inside it), per pass ("forward_outputs",
     "forward_rest", "backward") its groups compiled as C and its TableCalls in order, the rows'
     words, and counts for codegen.explain."""
     program: object
