@@ -124,7 +124,7 @@ def check(table):
 
 def chosen(program, table):
     """Whether compile(table=...) gives the program the table form: only when asked (True, which
-    needs a fused program). Not by default, whatever the program: its step is 1.6-2.3x the
+    needs a fused program). Not by default, whatever the program: its step is 1.2-1.6x the
     straight-line C's (docs/speed.md), where a tiered build (codegen/tiers.py) trains at once on
     the first tier and then at the straight-line C's speed; the table form as that first tier is
     the step still to build."""
