@@ -332,33 +332,40 @@ def _backward_segment(nodes, slots):
     allow; then each run's rows by depth (_by_depth)."""
     nodes = [n for n in nodes if not _selects_without_gradient(n)]
     coefficients = {}  # kind -> rows
-    kinds, rows, preds, phases = [], [], [], []
+    kinds, rows, phases, depths = [], [], [], []
     last = {}  # gradient slot -> the last row adding to it so far
-
-    def add(kind, row, out, targets):
-        i = len(rows)
-        ps = []
-        before = last.get(out)
-        if before is not None:
-            ps.append(before)  # its own gradient complete
-        for target in targets:
-            before = last.get(target)
-            if before is not None and before != i:
-                ps.append(before)
-            last[target] = i
-        phases.append(max([phases[u] + (kinds[u] != EDGE) for u in ps], default=0))
-        kinds.append(kind)
-        rows.append(row)
-        preds.append(ps)
     for n in nodes:
+        own = last.get(n.grad_slot)  # the row completing its own gradient
         if n.kind == "op" and n.op.selects:
-            add(op_kind(n.op), _select_row(n, slots),
-                n.grad_slot, [slots.of(x) if x.grad_slot is None else x.grad_slot for x in _targets(n)])
+            i, waits = len(rows), [] if own is None else [own]
+            for x in _targets(n):
+                target = slots.of(x) if x.grad_slot is None else x.grad_slot  # (a constant candidate's: its slot's)
+                before = last.get(target)
+                if before is not None and before != i:
+                    waits.append(before)
+                last[target] = i
+            phases.append(max([phases[u] + (kinds[u] != EDGE) for u in waits], default=0))
+            depths.append(max([depths[u] + 1 for u in waits], default=0))
+            kinds.append(op_kind(n.op))
+            rows.append(_select_row(n, slots))
             continue
+        phase = depth = 0
+        if own is not None:
+            phase, depth = phases[own] + (kinds[own] != EDGE), depths[own] + 1
         for coefficient, x in _edges(n, slots, coefficients):
-            add(EDGE, [coefficient, n.slot, x.grad_slot], n.grad_slot, [x.grad_slot])
+            target = x.grad_slot
+            before = last.get(target)
+            last[target] = len(rows)
+            if before is None:
+                phases.append(phase)
+                depths.append(depth)
+            else:
+                phases.append(max(phase, phases[before] + (kinds[before] != EDGE)))
+                depths.append(max(depth, depths[before] + 1))
+            kinds.append(EDGE)
+            rows.append([coefficient, n.slot, target])
     order = sorted(range(len(rows)), key=lambda i: (phases[i], kinds[i] != EDGE, kinds[i]))
-    return _encode(_by_depth(order, preds, kinds), kinds, rows, list(coefficients.items()))
+    return _encode(_by_depth(order, depths, kinds), kinds, rows, list(coefficients.items()))
 
 
 def _edges(node, slots, coefficients):
@@ -405,24 +412,24 @@ def _computed(op, i):
 def _schedule(preds, kinds):
     """An order of the rows (a topological order of preds; preds[v] < v) in few runs of one kind,
     each run's rows by their depth in the graph (_by_depth)."""
-    return _by_depth(_runs(preds, kinds), preds, kinds)
+    depths = [0] * len(kinds)
+    for v, ps in enumerate(preds):
+        for u in ps:
+            if depths[u] >= depths[v]:
+                depths[v] = depths[u] + 1
+    return _by_depth(_runs(preds, kinds), depths, kinds)
 
 
-def _by_depth(order, preds, kinds):
+def _by_depth(order, depths, kinds):
     """The order with each run's rows sorted by their depth (the longest path to them): a row and
     the rows it waits for far apart, so that the processor overlaps many rows' latencies, where
     a row right after the one it reads waits for it (a gradient stored and loaded at once)."""
-    depth = [0] * len(kinds)
-    for v, ps in enumerate(preds):
-        for u in ps:
-            if depth[u] >= depth[v]:
-                depth[v] = depth[u] + 1
     out, at = [], 0
     while at < len(order):
         end = at
         while end < len(order) and kinds[order[end]] == kinds[order[at]]:
             end += 1
-        out += sorted(order[at:end], key=depth.__getitem__)
+        out += sorted(order[at:end], key=depths.__getitem__)
         at = end
     return out
 
