@@ -223,4 +223,4 @@ static inline int cpu_features(void)
 /* The table form's loops over a segment of a model's rows (codegen/write/table.py): defined by the
  * module runtime (templates/table.c), called by the passes of a model in that form. */
 SHARED void table_forward(const int32_t *restrict w, real *restrict d);
-SHARED void table_backward(const int32_t *restrict w, const real *restrict d, real *restrict g);
+SHARED void table_backward(const int32_t *restrict w, real *restrict d, real *restrict g);

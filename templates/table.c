@@ -54,8 +54,8 @@ SHARED void table_forward(const int32_t *restrict w, real *restrict d)
     }
 }
 
-/* One segment's rows backward: each run's gradient contributions. */
-SHARED void table_backward(const int32_t *restrict w, const real *restrict d, real *restrict g)
+/* One segment's rows backward: its coefficient rows' local derivatives (into d), then its edges' contributions. */
+SHARED void table_backward(const int32_t *restrict w, real *restrict d, real *restrict g)
 {
     for (long runs = *w++; runs > 0; runs--) {
         const long kind = w[0], count = w[1];

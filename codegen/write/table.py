@@ -10,26 +10,29 @@ its unit that the runtime decodes once when the module loads.
 
 The rows are ordered so that the runtime's loops need no switch per row: each pass's rows between
 two compiled groups (a segment) are scheduled into runs of one kind (an op of micrograd_c/ops.py,
-the cheap ops together, or a dot of a size), a run a tight loop over its rows. A row is scheduled
-after the rows it reads (forward: the values; backward: every contribution to its own gradient),
-and in backward after every row that adds to one of the same gradients before it in the
-straight-line order, so that each gradient sums its contributions in the same order as the
-straight-line C: the table computes the same formulas (the op table's, rendered as the emitter
-renders them), the same sums (a dot's parts in the emitter's tree, loops.tree_sum), the same bits
-(tests/test_table.py; an FMA contraction by the compiler, with native=True, could change one).
-Among the ready rows, the kind of the one with the longest path after it runs next, taking every
-ready row of its kind, and those its own rows make ready (a run's rows run in order, so a row may
-read an earlier one's).
+the cheap ops together, or a dot of a size), a run a tight loop over its rows. Forward, a row is
+scheduled after the rows it reads; among the ready rows, the kind of the one with the longest path
+after it runs next, taking every ready row of its kind, and those its own rows make ready.
+Backward, every contribution to a gradient is a row, an edge: g[target] += d[coefficient] * g[out],
+the coefficient the local derivative's slot (an operand's, the value's, the constant 1's, or one
+that the segment's coefficient rows fill first from the forward's values, a run per op), so that
+every op and dot shares one kind; an edge comes after every contribution to its own gradient and
+after the edge before it adding to the same gradient in the straight-line order, so that each
+gradient sums its contributions in the same order as the straight-line C. The table computes the
+same formulas (the op table's, rendered as the emitter renders them), the same products and sums
+(a dot's parts in the emitter's tree, loops.tree_sum; a contribution as the local derivative
+times the gradient), the same bits (tests/test_table.py; an FMA contraction by the compiler, with
+native=True, could change one). Within a run, rows go by their depth in the graph (_by_depth): a
+row far from the rows it waits for, so that the processor overlaps their latencies.
 
-A row's layout (int32 words) by kind; `g*` are gradient targets (a sink for an operand that needs
-no gradient, so that every row of a kind does the same work):
+A row's layout (int32 words) by kind:
     op, forward     a, [b], [k], out                  (k: the op's constant, from a slot)
-    op, backward    a, [b], [k], out, ga, [gb]
     cheap (forward) which, a, b, out                  (which: the op, CHEAP_OPS' position)
+    dot, forward    a_0..a_S-1, b_0..b_S-1, out       (S parts, padded: DOT_SIZES)
     gather          n, index, c_0..c_n-1, out         (both passes; the gradient goes to the one picked)
     maximum         n, c_0..c_n-1, out
-    dot, forward    a_0..a_S-1, b_0..b_S-1, out       (S parts, padded: DOT_SIZES)
-    dot, backward   nt, np, gt_0.., a_0.., b_0.., out, gb_0.., ga_0..
+    op, backward    a, [b], [k], out, c..             (coefficient rows: the local derivatives that are formulas)
+    edge (backward) coefficient, out, target
 A segment is [number of runs] then each run [kind, count, rows...].
 """
 
@@ -44,14 +47,15 @@ from micrograd_c import ops
 
 from . import dtypes
 from .kernels import call
-from .loops import UNROLL_MAX_CONTIGUOUS, unrolled
+from .loops import UNROLL_MAX_CONTIGUOUS, tree_sum, unrolled
 from .tree import Invoke
 
 # The kinds of row (the `case`s of templates/table.c): forward, CHEAP, the ops that cost a few
 # instructions (CHEAP_OPS, and a maximum of two), one kind whose rows say which op, each row
 # computing all of them and keeping its own, so that the many short runs of each become fewer,
-# longer ones; a dot of DOT_SIZES[i] parts forward, a dot backward; then each op of the op table,
-# OP_BASE + its position (op_kind: the table may grow, as the op tests/test_docs.py adds does)
+# longer ones; a dot of DOT_SIZES[i] parts forward; backward, EDGE; then each op of the op table
+# (forward its value, backward its coefficients or, selecting, its gradient), OP_BASE + its
+# position (op_kind: the table may grow, as the op tests/test_docs.py adds does)
 CHEAP_OPS = ("add", "mul", "max", "relu")
 CHEAP = 0
 CHEAP_MAXIMUM = len(CHEAP_OPS)  # a CHEAP row's op: CHEAP_OPS' positions, then a maximum of two
@@ -60,12 +64,13 @@ CHEAP_MAXIMUM = len(CHEAP_OPS)  # a CHEAP row's op: CHEAP_OPS' positions, then a
 # 2**k parts is tree_sum's over the first n, then, so the row needs no branch and no count
 DOT_SIZES = (2, 4, 8, 16, 32, 64)
 DOT_KINDS = {size: CHEAP + 1 + i for i, size in enumerate(DOT_SIZES)}
-# Backward, a dot's row lists its parts as they are (the pads' gradients would cost as much as the
-# parts'): one kind, loops over its counts
-DOT_BACKWARD = CHEAP + 1 + len(DOT_SIZES)
-OP_BASE = DOT_BACKWARD + 1
-# Gradient sinks (see _Slots)
-SINKS = 16
+# Backward, every contribution to a gradient is a row of its own, an edge: g[target] += d[coefficient] *
+# g[out], the coefficient the local derivative's slot (an operand's, the constant 1's, or one that a
+# coefficient row of the op's kind fills first from the forward's values), one kind for every op
+# and dot, so that a segment's edges run as one loop but for its selects' runs (where an edge
+# had a kind per op, the step's backward was 1.4x this one's on a random 20,000-Value graph)
+EDGE = CHEAP + 1 + len(DOT_SIZES)
+OP_BASE = EDGE + 1
 # A loop nest of at most this many nodes becomes rows too (an irregular graph's few alike nodes,
 # whose tiny loops would each cut the rows around them into segments of their own)
 LOOP_MAX_MEMBERS = 8
@@ -89,8 +94,8 @@ class TableCall:
 
 @dataclass
 class Plan:
-    """A program's table form: the program (with slots for the constants rows read and the
-    gradient sinks; one backward, no batch-1 SGD inside it), per pass ("forward_outputs",
+    """A program's table form: the program (with slots for the constants rows read and for the
+    backward's coefficients; one backward, no batch-1 SGD inside it), per pass ("forward_outputs",
     "forward_rest", "backward") its groups compiled as C and its TableCalls in order, the rows'
     words, and counts for codegen.explain."""
     program: object
@@ -119,7 +124,7 @@ def check(table):
 
 def chosen(program, table):
     """Whether compile(table=...) gives the program the table form: only when asked (True, which
-    needs a fused program). Not by default, whatever the program: its step is 1.6-2.3x the
+    needs a fused program). Not by default, whatever the program: its step is 1.2-1.6x the
     straight-line C's (docs/speed.md), where a tiered build (codegen/tiers.py) trains at once on
     the first tier and then at the straight-line C's speed; the table form as that first tier is
     the step still to build."""
@@ -156,6 +161,7 @@ def plan(program):
     words, rows, runs = [], 0, 0
     passes, compiled = {}, []
     forward = program.forward
+    as_rows = {id(g) for g in forward if rowable(g)}  # (backward's groups are forward's)
     for name, groups, backward in (("forward_outputs", forward[:program.n_output_groups], False),
                                    ("forward_rest", forward[program.n_output_groups:], False),
                                    ("backward", program.backward, True)):
@@ -171,7 +177,7 @@ def plan(program):
                 runs += n_runs
                 segment.clear()
         for g in groups:
-            if rowable(g):
+            if id(g) in as_rows:
                 # (a loop nest's members in its order, backward too: its iterations' order)
                 segment.extend(g.members)
                 continue
@@ -181,30 +187,29 @@ def plan(program):
                 compiled.append(g)
         close()
         passes[name] = items
+    words = slots.placed(words)
     lowered = replace(program, n_slots=slots.n_slots, constants=program.constants + slots.constants,
                       sgd_in_backward=False, sgd_after_backward=[])
-    return Plan(lowered, passes, np.array(words, dtype=np.int32), rows, runs, compiled)
+    return Plan(lowered, passes, words, rows, runs, compiled)
 
 
 class _Slots:
     """Operand slots of rows: a node's slot, or for a constant that has none (the straight-line
-    C's literals) one more slot after the program's, one per distinct value (its bits)."""
+    C's literals) one more slot after the program's, one per distinct value (its bits); and the
+    coefficient slots that backward's coefficient rows fill, after the constants (which
+    init_constants writes as one block): numbered from COEFFICIENTS while planning, then moved
+    (placed)."""
+
+    COEFFICIENTS = 1 << 30
 
     def __init__(self, program):
         self.n_slots = program.n_slots
         self.constants = []  # (slot, value), appended to the program's
         self._by_bits = {}
-        # where the contributions to operands that need no gradient go: the gradients of slots
-        # of the constant 0, which nothing reads (d's slots past the program's are constants,
-        # consecutive, as init_constants writes them); several, taken in turn, so that rows do
-        # not wait on each other's additions to one
-        self.sinks = [self.constant(0.0)] + [self._new(0.0) for _ in range(SINKS - 1)]
-        self._turn = 0
-
-    def sink(self):
-        """The next sink in turn."""
-        self._turn += 1
-        return self.sinks[self._turn % SINKS]
+        self.n_coefficients = 0
+        # where a coefficient row writes the local derivatives nothing reads (an operand that
+        # needs no gradient): a slot of its own, never read
+        self.scratch = self.coefficient()
 
     def of(self, node):
         if node.slot is not None:
@@ -215,19 +220,30 @@ class _Slots:
         bits = struct.pack("<d", value)
         slot = self._by_bits.get(bits)
         if slot is None:
-            slot = self._by_bits[bits] = self._new(value)
+            slot = self._by_bits[bits] = self.n_slots
+            self.constants.append((slot, value))
+            self.n_slots += 1
         return slot
 
-    def _new(self, value):
-        self.constants.append((self.n_slots, value))
-        self.n_slots += 1
-        return self.n_slots - 1
+    def coefficient(self):
+        """A new coefficient slot (numbered from COEFFICIENTS until placed)."""
+        self.n_coefficients += 1
+        return self.COEFFICIENTS + self.n_coefficients - 1
+
+    def placed(self, words):
+        """The words with the coefficient slots after the constants; n_slots counting them."""
+        words = np.array(words, dtype=np.int64)
+        words = np.where(words >= self.COEFFICIENTS, words - self.COEFFICIENTS + self.n_slots, words)
+        self.n_slots += self.n_coefficients
+        self.n_coefficients = 0
+        return words.astype(np.int32)
 
 
-def _kind(node, backward=False):
+def _kind(node):
+    """A forward row's kind."""
     if node.kind == "dot":
-        return DOT_BACKWARD if backward else DOT_KINDS[_dot_size(node)]
-    if not backward and _cheap(node):
+        return DOT_KINDS[_dot_size(node)]
+    if _cheap(node):
         return CHEAP
     return op_kind(node.op)
 
@@ -242,7 +258,10 @@ def _cheap(node):
 
 
 def _dot_size(node):
-    return next(size for size in DOT_SIZES if size >= len(node.args) + len(node.a))
+    return _DOT_SIZE_OF[len(node.args) + len(node.a)]
+
+
+_DOT_SIZE_OF = [next(size for size in DOT_SIZES if size >= n) for n in range(DOT_SIZES[-1] + 1)]
 
 
 def _maximum_of_two(node):
@@ -274,45 +293,151 @@ def _segment(nodes, slots, backward):
     """One segment's words (see the module's docstring) and its number of runs. nodes: in the
     straight-line C's order (forward order, or backward's)."""
     if backward:
-        nodes = [n for n in nodes if not _selects_without_gradient(n)]
+        return _backward_segment(nodes, slots)
     index = {id(n): i for i, n in enumerate(nodes)}
-    preds = [[] for _ in nodes]
-    if backward:
-        last = {}  # gradient slot -> the last row adding to it so far
-        for i, n in enumerate(nodes):
-            before = last.get(n.grad_slot)
-            if before is not None:
-                preds[i].append(before)  # its own gradient complete
-            for x in _targets(n):
-                target = slots.of(x) if x.grad_slot is None else x.grad_slot  # (a constant candidate's: its slot's)
-                before = last.get(target)
-                if before is not None and before != i:
-                    preds[i].append(before)
-                last[target] = i
-    else:
-        for i, n in enumerate(nodes):
-            preds[i] = [index[id(x)] for x in _reads(n) if id(x) in index]
-    kinds = [_kind(n, backward) for n in nodes]
-    order = _schedule(preds, kinds)
-    words, n_runs, at = [0], 0, 0
+    preds = [[index[id(x)] for x in _reads(n) if id(x) in index] for n in nodes]
+    kinds = [_kind(n) for n in nodes]
+    return _encode(_schedule(preds, kinds), kinds, [_row(n, slots) for n in nodes], [])
+
+
+def _encode(order, kinds, rows, first):
+    """The segment's words and its number of runs: the runs `first` ((kind, rows) each), then the
+    rows in `order`, a run per stretch of one kind."""
+    out, n_runs, at = [0], 0, 0
+    for kind, run in first:
+        out += [kind, len(run)]
+        for row in run:
+            out += row
+        n_runs += 1
     while at < len(order):
         kind = kinds[order[at]]
         end = at
         while end < len(order) and kinds[order[end]] == kind:
             end += 1
-        words += [kind, end - at]
+        out += [kind, end - at]
         for i in order[at:end]:
-            words += _row(nodes[i], slots, backward)
+            out += rows[i]
         n_runs += 1
         at = end
-    words[0] = n_runs
-    return words, n_runs
+    out[0] = n_runs
+    return out, n_runs
+
+
+def _backward_segment(nodes, slots):
+    """Backward: first the coefficient rows (a run per op whose local derivatives are formulas,
+    reading only the forward's values), then the edges and the rows of ops that select, in phases:
+    a row's phase is the most selects on a path to it (a select waits for the rows before it, an
+    edge only for them), and phase p is its edges, in the straight-line C's order, then its
+    selects (independent of each other), so that the edges run in as few runs as the selects
+    allow; then each run's rows by depth (_by_depth)."""
+    nodes = [n for n in nodes if not _selects_without_gradient(n)]
+    coefficients = {}  # kind -> rows
+    kinds, rows, phases, depths = [], [], [], []
+    last = {}  # gradient slot -> the last row adding to it so far
+    for n in nodes:
+        own = last.get(n.grad_slot)  # the row completing its own gradient
+        if n.kind == "op" and n.op.selects:
+            i, waits = len(rows), [] if own is None else [own]
+            for x in _targets(n):
+                target = slots.of(x) if x.grad_slot is None else x.grad_slot  # (a constant candidate's: its slot's)
+                before = last.get(target)
+                if before is not None and before != i:
+                    waits.append(before)
+                last[target] = i
+            phases.append(max([phases[u] + (kinds[u] != EDGE) for u in waits], default=0))
+            depths.append(max([depths[u] + 1 for u in waits], default=0))
+            kinds.append(op_kind(n.op))
+            rows.append(_select_row(n, slots))
+            continue
+        phase = depth = 0
+        if own is not None:
+            phase, depth = phases[own] + (kinds[own] != EDGE), depths[own] + 1
+        for coefficient, x in _edges(n, slots, coefficients):
+            target = x.grad_slot
+            before = last.get(target)
+            last[target] = len(rows)
+            if before is None:
+                phases.append(phase)
+                depths.append(depth)
+            else:
+                phases.append(max(phase, phases[before] + (kinds[before] != EDGE)))
+                depths.append(max(depth, depths[before] + 1))
+            kinds.append(EDGE)
+            rows.append([coefficient, n.slot, target])
+    order = sorted(range(len(rows)), key=lambda i: (phases[i], kinds[i] != EDGE, kinds[i]))
+    return _encode(_by_depth(order, depths, kinds), kinds, rows, list(coefficients.items()))
+
+
+def _edges(node, slots, coefficients):
+    """(coefficient slot, operand) of each contribution of a backward row to an operand's gradient,
+    in the straight-line C's order; the rows that fill the coefficients go into `coefficients`."""
+    if node.kind == "dot":
+        one = slots.constant(1.0)
+        return ([(one, x) for x in node.args if x.needs_grad]
+                + [(slots.of(a), b) for a, b in zip(node.a, node.b) if b.needs_grad]
+                + [(slots.of(b), a) for a, b in zip(node.a, node.b) if a.needs_grad])
+    if not any(x.needs_grad for x in node.args):
+        return []
+    op = node.op
+    names = {"a": node.args[0], "b": node.args[-1], "out": node}
+    computed = [i for i in range(op.arity) if _computed(op, i)]
+    if computed:
+        filled = {i: slots.coefficient() if node.args[i].needs_grad else slots.scratch for i in computed}
+        k = [slots.constant(float(node.k))] if _has_k(op) else []
+        coefficients.setdefault(op_kind(op), []).append(
+            [*map(slots.of, node.args), *k, node.slot, *(filled[i] for i in computed)])
+    edges = []
+    for i, x in enumerate(node.args):
+        if not x.needs_grad:
+            continue
+        formula = op.grads[i].strip()
+        if op.grad_is_one(i):
+            coefficient = slots.constant(1.0)
+        elif formula == "{k}":
+            coefficient = slots.constant(float(node.k))
+        elif not _computed(op, i):
+            coefficient = slots.of(names[formula[1:-1]])
+        else:
+            coefficient = filled[i]
+        edges.append((coefficient, x))
+    return edges
+
+
+def _computed(op, i):
+    """Whether an op's local derivative in argument i is a formula that a coefficient row computes
+    (not 1, nor an operand, the value or the constant k as they are)."""
+    return not op.grad_is_one(i) and op.grads[i].strip() not in ("{a}", "{b}", "{out}", "{k}")
 
 
 def _schedule(preds, kinds):
-    """An order of the rows (a topological order of preds) in few runs of one kind: repeatedly,
-    the kind of the ready row with the longest path after it, and every row of that kind ready
-    or made ready by the run itself."""
+    """An order of the rows (a topological order of preds; preds[v] < v) in few runs of one kind,
+    each run's rows by their depth in the graph (_by_depth)."""
+    depths = [0] * len(kinds)
+    for v, ps in enumerate(preds):
+        for u in ps:
+            if depths[u] >= depths[v]:
+                depths[v] = depths[u] + 1
+    return _by_depth(_runs(preds, kinds), depths, kinds)
+
+
+def _by_depth(order, depths, kinds):
+    """The order with each run's rows sorted by their depth (the longest path to them): a row and
+    the rows it waits for far apart, so that the processor overlaps many rows' latencies, where
+    a row right after the one it reads waits for it (a gradient stored and loaded at once)."""
+    out, at = [], 0
+    while at < len(order):
+        end = at
+        while end < len(order) and kinds[order[end]] == kinds[order[at]]:
+            end += 1
+        out += sorted(order[at:end], key=depths.__getitem__)
+        at = end
+    return out
+
+
+def _runs(preds, kinds):
+    """A topological order of the rows in few runs of one kind: repeatedly, the kind of the ready
+    row with the longest path after it, and every row of that kind ready or made ready by the run
+    itself."""
     n = len(kinds)
     succs = [[] for _ in range(n)]
     waiting = [0] * n
@@ -341,41 +466,36 @@ def _schedule(preds, kinds):
     return order
 
 
-def _row(node, slots, backward):
+def _row(node, slots):
+    """A forward row."""
     of = slots.of
     if node.kind == "dot":
-        return _dot_row(node, slots, backward)
+        return _dot_row(node, slots)
     op = node.op
-    if not backward and _cheap(node):
+    if _cheap(node):
         which = CHEAP_MAXIMUM if op.selects else CHEAP_OPS.index(op.name)
         a, b = (node.args * 2)[:2]  # (a unary op reads its operand twice)
         return [which, of(a), of(b), node.slot]
     if op.selects:
-        choices = node.args[op.first_choice:]
-        return [len(choices), *map(of, node.args), node.slot]
+        return _select_row(node, slots)
     k = [slots.constant(float(node.k))] if _has_k(op) else []
-    row = [*map(of, node.args), *k, node.slot]
-    return row + [_target(x, slots) for x in node.args] if backward else row
+    return [*map(of, node.args), *k, node.slot]
 
 
-def _dot_row(node, slots, backward):
-    """A dot's row of DOT_SIZES' parts: its terms (1 * t), its products, then -0 * 1; backward
-    [nt, np, gt.., a.., b.., out, gb.., ga..] (its terms' gradients, factors, the factors' gradients)."""
-    if backward:
-        terms = [x for x in node.args if x.needs_grad]
-        return [len(terms), len(node.a), *(x.grad_slot for x in terms), *map(slots.of, node.a),
-                *map(slots.of, node.b), node.slot, *(_target(x, slots) for x in node.b),
-                *(_target(x, slots) for x in node.a)]
+def _select_row(node, slots):
+    """A gather's or a maximum's row (both passes): [n, (index,) candidates.., out]."""
+    choices = node.args[node.op.first_choice:]
+    return [len(choices), *map(slots.of, node.args), node.slot]
+
+
+def _dot_row(node, slots):
+    """A dot's forward row of DOT_SIZES' parts: its terms (1 * t), its products, then -0 * 1."""
     size = _dot_size(node)
     one, zero = slots.constant(1.0), slots.constant(-0.0)
     pad = size - len(node.args) - len(node.a)
     a = [one] * len(node.args) + [slots.of(x) for x in node.a] + [zero] * pad
     b = [slots.of(x) for x in node.args] + [slots.of(x) for x in node.b] + [one] * pad
     return a + b + [node.slot]
-
-
-def _target(node, slots):
-    return node.grad_slot if node.needs_grad else slots.sink()
 
 
 def _has_k(op):
@@ -394,10 +514,13 @@ def runtime_cases(dtype):
         out = []
         for op in ops.OPS.values():
             code = op_kind(op)
-            out.append(_select_case(op, code, dtype, forward) if op.selects else _op_case(op, code, dtype, forward))
-        if forward:
-            out.append(_cheap_case(dtype))
-        out += [_dot_case(size) for size in DOT_SIZES] if forward else [_dot_backward_case()]
+            if op.selects:
+                out.append(_select_case(op, code, dtype, forward))
+            elif forward:
+                out.append(_op_case(op, code, dtype))
+            elif any(_computed(op, i) for i in range(op.arity)):
+                out.append(_coefficient_case(op, code, dtype))
+        out += [_cheap_case(dtype)] + [_dot_case(size) for size in DOT_SIZES] if forward else [_edge_case()]
         cases["TABLE_FORWARD" if forward else "TABLE_BACKWARD"] = "\n".join(out)
     return cases
 
@@ -414,17 +537,31 @@ def _case(code, name, step, body):
             f"{lines}            }}\n            break;")
 
 
-def _op_case(op, code, dtype, forward):
-    """An op's rows: [a, (b), (k), out], backward [a, (b), (k), out, ga, (gb)]."""
+def _op_names(op):
+    """The op's operands, k and value in its rows [a, (b), (k), out, ...]."""
     width = op.arity + _has_k(op)
-    names = {"a": "d[w[0]]", "b": "d[w[1]]", "k": f"d[w[{op.arity}]]", "out": f"d[w[{width}]]"}
-    if forward:
-        return _case(code, op.name, width + 1, [f"d[w[{width}]] = {_render(op, dtype, op.value, **names)};"])
-    body = [f"const real go = g[w[{width}]];"]
-    for i, formula in enumerate(op.grads):
-        local = _render(op, dtype, formula, **names)
-        body.append(f"g[w[{width + 1 + i}]] += {'go' if op.grad_is_one(i) else f'({local}) * go'};")
-    return _case(code, op.name, width + 1 + op.arity, body)
+    return width, {"a": "d[w[0]]", "b": "d[w[1]]", "k": f"d[w[{op.arity}]]", "out": f"d[w[{width}]]"}
+
+
+def _op_case(op, code, dtype):
+    """An op's rows forward: [a, (b), (k), out]."""
+    width, names = _op_names(op)
+    return _case(code, op.name, width + 1, [f"d[w[{width}]] = {_render(op, dtype, op.value, **names)};"])
+
+
+def _coefficient_case(op, code, dtype):
+    """An op's coefficient rows backward: [a, (b), (k), out, c..], c the slots of its local
+    derivatives that are formulas (_computed), each written as the straight-line C's statement
+    computes it before multiplying the gradient by it."""
+    width, names = _op_names(op)
+    computed = [i for i in range(op.arity) if _computed(op, i)]
+    body = [f"d[w[{width + 1 + j}]] = {_render(op, dtype, op.grads[i], **names)};" for j, i in enumerate(computed)]
+    return _case(code, f"{op.name}: local derivatives", width + 1 + len(computed), body)
+
+
+def _edge_case():
+    """The edges backward: [coefficient, out, target]."""
+    return _case(EDGE, "edge", 3, ["g[w[2]] += d[w[0]] * g[w[1]];"])
 
 
 def _cheap_case(dtype):
@@ -439,25 +576,11 @@ def _cheap_case(dtype):
 
 
 def _dot_case(size):
-    """A dot's rows of `size` parts forward: [a_0.., b_0.., out]."""
-    body = [f"const int32_t *a = w, *b = w + {size};"]
-    body += [f"real p[{size}];", f"for (int k = 0; k < {size}; k++)", "    p[k] = d[a[k]] * d[b[k]];",
-             f"for (int n = {size} / 2; n > 0; n /= 2) /* loops.tree_sum's pairs */",
-             "    for (int k = 0; k < n; k++)", "        p[k] = p[2 * k] + p[2 * k + 1];",
-             f"d[b[{size}]] = p[0];"]
-    return _case(DOT_KINDS[size], f"dot of {size} parts", 2 * size + 1, body)
-
-
-def _dot_backward_case():
-    """A dot's rows backward: its terms' gradients, then the second factors', then the first's."""
-    return _case(DOT_BACKWARD, "dot", None, [
-        "const long nt = w[0], np = w[1];",
-        "const int32_t *t = w + 2, *a = t + nt, *b = a + np, *gb = b + np + 1, *ga = gb + np;",
-        "const real go = g[b[np]];",
-        "for (long k = 0; k < nt; k++)", "    g[t[k]] += go;",
-        "for (long k = 0; k < np; k++)", "    g[gb[k]] += go * d[a[k]];",
-        "for (long k = 0; k < np; k++)", "    g[ga[k]] += go * d[b[k]];",
-        "w = ga + np;"])
+    """A dot's rows of `size` parts forward: [a_0.., b_0.., out], the parts summed in
+    loops.tree_sum's tree, written out (the emitter's own expression)."""
+    sum_ = tree_sum([f"d[a[{k}]] * d[b[{k}]]" for k in range(size)])
+    return _case(DOT_KINDS[size], f"dot of {size} parts", 2 * size + 1,
+                 [f"const int32_t *a = w, *b = w + {size};", f"d[b[{size}]] = {sum_};"])
 
 
 def _select_case(op, code, dtype, forward):
