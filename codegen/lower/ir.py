@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from micrograd_c import ops
-from micrograd_c.engine import Value, no_gc
+from micrograd_c.engine import Dot, Value, no_gc
 
 from . import graph as graph_arrays
 from . import positions, vector
@@ -214,7 +214,12 @@ def find_sums(graph):
     root), its terms their other children. A tree whose inner `+` are all left children (a chain,
     as sum() builds it) lists its terms in order at once: the bottom's left child, then the right
     children bottom up (children precede parents in the order). Other trees are walked in order,
-    one by one. Trees are disjoint, so neither way depends on the other."""
+    one by one. Trees are disjoint, so neither way depends on the other.
+
+    An engine.Dot read as one node (`dot()`, a Neuron's or a `linear`'s sum) that a `+` reads
+    once is an inner `+` as its chain would be: its start and products join that tree's terms
+    at its place (a residual `x + dot(w, x)` is one dot, as `x + sum(w * x ...)` is). Its
+    products, which are no nodes, are numbered after the graph's (`_DotProducts`)."""
     n = graph.n
     index = np.int32 if n < 2**30 else np.int64  # positions: half the bytes of the peak's arrays
     add, mul = ops.OPS["add"], ops.OPS["mul"]
@@ -235,20 +240,24 @@ def find_sums(graph):
     for side in (left, right):
         once = binary[uses[side[binary]] == 1]
         parent[side[once]] = once
-    inner = is_add & (uses == 1) & (parent >= 0)
+    is_dot = graph.is_op(Dot)
+    inner = (is_add | is_dot) & (uses == 1) & (parent >= 0)
     inner[inner] = is_add[parent[inner]]
     adds = np.flatnonzero(is_add).astype(index)
+    inner_dots = np.flatnonzero(inner & is_dot)
     root = np.arange(n, dtype=index)
     root[inner] = parent[inner]
+    jumping = np.flatnonzero(is_add | inner).astype(index)
     while True:  # pointer jumping: each round halves the distance to the tree's root
-        jumped = root[root[adds]]
-        if (jumped == root[adds]).all():
+        jumped = root[root[jumping]]
+        if (jumped == root[jumping]).all():
             break
-        root[adds] = jumped
+        root[jumping] = jumped
     constant = (graph.role == Role.CONST) & graph.is_op(None)
-    # chains: no inner `+` is a right child
+    # chains: no inner `+` is a right child, and no Dot is inner
     walked = np.zeros(n, dtype=bool)
     walked[root[right[adds][inner[right[adds]]]]] = True
+    walked[root[inner_dots]] = True
     tree_nodes = adds[~walked[root[adds]]]  # of chain trees, sorted by position
     tree_nodes = tree_nodes[np.argsort(root[tree_nodes], kind="stable")]  # by tree, bottom up
     bottoms = tree_nodes[~inner[left[tree_nodes]]]
@@ -258,28 +267,69 @@ def find_sums(graph):
     term = np.concatenate([left[bottoms], right[tree_nodes]])
     by_tree = np.lexsort((term_at, term_tree))
     term_tree, term = term_tree[by_tree], term[by_tree]
-    sums, absorbed = graph.dots(), np.zeros(n, dtype=bool)  # the Dots read as such are dots already
     leaf = graph.is_op(None) & ~constant
+    products = _DotProducts(graph, inner_dots, is_mul, uses, left, right, constant, leaf)
+    # the Dots read as such are dots already
+    sums, absorbed = graph.dots(), np.zeros(n + products.m, dtype=bool)
     _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorbed, leaf)
     is_sum = np.zeros(n, dtype=bool)
     is_sum[list(sums)] = True
     absorbed[tree_nodes] |= inner[tree_nodes] & is_sum[root[tree_nodes]]
-    # the other trees, walked one by one
+    # the other trees, walked one by one, then dissolved together
+    trees, terms, belows = [], [], []
     for v in np.flatnonzero(walked).tolist():
-        terms, below, stack = [], [], [v]  # below: the tree's inner `+`
+        below, stack = [], [v]  # below: the tree's inner `+` and Dots
         while stack:  # in-order walk of the + tree: terms in source order
             x = stack.pop()
-            if x == v or inner[x]:
+            if x != v and is_dot[x] and inner[x]:
+                below.append(x)
+                terms += products.terms(x)
+            elif x == v or inner[x]:
                 if x != v:
                     below.append(x)
                 stack += (right[x], left[x])
             else:
                 terms.append(x)
-        _dissolve(np.full(len(terms), v), np.array(terms, dtype=np.int64), is_mul, uses, left, right, constant,
+        trees += [v] * (len(terms) - len(trees))
+        belows.append((v, below))
+    if trees:
+        is_mul, uses, left, right, constant, leaf = products.arrays
+        _dissolve(np.array(trees, dtype=np.int64), np.array(terms, dtype=np.int64), is_mul, uses, left, right, constant,
                   sums, absorbed, leaf)
+    for v, below in belows:
         if v in sums:
             absorbed[below] = True
-    return sums, absorbed
+            for x in below:
+                sums.pop(x, None)  # (a Dot's own entry: its terms are the tree's now)
+    return sums, absorbed[:n]
+
+
+class _DotProducts:
+    """The products of the Dots that are inner terms of a `+` tree (find_sums), numbered from the
+    graph's node count on: `arrays` are find_sums' per-node arrays (is_mul, uses, left, right,
+    constant, leaf) with an entry for each such product (a product used once, its factors the
+    Dot's a[k] and b[k]); `terms(dot)` lists the Dot's terms as its chain has them."""
+
+    def __init__(self, graph, dots, is_mul, uses, left, right, constant, leaf):
+        n = graph.n
+        counts = (graph.starts[dots + 1] - graph.starts[dots] - 1) // 2
+        self.first = dict(zip(dots.tolist(), (n + np.cumsum(counts) - counts).tolist()))
+        self.count = dict(zip(dots.tolist(), counts.tolist()))
+        self.start = dict(zip(dots.tolist(), graph.kids[graph.starts[dots]].tolist()))
+        self.m = m = int(counts.sum())
+        if not m:
+            self.arrays = (is_mul, uses, left, right, constant, leaf)
+            return
+        # each product's a[k] and b[k]: the Dot's children after its start, in pairs
+        at = np.repeat(graph.starts[dots] + 1 - 2 * (np.cumsum(counts) - counts), counts) + 2 * np.arange(m)
+        self.arrays = (np.concatenate([is_mul, np.ones(m, dtype=bool)]), np.concatenate([uses, np.ones(m, dtype=uses.dtype)]),
+                       np.concatenate([left, graph.kids[at].astype(left.dtype)]),
+                       np.concatenate([right, graph.kids[at + 1].astype(right.dtype)]),
+                       np.concatenate([constant, np.zeros(m, dtype=bool)]), np.concatenate([leaf, np.zeros(m, dtype=bool)]))
+
+    def terms(self, dot):
+        first = self.first[dot]
+        return [self.start[dot], *range(first, first + self.count[dot])]
 
 
 # A `max` of two is a maximum too: a softmax over two values is then alike the longer ones.
