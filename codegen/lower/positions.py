@@ -33,7 +33,8 @@ contributions are exact zeros), which tests/test_positions.py checks against the
 """
 
 import dataclasses
-from itertools import chain
+from itertools import chain, compress
+from operator import attrgetter, methodcaller
 
 import numpy as np
 
@@ -59,27 +60,25 @@ def bound_positions(program, input_grads=False):
     if input_grads:
         return "the inputs' gradients are asked for (the loss's weights would get the skipped terms')"
     T = len(pairs)
-    position = {}
+    # each computed node's position, by its slot (a computed node's own), at C speed group by group
+    position = np.full(program.n_slots, T, dtype=np.int64)
     for t, (_, term) in enumerate(pairs):
-        position[id(term)] = min(position.get(id(term), T), t)
+        position[term.slot] = min(position[term.slot], t)
     for x in loss.args:
-        position[id(x)] = -1
+        if x.kind in COMPUTED:
+            position[x.slot] = -1
     groups = program.forward
-    get = position.get
     for g in reversed(groups):  # (consumers before what they read)
-        for node in g.members:
-            if node is loss:
-                continue
-            p = get(id(node), T)
-            for x in chain(node.args, node.a, node.b):
-                if x.kind in COMPUTED and get(id(x), T) > p:
-                    position[id(x)] = p
+        members = [node for node in g.members if node is not loss]
+        if members:
+            _pass_on(members, position)
     sequence = Sequence(program.n_slots, tuple(w.slot for w, _ in pairs))
     bounds = {}
     for g in groups:
         if any(node is loss for node in g.members):
             continue
-        bound = _bound(g, np.array([get(id(m), T) for m in g.members]), sequence.slot, T)
+        bound = _bound(g, position[np.fromiter(map(_slot, g.members), dtype=np.int64, count=len(g.members))],
+                       sequence.slot, T)
         if bound is False:
             what = g.first.op.name if g.first.kind == OP else "sum"
             return f"a loop nest's positions do not rise along one of its loops (a {what} of {len(g.members)} nodes)"
@@ -99,6 +98,20 @@ def bound_positions(program, input_grads=False):
     program.constants.append((sequence.slot, float(sequence.every)))
     program.sequence = sequence
     return None
+
+
+def _pass_on(members, position):
+    """Gives every computed operand of `members` the least of its position and its reader's."""
+    reads = list(map(_reads, members))
+    flat = list(chain.from_iterable(reads))
+    computed = np.fromiter(map(COMPUTED.__contains__, map(_kind, flat)), dtype=bool, count=len(flat))
+    slots = np.fromiter(map(_slot, compress(flat, computed)), dtype=np.int64)
+    readers = position[np.fromiter(map(_slot, members), dtype=np.int64, count=len(members))]
+    readers = np.repeat(readers, np.fromiter(map(len, reads), dtype=np.int64, count=len(reads)))[computed]
+    np.minimum.at(position, slots, readers)
+
+
+_reads, _kind, _slot = methodcaller("reads"), attrgetter("kind"), attrgetter("slot")
 
 
 def _indices(shape, count):
