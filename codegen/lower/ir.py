@@ -164,9 +164,17 @@ def build_nodes(graph, fuse):
         node.value = value
     k_of = dict(zip(graph.k_positions.tolist(), graph.k_values))
     compute = []
+    listed = {}  # a dot's list by its positions: one tuple for the lists alike (a weight row read at every position)
+
+    def operands(positions):
+        key = positions.tobytes()
+        found = listed.get(key)
+        if found is None:
+            found = listed[key] = tuple(nodes[positions].tolist())
+        return found
     for i, code in zip(computed_at.tolist(), codes[computed_at].tolist()):
         if i in sums:
-            terms, a, b = (tuple(nodes[positions].tolist()) for positions in sums[i])
+            terms, a, b = map(operands, sums[i])
             if a:  # sum()'s start (0 + x == x but for a zero's sign): a sum of products alone is a layer's (matmul kernels)
                 terms = tuple(x for x in terms if not _plus_zero(x))
             node = Node(DOT, args=terms)

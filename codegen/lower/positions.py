@@ -34,7 +34,7 @@ contributions are exact zeros), which tests/test_positions.py checks against the
 
 import dataclasses
 from itertools import chain, compress
-from operator import attrgetter, methodcaller
+from operator import attrgetter
 
 import numpy as np
 
@@ -68,10 +68,11 @@ def bound_positions(program, input_grads=False):
         if x.kind in COMPUTED:
             position[x.slot] = -1
     groups = program.forward
+    computed_of = {}  # id of a dot's list -> its computed operands' slots
     for g in reversed(groups):  # (consumers before what they read)
         members = [node for node in g.members if node is not loss]
         if members:
-            _pass_on(members, position)
+            _pass_on(members, position, computed_of)
     sequence = Sequence(program.n_slots, tuple(w.slot for w, _ in pairs))
     bounds = {}
     for g in groups:
@@ -100,18 +101,39 @@ def bound_positions(program, input_grads=False):
     return None
 
 
-def _pass_on(members, position):
-    """Gives every computed operand of `members` the least of its position and its reader's."""
-    reads = list(map(_reads, members))
-    flat = list(chain.from_iterable(reads))
-    computed = np.fromiter(map(COMPUTED.__contains__, map(_kind, flat)), dtype=bool, count=len(flat))
-    slots = np.fromiter(map(_slot, compress(flat, computed)), dtype=np.int64)
+def _pass_on(members, position, computed_of):
+    """Gives every computed operand of `members` the least of its position and its readers'. A
+    dot's lists are met list by list (ir.build_nodes makes the lists alike one tuple, read by
+    many dots: a position's activations), their computed operands found once (`computed_of`)."""
     readers = position[np.fromiter(map(_slot, members), dtype=np.int64, count=len(members))]
-    readers = np.repeat(readers, np.fromiter(map(len, reads), dtype=np.int64, count=len(reads)))[computed]
-    np.minimum.at(position, slots, readers)
+    args = list(map(_args, members))
+    computed, arg_slots = _computed_slots(list(chain.from_iterable(args)))
+    slots = [arg_slots]
+    least = [np.repeat(readers, np.fromiter(map(len, args), dtype=np.int64, count=len(args)))[computed]]
+    for lists in (list(map(_a, members)), list(map(_b, members))):
+        if not any(lists):
+            continue
+        ids = np.fromiter(map(id, lists), dtype=np.int64, count=len(lists))
+        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        least_of = np.full(len(first), np.iinfo(np.int64).max)
+        np.minimum.at(least_of, inverse, readers)
+        for k, p in zip(first.tolist(), least_of.tolist()):
+            xs = lists[k]
+            found = computed_of.get(id(xs))
+            if found is None:
+                found = computed_of[id(xs)] = _computed_slots(xs)[1]
+            slots.append(found)
+            least.append(np.full(len(found), p))
+    np.minimum.at(position, np.concatenate(slots), np.concatenate(least))
 
 
-_reads, _kind, _slot = methodcaller("reads"), attrgetter("kind"), attrgetter("slot")
+def _computed_slots(xs):
+    """(which of the nodes xs are computed, as a boolean array; the slots of those)."""
+    computed = np.fromiter(map(COMPUTED.__contains__, map(_kind, xs)), dtype=bool, count=len(xs))
+    return computed, np.fromiter(map(_slot, compress(xs, computed)), dtype=np.int64)
+
+
+_args, _a, _b, _kind, _slot = (attrgetter(name) for name in ("args", "a", "b", "kind", "slot"))
 
 
 def _indices(shape, count):

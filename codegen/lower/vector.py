@@ -17,7 +17,7 @@ that loops read them. A class that does not fit stays straight-line, one stateme
 
 import dataclasses
 from functools import partial
-from itertools import chain, compress, takewhile
+from itertools import chain, compress, count, takewhile
 from operator import attrgetter, eq
 
 import numpy as np
@@ -36,9 +36,9 @@ def group(compute):
     each computed node's `cls` to ("c", its class); a leaf's is its kind. Dots over the same
     parameters whose classes differ only in where their other operands come from become one
     class, and so does everything alike after them (_shared_rows)."""
-    merged = {}
+    merged, leaf_lists = {}, {}
     while True:
-        members, height, reads = _classes_of(compute, merged)
+        members, height, reads = _classes_of(compute, merged, leaf_lists)
         more = _shared_rows(members, height, reads, merged)
         if not more:
             break
@@ -47,15 +47,16 @@ def group(compute):
     return [Group(members[c]) for c in order]
 
 
-def _classes_of(compute, merged):
+def _classes_of(compute, merged, leaf_lists):
     """(each class's members, its height, the set of classes it reads), node.cls set: the
     classes by key, a node in `merged` (id -> token) keyed by its token. What a node reads is
-    in its key (_key: its operands' classes), so a key's classes and height are found once."""
+    in its key (_key: its operands' classes), so a key's classes and height are found once.
+    leaf_lists: _key's memo of lists of leaves, kept from call to call."""
     keys, height = {}, []
     members, reads = [], []
     known = {}  # key -> (the classes its operands are, 1 + the highest of their heights)
     for node in compute:
-        key = _key(node)
+        key = _key(node, leaf_lists)
         found = known.get(key)
         if found is None:
             read = _key_reads(key)
@@ -156,12 +157,25 @@ def _reads_below(reads, height):
 _cls, _slot, _args, _a, _b = (attrgetter(name) for name in ("cls", "slot", "args", "a", "b"))
 
 
-def _key(node):
+def _key(node, leaf_lists):
     """Operands by class (computed ones come first in `compute`, so theirs is set): per operand
-    list its classes (_classes), built at C speed (a dot reads hundreds)."""
+    list its classes (_classes), built at C speed (a dot reads hundreds). leaf_lists: a memo
+    (id of a list -> its classes) of the lists of leaves only, whose classes never change (a
+    weight row that every position's dot shares: ir.build_nodes makes it one tuple)."""
     if node.kind == OP:
         return (OP, node.op.name, node.k, node.for_outputs, _classes(node.args))
-    return (DOT, node.for_outputs, _classes(node.args), _classes(node.a), _classes(node.b))
+    return (DOT, node.for_outputs, _classes(node.args), _leaf_classes(node.a, leaf_lists),
+            _leaf_classes(node.b, leaf_lists))
+
+
+def _leaf_classes(operands, memo):
+    """_classes(operands), from `memo` if it holds leaves only (kept there if so)."""
+    found = memo.get(id(operands))
+    if found is None:
+        found = _classes(operands)
+        if tuple not in set(map(type, found)):  # (a computed operand's class is a tuple)
+            memo[id(operands)] = found
+    return found
 
 
 def _classes(operands):
@@ -600,13 +614,18 @@ def _describe_loop(g, literals):
             width = len(lists[0])
             if set(map(len, lists)) != {width}:
                 return False
-            slots = np.fromiter(map(_slot, chain.from_iterable(lists)), dtype=np.int64,  # member x position
-                                count=width * len(lists)).reshape(len(lists), width)
+            # each distinct list once (ir.build_nodes makes the lists alike one tuple: a weight row,
+            # a position's activations, read by many dots), then a row per member
+            distinct = {}
+            which = np.fromiter(map(distinct.setdefault, map(id, lists), count()), dtype=np.int64, count=len(lists))
+            unique = [lists[i] for i in distinct.values()]
+            slots = np.fromiter(map(_slot, chain.from_iterable(unique)), dtype=np.int64,  # list x position
+                                count=width * len(unique)).reshape(len(unique), width)
             offsets = slots - slots[:, :1]
             if not (offsets == offsets[0]).all():
                 return False
             patterns.append(tuple(offsets[0].tolist()))
-            columns.append(slots[:, 0].tolist())
+            columns.append(slots[np.searchsorted(list(distinct.values()), which), 0].tolist())
     found = decompose(np.array(columns, dtype=np.int64).T)
     if found is None:
         return False
