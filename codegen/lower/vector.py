@@ -55,8 +55,9 @@ def _classes_of(compute, merged, leaf_lists):
     keys, height = {}, []
     members, reads = [], []
     known = {}  # key -> (the classes its operands are, 1 + the highest of their heights)
+    lists = dict(leaf_lists)  # this call's memo: a list's operands have their classes when it is first read
     for node in compute:
-        key = _key(node, leaf_lists)
+        key = _key(node, lists, leaf_lists)
         found = known.get(key)
         if found is None:
             read = _key_reads(key)
@@ -157,24 +158,25 @@ def _reads_below(reads, height):
 _cls, _slot, _args, _a, _b = (attrgetter(name) for name in ("cls", "slot", "args", "a", "b"))
 
 
-def _key(node, leaf_lists):
+def _key(node, lists, leaf_lists):
     """Operands by class (computed ones come first in `compute`, so theirs is set): per operand
-    list its classes (_classes), built at C speed (a dot reads hundreds). leaf_lists: a memo
-    (id of a list -> its classes) of the lists of leaves only, whose classes never change (a
-    weight row that every position's dot shares: ir.build_nodes makes it one tuple)."""
+    list its classes (_classes), built at C speed (a dot reads hundreds). A dot's lists alike are
+    one tuple (ir.build_nodes: a weight row, a position's activations, read by many dots),
+    whose classes `lists` keeps (id -> classes), and `leaf_lists` those of the lists of leaves
+    only, whose classes never change."""
     if node.kind == OP:
         return (OP, node.op.name, node.k, node.for_outputs, _classes(node.args))
-    return (DOT, node.for_outputs, _classes(node.args), _leaf_classes(node.a, leaf_lists),
-            _leaf_classes(node.b, leaf_lists))
+    return (DOT, node.for_outputs, _classes(node.args), _list_classes(node.a, lists, leaf_lists),
+            _list_classes(node.b, lists, leaf_lists))
 
 
-def _leaf_classes(operands, memo):
-    """_classes(operands), from `memo` if it holds leaves only (kept there if so)."""
-    found = memo.get(id(operands))
+def _list_classes(operands, lists, leaf_lists):
+    """_classes(operands), kept in `lists`, and in `leaf_lists` if it holds leaves only."""
+    found = lists.get(id(operands))
     if found is None:
-        found = _classes(operands)
+        found = lists[id(operands)] = _classes(operands)
         if tuple not in set(map(type, found)):  # (a computed operand's class is a tuple)
-            memo[id(operands)] = found
+            leaf_lists[id(operands)] = found
     return found
 
 
