@@ -19,6 +19,7 @@ own group: the reference post's straight-line scalar program, in which a term of
 sum's gradient in place (``share_gradients``).
 """
 
+from collections import Counter
 from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter, not_
 
@@ -492,33 +493,48 @@ def sgd_in_backward(program):
         many_params = first.kind == OP and kinds.count(PARAM) > 1  # w1 * w2
         for i, kind in enumerate(kinds):
             if kind == PARAM:
-                lists.append((list(map(itemgetter(i), map(_args, members))), many_params))
+                lists.append((list(map(itemgetter(i), map(_args, members))), None, many_params))
         # params in both factor lists: updating one reads the other's old value
         in_factors = [factors for factors in (_a, _b) if PARAM in set(map(_kind, factors(first)))]
         for factors in in_factors:
-            lists.append((list(chain.from_iterable(map(factors, members))), len(in_factors) == 2))
-    # Per list with params: its params, their slots (a param's slot is its place in `params`) and
-    # whether its group lets them be updated together; then every param's count of contributions
-    # at C speed.
+            # a list alike in many members is one tuple (build_nodes: a weight row read at every
+            # position): its elements once, with how many members read them
+            tuples = list(map(factors, members))
+            times = Counter(map(id, tuples))
+            distinct = list(dict(zip(map(id, tuples), tuples)).values())
+            reads = np.repeat(np.fromiter(map(times.__getitem__, map(id, distinct)), dtype=np.int64, count=len(distinct)),
+                              np.fromiter(map(len, distinct), dtype=np.int64, count=len(distinct)))
+            lists.append((list(chain.from_iterable(distinct)), reads, len(in_factors) == 2))
+    # Per list with params: its params, their slots (a param's slot is its place in `params`),
+    # how many times each is read there, and whether its group lets them be updated together;
+    # then every param's count of contributions at C speed.
     with_params = []
-    for xs, ruled_out in lists:
+    for xs, reads, ruled_out in lists:
         kinds = set(map(_kind, xs))
         if PARAM not in kinds:
             continue
         only_params = kinds == {PARAM}  # a layer's weights: the common case, without a check per element
-        ps = xs if only_params else [x for x in xs if x.kind == PARAM]
+        if only_params:
+            ps = xs
+        else:
+            is_param = np.fromiter(map(PARAM.__eq__, map(_kind, xs)), dtype=bool, count=len(xs))
+            ps = list(compress(xs, is_param))
+            reads = None if reads is None else reads[is_param]
         alike = not ruled_out and (only_params or all(x.kind == PARAM for x in xs if x.needs_grad))
-        with_params.append((ps, np.fromiter(map(_slot, ps), dtype=np.int64, count=len(ps)), alike))
-    contributions = np.bincount(np.concatenate([slots for _, slots, _ in with_params] or [[]]).astype(np.int64),
+        slots = np.fromiter(map(_slot, ps), dtype=np.int64, count=len(ps))
+        with_params.append((ps, slots, np.ones(len(ps), dtype=np.int64) if reads is None else reads, alike))
+    contributions = np.bincount(np.concatenate([slots for _, slots, _, _ in with_params] or [[]]).astype(np.int64),
+                                np.concatenate([reads for _, _, reads, _ in with_params] or [[]]),
                                 minlength=program.n_params)
     for r in [program.loss, *program.outputs]:  # read as a result: never updated early
         if r.kind == PARAM:
             contributions[r.slot] += 2
     fused = False
-    for ps, slots, alike in with_params:
+    for ps, slots, _, alike in with_params:
         together = alike and bool((contributions[slots] == 1).all())
-        for x in ps:
-            x.sgd_fused = together
+        if together:  # (the others keep the False every node starts from)
+            for x in ps:
+                x.sgd_fused = True
         fused |= together
     return fused
 
