@@ -108,12 +108,15 @@ def _shared_rows(members, height, reads, merged):
                  tuple(x.kind == PARAM for x in first.reads()))
         if not any(shape[-1]):
             continue
-        mask = shape[-1]
+        mask, lengths = shape[-1], shape[1:4]
+        weights = mask == (False,) * len(first.args) + (True,) * len(first.a) + (False,) * len(first.b)
         for node in nodes:
-            read = node.reads()
-            # a member with the first's list lengths has its kinds (a key's classes) where the first does
-            params = (tuple(map(id, compress(read, mask))) if (len(node.args), len(node.a), len(node.b)) == shape[1:4]
-                      else tuple(id(x) for x in read if x.kind == PARAM))
+            # a member with the first's list lengths has its kinds (a key's classes) where the first
+            # does: its parameters are its own `a` where the first's are (a layer's weights)
+            if (len(node.args), len(node.a), len(node.b)) != lengths:
+                params = tuple(x for x in node.reads() if x.kind == PARAM)
+            else:
+                params = node.a if weights else tuple(compress(node.reads(), mask))
             classes = by_rows.setdefault((params, shape), [])
             if not classes or classes[-1] != c:
                 classes.append(c)
