@@ -36,9 +36,9 @@ def group(compute):
     each computed node's `cls` to ("c", its class); a leaf's is its kind. Dots over the same
     parameters whose classes differ only in where their other operands come from become one
     class, and so does everything alike after them (_shared_rows)."""
-    merged, leaf_lists = {}, {}
+    merged, spelled = {}, _Spelled()
     while True:
-        members, height, reads = _classes_of(compute, merged, leaf_lists)
+        members, height, reads = _classes_of(compute, merged, spelled)
         more = _shared_rows(members, height, reads, merged)
         if not more:
             break
@@ -47,20 +47,20 @@ def group(compute):
     return [Group(members[c]) for c in order]
 
 
-def _classes_of(compute, merged, leaf_lists):
+def _classes_of(compute, merged, spelled):
     """(each class's members, its height, the set of classes it reads), node.cls set: the
     classes by key, a node in `merged` (id -> token) keyed by its token. What a node reads is
     in its key (_key: its operands' classes), so a key's classes and height are found once.
-    leaf_lists: _key's memo of lists of leaves, kept from call to call."""
+    spelled: the factor lists' classes as numbers (_Spelled), kept from call to call."""
     keys, height = {}, []
     members, reads = [], []
     known = {}  # key -> (the classes its operands are, 1 + the highest of their heights)
-    lists = dict(leaf_lists)  # this call's memo: a list's operands have their classes when it is first read
+    lists = dict(spelled.of_leaves)  # this call's memo: a list's operands have their classes when it is first read
     for node in compute:
-        key = _key(node, lists, leaf_lists)
+        key = _key(node, lists, spelled)
         found = known.get(key)
         if found is None:
-            read = _key_reads(key)
+            read = _key_reads(key, spelled.classes)
             found = known[key] = (read, 1 + max((height[r] for r in read), default=0))
         token = merged.get(id(node)) or key
         c = keys.get(token)
@@ -85,9 +85,10 @@ def _classes_of(compute, merged, leaf_lists):
     return members, height, reads
 
 
-def _key_reads(key):
-    """The computed classes a key's operand classes name (see _classes)."""
-    lists = key[4:] if key[0] == OP else key[2:]
+def _key_reads(key, spelled):
+    """The computed classes a key's operand classes name (see _classes; a dot's factor lists'
+    by their numbers in `spelled`)."""
+    lists = key[4:] if key[0] == OP else (key[2], spelled[key[3]], spelled[key[4]])
     classes = {x[1] if x[0] == "every" else x for xs in lists for x in set(xs)}  # (a leaf's: its Kind)
     return frozenset(x[1] for x in classes if type(x) is tuple)
 
@@ -161,26 +162,35 @@ def _reads_below(reads, height):
 _cls, _slot, _args, _a, _b = (attrgetter(name) for name in ("cls", "slot", "args", "a", "b"))
 
 
-def _key(node, lists, leaf_lists):
+def _key(node, lists, spelled):
     """Operands by class (computed ones come first in `compute`, so theirs is set): per operand
-    list its classes (_classes), built at C speed (a dot reads hundreds). A dot's lists alike are
-    one tuple (ir.build_nodes: a weight row, a position's activations, read by many dots),
-    whose classes `lists` keeps (id -> classes), and `leaf_lists` those of the lists of leaves
-    only, whose classes never change."""
+    list its classes (_classes), built at C speed (a dot reads hundreds); a dot's factor lists'
+    as numbers (`spelled.number`), so that a key hashes at once."""
     if node.kind == OP:
         return (OP, node.op.name, node.k, node.for_outputs, _classes(node.args))
-    return (DOT, node.for_outputs, _classes(node.args), _list_classes(node.a, lists, leaf_lists),
-            _list_classes(node.b, lists, leaf_lists))
+    return (DOT, node.for_outputs, _classes(node.args), spelled.number(node.a, lists), spelled.number(node.b, lists))
 
 
-def _list_classes(operands, lists, leaf_lists):
-    """_classes(operands), kept in `lists`, and in `leaf_lists` if it holds leaves only."""
-    found = lists.get(id(operands))
-    if found is None:
-        found = lists[id(operands)] = _classes(operands)
-        if tuple not in set(map(type, found)):  # (a computed operand's class is a tuple)
-            leaf_lists[id(operands)] = found
-    return found
+class _Spelled:
+    """The classes (_classes) of dots' factor lists, each as a number, the same for the same
+    classes. A dot's lists alike are one tuple (ir.build_nodes: a weight row, a position's
+    activations, read by many dots): a _classes_of call finds each list's once (`lists`, its
+    memo: id -> number), and the lists of leaves only, whose classes never change, once for all
+    calls (`of_leaves`)."""
+
+    def __init__(self):
+        self.numbers, self.classes, self.of_leaves = {}, [], {}
+
+    def number(self, operands, lists):
+        found = lists.get(id(operands))
+        if found is None:
+            classes = _classes(operands)
+            found = lists[id(operands)] = self.numbers.setdefault(classes, len(self.classes))
+            if found == len(self.classes):
+                self.classes.append(classes)
+            if tuple not in set(map(type, classes)):  # (a computed operand's class is a tuple)
+                self.of_leaves[id(operands)] = found
+        return found
 
 
 def _classes(operands):
