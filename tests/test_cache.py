@@ -15,6 +15,7 @@ import pytest
 
 import codegen
 from codegen.backend import cache, toolchain
+from codegen.write import emit
 from micrograd_c import MLP, Value
 
 COMPILER = "tcc"  # the fastest to build: these tests build a lot
@@ -139,6 +140,23 @@ def test_models_share_one_runtime_object(tmp_path):
     assert str(runtime) in first.build.command and str(runtime) in second.build.command
     assert cache.read_record(second.build.path)["objects"] == [runtime.name]
     assert first.forward() == expected_forward(4) and second.forward() == expected_forward(5)
+
+
+@pytest.mark.requires("gcc")
+def test_the_runtime_object_builds_ahead_of_the_model(tmp_path):
+    """compile() starts the runtime's build before it lowers the graph (start_shared_object, in a
+    thread): the model's build then links that object, not another; with it cached, nothing starts."""
+    gcc, source = toolchain.find_compiler("gcc"), emit.runtime_source()
+    thread = toolchain.start_shared_object(source, gcc, 2, False, tmp_path)
+    assert thread is not None
+    thread.join()
+    (runtime,) = runtime_objects(tmp_path)
+    assert cache.open_entry(runtime)[0] == cache.VALID
+    built = runtime.stat().st_mtime_ns
+    assert toolchain.start_shared_object(source, gcc, 2, False, tmp_path) is None
+    net = compile_gcc(tmp_path, 4)
+    assert runtime_objects(tmp_path) == [runtime] and runtime.stat().st_mtime_ns == built
+    assert str(runtime) in net.build.command and net.forward() == expected_forward(4)
 
 
 @pytest.mark.requires("gcc")
