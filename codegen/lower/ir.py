@@ -279,7 +279,7 @@ def find_sums(graph):
     leaf = graph.is_op(None) & ~constant
     products = _DotProducts(graph, inner_dots, is_mul, uses, left, right, constant, leaf)
     # the Dots read as such are dots already
-    sums, absorbed = graph.dots(), np.zeros(n + products.m, dtype=bool)
+    sums, absorbed = graph.dots(), np.zeros(n + products.n_products, dtype=bool)
     _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorbed, leaf)
     is_sum = np.zeros(n, dtype=bool)
     is_sum[list(sums)] = True
@@ -325,7 +325,7 @@ class _DotProducts:
         self.first = dict(zip(dots.tolist(), (n + np.cumsum(counts) - counts).tolist()))
         self.count = dict(zip(dots.tolist(), counts.tolist()))
         self.start = dict(zip(dots.tolist(), graph.kids[graph.starts[dots]].tolist()))
-        self.m = m = int(counts.sum())
+        self.n_products = m = int(counts.sum())
         if not m:
             self.arrays = (is_mul, uses, left, right, constant, leaf)
             return
