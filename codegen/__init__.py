@@ -125,7 +125,8 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
 
     def build_and_load():  # (build, module, tier, codegen seconds, the params' data); its locals die with it
         started = time.perf_counter()
-        _start_runtime(compiler, opt, native, cache, timeout, dtype)
+        if tiered is not True:  # (a first tier comes first: the runtime is the background build's)
+            _start_runtime(compiler, opt, native, cache, timeout, dtype)
         spent = 0.0  # seconds of codegen inside build() (generating the C on a miss)
         given = sources
         # read even when the caller has the C: the cache indexes the build by the graph's structure,
