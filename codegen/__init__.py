@@ -125,6 +125,8 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
 
     def build_and_load():  # (build, module, tier, codegen seconds, the params' data); its locals die with it
         started = time.perf_counter()
+        if tiered is not True:  # (a first tier comes first: the runtime is the background build's)
+            _start_runtime(compiler, opt, native, cache, timeout, dtype)
         spent = 0.0  # seconds of codegen inside build() (generating the C on a miss)
         given = sources
         # read even when the caller has the C: the cache indexes the build by the graph's structure,
@@ -164,6 +166,16 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
                       **({"optimised": None} if tier == tiers.FIRST else {})}
     module.tier = tier
     return module
+
+
+def _start_runtime(compiler, opt, native, cache, timeout, dtype):
+    """The module runtime's object built while the graph is lowered, if the cache lacks it
+    (toolchain.start_shared_object); a compiler that is not found is compile()'s error later."""
+    try:
+        found = compiler if isinstance(compiler, toolchain.Compiler) else toolchain.find_compiler(compiler)
+        toolchain.start_shared_object(emit.runtime_source(dtype), found, opt, native, cache, timeout)
+    except (TypeError, ValueError, toolchain.ToolchainError):  # (bad arguments: compile()'s errors say it)
+        pass
 
 
 def structural_key(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn", optimizer=None,

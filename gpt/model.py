@@ -7,6 +7,8 @@ MLP, a language-model head. What differs from microgpt.py, and why (docs/gpt.md 
 - softmax takes its max with `Value.max` in the graph instead of `max(v.data ...)`, which compiled
   would be a constant frozen from one document (the same bits: a max is exact);
 - the target's probability is `gather(probs, target)` instead of `probs[target_id]`;
+- `linear`'s sums are `dot(wo, x)` (engine.Dot: the chain `sum(wi * xi ...)` builds, the same
+  values, holding its operands instead of two Values a weight, made only if backward() reads them);
 - one graph covers every document length up to block_size (`document`): the loss weighs
   position t by an input, 1/n for the document's n positions and 0 past its end. Causality makes
   the first n positions exactly the document's own, a weight of 0 sends no gradient back from
@@ -18,7 +20,7 @@ import functools
 import random
 from dataclasses import dataclass
 
-from micrograd_c import Table, Value, gather
+from micrograd_c import Table, Value, dot, gather
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ def init_state(config, vocab_size):
 
 
 def linear(x, w):
-    return [sum(wi * xi for wi, xi in zip(wo, x)) for wo in w]
+    return [dot(wo, x) for wo in w]  # microgpt: sum(wi * xi for wi, xi in zip(wo, x)), recorded compactly
 
 
 def softmax(logits):

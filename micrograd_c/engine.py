@@ -7,6 +7,8 @@ from array import array
 from itertools import accumulate, chain, repeat
 from operator import attrgetter
 
+import numpy as np
+
 from . import ops
 
 _ADD, _MUL = ops.OPS["add"], ops.OPS["mul"]
@@ -209,14 +211,19 @@ class Dot(Value):
 
     def __init__(self, start, a, b):
         terms = tuple(chain((start,), chain.from_iterable(zip(a, b))))
-        products = list(map(_MUL_DATA, map(_data, a), map(_data, b)))
-        sums = list(accumulate(products, _ADD_DATA, initial=start.data))
-        Value.__init__(self, sums[-1], (), "+", _ADD)
+        x, y = list(map(_data, a)), list(map(_data, b))
+        if _FLOAT_CHAIN and type(start.data) in (float, int) and set(map(type, chain(x, y))) == {float}:
+            data, steps = _float_chain(start.data, x, y)
+        else:
+            products = list(map(_MUL_DATA, x, y))
+            sums = list(accumulate(products, _ADD_DATA, initial=start.data))
+            data, steps = sums[-1], products + sums[1:-1]
+            steps = array("d", steps) if set(map(type, steps)) == {float} else tuple(steps)
+        Value.__init__(self, data, (), "+", _ADD)
         _PREV.__set__(self, None)
         self._terms = terms  # start, a[0], b[0], a[1], b[1], ...: the order of the chain's walk
         # the chain's products and partial sums (the last sum is self.data): floats in an array
-        steps = products + sums[1:-1]
-        self._steps = array("d", steps) if set(map(type, steps)) == {float} else tuple(steps)
+        self._steps = steps
 
     @property
     def _prev(self):
@@ -242,6 +249,26 @@ class Dot(Value):
         for data, p in zip(steps[n:], product):  # (the last product is this one's own term)
             total = Value(data, (total, p), "+", _ADD)
         return (total, product[-1])
+
+
+# The op table's + and * are Python's on floats: a chain of floats is then computed in numpy
+_FLOAT_CHAIN = _ADD.value == "{a} + {b}" and _MUL.value == "{a} * {b}"
+
+
+def _float_chain(start, x, y):
+    """(the value, the steps) of a Dot's chain over floats x, y from `start` (a float or an
+    int), as Dot keeps them, at C speed: a float64 product is Python's float product, and
+    numpy's accumulate adds in order (it never sums pairwise), so every step has the bits the
+    chain's Python arithmetic gives (start + x[0] * y[0], then + x[1] * y[1], ...)."""
+    n = len(x)
+    running = np.empty(n + 1)
+    with np.errstate(all="ignore"):  # (Python's floats overflow to inf without a word)
+        np.multiply(x, y, out=running[1:])
+        steps = array("d", running[1:].tobytes())  # the products
+        running[0] = start
+        np.add.accumulate(running, out=running)
+    steps.frombytes(running[1:n].tobytes())  # the partial sums
+    return float(running[n]), steps
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import pytest
 
 import codegen
 from codegen.backend import cache, toolchain
+from codegen.write import emit
 from micrograd_c import MLP, Value
 
 COMPILER = "tcc"  # the fastest to build: these tests build a lot
@@ -150,6 +151,23 @@ def gcc_cache(tmp_path_factory):
     directory = tmp_path_factory.mktemp("gcc-cache")
     compile_gcc(directory, 4)
     return directory
+
+
+@pytest.mark.requires("gcc")
+def test_the_runtime_object_builds_ahead_of_the_model(tmp_path):
+    """compile() starts the runtime's build before it lowers the graph (start_shared_object, in a
+    thread): the model's build then links that object, not another; with it cached, nothing starts."""
+    gcc, source = toolchain.find_compiler("gcc"), emit.runtime_source()
+    thread = toolchain.start_shared_object(source, gcc, 2, False, tmp_path)
+    assert thread is not None
+    thread.join()
+    (runtime,) = runtime_objects(tmp_path)
+    assert cache.open_entry(runtime)[0] == cache.VALID
+    built = runtime.stat().st_mtime_ns
+    assert toolchain.start_shared_object(source, gcc, 2, False, tmp_path) is None
+    net = compile_gcc(tmp_path, 4)
+    assert runtime_objects(tmp_path) == [runtime] and runtime.stat().st_mtime_ns == built
+    assert str(runtime) in net.build.command and net.forward() == expected_forward(4)
 
 
 @pytest.mark.requires("gcc")

@@ -145,11 +145,27 @@ def test_structural_keys_of_dots():
     assert key([0, 2, 1] + list(range(3, N_PARAMS))) != key()  # two weights of a Dot swapped
 
 
-def read_by_a_sum(params, inputs):
-    """A Dot read once by a `+` (a regression's `out - target`): a term of that sum (its chain
-    would have joined the sum's dot; the numbers are the same to the fused bound)."""
-    out = dot(params[:3], inputs, params[3])
+def read_by_a_sum(params, inputs, make=dot):
+    """A Dot read once by a `+` (a regression's `out - target`): an inner `+` of that sum, as its
+    chain is (ir.find_sums): one dot."""
+    out = make(params[:3], inputs, params[3])
     return (out - inputs[0] * params[4]) ** 2
+
+
+def test_a_dot_read_once_by_a_sum_joins_it_as_its_chain_does():
+    """The C of a Dot read once by a `+` is its chain's (it was a term of the sum, the chain's
+    terms joining it), and so is that of microgpt's residual `x + linear(x)` over Dots."""
+    def generated(make):
+        params, inputs = [Value(v) for v in INIT[:5]], [Value(x) for x in ROWS[0]]
+        return codegen.generate(read_by_a_sum(params, inputs, make), inputs, params)
+    assert generated(dot) == generated(chain_of)
+    random.seed(5)
+    w = [[Value(random.gauss(0, 1)) for _ in range(4)] for _ in range(3)]
+    x = [Value(random.gauss(0, 1)) for _ in range(4)]
+    def residual(make):
+        out = [a + b for a, b in zip([make(row, x) for row in w], x)]
+        return codegen.generate(sum(v * v for v in out), x, [p for row in w for p in row])
+    assert residual(dot) == residual(lambda a, b: sum(ai * bi for ai, bi in zip(a, b)))
 
 
 def test_parameters_in_one_pass_and_a_subclass_own():

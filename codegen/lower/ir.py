@@ -19,6 +19,7 @@ own group: the reference post's straight-line scalar program, in which a term of
 sum's gradient in place (``share_gradients``).
 """
 
+from collections import Counter
 from itertools import chain, compress, repeat
 from operator import attrgetter, itemgetter, not_
 
@@ -27,7 +28,7 @@ import math
 import numpy as np
 
 from micrograd_c import ops
-from micrograd_c.engine import Value, no_gc
+from micrograd_c.engine import Dot, Value, no_gc
 
 from . import graph as graph_arrays
 from . import positions, vector
@@ -164,9 +165,17 @@ def build_nodes(graph, fuse):
         node.value = value
     k_of = dict(zip(graph.k_positions.tolist(), graph.k_values))
     compute = []
+    listed = {}  # a dot's list by its positions: one tuple for the lists alike (a weight row read at every position)
+
+    def operands(positions):
+        key = positions.tobytes()
+        found = listed.get(key)
+        if found is None:
+            found = listed[key] = tuple(nodes[positions].tolist())
+        return found
     for i, code in zip(computed_at.tolist(), codes[computed_at].tolist()):
         if i in sums:
-            terms, a, b = (tuple(nodes[positions].tolist()) for positions in sums[i])
+            terms, a, b = map(operands, sums[i])
             if a:  # sum()'s start (0 + x == x but for a zero's sign): a sum of products alone is a layer's (matmul kernels)
                 terms = tuple(x for x in terms if not _plus_zero(x))
             node = Node(DOT, args=terms)
@@ -214,7 +223,12 @@ def find_sums(graph):
     root), its terms their other children. A tree whose inner `+` are all left children (a chain,
     as sum() builds it) lists its terms in order at once: the bottom's left child, then the right
     children bottom up (children precede parents in the order). Other trees are walked in order,
-    one by one. Trees are disjoint, so neither way depends on the other."""
+    one by one. Trees are disjoint, so neither way depends on the other.
+
+    An engine.Dot read as one node (`dot()`, a Neuron's or a `linear`'s sum) that a `+` reads
+    once is an inner `+` as its chain would be: its start and products join that tree's terms
+    at its place (a residual `x + dot(w, x)` is one dot, as `x + sum(w * x ...)` is). Its
+    products, which are no nodes, are numbered after the graph's (`_DotProducts`)."""
     n = graph.n
     index = np.int32 if n < 2**30 else np.int64  # positions: half the bytes of the peak's arrays
     add, mul = ops.OPS["add"], ops.OPS["mul"]
@@ -235,20 +249,24 @@ def find_sums(graph):
     for side in (left, right):
         once = binary[uses[side[binary]] == 1]
         parent[side[once]] = once
-    inner = is_add & (uses == 1) & (parent >= 0)
+    is_dot = graph.is_op(Dot)
+    inner = (is_add | is_dot) & (uses == 1) & (parent >= 0)
     inner[inner] = is_add[parent[inner]]
     adds = np.flatnonzero(is_add).astype(index)
+    inner_dots = np.flatnonzero(inner & is_dot)
     root = np.arange(n, dtype=index)
     root[inner] = parent[inner]
+    jumping = np.flatnonzero(is_add | inner).astype(index)
     while True:  # pointer jumping: each round halves the distance to the tree's root
-        jumped = root[root[adds]]
-        if (jumped == root[adds]).all():
+        jumped = root[root[jumping]]
+        if (jumped == root[jumping]).all():
             break
-        root[adds] = jumped
+        root[jumping] = jumped
     constant = (graph.role == Role.CONST) & graph.is_op(None)
-    # chains: no inner `+` is a right child
+    # chains: no inner `+` is a right child, and no Dot is inner
     walked = np.zeros(n, dtype=bool)
     walked[root[right[adds][inner[right[adds]]]]] = True
+    walked[root[inner_dots]] = True
     tree_nodes = adds[~walked[root[adds]]]  # of chain trees, sorted by position
     tree_nodes = tree_nodes[np.argsort(root[tree_nodes], kind="stable")]  # by tree, bottom up
     bottoms = tree_nodes[~inner[left[tree_nodes]]]
@@ -258,28 +276,69 @@ def find_sums(graph):
     term = np.concatenate([left[bottoms], right[tree_nodes]])
     by_tree = np.lexsort((term_at, term_tree))
     term_tree, term = term_tree[by_tree], term[by_tree]
-    sums, absorbed = graph.dots(), np.zeros(n, dtype=bool)  # the Dots read as such are dots already
     leaf = graph.is_op(None) & ~constant
+    products = _DotProducts(graph, inner_dots, is_mul, uses, left, right, constant, leaf)
+    # the Dots read as such are dots already
+    sums, absorbed = graph.dots(), np.zeros(n + products.n_products, dtype=bool)
     _dissolve(term_tree, term, is_mul, uses, left, right, constant, sums, absorbed, leaf)
     is_sum = np.zeros(n, dtype=bool)
     is_sum[list(sums)] = True
     absorbed[tree_nodes] |= inner[tree_nodes] & is_sum[root[tree_nodes]]
-    # the other trees, walked one by one
+    # the other trees, walked one by one, then dissolved together
+    trees, terms, belows = [], [], []
     for v in np.flatnonzero(walked).tolist():
-        terms, below, stack = [], [], [v]  # below: the tree's inner `+`
+        below, stack = [], [v]  # below: the tree's inner `+` and Dots
         while stack:  # in-order walk of the + tree: terms in source order
             x = stack.pop()
-            if x == v or inner[x]:
+            if x != v and is_dot[x] and inner[x]:
+                below.append(x)
+                terms += products.terms(x)
+            elif x == v or inner[x]:
                 if x != v:
                     below.append(x)
                 stack += (right[x], left[x])
             else:
                 terms.append(x)
-        _dissolve(np.full(len(terms), v), np.array(terms, dtype=np.int64), is_mul, uses, left, right, constant,
+        trees += [v] * (len(terms) - len(trees))
+        belows.append((v, below))
+    if trees:
+        is_mul, uses, left, right, constant, leaf = products.arrays
+        _dissolve(np.array(trees, dtype=np.int64), np.array(terms, dtype=np.int64), is_mul, uses, left, right, constant,
                   sums, absorbed, leaf)
+    for v, below in belows:
         if v in sums:
             absorbed[below] = True
-    return sums, absorbed
+            for x in below:
+                sums.pop(x, None)  # (a Dot's own entry: its terms are the tree's now)
+    return sums, absorbed[:n]
+
+
+class _DotProducts:
+    """The products of the Dots that are inner terms of a `+` tree (find_sums), numbered from the
+    graph's node count on: `arrays` are find_sums' per-node arrays (is_mul, uses, left, right,
+    constant, leaf) with an entry for each such product (a product used once, its factors the
+    Dot's a[k] and b[k]); `terms(dot)` lists the Dot's terms as its chain has them."""
+
+    def __init__(self, graph, dots, is_mul, uses, left, right, constant, leaf):
+        n = graph.n
+        counts = (graph.starts[dots + 1] - graph.starts[dots] - 1) // 2
+        self.first = dict(zip(dots.tolist(), (n + np.cumsum(counts) - counts).tolist()))
+        self.count = dict(zip(dots.tolist(), counts.tolist()))
+        self.start = dict(zip(dots.tolist(), graph.kids[graph.starts[dots]].tolist()))
+        self.n_products = m = int(counts.sum())
+        if not m:
+            self.arrays = (is_mul, uses, left, right, constant, leaf)
+            return
+        # each product's a[k] and b[k]: the Dot's children after its start, in pairs
+        at = np.repeat(graph.starts[dots] + 1 - 2 * (np.cumsum(counts) - counts), counts) + 2 * np.arange(m)
+        self.arrays = (np.concatenate([is_mul, np.ones(m, dtype=bool)]), np.concatenate([uses, np.ones(m, dtype=uses.dtype)]),
+                       np.concatenate([left, graph.kids[at].astype(left.dtype)]),
+                       np.concatenate([right, graph.kids[at + 1].astype(right.dtype)]),
+                       np.concatenate([constant, np.zeros(m, dtype=bool)]), np.concatenate([leaf, np.zeros(m, dtype=bool)]))
+
+    def terms(self, dot):
+        first = self.first[dot]
+        return [self.start[dot], *range(first, first + self.count[dot])]
 
 
 # A `max` of two is a maximum too: a softmax over two values is then alike the longer ones.
@@ -434,33 +493,48 @@ def sgd_in_backward(program):
         many_params = first.kind == OP and kinds.count(PARAM) > 1  # w1 * w2
         for i, kind in enumerate(kinds):
             if kind == PARAM:
-                lists.append((list(map(itemgetter(i), map(_args, members))), many_params))
+                lists.append((list(map(itemgetter(i), map(_args, members))), None, many_params))
         # params in both factor lists: updating one reads the other's old value
         in_factors = [factors for factors in (_a, _b) if PARAM in set(map(_kind, factors(first)))]
         for factors in in_factors:
-            lists.append((list(chain.from_iterable(map(factors, members))), len(in_factors) == 2))
-    # Per list with params: its params, their slots (a param's slot is its place in `params`) and
-    # whether its group lets them be updated together; then every param's count of contributions
-    # at C speed.
+            # a list alike in many members is one tuple (build_nodes: a weight row read at every
+            # position): its elements once, with how many members read them
+            tuples = list(map(factors, members))
+            times = Counter(map(id, tuples))
+            distinct = list(dict(zip(map(id, tuples), tuples)).values())
+            reads = np.repeat(np.fromiter(map(times.__getitem__, map(id, distinct)), dtype=np.int64, count=len(distinct)),
+                              np.fromiter(map(len, distinct), dtype=np.int64, count=len(distinct)))
+            lists.append((list(chain.from_iterable(distinct)), reads, len(in_factors) == 2))
+    # Per list with params: its params, their slots (a param's slot is its place in `params`),
+    # how many times each is read there, and whether its group lets them be updated together;
+    # then every param's count of contributions at C speed.
     with_params = []
-    for xs, ruled_out in lists:
+    for xs, reads, ruled_out in lists:
         kinds = set(map(_kind, xs))
         if PARAM not in kinds:
             continue
         only_params = kinds == {PARAM}  # a layer's weights: the common case, without a check per element
-        ps = xs if only_params else [x for x in xs if x.kind == PARAM]
+        if only_params:
+            ps = xs
+        else:
+            is_param = np.fromiter(map(PARAM.__eq__, map(_kind, xs)), dtype=bool, count=len(xs))
+            ps = list(compress(xs, is_param))
+            reads = None if reads is None else reads[is_param]
         alike = not ruled_out and (only_params or all(x.kind == PARAM for x in xs if x.needs_grad))
-        with_params.append((ps, np.fromiter(map(_slot, ps), dtype=np.int64, count=len(ps)), alike))
-    contributions = np.bincount(np.concatenate([slots for _, slots, _ in with_params] or [[]]).astype(np.int64),
+        slots = np.fromiter(map(_slot, ps), dtype=np.int64, count=len(ps))
+        with_params.append((ps, slots, np.ones(len(ps), dtype=np.int64) if reads is None else reads, alike))
+    contributions = np.bincount(np.concatenate([slots for _, slots, _, _ in with_params] or [[]]).astype(np.int64),
+                                np.concatenate([reads for _, _, reads, _ in with_params] or [[]]),
                                 minlength=program.n_params)
     for r in [program.loss, *program.outputs]:  # read as a result: never updated early
         if r.kind == PARAM:
             contributions[r.slot] += 2
     fused = False
-    for ps, slots, alike in with_params:
+    for ps, slots, _, alike in with_params:
         together = alike and bool((contributions[slots] == 1).all())
-        for x in ps:
-            x.sgd_fused = together
+        if together:  # (the others keep the False every node starts from)
+            for x in ps:
+                x.sgd_fused = True
         fused |= together
     return fused
 

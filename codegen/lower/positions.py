@@ -33,7 +33,8 @@ contributions are exact zeros), which tests/test_positions.py checks against the
 """
 
 import dataclasses
-from itertools import chain
+from itertools import chain, compress
+from operator import attrgetter
 
 import numpy as np
 
@@ -59,27 +60,26 @@ def bound_positions(program, input_grads=False):
     if input_grads:
         return "the inputs' gradients are asked for (the loss's weights would get the skipped terms')"
     T = len(pairs)
-    position = {}
+    # each computed node's position, by its slot (a computed node's own), at C speed group by group
+    position = np.full(program.n_slots, T, dtype=np.int64)
     for t, (_, term) in enumerate(pairs):
-        position[id(term)] = min(position.get(id(term), T), t)
+        position[term.slot] = min(position[term.slot], t)
     for x in loss.args:
-        position[id(x)] = -1
+        if x.kind in COMPUTED:
+            position[x.slot] = -1
     groups = program.forward
-    get = position.get
+    computed_of = {}  # id of a dot's list -> its computed operands' slots
     for g in reversed(groups):  # (consumers before what they read)
-        for node in g.members:
-            if node is loss:
-                continue
-            p = get(id(node), T)
-            for x in chain(node.args, node.a, node.b):
-                if x.kind in COMPUTED and get(id(x), T) > p:
-                    position[id(x)] = p
+        members = [node for node in g.members if node is not loss]
+        if members:
+            _pass_on(members, position, computed_of)
     sequence = Sequence(program.n_slots, tuple(w.slot for w, _ in pairs))
     bounds = {}
     for g in groups:
         if any(node is loss for node in g.members):
             continue
-        bound = _bound(g, np.array([get(id(m), T) for m in g.members]), sequence.slot, T)
+        bound = _bound(g, position[np.fromiter(map(_slot, g.members), dtype=np.int64, count=len(g.members))],
+                       sequence.slot, T)
         if bound is False:
             what = g.first.op.name if g.first.kind == OP else "sum"
             return f"a loop nest's positions do not rise along one of its loops (a {what} of {len(g.members)} nodes)"
@@ -99,6 +99,41 @@ def bound_positions(program, input_grads=False):
     program.constants.append((sequence.slot, float(sequence.every)))
     program.sequence = sequence
     return None
+
+
+def _pass_on(members, position, computed_of):
+    """Gives every computed operand of `members` the least of its position and its readers'. A
+    dot's lists are met list by list (ir.build_nodes makes the lists alike one tuple, read by
+    many dots: a position's activations), their computed operands found once (`computed_of`)."""
+    readers = position[np.fromiter(map(_slot, members), dtype=np.int64, count=len(members))]
+    args = list(map(_args, members))
+    computed, arg_slots = _computed_slots(list(chain.from_iterable(args)))
+    slots = [arg_slots]
+    least = [np.repeat(readers, np.fromiter(map(len, args), dtype=np.int64, count=len(args)))[computed]]
+    for lists in (list(map(_a, members)), list(map(_b, members))):
+        if not any(lists):
+            continue
+        ids = np.fromiter(map(id, lists), dtype=np.int64, count=len(lists))
+        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        least_of = np.full(len(first), np.iinfo(np.int64).max)
+        np.minimum.at(least_of, inverse, readers)
+        for k, p in zip(first.tolist(), least_of.tolist()):
+            xs = lists[k]
+            found = computed_of.get(id(xs))
+            if found is None:
+                found = computed_of[id(xs)] = _computed_slots(xs)[1]
+            slots.append(found)
+            least.append(np.full(len(found), p))
+    np.minimum.at(position, np.concatenate(slots), np.concatenate(least))
+
+
+def _computed_slots(xs):
+    """(which of the nodes xs are computed, as a boolean array; the slots of those)."""
+    computed = np.fromiter(map(COMPUTED.__contains__, map(_kind, xs)), dtype=bool, count=len(xs))
+    return computed, np.fromiter(map(_slot, compress(xs, computed)), dtype=np.int64)
+
+
+_args, _a, _b, _kind, _slot = (attrgetter(name) for name in ("args", "a", "b", "kind", "slot"))
 
 
 def _indices(shape, count):

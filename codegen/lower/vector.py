@@ -16,8 +16,9 @@ that loops read them. A class that does not fit stays straight-line, one stateme
 """
 
 import dataclasses
-from itertools import chain
-from operator import attrgetter
+from functools import partial
+from itertools import chain, compress, count, takewhile
+from operator import attrgetter, eq
 
 import numpy as np
 
@@ -35,10 +36,10 @@ def group(compute):
     each computed node's `cls` to ("c", its class); a leaf's is its kind. Dots over the same
     parameters whose classes differ only in where their other operands come from become one
     class, and so does everything alike after them (_shared_rows)."""
-    merged = {}
+    merged, spelled = {}, _Spelled()
     while True:
-        members, height = _classes_of(compute, merged)
-        more = _shared_rows(members, height, merged)
+        members, height, reads = _classes_of(compute, merged, spelled)
+        more = _shared_rows(members, height, reads, merged)
         if not more:
             break
         merged.update(more)
@@ -46,23 +47,34 @@ def group(compute):
     return [Group(members[c]) for c in order]
 
 
-def _classes_of(compute, merged):
-    """(each class's members, its height), node.cls set: the classes by key, a node in `merged`
-    (id -> token) keyed by its token."""
+def _classes_of(compute, merged, spelled):
+    """(each class's members, its height, the set of classes it reads), node.cls set: the
+    classes by key, a node in `merged` (id -> token) keyed by its token. What a node reads is
+    in its key (_key: its operands' classes), so a key's classes and height are found once.
+    spelled: the factor lists' classes as numbers (_Spelled), kept from call to call."""
     keys, height = {}, []
-    members = []
+    members, reads = [], []
+    known = {}  # key -> (the classes its operands are, 1 + the highest of their heights)
+    lists = dict(spelled.of_leaves)  # this call's memo: a list's operands have their classes when it is first read
     for node in compute:
-        key = merged.get(id(node)) or _key(node)
-        c = keys.get(key)
+        key = _key(node, lists, spelled)
+        found = known.get(key)
+        if found is None:
+            read = _key_reads(key, spelled.classes)
+            found = known[key] = (read, 1 + max((height[r] for r in read), default=0))
+        token = merged.get(id(node)) or key
+        c = keys.get(token)
         if c is None:
-            c = keys[key] = len(height)
+            c = keys[token] = len(height)
             height.append(0)
             members.append([])
+            reads.append(set())
         node.cls = ("c", c)
         members[c].append(node)
-        height[c] = max(height[c], 1 + max((height[x.cls[1]] for x in node.reads() if x.kind in COMPUTED), default=0))
+        if found[1] > height[c]:
+            height[c] = found[1]
+        reads[c] |= found[0]
     if merged:  # a merged class's height may rise after a class that reads it took its own: settle them
-        reads = _class_reads(members)
         changed = True
         while changed:
             changed = False
@@ -70,10 +82,18 @@ def _classes_of(compute, merged):
                 h = 1 + max((height[r] for r in reads[c]), default=0)
                 if h > height[c]:
                     height[c], changed = h, True
-    return members, height
+    return members, height, reads
 
 
-def _shared_rows(members, height, merged):
+def _key_reads(key, spelled):
+    """The computed classes a key's operand classes name (see _classes; a dot's factor lists'
+    by their numbers in `spelled`)."""
+    lists = key[4:] if key[0] == OP else (key[2], spelled[key[3]], spelled[key[4]])
+    classes = {x[1] if x[0] == "every" else x for xs in lists for x in set(xs)}  # (a leaf's: its Kind)
+    return frozenset(x[1] for x in classes if type(x) is tuple)
+
+
+def _shared_rows(members, height, reads, merged):
     """Tokens (node id -> token) that make one class of dot classes whose members read the same
     parameters (a projection's rows) and differ only in their other operands' classes, where
     neither reads the other: microgpt's output projection of the first positions, whose
@@ -89,8 +109,16 @@ def _shared_rows(members, height, merged):
                  tuple(x.kind == PARAM for x in first.reads()))
         if not any(shape[-1]):
             continue
+        mask, lengths = shape[-1], shape[1:4]
+        weights = mask == (False,) * len(first.args) + (True,) * len(first.a) + (False,) * len(first.b)
         for node in nodes:
-            classes = by_rows.setdefault((tuple(id(x) for x in node.reads() if x.kind == PARAM), shape), [])
+            # a member with the first's list lengths has its kinds (a key's classes) where the first
+            # does: its parameters are its own `a` where the first's are (a layer's weights)
+            if (len(node.args), len(node.a), len(node.b)) != lengths:
+                params = tuple(x for x in node.reads() if x.kind == PARAM)
+            else:
+                params = node.a if weights else tuple(compress(node.reads(), mask))
+            classes = by_rows.setdefault((params, shape), [])
             if not classes or classes[-1] != c:
                 classes.append(c)
     joined = {}  # union-find over the classes that share a member's parameters
@@ -108,7 +136,7 @@ def _shared_rows(members, height, merged):
         sets.setdefault(root(c), [root(c)]).append(c)
     if not sets:
         return {}
-    below = _reads_below(members, height)
+    below = _reads_below(reads, height)
     more = {}
     for cs in sets.values():
         apart = []  # the first of them, and each after it that neither reads nor is read by those taken
@@ -123,29 +151,46 @@ def _shared_rows(members, height, merged):
     return more
 
 
-def _class_reads(members):
-    """Per class, the set of classes its members read."""
-    return [{x.cls[1] for node in nodes for x in node.reads() if x.kind in COMPUTED} for nodes in members]
-
-
-def _reads_below(members, height):
-    """Per class, the set of classes it reads, directly or not."""
-    direct = _class_reads(members)
-    below = [set() for _ in members]
-    for c in sorted(range(len(members)), key=lambda c: height[c]):  # (what a class reads is lower)
-        below[c] = direct[c].union(*(below[r] for r in direct[c]))
+def _reads_below(reads, height):
+    """Per class, the set of classes it reads, directly (`reads`) or not."""
+    below = [set() for _ in reads]
+    for c in sorted(range(len(reads)), key=lambda c: height[c]):  # (what a class reads is lower)
+        below[c] = reads[c].union(*(below[r] for r in reads[c]))
     return below
 
 
-_cls, _slot = attrgetter("cls"), attrgetter("slot")
+_cls, _slot, _args, _a, _b = (attrgetter(name) for name in ("cls", "slot", "args", "a", "b"))
 
 
-def _key(node):
+def _key(node, lists, spelled):
     """Operands by class (computed ones come first in `compute`, so theirs is set): per operand
-    list its classes (_classes), built at C speed (a dot reads hundreds)."""
+    list its classes (_classes), built at C speed (a dot reads hundreds); a dot's factor lists'
+    as numbers (`spelled.number`), so that a key hashes at once."""
     if node.kind == OP:
         return (OP, node.op.name, node.k, node.for_outputs, _classes(node.args))
-    return (DOT, node.for_outputs, _classes(node.args), _classes(node.a), _classes(node.b))
+    return (DOT, node.for_outputs, _classes(node.args), spelled.number(node.a, lists), spelled.number(node.b, lists))
+
+
+class _Spelled:
+    """The classes (_classes) of dots' factor lists, each as a number, the same for the same
+    classes. A dot's lists alike are one tuple (ir.build_nodes: a weight row, a position's
+    activations, read by many dots): a _classes_of call finds each list's once (`lists`, its
+    memo: id -> number), and the lists of leaves only, whose classes never change, once for all
+    calls (`of_leaves`)."""
+
+    def __init__(self):
+        self.numbers, self.classes, self.of_leaves = {}, [], {}
+
+    def number(self, operands, lists):
+        found = lists.get(id(operands))
+        if found is None:
+            classes = _classes(operands)
+            found = lists[id(operands)] = self.numbers.setdefault(classes, len(self.classes))
+            if found == len(self.classes):
+                self.classes.append(classes)
+            if tuple not in set(map(type, classes)):  # (a computed operand's class is a tuple)
+                self.of_leaves[id(operands)] = found
+        return found
 
 
 def _classes(operands):
@@ -156,9 +201,9 @@ def _classes(operands):
     classes = tuple(map(_cls, operands))
     if not classes or classes[-1][0] != "c":
         return classes
-    last, start = classes[-1], len(classes) - 1
-    while start and classes[start - 1] == last:  # (a sum's start, a constant, comes before its terms)
-        start -= 1
+    last = classes[-1]
+    # (a sum's start, a constant, comes before its terms)
+    start = len(classes) - len(list(takewhile(partial(eq, last), reversed(classes))))
     return classes[:start] + (("every", last),)
 
 
@@ -540,11 +585,6 @@ def _slot_factor_constants(g, constants, n_slots, columns=False):
     return (n_slots, moved) if columns else n_slots
 
 
-def _lists(node, literals):
-    """A dot's operand lists: its loose terms that are not literals and its two factor lists."""
-    return [[x for i, x in enumerate(node.args) if i not in literals], list(node.a), list(node.b)]
-
-
 def _describe_single(g):
     """One node: every operand at a fixed slot; constants as literals."""
     node = g.first
@@ -580,22 +620,27 @@ def _describe_loop(g, literals):
                 columns.append([m.args[i].slot for m in g.members])
     else:
         patterns = []
-        member_lists = [_lists(m, literals) for m in g.members]
-        for which in range(3):
-            lists = [ml[which] for ml in member_lists]
+        terms = (list(map(_args, g.members)) if not literals else
+                 [[x for i, x in enumerate(m.args) if i not in literals] for m in g.members])
+        for lists in (terms, list(map(_a, g.members)), list(map(_b, g.members))):  # (the lists of _lists)
             if not lists[0]:
                 patterns.append(None)
                 continue
             width = len(lists[0])
-            if any(len(xs) != width for xs in lists):
+            if set(map(len, lists)) != {width}:
                 return False
-            slots = np.fromiter(map(_slot, chain.from_iterable(lists)), dtype=np.int64,  # member x position
-                                count=width * len(lists)).reshape(len(lists), width)
+            # each distinct list once (ir.build_nodes makes the lists alike one tuple: a weight row,
+            # a position's activations, read by many dots), then a row per member
+            distinct = {}
+            which = np.fromiter(map(distinct.setdefault, map(id, lists), count()), dtype=np.int64, count=len(lists))
+            unique = [lists[i] for i in distinct.values()]
+            slots = np.fromiter(map(_slot, chain.from_iterable(unique)), dtype=np.int64,  # list x position
+                                count=width * len(unique)).reshape(len(unique), width)
             offsets = slots - slots[:, :1]
             if not (offsets == offsets[0]).all():
                 return False
             patterns.append(tuple(offsets[0].tolist()))
-            columns.append(slots[:, 0].tolist())
+            columns.append(slots[np.searchsorted(list(distinct.values()), which), 0].tolist())
     found = decompose(np.array(columns, dtype=np.int64).T)
     if found is None:
         return False
