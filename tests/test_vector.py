@@ -383,3 +383,13 @@ def test_explain_counts_the_copies_of_backward_the_optimizer_gets():
     assert "backward written two or three times" in codegen.explain(*graph, optimizer=codegen.SGD()).summary()
     for optimizer in (codegen.Adam(), codegen.SGD(momentum=0.9)):
         assert "backward written once" in codegen.explain(*graph, optimizer=optimizer).summary()
+
+
+def test_which_classes_read_which_is_linear_in_a_deep_graph():
+    """_shared_rows asks whether dot classes read each other, directly or not: the answer carries
+    a bit per asked class up a chain of 60,000 classes (full read sets per class, as before, are
+    quadratic: a random graph of 100,000 Values ran out of memory)."""
+    reads, height = [set()] + [{c - 1} for c in range(1, 60_000)], list(range(60_000))
+    below, bit = vector._reads_among(reads, height, [10, 30_000, 59_999])
+    assert below[59_999] & bit[10] and below[59_999] & bit[30_000] and below[30_000] & bit[10]
+    assert not below[10] and not below[30_000] & bit[59_999]

@@ -136,12 +136,12 @@ def _shared_rows(members, height, reads, merged):
         sets.setdefault(root(c), [root(c)]).append(c)
     if not sets:
         return {}
-    below = _reads_below(reads, height)
+    below, bit = _reads_among(reads, height, [c for cs in sets.values() for c in cs])
     more = {}
     for cs in sets.values():
         apart = []  # the first of them, and each after it that neither reads nor is read by those taken
         for c in sorted(cs):
-            if not any(o in below[c] or c in below[o] for o in apart):
+            if not any(below[c] & bit[o] or below[o] & bit[c] for o in apart):
                 apart.append(c)
         if len(apart) > 1:
             token = ("rows", id(members[apart[0]][0]))
@@ -151,12 +151,22 @@ def _shared_rows(members, height, reads, merged):
     return more
 
 
-def _reads_below(reads, height):
-    """Per class, the set of classes it reads, directly (`reads`) or not."""
-    below = [set() for _ in reads]
-    for c in sorted(range(len(reads)), key=lambda c: height[c]):  # (what a class reads is lower)
-        below[c] = reads[c].union(*(below[r] for r in reads[c]))
-    return below
+def _reads_among(reads, height, wanted):
+    """Which of the classes `wanted` each of them reads, directly (`reads`) or not: (per wanted
+    class a mask, {class: its bit}). The bits are carried up from the classes below (what a class
+    reads is lower), only up to the highest wanted class: memory grows with the classes times the
+    wanted ones, not with the classes squared (full read sets ran a random graph of 100,000
+    Values out of memory)."""
+    bit = {c: 1 << k for k, c in enumerate(wanted)}
+    top = max(height[c] for c in wanted)
+    reach = {}
+    for c in sorted((c for c in range(len(reads)) if height[c] <= top), key=height.__getitem__):
+        mask = 0
+        for r in reads[c]:
+            mask |= reach.get(r, 0) | bit.get(r, 0)
+        if mask:
+            reach[c] = mask
+    return {c: reach.get(c, 0) for c in wanted}, bit
 
 
 _cls, _slot, _args, _a, _b = (attrgetter(name) for name in ("cls", "slot", "args", "a", "b"))
