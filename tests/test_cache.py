@@ -121,10 +121,13 @@ def test_the_loader_refuses_a_damaged_entry_instead_of_crashing(tmp_path):
 
 # ---- the module runtime: one cached object that every optimising build links -------------------
 
+GCC_OPT = 0  # compile_gcc's -O: the module runtime's fastest build
+
+
 def compile_gcc(directory, hidden):
-    """With gcc, whose builds link the module runtime's object (at -O0: the fastest to build)."""
+    """With gcc, whose builds link the module runtime's object."""
     loss, xs, params = tiny_model(hidden)
-    return codegen.compile(loss, xs, params, compiler="gcc", opt=0, cache=directory)
+    return codegen.compile(loss, xs, params, compiler="gcc", opt=GCC_OPT, cache=directory)
 
 
 def runtime_objects(directory):
@@ -158,13 +161,13 @@ def test_the_runtime_object_builds_ahead_of_the_model(tmp_path):
     """compile() starts the runtime's build before it lowers the graph (start_shared_object, in a
     thread): the model's build then links that object, not another; with it cached, nothing starts."""
     gcc, source = toolchain.find_compiler("gcc"), emit.runtime_source()
-    thread = toolchain.start_shared_object(source, gcc, 2, False, tmp_path)
+    thread = toolchain.start_shared_object(source, gcc, GCC_OPT, False, tmp_path)
     assert thread is not None
     thread.join()
     (runtime,) = runtime_objects(tmp_path)
     assert cache.open_entry(runtime)[0] == cache.VALID
     built = runtime.stat().st_mtime_ns
-    assert toolchain.start_shared_object(source, gcc, 2, False, tmp_path) is None
+    assert toolchain.start_shared_object(source, gcc, GCC_OPT, False, tmp_path) is None
     net = compile_gcc(tmp_path, 4)
     assert runtime_objects(tmp_path) == [runtime] and runtime.stat().st_mtime_ns == built
     assert str(runtime) in net.build.command and net.forward() == expected_forward(4)

@@ -227,7 +227,7 @@ def find_sums(graph):
 
     An engine.Dot read as one node (`dot()`, a Neuron's or a `linear`'s sum) that a `+` reads
     once is an inner `+` as its chain would be: its start and products join that tree's terms
-    at its place (a residual `x + dot(w, x)` is one dot, as `x + sum(w * x ...)` is). Its
+    at its place (a residual `x + W x` over a Dot is one dot, as `x + sum(w * x ...)` is). Its
     products, which are no nodes, are numbered after the graph's (`_DotProducts`)."""
     n = graph.n
     index = np.int32 if n < 2**30 else np.int64  # positions: half the bytes of the peak's arrays
