@@ -454,9 +454,9 @@ static long gemm_l2_bytes(void)
 
 static long gemm_depth(long b_p)
 {
-    const long depth = gemm_l2_bytes() / 4 / ((b_p > 0 ? b_p : 1) * (long)sizeof(real));
     if (gemm_forced_depth > 0)
         return gemm_forced_depth;
+    const long depth = gemm_l2_bytes() / 4 / ((b_p > 0 ? b_p : 1) * (long)sizeof(real));
     return depth < GEMM_DEPTH_MIN ? GEMM_DEPTH_MIN : depth;
 }
 
