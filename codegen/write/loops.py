@@ -60,7 +60,10 @@ def short(*vectors):
 
 def slot_index(affine, offset=0, grad=False):
     """The C index of an Affine slot (plus offset) in the loop indices i0, i1, ..."""
-    parts = [str((affine.grad_offset() if grad else affine.base) + offset)]
+    base = (affine.grad_offset() if grad else affine.base) + offset
+    if not affine.tri and not any(affine.strides):  # (a single statement's slot: most of a big irregular graph's)
+        return str(base)
+    parts = [str(base)]
     parts += [f"i{d}" if s == 1 else f"({s}) * i{d}" if isinstance(s, Extent) else f"{s} * i{d}"
               for d, s in enumerate(affine.strides) if s]
     if affine.tri:  # (tri0: i0 * (i0 - 1) / 2, kept by the family's loop: tree.Loop)
