@@ -173,7 +173,8 @@ def _start_runtime(compiler, opt, native, cache, timeout, dtype):
     (toolchain.start_shared_object); a compiler that is not found is compile()'s error later."""
     try:
         found = compiler if isinstance(compiler, toolchain.Compiler) else toolchain.find_compiler(compiler)
-        toolchain.start_shared_object(emit.runtime_source(dtype), found, opt, native, cache, timeout)
+        for source in emit.runtime_sources(dtype):
+            toolchain.start_shared_object(source, found, opt, native, cache, timeout)
     except (TypeError, ValueError, toolchain.ToolchainError):  # (bad arguments: compile()'s errors say it)
         pass
 

@@ -9,6 +9,7 @@ generated C gets into a template.
     epilogue.c  a layer kernel's epilogue (kernels/gemm.c's Epilogue) around its one statement
     model.h     the contract: the descriptor the runtime reads (sizes, slots, tables, functions)
     runtime.c   the module runtime, the same for every model: state, exported functions, lifecycle
+    products.c  the module runtime's other unit: its matrix products (kernels/gemm.c, conv.c)
     args.c      CPython argument checking (counts, numbers, buffers), shared with jit.c
     threads.c   the module's lock, the GIL and signal checks
     samples.c   train()/predict()'s rows: checking X and Y, loading one sample

@@ -1,9 +1,10 @@
 /* The module runtime: the fixed part of every micrograd-c training-step module (state, the
  * exported functions, the training driver, the optimizers, the threads, the lifecycle), which
  * knows a model only through its descriptor MODEL (templates/model.h). The same C for every
- * model: codegen/write/emit.py's runtime_source puts the element type, then templates/prelude.c,
+ * model: codegen/write/emit.py's runtime_sources puts the element type, then templates/prelude.c,
  * at its PRELUDE placeholder, and the toolchain compiles it once per compiler and flags into a
- * cached object that each model's build links (codegen/backend/toolchain.py). Every slot of the graph
+ * cached object that each model's build links (codegen/backend/toolchain.py), as it does the
+ * runtime's other unit, its matrix products (templates/products.c), which this one declares. Every slot of the graph
  * lives in d[] (values) and g[] (gradients): parameters first, then inputs, then intermediates.
  * Its INCLUDE markers are replaced by those templates (templates/__init__.py). */
 #define PY_SSIZE_T_CLEAN
@@ -404,10 +405,12 @@ static PyObject *fn_threads(PyObject *module, PyObject *unused)
 static PyObject *fn_gemm_kernel(PyObject *module, PyObject *unused)
 {
     (void)module, (void)unused;
-    const GemmVariant *v = gemm_variant();
-    const int columns = v->vector_bytes ? v->vectors * v->vector_bytes / (int)sizeof(real) : 1;
-    return Py_BuildValue("{s:s,s:i,s:i,s:i,s:l}", "variant", v->name, "tile_rows", v->tile_rows,
-                         "tile_columns", columns, "vector_bytes", v->vector_bytes, "l2_bytes", gemm_l2_bytes());
+    const char *name;
+    int tile_rows, tile_columns, vector_bytes;
+    long l2_bytes;
+    gemm_describe(&name, &tile_rows, &tile_columns, &vector_bytes, &l2_bytes);
+    return Py_BuildValue("{s:s,s:i,s:i,s:i,s:l}", "variant", name, "tile_rows", tile_rows, "tile_columns",
+                         tile_columns, "vector_bytes", vector_bytes, "l2_bytes", l2_bytes);
 }
 
 static PyMethodDef methods[] = {

@@ -136,14 +136,17 @@ def runtime_objects(directory):
 
 @pytest.mark.requires("gcc")
 def test_models_share_one_runtime_object(tmp_path):
-    """The runtime (templates/runtime.c) is compiled by the first build and linked by the next."""
+    """The runtime (templates/runtime.c and its products' unit, templates/products.c: two objects)
+    is compiled by the first build and linked by the next."""
     first = compile_gcc(tmp_path, 4)
-    (runtime,) = runtime_objects(tmp_path)
-    built = runtime.stat().st_mtime_ns
+    runtimes = runtime_objects(tmp_path)
+    assert len(runtimes) == 2
+    built = [runtime.stat().st_mtime_ns for runtime in runtimes]
     second = compile_gcc(tmp_path, 5)
-    assert runtime_objects(tmp_path) == [runtime] and runtime.stat().st_mtime_ns == built
-    assert str(runtime) in first.build.command and str(runtime) in second.build.command
-    assert cache.read_record(second.build.path)["objects"] == [runtime.name]
+    assert runtime_objects(tmp_path) == runtimes and [runtime.stat().st_mtime_ns for runtime in runtimes] == built
+    for runtime in runtimes:
+        assert str(runtime) in first.build.command and str(runtime) in second.build.command
+    assert sorted(cache.read_record(second.build.path)["objects"]) == [runtime.name for runtime in runtimes]
     assert first.forward() == expected_forward(4) and second.forward() == expected_forward(5)
 
 
@@ -158,26 +161,28 @@ def gcc_cache(tmp_path_factory):
 
 @pytest.mark.requires("gcc")
 def test_the_runtime_object_builds_ahead_of_the_model(tmp_path):
-    """compile() starts the runtime's build before it lowers the graph (start_shared_object, in a
-    thread): the model's build then links that object, not another; with it cached, nothing starts."""
-    gcc, source = toolchain.find_compiler("gcc"), emit.runtime_source()
-    thread = toolchain.start_shared_object(source, gcc, GCC_OPT, False, tmp_path)
-    assert thread is not None
-    thread.join()
-    (runtime,) = runtime_objects(tmp_path)
-    assert cache.open_entry(runtime)[0] == cache.VALID
-    built = runtime.stat().st_mtime_ns
-    assert toolchain.start_shared_object(source, gcc, GCC_OPT, False, tmp_path) is None
+    """compile() starts the runtime's builds before it lowers the graph (start_shared_object, a
+    thread for each of its units): the model's build then links those objects, not others; with
+    them cached, nothing starts."""
+    gcc, sources = toolchain.find_compiler("gcc"), emit.runtime_sources()
+    threads = [toolchain.start_shared_object(source, gcc, GCC_OPT, False, tmp_path) for source in sources]
+    assert None not in threads
+    for thread in threads:
+        thread.join()
+    runtimes = runtime_objects(tmp_path)
+    assert len(runtimes) == 2 and all(cache.open_entry(runtime)[0] == cache.VALID for runtime in runtimes)
+    built = [runtime.stat().st_mtime_ns for runtime in runtimes]
+    assert [toolchain.start_shared_object(source, gcc, GCC_OPT, False, tmp_path) for source in sources] == [None, None]
     net = compile_gcc(tmp_path, 4)
-    assert runtime_objects(tmp_path) == [runtime] and runtime.stat().st_mtime_ns == built
-    assert str(runtime) in net.build.command and net.forward() == expected_forward(4)
+    assert runtime_objects(tmp_path) == runtimes and [runtime.stat().st_mtime_ns for runtime in runtimes] == built
+    assert all(str(runtime) in net.build.command for runtime in runtimes) and net.forward() == expected_forward(4)
 
 
 @pytest.mark.requires("gcc")
 @pytest.mark.parametrize("damage", ["truncate", "flip", "missing"])
 def test_a_damaged_or_missing_runtime_object_is_rebuilt(tmp_path, gcc_cache, damage):
     tmp_path = shutil.copytree(gcc_cache, tmp_path / "cache")
-    (runtime,) = runtime_objects(tmp_path)
+    runtime = runtime_objects(tmp_path)[0]  # (either of the runtime's two)
     data = bytearray(runtime.read_bytes())
     if damage == "truncate":
         runtime.write_bytes(data[:1000])

@@ -165,11 +165,12 @@ def test_generated_sources_are_self_contained():
 
     g = small_classifier(seed=3)
     sources = codegen.generate(g[4], g[1] + g[2], g[0].parameters(), g[3])
-    runtime = sources[-1]  # the module runtime, the same for every model
-    assert isinstance(runtime, templates.SharedSource) and not any(isinstance(s, templates.SharedSource)
-                                                                   for s in sources[:-1])
+    runtime, products = sources[-2:]  # the module runtime's two units, the same for every model
+    assert all(isinstance(s, templates.SharedSource) for s in (runtime, products))
+    assert not any(isinstance(s, templates.SharedSource) for s in sources[:-2])
     jitted = jit.jit_source(codegen.lower.ir.lower(g[4], g[1] + g[2], g[0].parameters(), g[3]))
     for source, included in ((runtime, ["threads.c", "optim.c", "args.c", "samples.c", "driver.c", "step.c"]),
+                             (products, ["kernels/gemm.c", "kernels/conv.c"]),
                              (sources[0], ["model.h"]), (jitted, ["args.c"])):
         assert "@INCLUDE" not in source
         for name in included:

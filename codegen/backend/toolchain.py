@@ -222,8 +222,8 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_m
                           build_cache.CacheWarning, stacklevel=4)
         build_cache.remove_entry(output)
         seconds, peak_rss = _compile(compiler, flags, link, sources, c_files, cache, output, timeout, measure_memory,
-                                     (lambda: [_shared_object(s, compiler, opt, native, cache, timeout, measure_memory)
-                                               for s in shared]) if shared else None)
+                                     (lambda: _shared_objects(shared, compiler, opt, native, cache, timeout,
+                                                              measure_memory)) if shared else None)
         build_cache.commit(output, kind=kind, name=name, compiler=compiler.family,
                            compiler_version=compiler.version, flags=flags, sources=[c.name for c in c_files],
                            objects=[path.name for path in shared_paths], build_seconds=seconds)
@@ -248,6 +248,18 @@ def _shared_object(source, compiler, opt, native, cache, timeout, measure_memory
         if status == build_cache.VALID:
             return build, fd
     raise ToolchainError(f'the module runtime object {build.path} keeps changing under this build')
+
+
+def _shared_objects(sources, compiler, opt, native, cache, timeout, measure_memory):
+    """_shared_object of each source, built side by side (the module runtime's two units: each
+    takes a core), in the sources' order, on behalf of this thread's owner (build_owner)."""
+    owner = getattr(owner_of_thread, 'value', None)
+
+    def build(source):
+        with build_owner(owner):
+            return _shared_object(source, compiler, opt, native, cache, timeout, measure_memory)
+    with ThreadPoolExecutor(len(sources)) as pool:
+        return list(pool.map(build, sources))
 
 
 def start_shared_object(source, compiler, opt, native, cache=None, timeout=None):

@@ -51,7 +51,8 @@ def _sequence(prefix, sequence):
 
 
 # templates/kernels/gemm.c's RUNTIME_PRODUCTS: the matrix products defined in each file (exported
-# and jit C), in the module runtime, or declared in a module's model units and defined there
+# and jit C), in the module runtime's unit of products (templates/products.c), or declared (in the
+# runtime's other unit and a module's model units) and defined there
 STATIC_PRODUCTS, RUNTIME_DEFINES_PRODUCTS, RUNTIME_HAS_PRODUCTS = 0, 2, 1
 
 

@@ -122,15 +122,18 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_LINES, optimize
         raise ValueError("a program in the table form has no batched form")
     graph, extra = _render(program, chunk, unit, module=True, thread_pool=True, dtype=dtype, sparse_inputs=bool(sparse_inputs),
                            batched=batched, plan=tables.plan(program) if table else None)
-    return [templates.fill("model.c", CONSTANTS=module.render(), GRAPH=graph)] + extra + [runtime_source(dtype)]
+    return [templates.fill("model.c", CONSTANTS=module.render(), GRAPH=graph)] + extra + runtime_sources(dtype)
 
 
-def runtime_source(dtype=dtypes.DEFAULT.name):
-    """templates/runtime.c for modules of element type `dtype`: the same C for every model, which
-    the toolchain compiles once per compiler and flags (templates.SharedSource)."""
-    return templates.SharedSource(templates.fill("runtime.c", PRELUDE=_prelude(dtypes.lookup(dtype), True,
-                                                                              contract.RUNTIME_DEFINES_PRODUCTS),
-                                                 **tables.runtime_cases(dtype)))
+def runtime_sources(dtype=dtypes.DEFAULT.name):
+    """The module runtime for modules of element type `dtype`: templates/runtime.c, then the unit
+    of its matrix products (templates/products.c): the same C for every model, which the toolchain
+    compiles once per compiler and flags (templates.SharedSource), the two units side by side."""
+    real = dtypes.lookup(dtype)
+    return [templates.SharedSource(templates.fill("runtime.c", PRELUDE=_prelude(real, True, contract.RUNTIME_HAS_PRODUCTS),
+                                                  **tables.runtime_cases(dtype))),
+            templates.SharedSource(templates.fill("products.c",
+                                                  PRELUDE=_prelude(real, True, contract.RUNTIME_DEFINES_PRODUCTS)))]
 
 
 def _prelude(dtype, thread_pool, products=contract.STATIC_PRODUCTS):

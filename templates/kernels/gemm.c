@@ -30,11 +30,15 @@
 typedef void (*Epilogue)(const real *restrict x, real *restrict y, const real *restrict a, const real *restrict o,
                          long count);
 
-/* A module's products are defined once, in its runtime (templates/runtime.c: RUNTIME_PRODUCTS 2,
- * compiled once and kept), and only declared in its model's units (1), each of which would
- * otherwise compile them again (1.75 s of gcc -O2 a unit); exported and jit C (0) defines them
- * static in its one file. The prototypes are checked against the definitions in the runtime. */
+/* A module's products are defined once, in the module runtime's unit of products
+ * (templates/products.c: RUNTIME_PRODUCTS 2, compiled once and kept, on one core while
+ * templates/runtime.c compiles on another), and only declared in the runtime's other unit and in
+ * a model's units (1), each of which would otherwise compile them again (1.75 s of gcc -O2 a unit);
+ * exported and jit C (0) defines them static in its one file. The prototypes are checked against
+ * the definitions in the products' unit. */
 #if RUNTIME_PRODUCTS
+/* the micro-kernel this CPU runs (gemm_variant) and the L2's size, for the runtime's gemm_kernel() */
+SHARED void gemm_describe(const char **name, int *tile_rows, int *tile_columns, int *vector_bytes, long *l2_bytes);
 SHARED void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
                        const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
                        long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j);
@@ -502,6 +506,15 @@ static void gemm(const GemmArgs *g, long M)
     else
         parallel_rows(gemm_task, (void *)g, M, gemm_variant()->tile_rows);
 }
+
+#if RUNTIME_PRODUCTS
+SHARED void gemm_describe(const char **name, int *tile_rows, int *tile_columns, int *vector_bytes, long *l2_bytes)
+{
+    const GemmVariant *v = gemm_variant();
+    *name = v->name, *tile_rows = v->tile_rows, *vector_bytes = v->vector_bytes, *l2_bytes = gemm_l2_bytes();
+    *tile_columns = v->vector_bytes ? v->vectors * v->vector_bytes / (int)sizeof(real) : 1;
+}
+#endif
 #endif
 
 /* A list of input rows (sparse_inputs: the rows of a batch that hold a nonzero, found by
