@@ -34,6 +34,13 @@ static void free_batch_buffers(State *st)
     st->bd = st->bg = NULL;
 }
 
+/* parallel_rows for a pass over the batch buffers (loading, clearing, a step): the workers spin
+ * after it only if a product has run on them (templates/pool.c's pool_hold). */
+static void parallel_pass(RowTask task, void *args, long rows, long align)
+{
+    pool_run(task, args, rows, align, 0);
+}
+
 /* The nb samples rows[0..nb) into the batch's input slots, converted as load_sample does: X's
  * (and Y's) columns from the rows, column by column (each input's slots written in order, the
  * rows' cache lines read across consecutive columns), the other inputs (predict() without them)
@@ -76,7 +83,7 @@ static void load_batch(const Samples *s, const Py_ssize_t *rows, long nb, const 
     if (s->n_x * nb < BATCH_PARALLEL_MIN)
         load_columns(&args, 0, s->n_x);
     else
-        parallel_rows(load_columns, &args, s->n_x, 16);
+        parallel_pass(load_columns, &args, s->n_x, 16);
     for (Py_ssize_t k = s->n_x; k < MODEL.n_inputs; k++) {
         real *restrict to = in + k * MODEL.batch_capacity;
         for (long b = 0; b < nb; b++)
@@ -113,7 +120,7 @@ static void clear_batch_gradients(real *g, long nb)
     if (slots * nb < BATCH_PARALLEL_MIN)
         clear_slots(&args, 0, slots);
     else
-        parallel_rows(clear_slots, &args, slots, 16);
+        parallel_pass(clear_slots, &args, slots, 16);
 }
 
 /* Plain SGD's step after a batch, on the module's threads (each parameter's update is its own:
@@ -170,7 +177,7 @@ static void step_after_batch(State *st, real *d, real *g, double lr, long long n
     if (MODEL.n_params < 65536)
         sgd_rows(&args, 0, MODEL.n_params);
     else
-        parallel_rows(sgd_rows, &args, MODEL.n_params, 4096);
+        parallel_pass(sgd_rows, &args, MODEL.n_params, 4096);
 }
 
 /* Whether backward_batch can take train()'s SGD steps on the weights of BATCH_STEPPED_RUNS (see
