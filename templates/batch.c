@@ -221,6 +221,47 @@ static const Py_ssize_t *longest_first(real *restrict d, const Py_ssize_t *rows,
     return moved ? sorted : rows;
 }
 
+/* A sequence program's sample's length (one past its last loss weight that is not 0, as
+ * longest_first counts it), read from its row; a weight that is not in the rows counts as 0. */
+static long sample_length(const Samples *s, Py_ssize_t row)
+{
+    long length = 0;
+    for (long t = 0; t < MODEL.n_positions; t++) {
+        const Py_ssize_t j = MODEL.position_weights[t] - MODEL.input_base;
+        if ((j < s->n_x || s->have_y) && (real)row_input(s, row, j) != 0)
+            length = t + 1;
+    }
+    return length;
+}
+
+/* The `count` rows of order[] sorted longest first (stably: counting by length) when they run in
+ * several pieces of BATCH_CAPACITY samples and the program is a sequence's: each piece then holds
+ * documents of like lengths, whose loops stop sooner (longest_first). A new array (the caller
+ * frees it), or NULL: the rows as given (one piece, no sequence, or no memory for it). */
+static Py_ssize_t *longest_first_pieces(const Samples *s, const Py_ssize_t *order, Py_ssize_t count)
+{
+    if (MODEL.batch_active_base < 0 || count <= MODEL.batch_capacity)
+        return NULL;
+    Py_ssize_t *sorted = malloc((size_t)count * sizeof *sorted), *at = calloc(MODEL.n_positions + 1, sizeof *at);
+    long *length = malloc((size_t)count * sizeof *length);
+    if (!sorted || !at || !length) {
+        free(sorted), free(at), free(length);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        at[length[i] = sample_length(s, order[i])]++;
+    Py_ssize_t first = 0; /* where each length's rows start, the longest's first */
+    for (long n = MODEL.n_positions; n >= 0; n--) {
+        const Py_ssize_t rows = at[n];
+        at[n] = first;
+        first += rows;
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        sorted[at[length[i]]++] = order[i];
+    free(at), free(length);
+    return sorted;
+}
+
 /* Every sample reaches every position: any pass but training's. */
 static void all_active(real *restrict d, long nb)
 {
@@ -229,7 +270,8 @@ static void all_active(real *restrict d, long nb)
             d[MODEL.batch_active_base + p] = (real)nb;
 }
 
-/* The rows order[0..count) forward and backward in pieces of at most BATCH_CAPACITY samples on the
+/* The rows order[0..count) (a sequence's longest first, when they are several pieces:
+ * longest_first_pieces) forward and backward in pieces of at most BATCH_CAPACITY samples on the
  * batch buffers d, g (the parameters copied in), their parameter gradients added to g[0..N_PARAMS),
  * their losses to *loss_sum: a batch of train(), or gradients()'s rows. rate: 0, or (one piece)
  * the SGD step's, which backward_batch takes on the weights of BATCH_STEPPED_RUNS. */
@@ -238,6 +280,9 @@ static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *o
 {
     real *d = st->bd, *g = st->bg;
     Py_ssize_t sorted[MODEL.batch_capacity];
+    Py_ssize_t *pieces = longest_first_pieces(s, order, count);
+    if (pieces)
+        order = pieces;
     for (Py_ssize_t first = 0; first < count; first += MODEL.batch_capacity) {
         const long nb = count - first < MODEL.batch_capacity ? (long)(count - first) : MODEL.batch_capacity;
         load_batch(s, order + first, nb, st->d + MODEL.input_base, d);
@@ -258,6 +303,7 @@ static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *o
             g[MODEL.batch_loss_slot + b] = 1;
         MODEL.backward_batch(d, g, nb, rate);
     }
+    free(pieces);
 }
 
 /* train_rows (templates/driver.c) over batches of `batch` rows, each run in pieces of at most
