@@ -25,7 +25,7 @@ document's time. With --gpt-big also the bigger configuration (n_embd 64, 4 head
 block 32, float32, B = 32, on windows of the data's text: every position used): its build, a
 document's time against the peers, its share of the cores' multiply-add peak (bench/c/bandwidth.c,
 `make roofline`'s program, on this CPU) and 2 threads against 1. A peer whose losses leave the
-port's by more than 1e-9 (relative; float32 rows 1e-3) fails the run.
+port's by more than 1e-9 (relative; float32 rows: 1e-4 over their first 10 steps) fails the run.
 
     python -m bench --only gpt [--quick] [--gpt-big]
 """
@@ -55,7 +55,10 @@ CONFIGS = {"default": (), "big": ("--n-embd", "64", "--n-head", "4", "--n-layer"
 BIG_BATCH, BIG_DTYPE = 32, "float32"
 PORT_STEPS, PEER_RUNS = 1000, 3  # microgpt's run: the losses checked, the peers' timed steps
 TOLERANCE = 1e-9                 # the largest relative difference of a peer's losses from the port's
-BATCH_TOLERANCE = {"float64": TOLERANCE, "float32": 1e-3}  # (float32: rounding differs from step 1)
+# (bound, steps compared) of a batch row's peer: float32's rounding differs from the first step and
+# training amplifies it (JAX in float32 against float64, the bigger configuration: 3e-8 at step 1,
+# 2e-6 by step 10, 2e-2 by step 50; JAX and PyTorch in float64 agree within 1e-14 over all 50)
+BATCH_AGREEMENT = {"float64": (TOLERANCE, BATCH_STEPS), "float32": (1e-4, 10)}
 TARGETS = {"JAX's scanned step": 0.35, "the hand-written C's step": 0.05}  # issue 33's, compiled / peer
 
 
@@ -418,8 +421,8 @@ def _batches(big=False):
         for name, r in (("micrograd-c, gcc", ours), *peers.items()):
             agreement = "the reference" if r is ours else "-"
             if r is not ours and "losses" in r and "losses" in ours:
-                diff, n = _agreement(r["losses"], ours["losses"])
-                bound = BATCH_TOLERANCE[dtype]
+                bound, steps = BATCH_AGREEMENT[dtype]
+                diff, n = _agreement(r["losses"][:steps], ours["losses"][:steps])
                 agreement = f"{diff:.1e} ({n})" + (f" **over {bound:g}**" if not diff <= bound else "")
                 status |= not diff <= bound
             times = f"{r['step_us']:.1f} | {r['cpu_us']:.1f}" if "error" not in r else f"{r['error']} | -"
