@@ -101,7 +101,8 @@ static void *pool_worker(void *arg)
     for (;;) {
         while (pool.generation == seen && !pool.stopping) {
             pthread_mutex_unlock(&pool.lock);
-            for (long spin = 0; (spin < POOL_SPIN || (pool.holding && pool.products && spin < POOL_SPIN + POOL_HOLD_YIELDS))
+            for (long spin = 0; (spin < POOL_SPIN || (pool.holding && pool.products
+                                                      && spin < POOL_SPIN + POOL_HOLD_YIELDS))
                                 && pool.generation == seen && !pool.stopping; spin++)
                 if (spin < POOL_SPIN)
                     cpu_relax();

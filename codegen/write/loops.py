@@ -176,7 +176,8 @@ def full_passes(shape, affines):
     if not isinstance(positions, Bounded) or positions.counts is not None:
         return None
     for affine in affines:
-        if affine.tri or affine.strides[0] != (capacity if affine.strides[-1] else 0) or affine.strides[-1] not in (0, 1):
+        moves = affine.strides[-1]
+        if affine.tri or moves not in (0, 1) or affine.strides[0] != (capacity if moves else 0):
             return None
     return f"full_positions(d + {shape[-1].active + shape[-1].first}, n0, {capacity})"
 
