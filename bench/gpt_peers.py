@@ -104,9 +104,10 @@ class JaxPeer:
     positions exact), microgpt's Adam (its bias corrections, betas, eps) with the learning rate
     decaying linearly over `steps`, from init (initial(state)). step(): the jitted step; scan():
     all steps in one lax.scan. The rate decays over `schedule` steps (default: steps). With batch > 1, a step is `batch` documents (taken in order, as
-    gpt/train.py takes them) and their mean loss (jax.vmap over the documents)."""
+    gpt/train.py takes them) and their mean loss (jax.vmap over the documents). dtype="float32":
+    parameters, optimizer state and arithmetic in float32 (the port's --dtype float32)."""
 
-    def __init__(self, args, docs, tokenizer, init, steps, batch=1, schedule=None):
+    def __init__(self, args, docs, tokenizer, init, steps, batch=1, schedule=None, dtype="float64"):
         try:
             import jax  # optional: a peer, installed by `make jax`
         except ImportError:
@@ -116,7 +117,8 @@ class JaxPeer:
         self.jax, self.jnp = jax, jnp
         self.config, self.steps, self.lr = args.config, steps, args.lr
         self.schedule = schedule or steps  # the steps the learning rate decays over
-        self.init = {name: jnp.asarray(m) for name, m in init.items()}
+        self.dtype = np.dtype(dtype)
+        self.init = {name: jnp.asarray(m, dtype=self.dtype) for name, m in init.items()}
         block = self.config.block_size
         rows = np.stack([data.row(tokenizer.encode(docs[k % len(docs)]), block) for k in range(steps * batch)])
         if batch > 1:
@@ -124,7 +126,7 @@ class JaxPeer:
         # on the host for the Python loop (a row a call: slicing a device array would be one more
         # dispatch a step), on the device for the scan
         self.rows = (rows[..., :block].astype(np.int32), rows[..., block:2 * block].astype(np.int32),
-                     rows[..., 2 * block:])
+                     rows[..., 2 * block:].astype(self.dtype))
         self.step_loss = self.loss if batch == 1 else (
             lambda params, *doc_rows: jax.vmap(self.loss, in_axes=(None, 0, 0, 0))(params, *doc_rows).mean())
         self.tokens, self.targets, self.weights = (jnp.asarray(a) for a in self.rows)
@@ -158,11 +160,12 @@ class JaxPeer:
         params, m, v = carry
         loss, grads = jax.value_and_grad(self.step_loss)(params, tokens, targets, weights)
         (beta1, beta2), t = train.BETAS, step + 1
-        lr_t = self.lr * (1 - step / self.schedule)
+        lr_t = (self.lr * (1 - step / self.schedule)).astype(self.dtype)  # (scalars in the parameters' dtype:
+        correction1, correction2 = ((1 - b ** t).astype(self.dtype) for b in (beta1, beta2))  # float32 stays so)
         m = jax.tree_util.tree_map(lambda m, g: beta1 * m + (1 - beta1) * g, m, grads)
         v = jax.tree_util.tree_map(lambda v, g: beta2 * v + (1 - beta2) * g * g, v, grads)
         params = jax.tree_util.tree_map(
-            lambda p, m, v: p - lr_t * (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)) ** 0.5 + train.EPS),
+            lambda p, m, v: p - lr_t * (m / correction1) / ((v / correction2) ** 0.5 + train.EPS),
             params, m, v)
         return (params, m, v), loss
 

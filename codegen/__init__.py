@@ -45,10 +45,10 @@ def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=Fals
         program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, graph=graph)
         initial = [float(p.data) for p in params] if embed_params else None
         rows = tables.chosen(program, table)
+        batched = None if rows else batching.batched_form(program, batch, dtypes.lookup(dtype).numpy.itemsize)[0]
         sources = emit.emit(program, name, optimizer=optimizer, initial_params=initial, dtype=dtype,
-                            sparse_inputs=sparse_inputs, table=rows,
-                            batched=None if rows else batching.batched_form(program, batch)[0])
-        del graph, program  # garbage before the collector resumes
+                            sparse_inputs=sparse_inputs, table=rows, batched=batched)
+        del graph, program, batched  # garbage before the collector resumes
     return sources
 
 
@@ -89,7 +89,10 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     intermediary process, which costs a few ms: benchmarks ask for it, users need not).
     batch: the most samples one pass of the batched program runs (codegen/lower/batch.py): train()
     with batch_size > 1 and predict() run whole batches at once, a layer over a batch being a
-    matrix product; a bigger batch_size runs in pieces of `batch`. batch=1: sample by sample
+    matrix product; a bigger batch_size runs in pieces of `batch`. A sequence model's pass holds
+    fewer when `batch` samples' slots would outgrow the caches (codegen/lower/batch.py's
+    SEQUENCE_PASS_BYTES: microgpt's default runs 16 documents a pass in float64, 32 in float32).
+    batch=1: sample by sample
     only (a smaller module). A graph with no batched form (see codegen.explain) runs sample by
     sample whatever `batch` says.
     threads: the threads a batch's matrix products run on (module.set_threads; None: the module's

@@ -34,6 +34,13 @@ static void free_batch_buffers(State *st)
     st->bd = st->bg = NULL;
 }
 
+/* parallel_rows for a pass over the batch buffers (loading, clearing, a step): the workers spin
+ * after it only if a product has run on them (templates/pool.c's pool_hold). */
+static void parallel_pass(RowTask task, void *args, long rows, long align)
+{
+    pool_run(task, args, rows, align, 0);
+}
+
 /* The nb samples rows[0..nb) into the batch's input slots, converted as load_sample does: X's
  * (and Y's) columns from the rows, column by column (each input's slots written in order, the
  * rows' cache lines read across consecutive columns), the other inputs (predict() without them)
@@ -76,7 +83,7 @@ static void load_batch(const Samples *s, const Py_ssize_t *rows, long nb, const 
     if (s->n_x * nb < BATCH_PARALLEL_MIN)
         load_columns(&args, 0, s->n_x);
     else
-        parallel_rows(load_columns, &args, s->n_x, 16);
+        parallel_pass(load_columns, &args, s->n_x, 16);
     for (Py_ssize_t k = s->n_x; k < MODEL.n_inputs; k++) {
         real *restrict to = in + k * MODEL.batch_capacity;
         for (long b = 0; b < nb; b++)
@@ -113,7 +120,7 @@ static void clear_batch_gradients(real *g, long nb)
     if (slots * nb < BATCH_PARALLEL_MIN)
         clear_slots(&args, 0, slots);
     else
-        parallel_rows(clear_slots, &args, slots, 16);
+        parallel_pass(clear_slots, &args, slots, 16);
 }
 
 /* Plain SGD's step after a batch, on the module's threads (each parameter's update is its own:
@@ -170,7 +177,7 @@ static void step_after_batch(State *st, real *d, real *g, double lr, long long n
     if (MODEL.n_params < 65536)
         sgd_rows(&args, 0, MODEL.n_params);
     else
-        parallel_rows(sgd_rows, &args, MODEL.n_params, 4096);
+        parallel_pass(sgd_rows, &args, MODEL.n_params, 4096);
 }
 
 /* Whether backward_batch can take train()'s SGD steps on the weights of BATCH_STEPPED_RUNS (see
@@ -214,6 +221,47 @@ static const Py_ssize_t *longest_first(real *restrict d, const Py_ssize_t *rows,
     return moved ? sorted : rows;
 }
 
+/* A sequence program's sample's length (one past its last loss weight that is not 0, as
+ * longest_first counts it), read from its row; a weight that is not in the rows counts as 0. */
+static long sample_length(const Samples *s, Py_ssize_t row)
+{
+    long length = 0;
+    for (long t = 0; t < MODEL.n_positions; t++) {
+        const Py_ssize_t j = MODEL.position_weights[t] - MODEL.input_base;
+        if ((j < s->n_x || s->have_y) && (real)row_input(s, row, j) != 0)
+            length = t + 1;
+    }
+    return length;
+}
+
+/* The `count` rows of order[] sorted longest first (stably: counting by length) when they run in
+ * several pieces of BATCH_CAPACITY samples and the program is a sequence's: each piece then holds
+ * documents of like lengths, whose loops stop sooner (longest_first). A new array (the caller
+ * frees it), or NULL: the rows as given (one piece, no sequence, or no memory for it). */
+static Py_ssize_t *longest_first_pieces(const Samples *s, const Py_ssize_t *order, Py_ssize_t count)
+{
+    if (MODEL.batch_active_base < 0 || count <= MODEL.batch_capacity)
+        return NULL;
+    Py_ssize_t *sorted = malloc((size_t)count * sizeof *sorted), *at = calloc(MODEL.n_positions + 1, sizeof *at);
+    long *length = malloc((size_t)count * sizeof *length);
+    if (!sorted || !at || !length) {
+        free(sorted), free(at), free(length);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        at[length[i] = sample_length(s, order[i])]++;
+    Py_ssize_t first = 0; /* where each length's rows start, the longest's first */
+    for (long n = MODEL.n_positions; n >= 0; n--) {
+        const Py_ssize_t rows = at[n];
+        at[n] = first;
+        first += rows;
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        sorted[at[length[i]]++] = order[i];
+    free(at), free(length);
+    return sorted;
+}
+
 /* Every sample reaches every position: any pass but training's. */
 static void all_active(real *restrict d, long nb)
 {
@@ -222,7 +270,8 @@ static void all_active(real *restrict d, long nb)
             d[MODEL.batch_active_base + p] = (real)nb;
 }
 
-/* The rows order[0..count) forward and backward in pieces of at most BATCH_CAPACITY samples on the
+/* The rows order[0..count) (a sequence's longest first, when they are several pieces:
+ * longest_first_pieces) forward and backward in pieces of at most BATCH_CAPACITY samples on the
  * batch buffers d, g (the parameters copied in), their parameter gradients added to g[0..N_PARAMS),
  * their losses to *loss_sum: a batch of train(), or gradients()'s rows. rate: 0, or (one piece)
  * the SGD step's, which backward_batch takes on the weights of BATCH_STEPPED_RUNS. */
@@ -231,6 +280,9 @@ static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *o
 {
     real *d = st->bd, *g = st->bg;
     Py_ssize_t sorted[MODEL.batch_capacity];
+    Py_ssize_t *pieces = longest_first_pieces(s, order, count);
+    if (pieces)
+        order = pieces;
     for (Py_ssize_t first = 0; first < count; first += MODEL.batch_capacity) {
         const long nb = count - first < MODEL.batch_capacity ? (long)(count - first) : MODEL.batch_capacity;
         load_batch(s, order + first, nb, st->d + MODEL.input_base, d);
@@ -251,6 +303,7 @@ static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *o
             g[MODEL.batch_loss_slot + b] = 1;
         MODEL.backward_batch(d, g, nb, rate);
     }
+    free(pieces);
 }
 
 /* train_rows (templates/driver.c) over batches of `batch` rows, each run in pieces of at most

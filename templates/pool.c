@@ -7,8 +7,12 @@
  * holding the others up. Which thread takes a chunk varies, but no row's result does (each row
  * is computed whole, in one chunk), so the numbers are the same with any count. The workers are
  * started on first use and wait on a condition variable between products, spinning a little
- * first, and only spin while train() or predict() holds them (pool_hold): a batch's products
- * follow each other within microseconds, and waking a sleeping thread takes tens of them. One
+ * first, and only spin while train() or predict() holds them (pool_hold) and a product has run
+ * on them since (parallel_rows; not the batch's memory passes, templates/batch.c's
+ * parallel_pass): a batch's products follow each other within microseconds, and waking a
+ * sleeping thread takes tens of them, but a program whose products are all too small to share
+ * (microgpt's at 16 documents a pass) would keep a core spinning for nothing from one step's
+ * clearing of its gradients to the next. One
  * pool serves every load of this code: a caller that finds it busy (another module of the same
  * build on another thread) runs its rows alone. */
 #define POOL_MAX 64
@@ -22,7 +26,8 @@ typedef struct {
     pthread_cond_t wake, done;
     pthread_t threads[POOL_MAX];
     int started, stopping, parts; /* parts: the threads that take chunks of this product */
-    volatile int holding;  /* pool_hold: spin between products instead of sleeping */
+    volatile int holding;  /* pool_hold: spin between products instead of sleeping, */
+    volatile int products; /* once a product has run on the workers since */
     pid_t pid;             /* the process that started the workers (a fork has none) */
     volatile unsigned long generation;
     unsigned long birth;   /* the generation before the one a new worker is started for */
@@ -51,6 +56,7 @@ static void cpu_relax(void)
 static void pool_hold(int on)
 {
     pool.holding = on;
+    pool.products = 0;
 }
 
 /* The next chunk of product `generation` for thread `part`: the first of its own share, else
@@ -95,7 +101,8 @@ static void *pool_worker(void *arg)
     for (;;) {
         while (pool.generation == seen && !pool.stopping) {
             pthread_mutex_unlock(&pool.lock);
-            for (long spin = 0; (spin < POOL_SPIN || (pool.holding && spin < POOL_SPIN + POOL_HOLD_YIELDS))
+            for (long spin = 0; (spin < POOL_SPIN || (pool.holding && pool.products
+                                                      && spin < POOL_SPIN + POOL_HOLD_YIELDS))
                                 && pool.generation == seen && !pool.stopping; spin++)
                 if (spin < POOL_SPIN)
                     cpu_relax();
@@ -158,7 +165,8 @@ SHARED int pool_parts(void)
     return pool_threads < 1 ? 1 : pool_threads > POOL_MAX ? POOL_MAX : pool_threads;
 }
 
-SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
+/* parallel_rows and parallel_pass: `product` says which (see pool_hold). */
+static void pool_run(RowTask task, void *args, long rows, long align, int product)
 {
     int threads = pool_parts();
     if (threads > (rows + align - 1) / align)
@@ -178,6 +186,8 @@ SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
         pool.end[part] = chunks * (part + 1) / parts;
     }
     pool.finished = 0;
+    if (product)
+        pool.products = pool.holding;
     const unsigned long generation = ++pool.generation;
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
@@ -193,6 +203,11 @@ SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
         pthread_cond_wait(&pool.done, &pool.lock);
     pthread_mutex_unlock(&pool.lock);
     pthread_mutex_unlock(&pool.user);
+}
+
+SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
+{
+    pool_run(task, args, rows, align, 1);
 }
 
 /* The default thread count: $MICROGRAD_C_THREADS if set (as OMP_NUM_THREADS for OpenMP), else

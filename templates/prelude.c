@@ -89,6 +89,17 @@ static inline long upto(real bound, long first, long n)
     return m < 0 ? 0 : m < n ? m : n;
 }
 
+/* How many of a pass's first n positions all `capacity` samples reach (`active`: each position's
+ * count, templates/batch.c's longest_first): a product's calls for those positions are one call
+ * over their samples side by side (codegen/write/loops.py's per_pass). */
+static inline long full_positions(const real *active, long n, long capacity)
+{
+    long p = 0;
+    while (p < n && (long)active[p] == capacity)
+        p++;
+    return p;
+}
+
 /* A gather's index (an input holding an integer, checked against -n..n-1 before any forward by
  * templates/samples.c's check_index) as the position it picks among n, as Python's
  * indexing does. */

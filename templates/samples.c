@@ -47,23 +47,27 @@ static int check_index_slots(const char *fn, const real *in)
     return 0;
 }
 
+/* The value input j takes from row `row` of s, as load_sample sets it (before the rounding to
+ * real): X's column j scaled, else Y's (a label's one-hot, or a column). j >= n_x needs Y. */
+static double row_input(const Samples *s, Py_ssize_t row, Py_ssize_t j)
+{
+    if (j < s->n_x)
+        return (element_type(&s->x) == 'B' ? ((const unsigned char *)s->x.buf)[row * s->n_x + j]
+                                          : read_float(&s->x, row * s->n_x + j)) * s->scale;
+    if (s->y_is_labels)
+        return read_int(&s->y, row) == j - s->n_x;
+    return read_float(&s->y, row * s->n_y + j - s->n_x);
+}
+
 /* The index inputs of every row of train()'s or predict()'s samples, as load_sample will set them */
 static int check_index_samples(const char *fn, const Samples *s)
 {
     for (Py_ssize_t row = 0; MODEL.n_index_inputs && row < s->n; row++)
         for (int k = 0; k < MODEL.n_index_inputs; k++) {
             Py_ssize_t j = MODEL.index_inputs[k][0];
-            double x;
-            if (j < s->n_x)
-                x = (element_type(&s->x) == 'B' ? ((const unsigned char *)s->x.buf)[row * s->n_x + j]
-                                                 : read_float(&s->x, row * s->n_x + j)) * s->scale;
-            else if (!s->have_y)
+            if (j >= s->n_x && !s->have_y)
                 continue; /* (predict(): the targets are not read) */
-            else if (s->y_is_labels)
-                x = read_int(&s->y, row) == j - s->n_x;
-            else
-                x = read_float(&s->y, row * s->n_y + j - s->n_x);
-            if (check_index(fn, k, x, row) < 0)
+            if (check_index(fn, k, row_input(s, row, j), row) < 0)
                 return -1;
         }
     return 0;

@@ -32,6 +32,26 @@ DEFAULT_CAPACITY = 128
 # no batched form: each group would be one more loop for the C compiler (an 8,000-op chain took
 # gcc 14 s without it and 66 s with it), where the models that batch pay have tens of groups.
 MAX_GROUPS = 2_000
+# A sequence program's sample holds every position's slots (microgpt's default: 11,232 a document,
+# 90 KB in float64) and its pass runs position by position over the samples that reach each: a
+# pass wider than the caches buys no product efficiency (a position's products have one column a
+# sample) and pays its buffers' misses. Its passes hold at most the samples whose values fit in
+# this many bytes (and their gradients as many again): a power of two, at least 8 (Zen 3, 64
+# documents a step: 16 a pass took 0.60x the time a document of 64 a pass, float64).
+SEQUENCE_PASS_BYTES = 2 << 20
+
+
+def pass_capacity(program, capacity, itemsize):
+    """The samples a pass of the batched program holds: `capacity`, or for a sequence program
+    fewer when their slots outgrow SEQUENCE_PASS_BYTES (train()'s larger batches run in pieces)."""
+    if not program.sequence:
+        return capacity
+    const_slots = [slot for slot, _ in program.constants]
+    per_sample = (min(const_slots) if const_slots else program.n_slots) - program.n_params  # (as _Layout's)
+    fit = 8
+    while fit * 2 * per_sample * itemsize <= SEQUENCE_PASS_BYTES:
+        fit *= 2
+    return min(capacity, fit)
 
 
 class _Layout:
@@ -209,11 +229,12 @@ def batch_program(program, capacity=DEFAULT_CAPACITY):
                                        active))
 
 
-def batched_form(program, capacity=DEFAULT_CAPACITY):
-    """(the BatchedProgram over `capacity` samples, or None; why there is none, or None)."""
+def batched_form(program, capacity=DEFAULT_CAPACITY, itemsize=8):
+    """(the BatchedProgram over `capacity` samples (pass_capacity's, for values of `itemsize`
+    bytes), or None; why there is none, or None)."""
     if capacity == 1:
         return None, "batch=1"
     try:
-        return batch_program(program, capacity), None
+        return batch_program(program, pass_capacity(program, capacity, itemsize)), None
     except NotBatchable as why:
         return None, str(why)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..lower.types import DOT, OP, ActiveBatch, Extent, is_family
+from ..lower.types import DOT, OP, ActiveBatch, Bounded, Extent, is_family
 from ..lower.vector import progression
 from .dtypes import c_literal
 from .kernels import call
@@ -158,9 +158,36 @@ def kernel_loops(shape):
     return 2 if len(shape) >= 2 else 1
 
 
-def per_pass(shape, kernel_call):
-    """The kernel call (a kernels.Call) once per pass of the loops outside those it runs itself."""
-    return nest(shape[:-kernel_loops(shape)], [kernel_call], braced=False)
+def per_pass(shape, kernel_call, joint=None):
+    """The kernel call (a kernels.Call) once per pass of the loops outside those it runs itself;
+    joint: full_passes(shape, ...)'s, when its first passes run as one (S: samples(shape, joint))."""
+    if joint is None:
+        return nest(shape[:-kernel_loops(shape)], [kernel_call], braced=False)
+    return Loop(0, shape[0], (kernel_call,), braced=False, full=joint)
+
+
+def full_passes(shape, affines):
+    """A batched sequence's product per position, over (positions, neurons, the position's
+    samples) (codegen/lower/batch.py's ActiveBatch), whose operands' slots for the positions lie
+    side by side (each moving with the samples moves by the capacity from one position to the
+    next; the others, the weights, stay put over both): the C of how many first positions all
+    the pass's samples reach, whose calls are then one call over all their samples at once (a
+    wider product; templates/prelude.c's full_positions). Else None."""
+    if len(shape) != 3 or kernel_loops(shape) != 2 or not isinstance(shape[-1], ActiveBatch) or shape[-1].loop != 0:
+        return None
+    positions, capacity = shape[0], int(shape[-1])
+    if not isinstance(positions, Bounded) or positions.counts is not None:
+        return None
+    for affine in affines:
+        moves = affine.strides[-1]
+        if affine.tri or moves not in (0, 1) or affine.strides[0] != (capacity if moves else 0):
+            return None
+    return f"full_positions(d + {shape[-1].active + shape[-1].first}, n0, {capacity})"
+
+
+def samples(shape, joint):
+    """A layer kernel's S: the batch loop's extent, or (full_passes) the first passes' samples at once."""
+    return shape[-1] if joint is None else f"(i0 < f0 ? f0 * {int(shape[-1])} : {shape[-1]})"
 
 
 def neurons(shape):
@@ -196,12 +223,13 @@ class Matmul:
                             a=loop_start(a, 2), a_k=a.strides[-2], o=loop_start(o, 2), o_k=o.strides[-2])
         else:
             epilogue = dict(epilogue="NULL", y="NULL", y_k=0, a="NULL", a_k=0, o="NULL", o_k=0)
+        joint = full_passes(shape, (wrt.start, weights.start, self.out, *(self.epilogue or (None,))[1:]))
         product = call("matmul_acc", out=loop_start(wrt.start, last, wrt.offsets[0], grad=True),
                        out_k=progression(wrt.offsets), w=loop_start(weights.start, last, weights.offsets[0]),
                        w_j=along_neurons(weights.start, shape), w_k=progression(weights.offsets),
                        go=loop_start(self.out, last, grad=True), go_j=along_neurons(self.out, shape),
-                       J=neurons(shape), S=shape[-1], K=len(wrt.offsets), **epilogue)
-        return per_pass(shape, product)
+                       J=neurons(shape), S=samples(shape, joint), K=len(wrt.offsets), **epilogue)
+        return per_pass(shape, product, joint)
 
     @staticmethod
     def fits(shape, wrt, other, out):
@@ -231,12 +259,13 @@ class WeightGradient:
         wrt, x = self.wrt, self.inputs
         step = (dict(w=f"rate ? {loop_start(wrt.start, last, wrt.offsets[0])} : NULL", rate="rate") if self.step
                 else dict(w="NULL", rate=0))
+        joint = None if self.step or self.rows != "NULL" else full_passes(shape, (wrt.start, x.start, self.out))
         product = call("matmul_nt", out=loop_start(wrt.start, last, wrt.offsets[0], grad=True),
                        out_j=along_neurons(wrt.start, shape), go=loop_start(self.out, last, grad=True),
                        go_j=along_neurons(self.out, shape), x=loop_start(x.start, last, x.offsets[0]),
-                       x_k=progression(x.offsets), J=neurons(shape), K=len(wrt.offsets), S=shape[-1],
+                       x_k=progression(x.offsets), J=neurons(shape), K=len(wrt.offsets), S=samples(shape, joint),
                        rows=self.rows, **step)
-        return per_pass(shape, product)
+        return per_pass(shape, product, joint)
 
     def weights(self, shape):
         """The slots of the weights (all passes of the loops outside the batch's)."""
@@ -278,15 +307,19 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
         return None
     residual = _residual(ops)
     bias = bias_arguments(None if residual else ops.terms, last, lambda affine: along_neurons(affine, shape))
+    listed = row_list(rows)
+    joint = None if listed != "NULL" else full_passes(
+        shape, (ops.out, weights.start, rows.start, *([] if residual or not ops.terms else [ops.terms.start]),
+                *([] if epilogue is None else [epilogue[1]])))
     product = call("matmul_set", out=loop_start(ops.out, last), out_j=along_neurons(ops.out, shape), **bias,
                    w=loop_start(weights.start, last, weights.offsets[0]), w_j=along_neurons(weights.start, shape),
                    w_k=progression(weights.offsets), x=loop_start(rows.start, last, rows.offsets[0]),
-                   x_k=progression(rows.offsets), J=neurons(shape), S=shape[-1], K=len(weights.offsets),
-                   rows=row_list(rows), **_epilogue_arguments(epilogue, shape))
+                   x_k=progression(rows.offsets), J=neurons(shape), S=samples(shape, joint), K=len(weights.offsets),
+                   rows=listed, **_epilogue_arguments(epilogue, shape))
     if not residual:
-        return per_pass(shape, product)
+        return per_pass(shape, product, joint)
     add = Assign(data_at(ops.out), data_at(ops.terms.start, ops.terms.offsets[0]), "+=")  # (x + W h: the same sum)
-    return Seq((per_pass(shape, product), *loop_nest(shape, [add], independent=True)))
+    return Seq((per_pass(shape, product, joint), *loop_nest(shape, [add], independent=True)))
 
 
 def layer(g, tables, epilogue=None):

@@ -66,16 +66,20 @@ class Loop:
     (types.Bounded) is read once, before the loop (the loop's stores to d could change it, for
     all the compiler knows); a family's loop i0 (types.Parts) keeps tri0 = i0 * (i0 - 1) / 2 as
     it goes. `independent`: no iteration reads what another writes, which the C compiler is told
-    (INDEPENDENT), so that it vectorises without checking at run time."""
+    (INDEPENDENT), so that it vectorises without checking at run time. `full` (a Bounded loop's):
+    the C of f<index>, a count of first passes that its first pass takes at once (loops.per_pass)."""
     index: int
     extent: object
     body: tuple
     braced: bool = True
     independent: bool = False
+    full: str = None
 
     def header(self):
         d, n = self.index, self.extent
         start, end = (f"i{d} = 0, n{d} = {n}", f"n{d}") if isinstance(n, Bounded) else (f"i{d} = 0", n)
+        if self.full:
+            return f"for (long {start}, f{d} = {self.full}; i{d} < {end}; i{d} += i{d} < f{d} ? f{d} : 1)"
         header = (f"for (long {start}, tri0 = 0; i0 < {end}; tri0 += i0, i0++)" if d == 0 and isinstance(n, Parts)
                   else f"for (long {start}; i{d} < {end}; i{d}++)")
         return ("INDEPENDENT " if self.independent else "") + header
