@@ -168,7 +168,7 @@ def per_pass(shape, kernel_call, joint=None):
 
 def full_passes(shape, affines):
     """A batched sequence's product per position, over (positions, neurons, the position's
-    samples) (codegen/lower/batch.py's ActiveBatch), whose operands' slots for the positions lie
+    samples) (codegen/lower/types.py's ActiveBatch), whose operands' slots for the positions lie
     side by side (each moving with the samples moves by the capacity from one position to the
     next; the others, the weights, stay put over both): the C of how many first positions all
     the pass's samples reach, whose calls are then one call over all their samples at once (a
