@@ -11,6 +11,7 @@ import pytest
 
 import codegen
 from codegen.backend import toolchain
+from conftest import seeded_cache
 from mnist import build, train, xor
 from mnist.data import FILES, TEST_LABELS
 
@@ -33,8 +34,9 @@ def mnist_dir():
 
 @pytest.fixture(autouse=True)
 def build_cache(tmp_path, monkeypatch):
-    """A fresh build cache: the scripts really compile (gcc -O2 takes about a second)."""
-    monkeypatch.setenv("MICROGRAD_C_CACHE", str(tmp_path / "cache"))
+    """A fresh build cache: the scripts really compile their models (gcc -O2 takes about a second);
+    it starts with the run's module runtimes (both dtypes), which every model links."""
+    monkeypatch.setenv("MICROGRAD_C_CACHE", str(seeded_cache(tmp_path / "cache", None, 2, ("float64", "float32"))))
 
 
 def run_train(capsys, *argv):
