@@ -134,26 +134,28 @@ def runtime_objects(directory):
     return sorted(directory.glob(f"{toolchain.SHARED_OBJECT_NAME}_*.o"))
 
 
+@pytest.fixture(scope="module")
+def gcc_first_build(tmp_path_factory):
+    """A new cache's first gcc module, which built the runtime object it links: (the cache, the
+    module) (built once: each runtime build is seconds of gcc)."""
+    directory = tmp_path_factory.mktemp("gcc-cache")
+    return directory, compile_gcc(directory, 4)
+
+
 @pytest.mark.requires("gcc")
-def test_models_share_one_runtime_object(tmp_path):
+def test_models_share_one_runtime_object(tmp_path, gcc_first_build):
     """The runtime (templates/runtime.c) is compiled by the first build and linked by the next."""
-    first = compile_gcc(tmp_path, 4)
+    first_cache, first = gcc_first_build
+    (first_runtime,) = runtime_objects(first_cache)
+    assert not first.build.cached and str(first_runtime) in first.build.command
+    tmp_path = shutil.copytree(first_cache, tmp_path / "cache")
     (runtime,) = runtime_objects(tmp_path)
     built = runtime.stat().st_mtime_ns
     second = compile_gcc(tmp_path, 5)
     assert runtime_objects(tmp_path) == [runtime] and runtime.stat().st_mtime_ns == built
-    assert str(runtime) in first.build.command and str(runtime) in second.build.command
+    assert str(runtime) in second.build.command and not second.build.cached
     assert cache.read_record(second.build.path)["objects"] == [runtime.name]
     assert first.forward() == expected_forward(4) and second.forward() == expected_forward(5)
-
-
-@pytest.fixture(scope="module")
-def gcc_cache(tmp_path_factory):
-    """A cache holding a gcc module and the runtime object it links (built once: each runtime
-    build is seconds of gcc)."""
-    directory = tmp_path_factory.mktemp("gcc-cache")
-    compile_gcc(directory, 4)
-    return directory
 
 
 @pytest.mark.requires("gcc")
@@ -175,8 +177,8 @@ def test_the_runtime_object_builds_ahead_of_the_model(tmp_path):
 
 @pytest.mark.requires("gcc")
 @pytest.mark.parametrize("damage", ["truncate", "flip", "missing"])
-def test_a_damaged_or_missing_runtime_object_is_rebuilt(tmp_path, gcc_cache, damage):
-    tmp_path = shutil.copytree(gcc_cache, tmp_path / "cache")
+def test_a_damaged_or_missing_runtime_object_is_rebuilt(tmp_path, gcc_first_build, damage):
+    tmp_path = shutil.copytree(gcc_first_build[0], tmp_path / "cache")
     (runtime,) = runtime_objects(tmp_path)
     data = bytearray(runtime.read_bytes())
     if damage == "truncate":
