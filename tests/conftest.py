@@ -175,16 +175,18 @@ def _private_build_cache(tmp_path_factory, request):
         os.environ['MICROGRAD_C_CACHE'] = previous
 
 
-def seeded_cache(path, compiler, opt=2):
-    """A new build cache at `path` holding the module runtime object of (compiler, opt) from the
-    run's cache (built there first if missing): a test that needs a cache of its own (a build that
-    must not be a hit) builds its model's C, not again the runtime every model shares (4-8 s of
-    an optimising compiler)."""
+def seeded_cache(path, compiler, opt=2, dtypes=('float64',)):
+    """A new build cache at `path` holding the module runtime objects of (compiler, opt, each of
+    dtypes) from the run's cache (built there first if missing): a test that needs a cache of its
+    own (a build that must not be a hit) builds its model's C, not again the runtime every model
+    shares (4-8 s of an optimising compiler)."""
     import codegen
     from micrograd_c import Value
     run_cache = os.environ['MICROGRAD_C_CACHE']
     x = Value(0.5)
-    codegen.compile(x * x, [x], compiler=compiler, opt=opt, cache=run_cache, tiered=False, name='seed')
+    for dtype in dtypes:
+        codegen.compile(x * x, [x], compiler=compiler, opt=opt, cache=run_cache, tiered=False, name='seed',
+                        dtype=dtype)
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
     for record in pathlib.Path(run_cache).glob('runtime_*.build.json'):  # complete entries (written last)

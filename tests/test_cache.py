@@ -134,29 +134,30 @@ def runtime_objects(directory):
     return sorted(directory.glob(f"{toolchain.SHARED_OBJECT_NAME}_*.o"))
 
 
+@pytest.fixture(scope="module")
+def gcc_first_build(tmp_path_factory):
+    """A new cache's first gcc module, which built the runtime object it links: (the cache, the
+    module) (built once: each runtime build is seconds of gcc)."""
+    directory = tmp_path_factory.mktemp("gcc-cache")
+    return directory, compile_gcc(directory, 4)
+
+
 @pytest.mark.requires("gcc")
-def test_models_share_one_runtime_object(tmp_path):
+def test_models_share_one_runtime_object(tmp_path, gcc_first_build):
     """The runtime (templates/runtime.c and its products' unit, templates/products.c: two objects)
     is compiled by the first build and linked by the next."""
-    first = compile_gcc(tmp_path, 4)
+    first_cache, first = gcc_first_build
+    runtimes = runtime_objects(first_cache)
+    assert len(runtimes) == 2 and not first.build.cached
+    assert all(str(runtime) in first.build.command for runtime in runtimes)
+    tmp_path = shutil.copytree(first_cache, tmp_path / "cache")
     runtimes = runtime_objects(tmp_path)
-    assert len(runtimes) == 2
     built = [runtime.stat().st_mtime_ns for runtime in runtimes]
     second = compile_gcc(tmp_path, 5)
     assert runtime_objects(tmp_path) == runtimes and [runtime.stat().st_mtime_ns for runtime in runtimes] == built
-    for runtime in runtimes:
-        assert str(runtime) in first.build.command and str(runtime) in second.build.command
+    assert all(str(runtime) in second.build.command for runtime in runtimes) and not second.build.cached
     assert sorted(cache.read_record(second.build.path)["objects"]) == [runtime.name for runtime in runtimes]
     assert first.forward() == expected_forward(4) and second.forward() == expected_forward(5)
-
-
-@pytest.fixture(scope="module")
-def gcc_cache(tmp_path_factory):
-    """A cache holding a gcc module and the runtime object it links (built once: each runtime
-    build is seconds of gcc)."""
-    directory = tmp_path_factory.mktemp("gcc-cache")
-    compile_gcc(directory, 4)
-    return directory
 
 
 @pytest.mark.requires("gcc")
@@ -180,8 +181,8 @@ def test_the_runtime_object_builds_ahead_of_the_model(tmp_path):
 
 @pytest.mark.requires("gcc")
 @pytest.mark.parametrize("damage", ["truncate", "flip", "missing"])
-def test_a_damaged_or_missing_runtime_object_is_rebuilt(tmp_path, gcc_cache, damage):
-    tmp_path = shutil.copytree(gcc_cache, tmp_path / "cache")
+def test_a_damaged_or_missing_runtime_object_is_rebuilt(tmp_path, gcc_first_build, damage):
+    tmp_path = shutil.copytree(gcc_first_build[0], tmp_path / "cache")
     runtime = runtime_objects(tmp_path)[0]  # (either of the runtime's two)
     data = bytearray(runtime.read_bytes())
     if damage == "truncate":

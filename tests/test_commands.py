@@ -54,7 +54,7 @@ def test_make_mnist_says_which_compiler_and_trains(make, mnist_dir, tmp_path):  
 
 
 def test_make_export(make, mnist_dir, tmp_path):  # noqa: F811
-    out = make("export", f"ARGS=--limit 2000 --data-dir {mnist_dir} --no-download", env={"MNIST_DIR": str(mnist_dir)})
+    out = make("export", f"ARGS=--limit 2000 --hidden 16 --data-dir {mnist_dir} --no-download", env={"MNIST_DIR": str(mnist_dir)})
     assert "same class as the module for 100.00%" in out
     assert {p.name for p in (tmp_path / "build" / "export").iterdir()} >= {
         "mnist.c", "mnist.h", "mnist_train.c", "mnist_train.h", "freestanding"}

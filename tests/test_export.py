@@ -304,14 +304,14 @@ def test_readme_export_example_runs(capsys):
 def test_the_make_export_script(tmp_path, capsys):
     from mnist import export as export_script
     from mnist.model import build_graph
-    graph = build_graph(0)
+    graph = build_graph(0, hidden=[16])  # (the default [50]: three times the C to write, and nothing more to check)
     params = tmp_path / "params.npz"
-    np.savez(params, params=np.array([p.data for p in graph.model.parameters()]), seed=0, hidden=[50], epochs=0)
+    np.savez(params, params=np.array([p.data for p in graph.model.parameters()]), seed=0, hidden=[16], epochs=0)
     out = tmp_path / "out"
     assert export_script.main(["--load", str(params), "--out", str(out), "--check-compiler", "none"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["freestanding", "mnist.c", "mnist.h", "mnist_train.c",
                                                      "mnist_train.h"]
     assert "int mnist_predict(const double *in, double *out);" in (out / "mnist.h").read_text()
-    np.savez(params, params=np.zeros(5), seed=0, hidden=[50], epochs=0)
+    np.savez(params, params=np.zeros(5), seed=0, hidden=[16], epochs=0)
     assert export_script.main(["--load", str(params), "--out", str(out)]) == 2
     assert "different model" in capsys.readouterr().err

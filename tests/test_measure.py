@@ -1,18 +1,46 @@
 """bench.measure (shared by bench.mnist and bench.compare) and bench.compare, on small random data."""
+import contextlib
 import csv
 import importlib.util
+import shutil
 
 import numpy as np
 import pytest
 
 from bench import compare
-from conftest import requires
+from codegen import CompilerNotFound
+from bench import measure as measure_module
+from conftest import requires, seeded_cache
 from bench.measure import (NUMPY, Config, Row, columns, compiled, markdown_table, measure, peer_params,
                            ratio_column, speedup_column, write_csv)
 from mnist.model import PIXEL_SCALE, build_graph
 from bench.peers import NumpyMLP
 
 N_TRAIN = 200
+
+
+@pytest.fixture(scope='module', autouse=True)
+def runtimes_in_the_fresh_caches(tmp_path_factory):
+    """measure() builds into a fresh cache, so that its compile time is a cold build's; here the
+    fresh caches start with the run's gcc -O0 and -O2 module runtimes, which its builds link (the
+    tests check the rows, not how long a cold runtime takes: 4-8 s of gcc each)."""
+    seed = tmp_path_factory.mktemp('measure-runtimes')
+    for opt in (0, 2):
+        try:
+            seeded_cache(seed, 'gcc', opt)
+        except CompilerNotFound:  # (the tests that need gcc skip)
+            break
+    fresh = measure_module._fresh_build_cache
+
+    @contextlib.contextmanager
+    def seeded():
+        with fresh() as directory:
+            # (not the runtime's C: a row counts the C its own build wrote)
+            shutil.copytree(seed, directory, ignore=shutil.ignore_patterns('*.c'), dirs_exist_ok=True)
+            yield directory
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(measure_module, '_fresh_build_cache', seeded)
+        yield
 
 
 @pytest.fixture(scope='module')

@@ -10,6 +10,7 @@ import pytest
 
 import codegen
 from codegen.backend.toolchain import find_compiler
+from conftest import seeded_cache
 from micrograd_c import MLP, Value, cross_entropy
 
 N_IN, N_CLASSES = 6, 3
@@ -128,6 +129,7 @@ def test_two_loads_of_one_cached_module_have_their_own_state():
 
 
 def test_cache_hit_miss_and_two_models_side_by_side(tmp_path):
+    tmp_path = seeded_cache(tmp_path, None)  # (the runtime's object in it: the models are what is built)
     first, _ = compile_classifier(seed=0, cache=tmp_path)
     again, _ = compile_classifier(seed=0, cache=tmp_path)
     assert not first.build.cached and again.build.cached and again.build.path == first.build.path
@@ -280,7 +282,7 @@ def test_a_failed_compile_shows_the_compiler_output(tmp_path, monkeypatch):
     x = Value(1.0)
     monkeypatch.setattr(codegen.write.loops, "c_literal", lambda value, dtype="float64": "syntax error here")  # the constant operand
     with pytest.raises(codegen.CompileError) as error:
-        codegen.compile(x * 2.0, [x], [], cache=tmp_path)
+        codegen.compile(x * 2.0, [x], [], cache=seeded_cache(tmp_path, None))
     assert "error" in error.value.stderr and find_compiler().argv[0] in str(error.value)
 
 

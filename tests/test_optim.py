@@ -101,10 +101,10 @@ def learning_rate(step):
     return 0.05 * (1 - step / (2 * STEPS))
 
 
-def compiled(build, init, optimizer, compiler, dtype="float64"):
+def compiled(build, init, optimizer, compiler, dtype="float64", opt=2):
     params, inputs = [Value(float(x)) for x in init], [Value(0.0) for _ in range(4)]
     return codegen.compile(build(params, inputs), inputs, params, optimizer=optimizer, compiler=compiler,
-                           fuse=False, dtype=dtype)
+                           fuse=False, dtype=dtype, opt=opt)
 
 
 def assert_close(got, expected, what):
@@ -133,10 +133,10 @@ def reference_steps(name):
 
 # every optimizer on TCC, each on one optimising compiler; the rest in the slow set
 @pytest.mark.parametrize("compiler, name", list(compiler_diagonal(list(OPTIMIZERS))), indirect=["compiler"])
-def test_update_follows_the_reference_for_100_steps(name, compiler):
+def test_update_follows_the_reference_for_100_steps(name, compiler, opt=2):
     optimizer = OPTIMIZERS[name]
     build, p, rows = model_case()
-    net = compiled(build, p, optimizer, compiler)
+    net = compiled(build, p, optimizer, compiler, opt=opt)
     grads, p, ref = reference_steps(name)
     for step in range(STEPS):
         net.set_input(rows[step % len(rows)])
@@ -170,15 +170,16 @@ def cpu_vector_bytes():
 def test_each_adam_vector_pass(family, width):
     """Adam's pass runs on the widest vectors the CPU has (templates/optim.c); each width, forced,
     follows the reference (the model's 21 parameters: whole vectors, then a tail). A width this
-    CPU lacks would die of an illegal instruction: it is built, not run."""
+    CPU lacks would die of an illegal instruction: it is built, not run. At -O0: the forced width
+    is a runtime of its own, and the test checks what the pass computes, not how fast."""
     forced = shlex.join([*find_compiler(requires(family)).argv, f"-DADAM_VECTOR_BYTES={width}"])
     runs_here = width in cpu_vector_bytes()
     for name in ("adam", "adamw"):
         if runs_here:
-            test_update_follows_the_reference_for_100_steps(name, forced)
+            test_update_follows_the_reference_for_100_steps(name, forced, opt=0)
         else:
             build, p, _ = model_case()
-            assert compiled(build, p, OPTIMIZERS[name], forced).optimizer == repr(OPTIMIZERS[name])
+            assert compiled(build, p, OPTIMIZERS[name], forced, opt=0).optimizer == repr(OPTIMIZERS[name])
 
 
 @functools.cache

@@ -11,6 +11,7 @@ import pytest
 
 import codegen
 from codegen.backend import toolchain
+from conftest import seeded_cache
 from mnist import build, train, xor
 from mnist.data import FILES, TEST_LABELS
 
@@ -33,8 +34,9 @@ def mnist_dir():
 
 @pytest.fixture(autouse=True)
 def build_cache(tmp_path, monkeypatch):
-    """A fresh build cache: the scripts really compile (gcc -O2 takes about a second)."""
-    monkeypatch.setenv("MICROGRAD_C_CACHE", str(tmp_path / "cache"))
+    """A fresh build cache: the scripts really compile their models (gcc -O2 takes about a second);
+    it starts with the run's module runtimes (both dtypes), which every model links."""
+    monkeypatch.setenv("MICROGRAD_C_CACHE", str(seeded_cache(tmp_path / "cache", None, 2, ("float64", "float32"))))
 
 
 def run_train(capsys, *argv):
@@ -244,10 +246,10 @@ def test_module_dir_build_is_used_only_for_the_same_build(tmp_path, capsys, monk
     it without generating the C."""
     module_dir = tmp_path / "build"
     assert build.main(["--compiler", "tcc", "--out", str(module_dir)]) == 0
-    # the model's unit, its generated functions and the runtime (TCC compiles it as one more unit:
-    # templates/runtime.c), and the record
+    # the model's unit, its generated functions and the runtime (TCC compiles it as two more units:
+    # templates/runtime.c and products.c), and the record
     assert sorted(p.name for p in module_dir.iterdir() if not p.name.endswith(".so")) == [
-        "nn.1.c", "nn.2.c", "nn.c", "nn.json"]
+        "nn.1.c", "nn.2.c", "nn.3.c", "nn.c", "nn.json"]
     hows, lowerings = [], []
     lower = codegen.lower.ir.lower
     monkeypatch.setattr(codegen.lower.ir, "lower", lambda *a, **k: lowerings.append(1) or lower(*a, **k))
