@@ -170,7 +170,7 @@ def test_only_when_asked_and_explain():
     # the model's own C: no statement per node, and the same text every time
     first, again = (codegen.generate(big.loss, big.inputs, big.params, batch=1, table=True) for _ in range(2))
     assert first == again
-    assert len(first) == 2 and "TABLE_TEXT" in first[0]  # the model's unit and the runtime
+    assert len(first) == 3 and "TABLE_TEXT" in first[0]  # the model's unit and the runtime's two
     assert "CHUNK void forward_rest_" not in first[0] and "CHUNK void backward_body_" not in first[0]
 
 
