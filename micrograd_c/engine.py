@@ -219,7 +219,7 @@ class Dot(Value):
             products = list(map(_MUL_DATA, x, y))
             sums = list(accumulate(products, _ADD_DATA, initial=start.data))
             data, steps = sums[-1], products + sums[1:-1]
-            steps = array("d", steps) if set(map(type, steps)) == {float} else tuple(steps)
+            steps = array("d", steps) if set(map(type, steps)) == _FLOAT_ONLY else tuple(steps)
         Value.__init__(self, data, (), "+", _ADD)
         _PREV.__set__(self, None)
         self._terms = tuple(terms)  # start, a[0], b[0], a[1], b[1], ...: the order of the chain's walk

@@ -46,8 +46,7 @@ def pass_capacity(program, capacity, itemsize):
     fewer when their slots outgrow SEQUENCE_PASS_BYTES (train()'s larger batches run in pieces)."""
     if not program.sequence:
         return capacity
-    const_slots = [slot for slot, _ in program.constants]
-    per_sample = (min(const_slots) if const_slots else program.n_slots) - program.n_params  # (as _Layout's)
+    per_sample = _Layout(program, capacity).per_sample
     fit = 8
     while fit * 2 * per_sample * itemsize <= SEQUENCE_PASS_BYTES:
         fit *= 2

@@ -216,14 +216,16 @@ class Matmul:
         """Its kernel call in a loop nest over shape."""
         last = kernel_loops(shape)
         wrt, weights = self.wrt, self.weights
+        laid = ()  # (the epilogue's operands' Affines)
         if self.epilogue:
-            function, y, a, o = self.epilogue
+            function, *laid = self.epilogue
+            y, a, o = laid
             # (over the product's rows, fused_gradient's: the kernel runs their last two loops)
             epilogue = dict(epilogue=function, y=loop_start(y, 2, grad=True), y_k=y.strides[-2],
                             a=loop_start(a, 2), a_k=a.strides[-2], o=loop_start(o, 2), o_k=o.strides[-2])
         else:
             epilogue = dict(epilogue="NULL", y="NULL", y_k=0, a="NULL", a_k=0, o="NULL", o_k=0)
-        joint = full_passes(shape, (wrt.start, weights.start, self.out, *(self.epilogue or (None,))[1:]))
+        joint = full_passes(shape, (wrt.start, weights.start, self.out, *laid))
         product = call("matmul_acc", out=loop_start(wrt.start, last, wrt.offsets[0], grad=True),
                        out_k=progression(wrt.offsets), w=loop_start(weights.start, last, weights.offsets[0]),
                        w_j=along_neurons(weights.start, shape), w_k=progression(weights.offsets),
