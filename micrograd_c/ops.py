@@ -87,6 +87,7 @@ class Op:
     selects: str = ""         # "index" or "largest": {a} is the operand picked (GATHER, MAXIMUM below)
     method: str = ""          # the Value method that applies it (x.relu(), x.max(y)): engine.py makes it from the row
     doc: str = ""             # that method's docstring
+    row_kernel: str = ""      # a kernel of templates/kernels/kernels.h computing the value over a row (compiled loops)
     value_fn: object = field(init=False, repr=False, compare=False)
     grad_fns: tuple = field(init=False, repr=False, compare=False)
     pair_fn: object = field(init=False, repr=False, compare=False)  # value_fn of (a, b) alone, or None
@@ -128,7 +129,7 @@ _TABLE = [
     Op("relu", "ReLU", 1, "where({a} < 0, 0, {a})", ("({out} > 0)",), method="relu"),
     Op("tanh", "tanh", 1, "tanh({a})", ("1 - {out} * {out}",), method="tanh"),
     Op("sigmoid", "sigmoid", 1, "1 / (1 + exp(-{a}))", ("{out} * (1 - {out})",), method="sigmoid"),
-    Op("exp", "exp", 1, "exp({a})", ("{out}",), method="exp"),
+    Op("exp", "exp", 1, "exp({a})", ("{out}",), method="exp", row_kernel="exp_range"),
     Op("log", "log", 1, "log({a})", ("1 / {a}",), method="log"),
     Op("max", "max", 2, "where({a} < {b}, {b}, {a})", ("({a} >= {b})", "({a} < {b})"), method="max",
        doc="The larger of self and other (ties pick self); the gradient flows to the one picked."),

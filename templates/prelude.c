@@ -225,6 +225,8 @@ static inline int cpu_features(void)
 
 /*@INCLUDE kernels/gemm.c@*/
 
+/*@INCLUDE kernels/exp.c@*/
+
 /*@INCLUDE kernels/conv.c@*/
 
 /*@INCLUDE kernels/axpy.c@*/

@@ -4,6 +4,8 @@ matvec, four rows at a time over short nonzero chunk lists and a row at a time o
 dot_nz, axpy_nz and sgd_axpy_nz. Each promises the reference's numbers exactly, for every
 compiler and dtype."""
 
+import math
+
 import cffi
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from codegen.backend import toolchain
 from codegen.write import contract
 from codegen.write.dtypes import DTYPES
 from codegen.write.sides import nonzero_words
+from conftest import requires
 
 HARNESS = """
 void call_dot_rows(real *out, const real *w, long w_j, const real *x, long n, long J)
@@ -26,6 +29,8 @@ void call_axpy(real *y, real alpha, const real *x, long n, const int32_t *nz)
 { if (nz) axpy_nz(y, alpha, x, n, nz); else axpy(y, alpha, x, n); }
 void call_sgd_axpy(real *w, real lr, real alpha, const real *x, long n, const int32_t *nz)
 { if (nz) sgd_axpy_nz(w, lr, alpha, x, n, nz); else sgd_axpy(w, lr, alpha, x, n); }
+void call_exp(real *y, const real *x, long n) { exp_range(y, x, n); }
+void call_exp_one_by_one(real *y, const real *x, long n) { for (long i = 0; i < n; i++) y[i] = (real)exp_value(x[i]); }
 """
 DECLARATIONS = """
 void call_dot_rows(real *out, const real *w, long w_j, const real *x, long n, long J);
@@ -35,6 +40,8 @@ void call_scan(const real *x, long n, int32_t *nz);
 real call_dot_nz(const real *a, const real *x, long n, const int32_t *nz);
 void call_axpy(real *y, real alpha, const real *x, long n, const int32_t *nz);
 void call_sgd_axpy(real *w, real lr, real alpha, const real *x, long n, const int32_t *nz);
+void call_exp(real *y, const real *x, long n);
+void call_exp_one_by_one(real *y, const real *x, long n);
 """
 CHUNK = 8  # values per chunk of the nonzero lists
 
@@ -130,3 +137,51 @@ def test_sparse_updates_are_the_dense_ones_exactly(compiler, dtype, n):
             np.testing.assert_array_equal(sparse, dense)
             assert np.array_equal(sparse, start) == (not np.any(x))  # an update happened where due
     print(f"sparse vs dense updates, {compiler} {dtype} n={n}: max difference {worst:g}")
+
+
+def test_exp_range_is_the_libraries_exp_within_an_ulp(compiler, dtype):
+    """exp_range (templates/kernels/exp.c) against the C library's exp (Python's math.exp; in
+    float32 its value rounded), to an ulp of it, its max difference in ulps printed: a softmax's
+    range, the whole range with overflow to inf and results under the normal numbers, the special
+    values; the same bits one value at a time (TCC's way, and any CPU's without AVX2) and with
+    TCC; each value the same wherever it sits in a row, and nothing written past n."""
+    ffi, lib = kernels(compiler, dtype)
+    real = DTYPES[dtype].numpy.type
+    info = np.finfo(real)
+    top, bottom = np.log(info.max), np.log(info.smallest_subnormal)
+    rng = np.random.default_rng(7)
+    special = [0.0, -0.0, 1.0, -1.0, 1e-300, -1e-300, 0.5 * np.log(2), -0.5 * np.log(2), top, top * (1 - 1e-7),
+               top * (1 + 1e-7), bottom, bottom - 0.1, bottom + 0.3, np.log(info.tiny), -1000.0, 1000.0,
+               np.inf, -np.inf, np.nan]
+    x = np.concatenate([rng.uniform(-30, 5, 3000), rng.uniform(bottom - 2, top + 2, 3000), special]).astype(real)
+    with np.errstate(over="ignore", under="ignore"):
+        y = np.full(len(x) + 3, 7, real)
+        lib.call_exp(pointer(ffi, y), pointer(ffi, x), len(x))
+        expected = np.array([library_exp(v) for v in x.astype(np.float64)]).astype(real)
+    assert (y[len(x):] == 7).all()  # nothing past n
+    y = y[:len(x)]
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(x))
+    same = (y == expected) | np.isnan(x)  # (inf against inf too)
+    ulps = np.abs(y[~same].astype(np.float64) - expected[~same]) / np.spacing(expected[~same]).astype(np.float64)
+    ulps = np.append(ulps, 0)
+    print(f"{compiler} {dtype}: {(~same).sum()} of {len(x)} values differ from the library's")
+    print(f"exp_range vs the C library's exp, {compiler} {dtype}: max difference {ulps.max():g} ulp")
+    assert ulps.max() <= 1
+    for other_ffi, other in ((ffi, lib), kernels(requires("tcc"), dtype)):
+        for call in (other.call_exp, other.call_exp_one_by_one):
+            again = np.zeros(len(x), real)
+            call(pointer(other_ffi, again), pointer(other_ffi, x), len(x))
+            np.testing.assert_array_equal(again, y)
+    for offset in range(4):  # a row starting at any lane, of any length: the same values
+        for n in range(1, 10):
+            part = np.full(n + 1, 7, real)
+            lib.call_exp(pointer(ffi, part), pointer(ffi, x[offset:]), n)
+            np.testing.assert_array_equal(part[:n], y[offset:offset + n])
+            assert part[n] == 7
+
+
+def library_exp(v):
+    try:
+        return math.exp(v)
+    except OverflowError:  # (the C library's is inf)
+        return math.inf

@@ -3,14 +3,14 @@ constants, loose terms and products (a fused dot), or one layer kernel's call (l
 decides) or a convolution's (convolution.py); an activation of a layer's results folded into the layer's product as its epilogue.
 """
 
-from ..lower.types import OP
+from ..lower.types import OP, Affine, Extent
 from .dtypes import c_literal
 from .convolution import convolution
 from .kernels import call
-from .loops import (data_at, fused_activation, guarded, layer, loop_nest, short, slot_index, takes_epilogue, tree_sum,
-                    unrolled)
+from .loops import (at_start, data_at, fused_activation, guarded, layer, loop_nest, short, slot_index, takes_epilogue,
+                    tree_sum, unrolled)
 from .statements import Statements
-from .tree import Assign
+from .tree import Assign, nest
 
 
 class Forward(Statements):
@@ -46,6 +46,9 @@ class Forward(Statements):
         if conv:
             return [conv.forward(self.tables.offsets, epilogue)]
         if node.kind == OP:
+            row = _row_kernel(g, node.op.row_kernel, ops)
+            if row:
+                return [row]
             names = self._op_names(node, ops)
             value = self._op_c(node, node.op.value, names)
         else:
@@ -87,3 +90,17 @@ class Forward(Statements):
         (Group.masked, lower/positions.py): its factor is then a skipped position's stale value."""
         return [f"where(d[{slot}] > {t}, {data_at(a.start, i)} * {data_at(b.start, j)}, 0)"
                 for t, (i, j) in enumerate(zip(a.offsets, b.offsets))]
+
+
+def _row_kernel(g, kernel, ops):
+    """An op with a kernel over a row (the op table's row_kernel: exp_range) whose innermost loop
+    runs along its values and its argument, both side by side: the kernel's call on that row, in
+    the loops around it (None otherwise)."""
+    if not kernel or not g.shape or len(ops.args) != 1:
+        return None
+    along = [a for a in (ops.out, *ops.args) if isinstance(a, Affine) and a.strides[-1] == 1
+             and not isinstance(a.strides[-1], Extent) and not (len(g.shape) == 1 and a.tri)]
+    if len(along) != 2:
+        return None
+    out, arg = (f"d + {slot_index(at_start(a))}" for a in along)
+    return nest(g.shape[:-1], [call(kernel, y=out, x=arg, n=str(g.shape[-1]))], braced=False)

@@ -119,7 +119,7 @@ class Accumulate:
         return Assign(grad_at(self.target, self.offset), value or self.term, "+=")
 
 
-def _at_start(affine):
+def at_start(affine):
     """The Affine with the innermost loop index at 0."""
     return dataclasses.replace(affine, strides=affine.strides[:-1] + (0,))
 
@@ -522,14 +522,14 @@ def _after_innermost(summed, dotted, names, shape):
     """The held accumulations, after the innermost loop: register sums, dot products."""
     n = shape[-1]
     after = [s.assign(names[id(s)]) for s in summed]
-    after += [s.assign(str(call("sum_range", x=f"g + {slot_index(_at_start(s.product[0]), grad=True)}", n=n)))
+    after += [s.assign(str(call("sum_range", x=f"g + {slot_index(at_start(s.product[0]), grad=True)}", n=n)))
               for s in dotted if s.product[1] is None]
     for run in _dot_runs([s for s in dotted if s.product[1] is not None]):
         s = run[0]
-        a, b = f"g + {slot_index(_at_start(s.product[0]), grad=True)}", f"d + {slot_index(_at_start(s.product[1]), s.product[2])}"
+        a, b = f"g + {slot_index(at_start(s.product[0]), grad=True)}", f"d + {slot_index(at_start(s.product[1]), s.product[2])}"
         if len(run) < 4 and n < DOT_ROWS_SCREEN:
-            after += [t.assign(str(call("dot", a=f"g + {slot_index(_at_start(t.product[0]), grad=True)}",
-                                        b=f"d + {slot_index(_at_start(t.product[1]), t.product[2])}", n=n)))
+            after += [t.assign(str(call("dot", a=f"g + {slot_index(at_start(t.product[0]), grad=True)}",
+                                        b=f"d + {slot_index(at_start(t.product[1]), t.product[2])}", n=n)))
                       for t in run]
         else:
             b_step, out_step = ((run[1].product[2] - s.product[2], run[1].offset - s.offset) if len(run) > 1

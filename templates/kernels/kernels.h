@@ -58,6 +58,9 @@ KERNEL void conv_acc(real *restrict out, long out_p, long out_q, const int32_t *
                      long w_f, long w_k, const real *restrict go, long go_f, long go_p, long go_q, long F, long P,
                      long Q, long S, long K);
 
+/* a row's exponentials (templates/kernels/exp.c) */
+KERNEL void exp_range(real *restrict y, const real *restrict x, long n);
+
 /* the sparse inputs' lists (templates/kernels/sparse.c, gemm.c) */
 static void scan_range(const real *restrict x, long n, int32_t *restrict nz);
 KERNEL void scan_rows(const real *restrict x, long stride, long nb, long n, int32_t *restrict list);

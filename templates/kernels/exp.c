@@ -1,0 +1,145 @@
+/* ---- exp over a row ----------------------------------------------------------------------
+ * exp_range(y, x, n): y[i] = exp(x[i]) for i < n, the innermost loop of a group of exponentials
+ * whose values and arguments lie side by side (codegen/write/forward.py): a softmax's over a
+ * batch's lanes, a document's positions, an attention's keys. The C library's exp is a call per
+ * value that no compiler vectorises (microgpt: 6-9% of a step); this is four values a vector on
+ * x86-64 with AVX2, within an ulp of the library's (to the fused bound, not its bits). Every
+ * value goes through the same operations, correctly rounded each and none fused, in vectors or
+ * one by one (TCC, other CPUs, the freestanding exports): the same bits with every compiler,
+ * tier and CPU, wherever a value sits in a row (a row's last values are loaded and stored in
+ * part). float32 computes in double and rounds once.
+ * The method (fdlibm's reduction): k = round(x / ln 2) (by adding and taking away 1.5 * 2^52),
+ * r = x - k ln 2 with ln 2 in two parts, the first's 32 bits making k times it exact (|r| <= ln 2
+ * / 2), exp(r) = 1 + (r + r^2 P(r)) with P Taylor's to r^11 / 13! (its remainder under 1e-17
+ * relative; Estrin's scheme, for a short row's latency), then times 2^k in two halves of k, so
+ * that overflow gives inf and a result under the normal numbers rounds once (to 0 below
+ * exp(-745.13)); NaN stays NaN. */
+#if RUNTIME_PRODUCTS
+SHARED void exp_range(real *restrict y, const real *restrict x, long n);
+#endif
+#if RUNTIME_PRODUCTS != 1
+#define EXP_SHIFT 6755399441055744.0 /* 1.5 * 2^52: z + it - it rounds z to an integer */
+#define EXP_SHIFT_BITS 0x4338000000000000ULL
+/* e = exp(c) / 2^k and z = k + EXP_SHIFT, for c clamped to [-746, 710]: double or a vector of them */
+#define EXP_REDUCED(T, c, z, e)                                                                    \
+    do {                                                                                           \
+        z = c * 1.4426950408889634 + EXP_SHIFT;                                                    \
+        const T k_ = z - EXP_SHIFT;                                                                \
+        const T r = (c - k_ * 0.6931471803691238) - k_ * 1.9082149292705877e-10;                   \
+        const T r2 = r * r, r4 = r2 * r2;                                                          \
+        const T q0 = 0.5 + r * 0.16666666666666666, q1 = 0.041666666666666664 + r * 0.008333333333333333; \
+        const T q2 = 0.001388888888888889 + r * 0.0001984126984126984;                             \
+        const T q3 = 2.48015873015873e-05 + r * 2.7557319223985893e-06;                            \
+        const T q4 = 2.755731922398589e-07 + r * 2.505210838544172e-08;                            \
+        const T q5 = 2.08767569878681e-09 + r * 1.6059043836821613e-10;                            \
+        const T p = (q0 + r2 * q1) + r4 * ((q2 + r2 * q3) + r4 * (q4 + r2 * q5));                 \
+        e = 1.0 + (r + r2 * p);                                                                    \
+    } while (0)
+/* 2^k as two factors 2^h and 2^(k - h), h = floor(k / 2) (k + 2048 > 0: a logical shift halves
+ * it), from the bits of z (its last ones are k's): their bits b1, b2 */
+#define EXP_HALVES(T, k, b1, b2)                                                                   \
+    do {                                                                                           \
+        const T h_ = (k + 2048) >> 1;                                                              \
+        b1 = (h_ - 1) << 52;                                                                       \
+        b2 = (k - h_ + 2047) << 52;                                                                \
+    } while (0)
+
+/* No multiply and add fused into one rounding, even where the unit is built for a CPU that has
+ * them (-march=native): every path rounds each operation. */
+#if defined(__clang__)
+#define EXP_UNFUSED _Pragma("clang fp contract(off)")
+#define EXP_UNFUSED_FUNCTION
+#elif defined(__GNUC__) && !defined(__TINYC__)
+#define EXP_UNFUSED
+#define EXP_UNFUSED_FUNCTION __attribute__((optimize("fp-contract=off")))
+#else
+#define EXP_UNFUSED
+#define EXP_UNFUSED_FUNCTION
+#endif
+
+static EXP_UNFUSED_FUNCTION inline double exp_value(double x)
+{
+    EXP_UNFUSED
+    if (x != x)
+        return x + x;
+    const double c = x < -746.0 ? -746.0 : x > 710.0 ? 710.0 : x;
+    double z, e, s1, s2;
+    EXP_REDUCED(double, c, z, e);
+    uint64_t k, b1, b2;
+    memcpy(&k, &z, sizeof k);
+    k -= EXP_SHIFT_BITS;
+    EXP_HALVES(uint64_t, k, b1, b2);
+    memcpy(&s1, &b1, sizeof s1);
+    memcpy(&s2, &b2, sizeof s2);
+    return e * s1 * s2;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__) /* GCC, Clang */
+#include <immintrin.h>
+#define EXP_AVX2 __attribute__((target("avx2"))) EXP_UNFUSED_FUNCTION
+typedef double exp_vec __attribute__((vector_size(32)));
+typedef unsigned long long exp_bits __attribute__((vector_size(32)));
+static EXP_AVX2 inline exp_vec exp_avx2(exp_vec x)
+{
+    EXP_UNFUSED
+    const exp_vec c = (exp_vec)_mm256_min_pd(_mm256_max_pd((__m256d)x, _mm256_set1_pd(-746.0)), _mm256_set1_pd(710.0));
+    exp_vec z, e;
+    EXP_REDUCED(exp_vec, c, z, e);
+    exp_bits b1, b2, k = (exp_bits)z - EXP_SHIFT_BITS;
+    EXP_HALVES(exp_bits, k, b1, b2);
+    const __m256d y = (__m256d)(e * (exp_vec)b1 * (exp_vec)b2);
+    return (exp_vec)_mm256_blendv_pd(y, (__m256d)(x + x), _mm256_cmp_pd((__m256d)x, (__m256d)x, _CMP_UNORD_Q));
+}
+
+/* lanes [0, count) of 4 (count clamped to 0..4) */
+static EXP_AVX2 inline __m256i exp_mask(long count)
+{
+    const long lanes = count < 0 ? 0 : count > 4 ? 4 : count;
+    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(lanes), _mm256_setr_epi64x(0, 1, 2, 3));
+}
+/* whole vectors loaded and stored plainly (AMD's masked stores are slow), the last one in part */
+#if REAL_IS_FLOAT
+/* a 4-lane 64-bit mask as a 4-lane 32-bit one (the low halves: all ones or zeros) */
+static EXP_AVX2 inline __m128i exp_mask32(__m256i m)
+{
+    return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(m, _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0)));
+}
+#define EXP_LOAD(p) (exp_vec)_mm256_cvtps_pd(_mm_loadu_ps(p))
+#define EXP_STORE(p, v) _mm_storeu_ps((p), _mm256_cvtpd_ps((__m256d)(v)))
+#define EXP_LOAD_PART(p, m) (exp_vec)_mm256_cvtps_pd(_mm_maskload_ps((p), exp_mask32(m)))
+#define EXP_STORE_PART(p, m, v) _mm_maskstore_ps((p), exp_mask32(m), _mm256_cvtpd_ps((__m256d)(v)))
+#else
+#define EXP_LOAD(p) (exp_vec)_mm256_loadu_pd(p)
+#define EXP_STORE(p, v) _mm256_storeu_pd((p), (__m256d)(v))
+#define EXP_LOAD_PART(p, m) (exp_vec)_mm256_maskload_pd((p), (m))
+#define EXP_STORE_PART(p, m, v) _mm256_maskstore_pd((p), (m), (__m256d)(v))
+#endif
+static EXP_AVX2 void exp_range_avx2(real *restrict y, const real *restrict x, long n)
+{
+    long i = 0;
+    for (; i + 4 <= n; i += 4)
+        EXP_STORE(y + i, exp_avx2(EXP_LOAD(x + i)));
+    if (i < n) {
+        const __m256i m = exp_mask(n - i);
+        EXP_STORE_PART(y + i, m, exp_avx2(EXP_LOAD_PART(x + i, m)));
+    }
+}
+#undef EXP_LOAD
+#undef EXP_STORE
+#undef EXP_LOAD_PART
+#undef EXP_STORE_PART
+#define EXP_VECTORS 1
+#endif
+
+PRODUCT void exp_range(real *restrict y, const real *restrict x, long n)
+{
+#if defined(EXP_VECTORS)
+    if (cpu_features() & CPU_AVX2_FMA) {
+        exp_range_avx2(y, x, n);
+        return;
+    }
+#endif
+    for (long i = 0; i < n; i++)
+        y[i] = (real)exp_value((double)x[i]);
+}
+#endif
