@@ -65,6 +65,13 @@ static double forward_sample(const Samples *s, Py_ssize_t row, real *restrict d)
     return d[MODEL.loss_slot];
 }
 
+/* Whether train_rows leaves every parameter's gradient 0 when it is done: each batch's step
+ * zeroes them (batch_step), unless plain SGD steps inside the backward pass */
+static int steps_zero_gradients(long long batch)
+{
+    return !(MODEL.sgd_in_backward && MODEL.optimizer.plain_sgd && batch == 1);
+}
+
 /* One pass of train() over the rows in `order` (the samples s, loaded one at a time), without the
  * GIL (`save`: the caller's Py_BEGIN_ALLOW_THREADS state), from zero parameter gradients (the
  * caller zeroes them: templates/step.c's zero_all_gradients). Adds each row's loss to *loss_sum;
@@ -77,7 +84,7 @@ static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, doub
     Py_ssize_t in_batch = 0;
     for (Py_ssize_t i = 0; i < s->n; i++) {
         *loss_sum += forward_sample(s, order[i], d);
-        if (MODEL.sgd_in_backward && MODEL.optimizer.plain_sgd && batch == 1) {
+        if (!steps_zero_gradients(batch)) {
             seed_gradients(g);
             MODEL.backward_sgd_body(d, g, lr);
             MODEL.sgd_after_backward(d, g, lr);

@@ -21,6 +21,7 @@ static State *lock_state(PyObject *module, const char *fn)
         Py_END_ALLOW_THREADS
     }
     s->owner = PyThread_get_thread_ident();
+    s->calls++;
     return s;
 }
 

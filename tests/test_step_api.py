@@ -337,3 +337,28 @@ def test_the_grad_object():
     del grad
     gc.collect()
     assert module() is None  # and the two are collected together
+
+
+@pytest.mark.parametrize("compiler", ["gcc"], indirect=True)
+def test_train_after_train_starts_from_zero_gradients(compiler):
+    """train() a row at a time with Adam: each call leaves the parameters' gradients 0 as it steps,
+    and the next, when nothing ran between, does not zero them again (templates/runtime.c); a
+    write through `grad` or a backward() between two calls is zeroed as before. Every way, the
+    parameters of one train() call over the rows, bit for bit."""
+    net, init = compile_classifier(compiler, opt=2, optimizer=codegen.Adam())
+    rows, x, labels = sample_rows(9, 5)
+    net.set_params(init)
+    net.train(x, labels, LR)
+    expected = np.asarray(net.params).copy()
+    for between in (None, "grad", "backward"):
+        net, _ = compile_classifier(compiler, opt=2, optimizer=codegen.Adam())
+        net.set_params(init)
+        for i in range(len(x)):
+            net.train(x[i:i + 1], labels[i:i + 1], LR)
+            if between == "grad" and i == 4:
+                np.asarray(net.grad)[:] = 7.0
+            elif between == "backward" and i == 4:
+                net.set_input(rows[i])
+                net.forward()
+                net.backward()
+        np.testing.assert_array_equal(np.asarray(net.params), expected, err_msg=str(between))
