@@ -97,7 +97,8 @@ static EXP_AVX2 inline __m256i exp_mask(long count)
     const long lanes = count < 0 ? 0 : count > 4 ? 4 : count;
     return _mm256_cmpgt_epi64(_mm256_set1_epi64x(lanes), _mm256_setr_epi64x(0, 1, 2, 3));
 }
-/* whole vectors loaded and stored plainly (AMD's masked stores are slow), the last one in part */
+/* whole vectors loaded and stored plainly, the last one in part (gemm.c's part stores: AMD's
+ * masked stores are slow) */
 #if REAL_IS_FLOAT
 /* a 4-lane 64-bit mask as a 4-lane 32-bit one (the low halves: all ones or zeros) */
 static EXP_AVX2 inline __m128i exp_mask32(__m256i m)
@@ -107,12 +108,12 @@ static EXP_AVX2 inline __m128i exp_mask32(__m256i m)
 #define EXP_LOAD(p) (exp_vec)_mm256_cvtps_pd(_mm_loadu_ps(p))
 #define EXP_STORE(p, v) _mm_storeu_ps((p), _mm256_cvtpd_ps((__m256d)(v)))
 #define EXP_LOAD_PART(p, m) (exp_vec)_mm256_cvtps_pd(_mm_maskload_ps((p), exp_mask32(m)))
-#define EXP_STORE_PART(p, m, v) _mm_maskstore_ps((p), exp_mask32(m), _mm256_cvtpd_ps((__m256d)(v)))
+#define EXP_STORE_PART(p, n, v) gemm_part_store16((p), (n), _mm_castps_si128(_mm256_cvtpd_ps((__m256d)(v))))
 #else
 #define EXP_LOAD(p) (exp_vec)_mm256_loadu_pd(p)
 #define EXP_STORE(p, v) _mm256_storeu_pd((p), (__m256d)(v))
 #define EXP_LOAD_PART(p, m) (exp_vec)_mm256_maskload_pd((p), (m))
-#define EXP_STORE_PART(p, m, v) _mm256_maskstore_pd((p), (m), (__m256d)(v))
+#define EXP_STORE_PART(p, n, v) gemm_part_store_avx2((p), (n), (gemm_vec32)(v))
 #endif
 static EXP_AVX2 void exp_range_avx2(real *restrict y, const real *restrict x, long n)
 {
@@ -121,7 +122,7 @@ static EXP_AVX2 void exp_range_avx2(real *restrict y, const real *restrict x, lo
         EXP_STORE(y + i, exp_avx2(EXP_LOAD(x + i)));
     if (i < n) {
         const __m256i m = exp_mask(n - i);
-        EXP_STORE_PART(y + i, m, exp_avx2(EXP_LOAD_PART(x + i, m)));
+        EXP_STORE_PART(y + i, n - i, exp_avx2(EXP_LOAD_PART(x + i, m)));
     }
 }
 #undef EXP_LOAD

@@ -344,13 +344,39 @@ static __attribute__((target("avx2,fma"))) inline gemm_vec32 gemm_part_load_avx2
     return (gemm_vec32)_mm256_maskload_pd(p, gemm_part_mask_avx2(count));
 #endif
 }
+/* The stores are plain ones of a whole vector, its halves and single lanes: AMD's masked stores
+ * (vmaskmovps/pd) take many times a plain store's time (Zen 3: microgpt's projections over a
+ * document's positions, whose rows end in part, spent a fifth of the kernel's time in them). */
+static __attribute__((target("avx2"))) inline void gemm_part_store16(real *p, long count, __m128i x)
+{
+    long bytes = gemm_part_count(count, 16 / sizeof(real)) * (long)sizeof(real);
+    if (bytes == 16) {
+        _mm_storeu_si128((__m128i *)p, x);
+        return;
+    }
+    char *to = (char *)p;
+    if (bytes >= 8) {
+        _mm_storel_epi64((__m128i *)to, x);
+        x = _mm_srli_si128(x, 8), to += 8, bytes -= 8;
+    }
+    if (bytes) {
+        const int32_t lane = _mm_cvtsi128_si32(x);
+        memcpy(to, &lane, 4);
+    }
+}
 static __attribute__((target("avx2,fma"))) inline void gemm_part_store_avx2(real *p, long count, gemm_vec32 x)
 {
-#if REAL_IS_FLOAT
-    _mm256_maskstore_ps(p, gemm_part_mask_avx2(count), (__m256)x);
-#else
-    _mm256_maskstore_pd(p, gemm_part_mask_avx2(count), (__m256d)x);
-#endif
+    enum { HALF = 16 / sizeof(real) };
+    if (count >= GEMM_PART_AVX2_LANES) {
+        memcpy(p, &x, sizeof x);
+        return;
+    }
+    __m128i half = _mm256_castsi256_si128((__m256i)x);
+    if (count >= HALF) {
+        _mm_storeu_si128((__m128i *)p, half);
+        half = _mm256_extracti128_si256((__m256i)x, 1), p += HALF, count -= HALF;
+    }
+    gemm_part_store16(p, count, half);
 }
 static __attribute__((target("avx512f"))) inline gemm_vec64 gemm_part_load_avx512(const real *p, long count)
 {
