@@ -136,10 +136,10 @@ def runtime_sources(dtype=dtypes.DEFAULT.name):
                                                   PRELUDE=_prelude(real, True, contract.RUNTIME_DEFINES_PRODUCTS)))]
 
 
-def _prelude(dtype, thread_pool, products=contract.STATIC_PRODUCTS):
+def _prelude(dtype, thread_pool, products=contract.STATIC_PRODUCTS, vectorise_loops=False):
     """What every generated C file starts with: what the prelude reads (codegen/write/contract.py's
     Prelude), then templates/prelude.c."""
-    return contract.Prelude(dtype, thread_pool, products).render() + templates.read("prelude.c")
+    return contract.Prelude(dtype, thread_pool, products, vectorise_loops).render() + templates.read("prelude.c")
 
 
 def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False, plan=None):
@@ -204,7 +204,8 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
         drivers.append(driver)
     units = _units(pieces, unit) if unit else [pieces]
     # a module's units call the products its runtime defines
-    prelude = _prelude(dtype, thread_pool, contract.RUNTIME_HAS_PRODUCTS if module else contract.STATIC_PRODUCTS)
+    prelude = _prelude(dtype, thread_pool, contract.RUNTIME_HAS_PRODUCTS if module else contract.STATIC_PRODUCTS,
+                       vectorise_loops=program.sequence is not None)
     layout = "\n".join([
         contract.Layout.of(program).render(),
         _constants(program.constants, dtype),
