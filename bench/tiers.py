@@ -128,7 +128,8 @@ def run(args) -> int:
     configs = [c for c in (args.tier_configs or CONFIGS)]
     print('random irregular graphs (bench/irregular.py), batch=1; "table": the table form (its rows run by the module')
     print('runtime); "straight": one C statement per node in bounded functions (one backward, 40 statements a')
-    print('function); "before": the unbounded straight-line form (three backwards, functions of 200); each build')
+    print('function; gcc builds their units at -O1); "before": the unbounded straight-line form (three backwards,')
+    print('functions of 200, every unit at the -O shown); each build')
     print('into a cache holding only the module runtime, same run; ratios: the table form over the others\n')
     print('| Values | compiler | form | codegen s | compile s | CPU s | compile() s | compiler peak MB | step us (CPU) |')
     print('|---:|---|---|---:|---:|---:|---:|---:|---:|')

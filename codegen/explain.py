@@ -133,8 +133,9 @@ def _straight_line(program, optimizer):
     """What compile() makes of the program's statements: functions of how many, and how many
     copies of backward (emit.emit: SGD inside backward only for plain SGD)."""
     functions = f"statements in functions of at most {emit.chunk_statements(program)}"
-    if program.fused and ir.straight_line_heavy(program):
-        return f"mostly single statements: backward written once (batch-1 SGD steps after it), {functions}"
+    if emit.straight_line_code(program):
+        return (f"mostly single statements: backward written once (batch-1 SGD steps after it), {functions}, "
+                "their extra units built by gcc at -O1 at most")
     if program.sgd_in_backward and optimizer.plain_sgd:
         return (f"backward written two or three times (plain, with batch-1 SGD in it, the step API's when it "
                 f"tracks rows), {functions}")

@@ -42,6 +42,13 @@ class SharedSource(str):
     object (codegen/backend/toolchain.py); any other treats it as one more unit."""
 
 
+class StraightLineSource(str):
+    """A unit of an irregular graph's straight-line code (codegen/write/emit.py): functions of
+    single statements, no loop the vectoriser would take. A compiler family may compile it at a
+    lower -O level than the build's (codegen/backend/compilers.py's straight_line_opt), since its
+    optimiser's time there grows with the statements and buys little."""
+
+
 def read(name: str) -> str:
     """The template `name` (a path inside templates/) with its includes expanded."""
     text = resources.files(__name__).joinpath(name).read_text()

@@ -15,6 +15,7 @@ import sys
 import tempfile
 
 import codegen
+import templates
 from bench import models
 from codegen.lower import ir
 from codegen.write import dtypes
@@ -30,7 +31,9 @@ def main(out):
 
     def save(name, sources):
         for i, source in enumerate(sources):
-            (out / f"{name}.{i}.c").write_text(source)
+            # units that some compilers build with flags of their own are named so (a change of flags shows)
+            kind = ".straight-line" if isinstance(source, templates.StraightLineSource) else ""
+            (out / f"{name}.{i}{kind}.c").write_text(source)
 
     graph = build_graph(0, (50,), init="he")
     for dtype in dtypes.NAMES:

@@ -12,8 +12,10 @@ from conftest import requires, seeded_cache
 from test_compile import check_random_graphs
 
 import codegen
+import templates
 from bench import irregular
 from codegen import tiers
+from codegen.backend import toolchain
 from codegen.lower import ir
 from codegen.write import emit
 from micrograd_c import Value
@@ -175,6 +177,35 @@ def test_straight_line_programs_get_one_backward_in_short_functions():
 @pytest.fixture
 def every_program_straight_line(monkeypatch):
     monkeypatch.setattr(ir, "ONE_BACKWARD_MIN_STATEMENTS", 1)
+
+
+def test_gcc_builds_straight_line_units_at_o1_bit_for_bit(every_program_straight_line, tmp_path, monkeypatch):
+    """gcc compiles the extra units of straight-line code at -O1 (compilers.py's straight_line_opt),
+    the model's own unit at the build's -O; the unit flags are part of the build key; what it
+    trains is tcc's bit for bit."""
+    requires("gcc")
+    requires("tcc")
+    graph = irregular.graph(400, seed=2)
+    sources = codegen.generate(graph.loss, graph.inputs, graph.params, batch=1, table=False)
+    units = [s for s in sources if not isinstance(s, templates.SharedSource)]
+    assert len(units) >= 2 and type(units[0]) is str
+    assert all(type(s) is templates.StraightLineSource for s in units[1:])
+    gcc = toolchain.find_compiler("gcc")
+    assert toolchain.build_key(units, "nn", gcc) != toolchain.build_key([str(s) for s in units], "nn", gcc)
+    commands = []
+    run = toolchain.run_compiler
+    monkeypatch.setattr(toolchain, "run_compiler", lambda command, *args: commands.append(command) or run(command, *args))
+    net = compile_graph(graph, compiler="gcc", tiered=False, cache=seeded_cache(tmp_path / "gcc", "gcc"),
+                        outputs=graph.outputs)
+    levels = {c[c.index("-c") + 1].rsplit("/", 1)[1].split(".", 1)[1]: next(f for f in c if f.startswith("-O"))
+              for c in commands if "-c" in c}
+    assert levels.pop("c") == "-O2" and len(levels) == len(units) - 1 and set(levels.values()) == {"-O1"}
+    reference = compile_graph(graph, compiler="tcc", tiered=False, cache=tmp_path / "tcc", outputs=graph.outputs)
+    X, Y = rows(graph)
+    for module in (net, reference):
+        module.train(X, Y, 1e-2)
+    np.testing.assert_array_equal(np.asarray(net.params), np.asarray(reference.params))
+    assert np.array_equal(net.predict(X), reference.predict(X))
 
 
 @pytest.mark.parametrize("compiler", ["tcc", "gcc"])

@@ -162,6 +162,8 @@ class CompilerFamily:
     version_command: Callable[[tuple[str, ...]], list[str]] = _executable_version  # argv -> its version probe
     makes_files: bool = True          # False: builds only into memory and loads from there (libtcc: no
                                       # build_extension/build_library); True: a file the loader imports
+    straight_line_opt: int | None = None  # the highest -O of units of straight-line code
+                                          # (templates.StraightLineSource); None: the build's
 
 
 # Calls between the functions of one shared object go direct, not through the PLT.
@@ -171,7 +173,11 @@ FAMILIES = {family.name: family for family in [
                    version_line=r'^tcc\b', optimises=False, native=False,
                    parallel_units=False,  # fast enough in one process
                    locate=_locate_tcc),
-    CompilerFamily('gcc', 'install it with `apt-get install gcc`', version_line=None, extra_flags=_NO_INTERPOSITION),
+    # gcc -O2 spends ~12 us of CPU per byte of an irregular graph's straight-line C, in every pass
+    # alike (no pass above 8%, none superlinear in functions of 10-160 statements); -O1 about 0.6x
+    # of it, the step the same within noise (1.00-1.14x on the 20k-Value graph of bench/tiers.py)
+    CompilerFamily('gcc', 'install it with `apt-get install gcc`', version_line=None, extra_flags=_NO_INTERPOSITION,
+                   straight_line_opt=1),
     CompilerFamily('clang', 'install it with `apt-get install clang`', version_line='clang',
                    extra_flags=_NO_INTERPOSITION),
     # `zig cc` is clang with its own libc headers and linker: an optimising compiler from pip
@@ -207,8 +213,9 @@ def available_compilers() -> list[str]:
     return found
 
 
-def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False) -> list[str]:
-    """Optimisation and shared-object flags. No -g: it makes gcc very slow on huge straight-line functions."""
+def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False, straight_line: bool = False) -> list[str]:
+    """Optimisation and shared-object flags. No -g: it makes gcc very slow on huge straight-line functions.
+    straight_line: the flags of a unit of straight-line code (templates.StraightLineSource)."""
     # not True, not 2.0: they would print -OTrue, -O2.0
     levels = FAMILIES[compiler.family].opt_levels
     if type(opt) is not int or opt not in levels:
@@ -216,6 +223,8 @@ def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False) -> lis
     if not isinstance(native, bool):
         raise TypeError(f'native must be True or False, not {native!r}')
     family = FAMILIES[compiler.family]
+    if straight_line and family.straight_line_opt is not None:
+        opt = min(opt, family.straight_line_opt)
     flags = [f'-O{opt}', '-shared', '-fPIC', *family.extra_flags]
     if native:
         if not family.native:

@@ -148,7 +148,9 @@ def index_by_structure(key: str, build: BuildResult, cache: pathlib.Path | None 
 
 
 def _build_plan(kind, sources, name, compiler, opt, native):
-    """(sources as a list, Compiler, flags, cache key), the arguments checked."""
+    """(sources as a list, Compiler, flags, cache key, the flags of each source's compile), the
+    arguments checked. A unit of straight-line code (templates.StraightLineSource) may have
+    flags of its own (compilers.compile_flags): part of the key, like which units they are."""
     if kind not in ('extension', 'library', 'object'):
         raise ValueError(f"kind must be 'extension', 'library' or 'object', not {kind!r}")
     check_identifier(name)
@@ -158,14 +160,16 @@ def _build_plan(kind, sources, name, compiler, opt, native):
     if not FAMILIES[compiler.family].makes_files:
         raise ValueError(f'{compiler.family} builds into memory only, not a file: name a compiler '
                          f'({", ".join(COMPILER_NAMES)}), or use codegen.compile')
-    flags = compile_flags(compiler, opt, native)
+    flags, straight_flags = (compile_flags(compiler, opt, native, straight_line) for straight_line in (False, True))
     if kind in ('extension', 'object'):  # (an object is a part of an extension: the module runtime)
-        flags.append('-I' + sysconfig.get_paths()['include'])
+        for each in (flags, straight_flags):
+            each.append('-I' + sysconfig.get_paths()['include'])
+    straight = [isinstance(s, templates.StraightLineSource) for s in sources]
     key = hashlib.sha256(json.dumps([
         kind, name, sources, compiler.family, compiler.argv, compiler.link_args, compiler.version, flags,
-        sys.implementation.cache_tag, sysconfig.get_config_var('EXT_SUFFIX'),
+        straight_flags, straight, sys.implementation.cache_tag, sysconfig.get_config_var('EXT_SUFFIX'),
     ]).encode()).hexdigest()
-    return sources, compiler, flags, key
+    return sources, compiler, flags, key, [straight_flags if s else flags for s in straight]
 
 
 def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_memory) -> BuildResult:
@@ -176,7 +180,7 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_m
         raise ValueError(f'timeout must be a number of seconds > 0 or None, not {timeout!r}')
     if not isinstance(measure_memory, bool):
         raise TypeError(f'measure_memory must be True or False, not {measure_memory!r}')
-    sources, compiler, flags, key = _build_plan(kind, sources, name, compiler, opt, native)
+    sources, compiler, flags, key, unit_flags = _build_plan(kind, sources, name, compiler, opt, native)
     ext_suffix = sysconfig.get_config_var('EXT_SUFFIX')
 
     cache = pathlib.Path(cache) if cache is not None else build_cache.cache_dir()
@@ -189,6 +193,7 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_m
     # by the compilers that compile units apart, and linked; for the others they are units.
     shared = [s for s in sources if isinstance(s, templates.SharedSource)] \
         if kind == 'extension' and FAMILIES[compiler.family].parallel_units else []
+    unit_flags = [f for s, f in zip(sources, unit_flags) if not any(s is t for t in shared)]
     sources = [s for s in sources if not any(s is t for t in shared)]
     c_files = [cache / unit_file_name(stem, i) for i in range(len(sources))]
     shared_paths = [cache / f'{SHARED_OBJECT_NAME}_{_shared_key(s, compiler, opt, native)[:16]}.o' for s in shared]
@@ -221,7 +226,7 @@ def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_m
             warnings.warn(f'build cache entry {output} is damaged ({why}); removing and rebuilding it',
                           build_cache.CacheWarning, stacklevel=4)
         build_cache.remove_entry(output)
-        seconds, peak_rss = _compile(compiler, flags, link, sources, c_files, cache, output, timeout, measure_memory,
+        seconds, peak_rss = _compile(compiler, unit_flags, link, sources, c_files, cache, output, timeout, measure_memory,
                                      (lambda: _shared_objects(shared, compiler, opt, native, cache, timeout,
                                                               measure_memory)) if shared else None)
         build_cache.commit(output, kind=kind, name=name, compiler=compiler.family,
@@ -291,9 +296,10 @@ def start_shared_object(source, compiler, opt, native, cache=None, timeout=None)
     return thread
 
 
-def _compile(compiler, flags, link, sources, c_files, cache, output, timeout,
+def _compile(compiler, unit_flags, link, sources, c_files, cache, output, timeout,
              measure_memory, shared=None) -> tuple[float, int | None]:
-    """Write the C files and build `output` from them, and from the objects shared() gives
+    """Write the C files and build `output` from them (each compiled with its unit_flags when they
+    compile apart; else with link's), and from the objects shared() gives
     ((BuildResult, descriptor holding it) pairs: built alongside the units, linked in, let go
     after): wall seconds and the compiler's peak RSS (None unless measure_memory)."""
     # Write and compile into temporary files, then rename: concurrent readers never see partial files.
@@ -310,7 +316,7 @@ def _compile(compiler, flags, link, sources, c_files, cache, output, timeout,
     def remaining():
         return None if timeout is None else max(0.0, start + timeout - time.perf_counter())
 
-    def compile_unit(c_file, obj):
+    def compile_unit(c_file, flags, obj):
         return run_compiler([*compiler.argv, *flags, '-c', str(c_file), '-o', str(obj)], remaining(), measure_memory,
                              owner)
 
@@ -326,7 +332,7 @@ def _compile(compiler, flags, link, sources, c_files, cache, output, timeout,
             with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
                 # the shared objects (a cold module runtime) build beside the units
                 waiting = pool.submit(build_shared) if shared is not None else None
-                runs = list(pool.map(compile_unit, c_files, objects))
+                runs = list(pool.map(compile_unit, c_files, unit_flags, objects))
                 if waiting is not None:
                     runs.append(waiting.result())
             linked = [*objects, *(b.path for b, _ in held)]

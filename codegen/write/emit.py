@@ -153,10 +153,15 @@ def standalone(program, chunk=CHUNK_STATEMENTS, thread_pool=False, plan=None):
     return graph
 
 
+def straight_line_code(program):
+    """Whether `program` is mostly single statements (an irregular graph's, fused): its functions
+    hold fewer statements, and its units are templates.StraightLineSource."""
+    return program.fused and ir.straight_line_heavy(program)
+
+
 def chunk_statements(program, chunk=CHUNK_STATEMENTS):
-    """The most statements a generated function of `program` holds: fewer in a fused program that
-    is mostly single statements."""
-    return min(chunk, STRAIGHT_LINE_CHUNK_STATEMENTS) if program.fused and ir.straight_line_heavy(program) else chunk
+    """The most statements a generated function of `program` holds: fewer in straight-line code."""
+    return min(chunk, STRAIGHT_LINE_CHUNK_STATEMENTS) if straight_line_code(program) else chunk
 
 
 def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name, sparse_inputs=False, batched=None,
@@ -169,6 +174,7 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
     (scan_nonzeros and the words after d's slots). plan: the program's table form (table.plan), or None."""
     dtype = dtypes.lookup(dtype)
     chunk = chunk_statements(program, chunk)
+    straight_line = plan is None and straight_line_code(program)
     if plan is not None:
         program = plan.program
     shared = Shared()  # (the batched program's statements use the same offset tables and epilogues)
@@ -192,16 +198,16 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
     tracking = ["uint64_t *restrict stamp", "real *restrict rank1", "real *restrict snap", "uint32_t *restrict live",
                 "uint64_t gen"]
     pieces, drivers = [], []
-    for name, params, statements in [("forward_outputs", d, forward_outputs),
-                                     ("forward_rest", d, forward_rest),
-                                     ("backward_body", dg, backward),
-                                     ("backward_sgd_body", dg + ["real lr"], backward_sgd),
-                                     *([("backward_tracked_body", dg + tracking, backward_tracked)]
-                                       if sides.tracked_rows else []),
-                                     *_batched_functions(batch_sides, dtype)]:
+    passes = [("forward_outputs", d, forward_outputs), ("forward_rest", d, forward_rest),
+              ("backward_body", dg, backward), ("backward_sgd_body", dg + ["real lr"], backward_sgd),
+              *([("backward_tracked_body", dg + tracking, backward_tracked)] if sides.tracked_rows else [])]
+    batched_passes = _batched_functions(batch_sides, dtype)
+    for name, params, statements in passes + batched_passes:
         functions, driver = _functions(name, params, statements, chunk)
         pieces += functions
         drivers.append(driver)
+        if len(drivers) == len(passes):
+            unbatched = len(pieces)
     units = _units(pieces, unit) if unit else [pieces]
     # a module's units call the products its runtime defines
     prelude = _prelude(dtype, thread_pool, contract.RUNTIME_HAS_PRODUCTS if module else contract.STATIC_PRODUCTS,
@@ -222,7 +228,10 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
     graph = [prelude, layout, shared.offsets.render(), *(p[1] for p in pieces), *drivers]
     extra = [prelude + "\n" + shared.offsets.render(declare=True) + "\n" + epilogues + "\n"
              + "\n".join(p[0] for p in group) for group in units]
-    return "\n".join(graph), extra
+    # the units of an irregular graph's passes (not the batched program's loops over a batch)
+    straight = {id(p) for p in pieces[:unbatched]} if straight_line else set()
+    return "\n".join(graph), [templates.StraightLineSource(text) if all(id(p) in straight for p in group) else text
+                              for text, group in zip(extra, units)]
 
 
 def _with_table(items, statements):
