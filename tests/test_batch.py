@@ -109,9 +109,10 @@ def test_batches_bigger_than_the_buffers_and_predict(compiler):
 
 def test_the_same_bits_with_any_number_of_threads():
     """The products split their rows between threads, never a sum: 1, 2 and 3 threads give the
-    same parameters and predictions bit for bit (a model big enough for the products to be split)."""
-    case = classifier(n_in=64, hidden=(96, 40), n_classes=10)
-    X, y = data(300, 64, 10)
+    same parameters and predictions bit for bit (a model big enough for the products to be split:
+    the first layer's 1.3 M multiply-adds a batch, over gemm.c's GEMM_PARALLEL_MIN)."""
+    case = classifier(n_in=128, hidden=(160, 40), n_classes=10)
+    X, y = data(300, 128, 10)
     results = []
     for threads in (1, 2, 3):
         net = twins(case=case, threads=threads)[0]

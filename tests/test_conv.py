@@ -126,25 +126,25 @@ def test_kernels_follow_numpy(compiler, dtype):
 SIDE, FIRST, SECOND, CLASSES = 9, 2, 3, 4  # 9x9 images, 3x3 windows: 2 planes of 7x7, then 3 of 5x5
 
 
-def two_convolutions(seed=0):
-    """(params, pixels, targets, logits, loss, forward): 3x3 convolution with FIRST filters, ReLU,
-    3x3 convolution over those planes with SECOND filters (windows of 18; each product written
-    input first, so the weights are the dot's second list), ReLU, dense to CLASSES,
+def two_convolutions(seed=0, first=FIRST, second=SECOND):
+    """(params, pixels, targets, logits, loss, forward): 3x3 convolution with `first` filters, ReLU,
+    3x3 convolution over those planes with `second` filters (windows of 9 * first; each product
+    written input first, so the weights are the dot's second list), ReLU, dense to CLASSES,
     softmax cross-entropy; forward(image) builds one sample's logits for the interpreter."""
     random.seed(seed)
     uniform = lambda n, scale: [Value(random.uniform(-1, 1) * scale) for _ in range(n)]
-    w1, b1 = uniform(FIRST * 9, 0.8), uniform(FIRST, 0.1)
-    w2, b2 = uniform(SECOND * FIRST * 9, 0.5), uniform(SECOND, 0.1)
-    dense = uniform(CLASSES * SECOND * 25, 0.3)
+    w1, b1 = uniform(first * 9, 0.8), uniform(first, 0.1)
+    w2, b2 = uniform(second * first * 9, 0.5), uniform(second, 0.1)
+    dense = uniform(CLASSES * second * 25, 0.3)
     bias = uniform(CLASSES, 0.1)
     params = w1 + b1 + w2 + b2 + dense + bias
 
     def forward(x):  # x: SIDE rows of SIDE Values or numbers
         h = [[[(sum(w1[f * 9 + 3 * ky + kx] * x[i + ky][j + kx] for ky in range(3) for kx in range(3)) + b1[f]).relu()
-               for j in range(7)] for i in range(7)] for f in range(FIRST)]
-        h2 = [(sum(h[c][i + ky][j + kx] * w2[(f * FIRST + c) * 9 + 3 * ky + kx]  # (inputs first: swapped)
-                   for c in range(FIRST) for ky in range(3) for kx in range(3)) + b2[f]).relu()
-              for f in range(SECOND) for i in range(5) for j in range(5)]
+               for j in range(7)] for i in range(7)] for f in range(first)]
+        h2 = [(sum(h[c][i + ky][j + kx] * w2[(f * first + c) * 9 + 3 * ky + kx]  # (inputs first: swapped)
+                   for c in range(first) for ky in range(3) for kx in range(3)) + b2[f]).relu()
+              for f in range(second) for i in range(5) for j in range(5)]
         return [sum(dense[n * len(h2) + k] * v for k, v in enumerate(h2)) + bias[n] for n in range(CLASSES)]
 
     pixels = [Value(0.0) for _ in range(SIDE * SIDE)]
@@ -224,8 +224,10 @@ def test_a_cnn_over_batches_equals_the_interpreter(compiler, dtype):
 
 def test_the_same_bits_on_one_and_two_threads():  # (TCC: the split is the same in every build)
     """Filters (the weights' gradients) and rows (the forward) split between threads, never a
-    sum: the parameters after an epoch of batches of 64 are the same bits on 1 and 2 threads."""
-    params, pixels, targets, logits, loss, _ = two_convolutions()
+    sum: the parameters after an epoch of batches of 64 are the same bits on 1 and 2 threads
+    (8 and 8 filters: the second convolution's 0.9 M multiply-adds a batch are shared, gemm.c's
+    GEMM_PARALLEL_MIN)."""
+    params, pixels, targets, logits, loss, _ = two_convolutions(first=8, second=8)
     X, y = data(192, seed=2)
     results = []
     for threads in (1, 2):
