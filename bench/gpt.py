@@ -19,9 +19,10 @@ document order):
   torch.optim.Adam with microgpt's learning rate set each step: microgpt's 1,000 steps, once.
 
 Then the issue's ratios (compiled step / JAX's scanned step, compiled step / the hand-written C's)
-with their targets; the compiled steps (gcc, clang) and JAX's scan again in 3 rounds of
-alternating processes, each round's ratio and their median (this machine's speed can change for
-minutes at a time, which rows run one after another may straddle); and issue 36's rows: B = 16 and 64 documents a step, float64 and float32 (the
+with their targets; the compiled steps (gcc, clang) and JAX's scan again, 30 windows of each
+(1,000 steps) taken in turn from processes kept running, the median of each window's ratio to the
+next JAX window (this machine's speed changes for seconds to minutes at a time, which rows run one
+after another straddle); and issue 36's rows: B = 16 and 64 documents a step, float64 and float32 (the
 batched program, gcc, beside JAX's scan of the same batches and PyTorch on all cores), 50 steps, a
 document's time. With --gpt-big also the bigger configuration (n_embd 64, 4 heads, 2 layers,
 block 32, float32, B = 32, on windows of the data's text: every position used): its build, a
@@ -56,7 +57,7 @@ CONFIGS = {"default": (), "big": ("--n-embd", "64", "--n-head", "4", "--n-layer"
                                   "--windows")}
 BIG_BATCH, BIG_DTYPE = 32, "float32"
 PORT_STEPS, PEER_RUNS = 1000, 3  # microgpt's run: the losses checked, the peers' timed steps
-PAIR_ROUNDS = 3                  # _pairs: rounds of the compiled steps and JAX's scan, alternating
+PAIR_ROUNDS = 30                 # _pairs: windows of the compiled steps and JAX's scan, taken in turn
 TOLERANCE = 1e-9                 # the largest relative difference of a peer's losses from the port's
 # (bound, steps compared) of a batch row's peer: float32's rounding differs from the first step and
 # training amplifies it (JAX in float32 against float64, the bigger configuration: 3e-8 at step 1,
@@ -155,18 +156,38 @@ def _step_times(net, docs, tokenizer, args):
     return {**_per_step(times, STEPS), "one_call_us": in_one_call["step_us"], "one_call_cpu_us": in_one_call["cpu_us"]}
 
 
-def child_step(compiler, cache):
-    """The compiled port's step alone, built into `cache` (a hit after the first round): _pairs'."""
-    import codegen
+def child_serve(system, cache):
+    """A system kept running for _pairs: prints "ready", then times one window for each line it
+    reads (a compiled port, built into `cache`: PORT_STEPS train() calls of a document; "jax":
+    the PORT_STEPS steps in one lax.scan) and prints its us a step; stops at the end of input."""
     from gpt import model, train
-    from micrograd_c import engine
-    args, docs, tokenizer, state, params = _setup(["--compiler", compiler])
-    with engine.no_gc(survivors=True):
-        doc = model.document(state, args.config)
-    net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=1,
-                          optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS), compiler=compiler,
-                          tiered=False, cache=cache)
-    return _step_times(net, docs, tokenizer, args)
+    args, docs, tokenizer, state, params = _setup(["--compiler", system] if system != "jax" else [])
+    if system == "jax":
+        from . import gpt_peers
+        peer = gpt_peers.JaxPeer(args, docs, tokenizer, gpt_peers.initial(state), PORT_STEPS)
+        peer.run_scan()  # (the first run compiles)
+
+        def window():
+            return peer.run_scan()[1] / PORT_STEPS
+    else:
+        import codegen
+        from micrograd_c import engine
+        with engine.no_gc(survivors=True):
+            doc = model.document(state, args.config)
+        net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=1,
+                              optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS), compiler=system,
+                              tiered=False, cache=cache)
+        X, Y = _inputs_and_targets(docs, tokenizer, args.config.block_size, PORT_STEPS)
+
+        def window():
+            started = time.perf_counter()
+            for i in range(PORT_STEPS):
+                net.train(X[i:i + 1], Y[i:i + 1], 0.01)
+            return (time.perf_counter() - started) / PORT_STEPS
+        window()
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        print(window() * 1e6, flush=True)
 
 
 def _multiply_adds(config, vocab, lengths):
@@ -424,27 +445,42 @@ def run(args):
 
 
 def _pairs():
-    """The compiled steps and JAX's scanned step again, PAIR_ROUNDS rounds of one process each, a
-    few seconds apart: this machine's speed can change for minutes at a time (a VM's host; no load
-    average shows it), which the table's rows, run one after another, may straddle. Each round's
-    ratio and their median: issue 33's ratio held in the same minute."""
-    rounds = {compiler: [] for compiler in COMPILERS if compiler != "tcc"}
+    """The compiled steps (gcc, clang) and JAX's scanned step in PAIR_ROUNDS rounds of windows
+    taken in turn from processes kept running (child_serve: one runs while the others wait),
+    each window's ratio to the JAX window after it, and their median: this machine's speed changes
+    for seconds to minutes at a time (a VM's host; no load average shows it), which the table's
+    rows, run one after another, straddle. Issue 33's ratio held in the same tenth of a second."""
+    compilers = [compiler for compiler in COMPILERS if compiler != "tcc"]
     with tempfile.TemporaryDirectory() as cache:
-        for _ in range(PAIR_ROUNDS):
-            steps = {compiler: _in_process("step", compiler, cache) for compiler in rounds}
-            scan = _in_process("jax", "scan")
-            if "step_us" not in scan or any("step_us" not in r for r in steps.values()):
-                print(f"\n(the pairs: {scan.get('error') or next(r['error'] for r in steps.values() if 'error' in r)})")
-                return
-            for compiler, r in steps.items():
-                rounds[compiler].append((r["step_us"], scan["step_us"], r["one_call_us"]))
-    print(f"\n| compiled step / JAX's scanned step, {PAIR_ROUNDS} rounds of alternating processes | each round "
-          "(ours us / JAX us) | median | in one train() call, median | target |")
+        serving = {system: subprocess.Popen([sys.executable, "-m", "bench.gpt", "serve", system, cache],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            text=True) for system in (*compilers, "jax")}
+        try:
+            for system, process in serving.items():
+                if process.stdout.readline().strip() != "ready":
+                    error = (process.communicate()[1].strip().splitlines() or ["failed"])[-1]
+                    print(f"\n(the alternating windows: {system}: {error})")
+                    return
+
+            def window(system):
+                serving[system].stdin.write("\n")
+                serving[system].stdin.flush()
+                return float(serving[system].stdout.readline())
+            rounds = {compiler: [] for compiler in compilers}
+            for _ in range(PAIR_ROUNDS):
+                for compiler in compilers:
+                    ours = window(compiler)
+                    rounds[compiler].append((ours, window("jax")))
+        finally:
+            for process in serving.values():
+                process.stdin.close()
+                process.wait()
+    print(f"\n| compiled step / {SCANNED}, {PAIR_ROUNDS} windows of each in turn | ours us (median) "
+          "| JAX us (median) | median of the windows' ratios | target |")
     print("|---|---|---|---|---|")
     for compiler, pairs in rounds.items():
-        each = ", ".join(f"{ours / jax:.3f}x ({ours:.1f} / {jax:.1f})" for ours, jax, _ in pairs)
-        print(f"| {compiler} | {each} | {statistics.median(o / j for o, j, _ in pairs):.3f}x "
-              f"| {statistics.median(c / j for _, j, c in pairs):.3f}x | <= {TARGETS[SCANNED]}x |")
+        print(f"| {compiler} | {statistics.median(o for o, _ in pairs):.1f} | {statistics.median(j for _, j in pairs):.1f} "
+              f"| {statistics.median(o / j for o, j in pairs):.3f}x | <= {TARGETS[SCANNED]}x |")
 
 
 def _batches(big=False):
@@ -542,8 +578,10 @@ def _print_ratios(results):
 
 def main(argv):
     kind = argv[0]
-    result = {"compiled": lambda: child_compiled(argv[1]), "step": lambda: child_step(argv[1], argv[2]),
-              "interpreted": child_interpreted,
+    if kind == "serve":
+        child_serve(argv[1], argv[2])
+        return
+    result = {"compiled": lambda: child_compiled(argv[1]), "interpreted": child_interpreted,
               "c": child_c, "jax": lambda: child_jax(argv[1]), "torch": child_torch,
               "batches": lambda: child_batches(argv[1], int(argv[2]), argv[3], argv[4]),
               "jax-batches": lambda: child_jax_batches(int(argv[1]), argv[2], argv[3]),
