@@ -22,7 +22,8 @@ Then the issue's ratios (compiled step / JAX's scanned step, compiled step / the
 with their targets; the compiled steps (gcc, clang) and JAX's scan again, 30 windows of each
 (1,000 steps) taken in turn from processes kept running, the median of each window's ratio to the
 next JAX window (this machine's speed changes for seconds to minutes at a time, which rows run one
-after another straddle); and issue 36's rows: B = 16 and 64 documents a step, float64 and float32 (the
+after another straddle); and issue 36's rows, each also against JAX's scan in 10 windows taken in
+turn: B = 16 and 64 documents a step, float64 and float32 (the
 batched program, gcc, beside JAX's scan of the same batches and PyTorch on all cores), 50 steps, a
 document's time. With --gpt-big also the bigger configuration (n_embd 64, 4 heads, 2 layers,
 block 32, float32, B = 32, on windows of the data's text: every position used): its build, a
@@ -58,6 +59,7 @@ CONFIGS = {"default": (), "big": ("--n-embd", "64", "--n-head", "4", "--n-layer"
 BIG_BATCH, BIG_DTYPE = 32, "float32"
 PORT_STEPS, PEER_RUNS = 1000, 3  # microgpt's run: the losses checked, the peers' timed steps
 PAIR_ROUNDS = 30                 # _pairs: windows of the compiled steps and JAX's scan, taken in turn
+BATCH_ROUNDS = 10                # _batches: the same for a batch row (a window: BATCH_STEPS batches)
 TOLERANCE = 1e-9                 # the largest relative difference of a peer's losses from the port's
 # (bound, steps compared) of a batch row's peer: float32's rounding differs from the first step and
 # training amplifies it (JAX in float32 against float64, the bigger configuration: 3e-8 at step 1,
@@ -156,34 +158,42 @@ def _step_times(net, docs, tokenizer, args):
     return {**_per_step(times, STEPS), "one_call_us": in_one_call["step_us"], "one_call_cpu_us": in_one_call["cpu_us"]}
 
 
-def child_serve(system, cache):
-    """A system kept running for _pairs: prints "ready", then times one window for each line it
-    reads (a compiled port, built into `cache`: PORT_STEPS train() calls of a document; "jax":
-    the PORT_STEPS steps in one lax.scan) and prints its us a step; stops at the end of input."""
+def child_serve(system, cache, batch="1", dtype="float64", config="default"):
+    """A system kept running for _windows: prints "ready", then times one window for each line it
+    reads and prints its us a document; stops at the end of input. A compiled port (built into
+    `cache`): PORT_STEPS train() calls of a document, or (batch > 1) BATCH_STEPS batches in one
+    train() call; "jax": the same steps in one lax.scan."""
     from gpt import model, train
-    args, docs, tokenizer, state, params = _setup(["--compiler", system] if system != "jax" else [])
+    batch = int(batch)
+    options = ["--batch-size", str(batch), "--dtype", dtype, *CONFIGS[config]]
+    args, docs, tokenizer, state, params = _setup((["--compiler", system] if system != "jax" else []) + options)
+    steps = PORT_STEPS if batch == 1 else BATCH_STEPS
     if system == "jax":
         from . import gpt_peers
-        peer = gpt_peers.JaxPeer(args, docs, tokenizer, gpt_peers.initial(state), PORT_STEPS)
+        peer = gpt_peers.JaxPeer(args, docs, tokenizer, gpt_peers.initial(state), steps, batch=batch,
+                                 schedule=PORT_STEPS, dtype=dtype)
         peer.run_scan()  # (the first run compiles)
 
         def window():
-            return peer.run_scan()[1] / PORT_STEPS
+            return peer.run_scan()[1] / (steps * batch)
     else:
         import codegen
         from micrograd_c import engine
         with engine.no_gc(survivors=True):
             doc = model.document(state, args.config)
-        net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=1,
-                              optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS), compiler=system,
+        net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=batch,
+                              dtype=dtype, optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS), compiler=system,
                               tiered=False, cache=cache)
-        X, Y = _inputs_and_targets(docs, tokenizer, args.config.block_size, PORT_STEPS)
+        X, Y = _inputs_and_targets(docs, tokenizer, args.config.block_size, steps * batch)
 
         def window():
             started = time.perf_counter()
-            for i in range(PORT_STEPS):
-                net.train(X[i:i + 1], Y[i:i + 1], 0.01)
-            return (time.perf_counter() - started) / PORT_STEPS
+            if batch == 1:  # a document a call, as the app trains
+                for i in range(steps):
+                    net.train(X[i:i + 1], Y[i:i + 1], 0.01)
+            else:
+                net.train(X, Y, 0.01, batch_size=batch)
+            return (time.perf_counter() - started) / (steps * batch)
         window()
     print("ready", flush=True)
     for _ in sys.stdin:
@@ -444,43 +454,53 @@ def run(args):
     return status | (0 if quick else _batches(getattr(args, "gpt_big", False)))
 
 
+def _windows(systems, cache, rounds=PAIR_ROUNDS):
+    """{system: [us a document of each window]} of child_serve processes kept running, one for
+    each (name, child_serve's arguments after the cache), their windows taken in turn (one runs
+    while the others wait): this machine's speed changes for seconds to minutes at a time (a VM's
+    host; no load average shows it), which rows run one after another straddle; windows a tenth of
+    a second apart do not. Or a str: why a system did not start."""
+    serving = {name: subprocess.Popen([sys.executable, "-m", "bench.gpt", "serve", argv[0], cache, *argv[1:]],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for name, argv in systems.items()}
+    try:
+        for name, process in serving.items():
+            if process.stdout.readline().strip() != "ready":
+                return f"{name}: " + (process.communicate()[1].strip().splitlines() or ["failed"])[-1]
+        times = {name: [] for name in serving}
+        for _ in range(rounds):
+            for name, process in serving.items():
+                process.stdin.write("\n")
+                process.stdin.flush()
+                times[name].append(float(process.stdout.readline()))
+        return times
+    finally:
+        for process in serving.values():
+            if not process.stdin.closed:
+                process.stdin.close()
+            process.wait()
+
+
+def _window_ratio(times, ours, peer):
+    """The median over rounds of ours' window over the peer's window of the same round."""
+    return statistics.median(o / p for o, p in zip(times[ours], times[peer]))
+
+
 def _pairs():
-    """The compiled steps (gcc, clang) and JAX's scanned step in PAIR_ROUNDS rounds of windows
-    taken in turn from processes kept running (child_serve: one runs while the others wait),
-    each window's ratio to the JAX window after it, and their median: this machine's speed changes
-    for seconds to minutes at a time (a VM's host; no load average shows it), which the table's
-    rows, run one after another, straddle. Issue 33's ratio held in the same tenth of a second."""
+    """The compiled steps (gcc, clang) and JAX's scanned step in PAIR_ROUNDS windows taken in turn
+    (_windows): issue 33's ratio held in the same tenth of a second."""
     compilers = [compiler for compiler in COMPILERS if compiler != "tcc"]
     with tempfile.TemporaryDirectory() as cache:
-        serving = {system: subprocess.Popen([sys.executable, "-m", "bench.gpt", "serve", system, cache],
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            text=True) for system in (*compilers, "jax")}
-        try:
-            for system, process in serving.items():
-                if process.stdout.readline().strip() != "ready":
-                    error = (process.communicate()[1].strip().splitlines() or ["failed"])[-1]
-                    print(f"\n(the alternating windows: {system}: {error})")
-                    return
-
-            def window(system):
-                serving[system].stdin.write("\n")
-                serving[system].stdin.flush()
-                return float(serving[system].stdout.readline())
-            rounds = {compiler: [] for compiler in compilers}
-            for _ in range(PAIR_ROUNDS):
-                for compiler in compilers:
-                    ours = window(compiler)
-                    rounds[compiler].append((ours, window("jax")))
-        finally:
-            for process in serving.values():
-                process.stdin.close()
-                process.wait()
+        times = _windows({**{compiler: (compiler,) for compiler in compilers}, "jax": ("jax",)}, cache)
+    if isinstance(times, str):
+        print(f"\n(the windows taken in turn: {times})")
+        return
     print(f"\n| compiled step / {SCANNED}, {PAIR_ROUNDS} windows of each in turn | ours us (median) "
           "| JAX us (median) | median of the windows' ratios | target |")
     print("|---|---|---|---|---|")
-    for compiler, pairs in rounds.items():
-        print(f"| {compiler} | {statistics.median(o for o, _ in pairs):.1f} | {statistics.median(j for _, j in pairs):.1f} "
-              f"| {statistics.median(o / j for o, j in pairs):.3f}x | <= {TARGETS[SCANNED]}x |")
+    for compiler in compilers:
+        print(f"| {compiler} | {statistics.median(times[compiler]):.1f} | {statistics.median(times['jax']):.1f} "
+              f"| {_window_ratio(times, compiler, 'jax'):.3f}x | <= {TARGETS[SCANNED]}x |")
 
 
 def _batches(big=False):
@@ -489,11 +509,12 @@ def _batches(big=False):
     BATCH_STEPS steps each: a document's time, and the runs' losses checked against each other;
     with `big`, the bigger configuration's too, its share of the multiply-add peak and its threads."""
     print("\n| model | documents a step | dtype | system | losses vs the port (max rel. diff, steps) | us a document "
-          "| us a document (CPU) | compiled / faster peer (wall, CPU) | target |")
+          "| us a document (CPU) | compiled / faster peer (wall, CPU; JAX's scan in windows taken in turn) | target |")
     print("|---|---|---|---|---|---|---|---|---|")
     rows = [("default", batch, dtype) for dtype in BATCH_DTYPES for batch in BATCHES]
     rows += [("big", BIG_BATCH, BIG_DTYPE)] if big else []
     status, bigs = 0, []
+    cache = tempfile.TemporaryDirectory()
     for config, batch, dtype in rows:
         ours = _in_process("batches", "gcc", str(batch), dtype, config)
         peers = {"JAX lax.scan": _in_process("jax-batches", str(batch), dtype, config),
@@ -502,6 +523,10 @@ def _batches(big=False):
         faster = min(timed, key=lambda r: r["step_us"]) if timed else None
         ratio = (f"{ours['step_us'] / faster['step_us']:.3f}x, {ours['cpu_us'] / faster['cpu_us']:.3f}x"
                  if faster and "step_us" in ours else "-")
+        if "step_us" in ours and "step_us" in peers["JAX lax.scan"]:
+            argv = (str(batch), dtype, config)
+            windows = _windows({"ours": ("gcc", *argv), "jax": ("jax", *argv)}, cache.name, BATCH_ROUNDS)
+            ratio += f"; {_window_ratio(windows, 'ours', 'jax'):.3f}x" if not isinstance(windows, str) else ""
         target = "<= 0.5x" if config == "default" else "<= 0.8x"
         for name, r in (("micrograd-c, gcc", ours), *peers.items()):
             agreement = "the reference" if r is ours else "-"
@@ -515,6 +540,7 @@ def _batches(big=False):
                   f"| {ratio if r is ours else ''} | {target if r is ours else ''} |")
         if config != "default" and "error" not in ours:
             bigs.append((config, batch, dtype, ours))
+    cache.cleanup()
     for config, batch, dtype, ours in bigs:
         _print_big(config, batch, dtype, ours)
     return status
@@ -579,7 +605,7 @@ def _print_ratios(results):
 def main(argv):
     kind = argv[0]
     if kind == "serve":
-        child_serve(argv[1], argv[2])
+        child_serve(*argv[1:])
         return
     result = {"compiled": lambda: child_compiled(argv[1]), "interpreted": child_interpreted,
               "c": child_c, "jax": lambda: child_jax(argv[1]), "torch": child_torch,
