@@ -148,8 +148,7 @@ def _step_times(net, docs, tokenizer, args):
     times, one_call = [], []
     for _ in range(RUNS):
         clock = _Clock()
-        for i in range(STEPS):
-            net.train(X[i:i + 1], Y[i:i + 1], 0.01)
+        _a_document_a_call(net, X, Y)
         times.append(clock.read())
         clock = _Clock()
         net.train(X, Y, 0.01)
@@ -158,12 +157,32 @@ def _step_times(net, docs, tokenizer, args):
     return {**_per_step(times, STEPS), "one_call_us": in_one_call["step_us"], "one_call_cpu_us": in_one_call["cpu_us"]}
 
 
+def _a_document_a_call(net, X, Y):
+    """train() on each row of X, Y in turn, a call each, as the app trains."""
+    for i in range(len(X)):
+        net.train(X[i:i + 1], Y[i:i + 1], 0.01)
+
+
+def _port(args, state, params, compiler, batch, dtype, cache=None):
+    """The compiled port (untiered; Adam with microgpt's betas): (module, graph s, compile() s)."""
+    import codegen
+    from gpt import model, train
+    from micrograd_c import engine
+    t0 = time.perf_counter()
+    with engine.no_gc(survivors=True):  # as the app builds it (gpt/train.py)
+        doc = model.document(state, args.config)
+    t1 = time.perf_counter()
+    net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=batch, dtype=dtype,
+                          optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS), compiler=compiler, tiered=False,
+                          cache=cache)
+    return net, t1 - t0, time.perf_counter() - t1
+
+
 def child_serve(system, cache, batch="1", dtype="float64", config="default"):
     """A system kept running for _windows: prints "ready", then times one window for each line it
     reads and prints its us a document; stops at the end of input. A compiled port (built into
     `cache`): PORT_STEPS train() calls of a document, or (batch > 1) BATCH_STEPS batches in one
     train() call; "jax": the same steps in one lax.scan."""
-    from gpt import model, train
     batch = int(batch)
     options = ["--batch-size", str(batch), "--dtype", dtype, *CONFIGS[config]]
     args, docs, tokenizer, state, params = _setup((["--compiler", system] if system != "jax" else []) + options)
@@ -177,20 +196,13 @@ def child_serve(system, cache, batch="1", dtype="float64", config="default"):
         def window():
             return peer.run_scan()[1] / (steps * batch)
     else:
-        import codegen
-        from micrograd_c import engine
-        with engine.no_gc(survivors=True):
-            doc = model.document(state, args.config)
-        net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=batch,
-                              dtype=dtype, optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS), compiler=system,
-                              tiered=False, cache=cache)
+        net = _port(args, state, params, system, batch, dtype, cache)[0]
         X, Y = _inputs_and_targets(docs, tokenizer, args.config.block_size, steps * batch)
 
         def window():
             started = time.perf_counter()
             if batch == 1:  # a document a call, as the app trains
-                for i in range(steps):
-                    net.train(X[i:i + 1], Y[i:i + 1], 0.01)
+                _a_document_a_call(net, X, Y)
             else:
                 net.train(X, Y, 0.01, batch_size=batch)
             return (time.perf_counter() - started) / (steps * batch)
@@ -217,18 +229,10 @@ def child_batches(compiler, batch, dtype, config):
     BATCH_STEPS steps' losses (microgpt's learning rate decaying over PORT_STEPS), then the time a
     document, the median of RUNS passes of train() over BATCH_STEPS batches in one call; for the
     bigger configuration also its build and 1 thread against 2 (alternating)."""
-    import codegen
-    from gpt import model, train
-    from micrograd_c import engine
+    from gpt import train
     args, docs, tokenizer, state, params = _setup(["--compiler", compiler, "--batch-size", str(batch),
                                                    "--dtype", dtype, *CONFIGS[config]])
-    t0 = time.perf_counter()
-    with engine.no_gc(survivors=True):
-        doc = model.document(state, args.config)
-    t1 = time.perf_counter()
-    net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=batch, dtype=dtype,
-                          optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS), compiler=compiler, tiered=False)
-    t2 = time.perf_counter()
+    net, graph_s, compile_s = _port(args, state, params, compiler, batch, dtype)
     losses = list(itertools.islice(train.train_compiled(net, docs, tokenizer, args, _NoBar()), BATCH_STEPS))
     X, Y = _inputs_and_targets(docs, tokenizer, args.config.block_size, BATCH_STEPS * batch)
     times, by_threads = [], {1: [], 2: []}
@@ -242,7 +246,7 @@ def child_batches(compiler, batch, dtype, config):
                 net.train(X, Y, 0.01, batch_size=batch, threads=threads)
                 runs.append(clock.read())
     result = {**_per_step(times, len(X)), "first_loss": losses[0], "losses": losses,
-              "graph_s": t1 - t0, "compile_s": t2 - t1, "threads": net.threads(),
+              "graph_s": graph_s, "compile_s": compile_s, "threads": net.threads(),
               "multiply_adds": _multiply_adds(args.config, tokenizer.vocab_size,
                                               [int(np.count_nonzero(y)) for y in Y]) / len(X)}
     if config != "default":

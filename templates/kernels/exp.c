@@ -91,28 +91,17 @@ static EXP_AVX2 inline exp_vec exp_avx2(exp_vec x)
     return (exp_vec)_mm256_blendv_pd(y, (__m256d)(x + x), _mm256_cmp_pd((__m256d)x, (__m256d)x, _CMP_UNORD_Q));
 }
 
-/* lanes [0, count) of 4 (count clamped to 0..4) */
-static EXP_AVX2 inline __m256i exp_mask(long count)
-{
-    const long lanes = count < 0 ? 0 : count > 4 ? 4 : count;
-    return _mm256_cmpgt_epi64(_mm256_set1_epi64x(lanes), _mm256_setr_epi64x(0, 1, 2, 3));
-}
-/* whole vectors loaded and stored plainly, the last one in part (gemm.c's part stores: AMD's
- * masked stores are slow) */
+/* whole vectors loaded and stored plainly, the last one in part (gemm.c's: lanes past n neither
+ * read nor written, and no masked store, slow on AMD) */
 #if REAL_IS_FLOAT
-/* a 4-lane 64-bit mask as a 4-lane 32-bit one (the low halves: all ones or zeros) */
-static EXP_AVX2 inline __m128i exp_mask32(__m256i m)
-{
-    return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(m, _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0)));
-}
 #define EXP_LOAD(p) (exp_vec)_mm256_cvtps_pd(_mm_loadu_ps(p))
 #define EXP_STORE(p, v) _mm_storeu_ps((p), _mm256_cvtpd_ps((__m256d)(v)))
-#define EXP_LOAD_PART(p, m) (exp_vec)_mm256_cvtps_pd(_mm_maskload_ps((p), exp_mask32(m)))
+#define EXP_LOAD_PART(p, n) (exp_vec)_mm256_cvtps_pd(_mm_maskload_ps((p), gemm_part_mask16(n)))
 #define EXP_STORE_PART(p, n, v) gemm_part_store16((p), (n), _mm_castps_si128(_mm256_cvtpd_ps((__m256d)(v))))
 #else
 #define EXP_LOAD(p) (exp_vec)_mm256_loadu_pd(p)
 #define EXP_STORE(p, v) _mm256_storeu_pd((p), (__m256d)(v))
-#define EXP_LOAD_PART(p, m) (exp_vec)_mm256_maskload_pd((p), (m))
+#define EXP_LOAD_PART(p, n) (exp_vec)gemm_part_load_avx2((p), (n))
 #define EXP_STORE_PART(p, n, v) gemm_part_store_avx2((p), (n), (gemm_vec32)(v))
 #endif
 static EXP_AVX2 void exp_range_avx2(real *restrict y, const real *restrict x, long n)
@@ -120,10 +109,8 @@ static EXP_AVX2 void exp_range_avx2(real *restrict y, const real *restrict x, lo
     long i = 0;
     for (; i + 4 <= n; i += 4)
         EXP_STORE(y + i, exp_avx2(EXP_LOAD(x + i)));
-    if (i < n) {
-        const __m256i m = exp_mask(n - i);
-        EXP_STORE_PART(y + i, n - i, exp_avx2(EXP_LOAD_PART(x + i, m)));
-    }
+    if (i < n)
+        EXP_STORE_PART(y + i, n - i, exp_avx2(EXP_LOAD_PART(x + i, n - i)));
 }
 #undef EXP_LOAD
 #undef EXP_STORE

@@ -336,6 +336,12 @@ static __attribute__((target("avx2,fma"))) inline __m256i gemm_part_mask_avx2(lo
     count = gemm_part_count(count, GEMM_PART_AVX2_LANES);
     return _mm256_loadu_si256((const __m256i *)(gemm_part_lanes + GEMM_PART_AVX2_LANES - count));
 }
+/* the same for a 16-byte vector */
+static inline __m128i gemm_part_mask16(long count)
+{
+    count = gemm_part_count(count, 16 / sizeof(real));
+    return _mm_loadu_si128((const __m128i *)(gemm_part_lanes + GEMM_PART_AVX2_LANES - count));
+}
 static __attribute__((target("avx2,fma"))) inline gemm_vec32 gemm_part_load_avx2(const real *p, long count)
 {
 #if REAL_IS_FLOAT
