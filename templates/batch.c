@@ -299,8 +299,10 @@ static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *o
         MODEL.forward_rest_batch(d, nb);
         for (long b = 0; b < nb; b++)
             *loss_sum += d[MODEL.batch_loss_slot + b];
-        /* every sample's loss has gradient 1; the other per-sample gradients restart from 0 */
-        clear_batch_gradients(g, nb);
+        /* every sample's loss has gradient 1; the other per-sample gradients restart from 0 (as
+         * the last backward_batch left them, when it sets back what it reads: they start 0) */
+        if (!MODEL.batch_backward_clears)
+            clear_batch_gradients(g, nb);
         for (long b = 0; b < nb; b++)
             g[MODEL.batch_loss_slot + b] = 1;
         MODEL.backward_batch(d, g, nb, rate);

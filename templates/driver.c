@@ -10,10 +10,29 @@ static void seed_gradients(real *restrict g)
     g[MODEL.loss_slot] = 1.0;
 }
 
-static void backward_all(real *restrict d, real *restrict g)
+/* backward_body after the seed: the loss's alone where the other gradients are known to be 0
+ * (st->grads_clean: the last backward set back what it wrote, MODEL.backward_clears) */
+static void backward_all(State *st)
 {
-    seed_gradients(g);
-    MODEL.backward_body(d, g);
+    if (st->grads_clean)
+        st->g[MODEL.loss_slot] = 1.0;
+    else
+        seed_gradients(st->g);
+    MODEL.backward_body(st->d, st->g);
+    st->grads_clean = MODEL.backward_clears;
+}
+
+/* train() and gradients() start with st->grads_clean as the call before left it, when it was
+ * the call right before and no `grad` buffer alive could have written the gradients since
+ * (lock_state counts the calls); else 0. They end recording it. */
+static void start_clean(State *st)
+{
+    st->grads_clean = st->grads_clean && st->clean_after == st->calls - 1 && st->grad_exports == 0;
+}
+
+static void end_clean(State *st)
+{
+    st->clean_after = st->calls;
 }
 
 /* train()'s step after a batch of n samples, on the parameters and gradients d, g (the module's,
@@ -88,8 +107,9 @@ static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, doub
             seed_gradients(g);
             MODEL.backward_sgd_body(d, g, lr);
             MODEL.sgd_after_backward(d, g, lr);
+            st->grads_clean = 0;
         } else {
-            backward_all(d, g);
+            backward_all(st);
             if (++in_batch == batch) { /* the mean gradient of the minibatch */
                 batch_step(st, d, g, lr, batch);
                 in_batch = 0;
@@ -109,7 +129,7 @@ static void gradient_rows(State *st, const Samples *s, double *loss_sum)
 {
     for (Py_ssize_t i = 0; i < s->n; i++) {
         *loss_sum += forward_sample(s, i, st->d);
-        backward_all(st->d, st->g);
+        backward_all(st);
     }
 }
 

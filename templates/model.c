@@ -105,6 +105,12 @@ static const long BATCH_POSITION_WEIGHTS[1] = {0};
 #ifndef BATCH_ACTIVE_BASE
 #define BATCH_ACTIVE_BASE (-1)
 #endif
+#ifndef BACKWARD_CLEARS /* the runtime clears the gradients before each backward */
+#define BACKWARD_CLEARS 0
+#endif
+#ifndef BATCH_BACKWARD_CLEARS
+#define BATCH_BACKWARD_CLEARS 0
+#endif
 #ifndef TABLE_WORDS /* no table form: every statement compiled (codegen/write/table.py) */
 #define TABLE_WORDS 0
 static const char TABLE_TEXT[] = "";
@@ -136,6 +142,7 @@ SHARED const Model MODEL = {
     .positions_slot = POSITIONS_SLOT,
     .n_positions = N_POSITIONS,
     .position_weights = POSITION_WEIGHTS,
+    .backward_clears = BACKWARD_CLEARS,
     .n_index_inputs = N_INDEX_INPUTS,
     .index_inputs = INDEX_INPUTS,
     .nonzero_words = NONZERO_WORDS,
@@ -160,6 +167,7 @@ SHARED const Model MODEL = {
     .batch_positions_slot = BATCH_POSITIONS_SLOT,
     .batch_position_weights = BATCH_POSITION_WEIGHTS,
     .batch_active_base = BATCH_ACTIVE_BASE,
+    .batch_backward_clears = BATCH_BACKWARD_CLEARS,
 #if HAVE_BATCH
     .batch_capacity = BATCH_CAPACITY,
     .n_batch_slots = N_BATCH_SLOTS,

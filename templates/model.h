@@ -38,6 +38,9 @@ typedef struct {
      * before any other the constant it starts with, n_positions + 1 (every position) */
     long positions_slot, n_positions;
     const long *position_weights;
+    /* backward_body sets every gradient it reads back to 0, leaving all but the parameters' 0
+     * (codegen/write/backward.py's Plain): no clearing before the next (driver.c's seed_gradients) */
+    int backward_clears;
     /* the inputs a gather reads as an index: {position, n} (templates/samples.c's check_index) */
     long n_index_inputs;
     const long (*index_inputs)[2];
@@ -70,6 +73,7 @@ typedef struct {
     long batch_positions_slot;        /* the same in the batch buffers (sample b's weights at + b) */
     const long *batch_position_weights;
     long batch_active_base;           /* d[it + p]: how many of the pass's samples reach position p (-1: none) */
+    int batch_backward_clears;        /* backward_batch leaves the per-sample gradients 0, as backward_clears */
     long n_batch_stepped_runs;        /* the runs backward_batch steps, then (n_params, 0) */
     const long (*batch_stepped_runs)[2];
     SlotsFunction init_batch_constants;

@@ -9,9 +9,12 @@
  * leaves scalar (its "very cheap" cost model vectorises no loop that needs a remainder); its
  * "cheap" model vectorises them, the same bits: microgpt's step 0.94x, the compile of its units
  * 1.4x the CPU (Zen 3). Clang vectorises them already (INDEPENDENT, below); other programs' C,
- * whose loops over layers are kernels, is left to -O2. */
+ * whose loops over layers are kernels, is left to -O2. Their backward sets each gradient back to
+ * 0 in the loop that reads it (codegen/write/backward.py's Plain): GCC would split those stores
+ * into loops of their own, or `rep stos` calls, which cost more than they save at a few
+ * positions (microgpt's step 1.15x with them, Zen 3); so no loop distribution. */
 #if defined(VECTORISE_LOOPS) && defined(__GNUC__) && !defined(__clang__) && !defined(__TINYC__)
-#pragma GCC optimize("vect-cost-model=cheap")
+#pragma GCC optimize("vect-cost-model=cheap", "no-tree-loop-distribute-patterns", "no-tree-loop-distribution")
 #endif
 
 /* The element type of every slot, kernel and optimizer state: codegen/write/contract.py's Prelude

@@ -39,6 +39,10 @@ typedef struct {
     /* lock_state's count of calls, and the call after which train() left every parameter's
      * gradient 0 (0: none): the next train(), if it is the next call, need not zero them */
     uint64_t calls, zeroed_after;
+    /* whether every gradient but the parameters' is 0 (templates/driver.c's backward_all), valid
+     * during a train() or gradients() call, and the call that left it so */
+    int grads_clean;
+    uint64_t clean_after;
     real *bd, *bg;                 /* the batch buffers (templates/batch.c), made on first use */
     int threads;                   /* threads a batch's products run on (templates/pool.c) */
 } State;
@@ -252,10 +256,12 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     else
         zero_all_gradients(st);
     use_threads(st, threads);
+    start_clean(st);
     Py_BEGIN_ALLOW_THREADS /* the buffers stay held (release_samples below), the state locked */
     interrupted = batched ? train_batches(st, &s, order, lr, batch, &loss_sum, &_save)
                           : train_rows(st, &s, order, lr, batch, &loss_sum, &_save);
     Py_END_ALLOW_THREADS
+    end_clean(st);
     st->zeroed_after = !interrupted && !batched && steps_zero_gradients(batch) ? st->calls : 0;
     unlock_state(st);
     PyMem_Free(order);
@@ -293,12 +299,14 @@ static PyObject *fn_gradients(PyObject *module, PyObject *const *args, Py_ssize_
     double loss_sum = 0.0;
     write_out_rows(st, 1); /* every gradient row exact in g, to be added to */
     use_threads(st, threads);
+    start_clean(st);
     Py_BEGIN_ALLOW_THREADS
     if (batched)
         gradient_batches(st, &s, &loss_sum);
     else
         gradient_rows(st, &s, &loss_sum);
     Py_END_ALLOW_THREADS
+    end_clean(st);
     stamp_all_rows(st); /* g holds every row's gradient */
     unlock_state(st);
     release_samples(&s);

@@ -186,6 +186,34 @@ def test_training_steps_equal_the_unbounded_module(tiny):
         np.testing.assert_array_equal(np.asarray(bounded.params), np.asarray(full.params))
 
 
+@pytest.mark.parametrize("compiler", ["tcc", "gcc", "clang", "zig"], indirect=True)
+def test_backward_leaves_the_gradients_it_reads_zero(tiny, compiler):
+    """A sequence module's backward sets each gradient back to 0 once read (codegen/write/
+    backward.py's Plain, clears), so train() clears none before the next document: documents of
+    mixed lengths in one call and in calls one after another, and a call after values were
+    written into the gradients through `grad`, take the steps forward(), backward() and update()
+    take (which clear every gradient first), bit for bit; after train() every gradient is 0."""
+    tokenizer, state, params = tiny
+    trained, stepped = _compile(tiny, compiler), _compile(tiny, compiler)
+    docs = ["edcbaab", "a", "abcde", "", "ab", "edcbaab", "dee", "a"]
+    rows = np.stack([data.row(tokenizer.encode(doc), CONFIG.block_size) for doc in docs])
+    trained.train(*_split(rows[:4]), 0.01)  # (one call)
+    for row in rows[4:6]:  # (calls one after another)
+        trained.train(*_split(row), 0.01)
+    grads = np.asarray(trained.grad)
+    assert not grads.any()
+    grads[len(params):] = np.arange(len(grads) - len(params))  # (what train() must clear first)
+    del grads
+    trained.train(*_split(rows[6:]), 0.01)
+    for row in rows:
+        stepped.set_input(row)
+        stepped.forward()
+        stepped.zero_grad()
+        stepped.backward()
+        stepped.update(0.01)
+    np.testing.assert_array_equal(np.asarray(trained.params), np.asarray(stepped.params))
+
+
 def test_a_loss_whose_loops_cannot_stop_computes_every_position():
     """A layer whose members reach the weighted terms out of order (member 0 term 2, member 1
     term 0, ...) cannot stop at a length: nothing is cut, explain says why, results as before."""
@@ -203,20 +231,27 @@ def test_a_loss_whose_loops_cannot_stop_computes_every_position():
     assert net.gradients(row[:, :3], row[:, 3:]) == pytest.approx(2.0 * np.tanh(-1.0 * 0.6), rel=1e-12)
 
 
+def _bodies(text, prefix):
+    """The bodies of the generated functions named prefix + a number (a function ends at the
+    first closing brace in its first column), one after another."""
+    return "\n".join(re.findall(rf"\bvoid {prefix}\d+\([^)]*\)\n\{{\n(.*?)\n\}}\n", text, flags=re.S))
+
+
 def test_a_batch_runs_each_positions_projections_as_one_product(tiny):
     """In the batched program a projection over (outputs, positions, batch) moves its positions'
-    loop outside (codegen/lower/batch.py): per position, one matmul_set over the batch, and its
-    weights' gradient one matmul_nt where its rows are 16 long or more (here the MLP's, whose
-    lists of 4 otherwise stay written out), for the q/k/v, output, MLP and head projections."""
+    loop outside (codegen/lower/batch.py): per position, one matmul_set over the batch (here q, k
+    and v as one product, the MLP's two and the head's), their inputs' gradients matmul_acc, and
+    the weights' gradient matmul_nt where its rows are 16 long or more (here the MLP's second
+    layer's; lists of 4 are dot_rows). (The generated functions' bodies only: the prelude
+    mentions the kernels too.)"""
     tokenizer, state, params = tiny
     doc = model.document(state, CONFIG)
     units = codegen.generate(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=8,
                              optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS))
     text = "\n".join(str(u) for u in units)
-    batched = text[text.index("void forward_outputs_batch_0(real *restrict d, long nb)\n{"):]
-    forward = batched[:batched.index("void forward_rest_batch_0")]
-    backward = batched[batched.index("void backward_batch_0(real *restrict d, real *restrict g, long nb, real rate)\n{"):]
-    assert forward.count("matmul_set(") >= 6 and backward.count("matmul_nt(") >= 4
+    forward, backward = _bodies(text, "forward_outputs_batch_"), _bodies(text, "backward_batch_")
+    assert forward.count("matmul_set(") == 4
+    assert backward.count("matmul_acc(") == 6 and backward.count("matmul_nt(") == 1
     assert "n0 = upto(" in forward  # (the positions' loop, outside, stops at the batch's longest document)
 
 

@@ -25,7 +25,7 @@ from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, d
                     loop_nest, placed, short, slot_index, unrolled)
 from .sides import TrackedRow
 from .statements import Statements
-from .tree import Assign, Block, Copy, If, ReadGradient
+from .tree import Assign, Block, ClearGradient, Copy, If, ReadGradient
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,13 @@ class Body:
 
 
 class Plain:
-    """Every contribution added into its gradient."""
+    """Every contribution added into its gradient; with `clears`, each group's gradient is set
+    back to 0 once its statements have read it, so that the pass leaves every gradient it wrote 0
+    (Backward.pass_): the runtime then need not clear them before the next (a sequence's module:
+    microgpt's 90 KB of gradients were 8% of its step, Zen 3; templates/driver.c)."""
+
+    def __init__(self, clears=False):
+        self.clears = clears
 
     def place(self, c, shape, body):
         body.grads.append(c.accumulate)
@@ -60,6 +66,7 @@ class Plain:
 class SgdInBackward:
     """A contribution to a parameter marked sgd_fused (ir.sgd_in_backward) applies
     `param -= lr * contribution` instead."""
+    clears = False
 
     def place(self, c, shape, body):
         if c.to_fused_param:
@@ -71,6 +78,7 @@ class SgdInBackward:
 class Tracked:
     """The step-by-step API's backward: an axpy kernel's contribution to a row of parameters
     marked sgd_fused goes through the row's stamp (its tables: sides.SideTables's tracked rows)."""
+    clears = False
 
     def __init__(self, tables):
         self.tables = tables
@@ -112,13 +120,18 @@ class Backward(Statements):
         """The statements of each group of `groups` (in backward order) in `mode` (Plain,
         SgdInBackward, Tracked); an activation's gradient, when the group just before it finishes
         the activation's gradient with a product (its inputs' gradients, matmul_acc), becomes
-        that product's epilogue (loops.fused_gradient): nothing between them adds to it."""
+        that product's epilogue (loops.fused_gradient): nothing between them adds to it. With
+        mode.clears, each group's gradient (and a folded activation's) is set to 0 once read
+        (ClearGradient): every gradient a contribution adds to is some later group's, none is read
+        after its group, and a group that does not run (positions) was added to by none."""
         statements, skip = [], None
         for i, g in enumerate(groups):
             if g is skip:
                 continue
             after = groups[i + 1] if i + 1 < len(groups) and groups[i + 1].guard == g.guard else None
             group, folded = self.group(g, mode, after)
+            if folded and mode.clears:
+                group = group + loop_nest(after.shape, [ClearGradient(grad_at(after.operands.out))], independent=True)
             statements += guarded(g, group)
             skip = after if folded else None
         return statements
@@ -129,12 +142,13 @@ class Backward(Statements):
         finish as its epilogue)."""
         ops, node = g.operands, g.first
         out_grad = grad_at(ops.out)
+        clear = [ClearGradient(out_grad)] if mode.clears else []
         if node.kind == OP and node.op.selects:  # the gradient goes to the operand picked only
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
             grads = []
             if any(x.needs_grad for x in node.args[node.op.first_choice:]):
                 grads.append(Assign(self._picked(node.op, ops, grad=True), self._times_local(node, 0, names, out_grad), "+="))
-            return loop_nest(g.shape, grads), False
+            return loop_nest(g.shape, grads + clear), False
         body = Body()
         if node.kind == OP:
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
@@ -143,10 +157,10 @@ class Backward(Statements):
                     term = self._times_local(node, i, names, out_grad)
                     mode.place(Contribution(arg.sgd_fused, Accumulate(where, 0, term),
                                             Assign(data_at(where), f"lr * ({term})", "-=")), g.shape, body)
-            return loop_nest(g.shape, body.grads + body.updates), False
+            return loop_nest(g.shape, body.grads + body.updates + clear), False
         conv = convolution(g) if isinstance(mode, Plain) else None
         if conv:
-            return conv.backward(node, self.tables.offsets), False
+            return conv.backward(node, self.tables.offsets) + (loop_nest(g.shape, clear, independent=True) if clear else []), False
         go, contributions = "go", []
         if ops.terms:
             contributions += self._terms(ops.terms, [node.args[i] for i in ops.term_positions], go, ops.out)
@@ -158,11 +172,11 @@ class Backward(Statements):
         folded = any(isinstance(c.accumulate, Matmul) and c.accumulate.epilogue is not None for c in contributions)
         grads, updates = body.grads, body.updates
         if not grads and not updates:
-            return [], folded
+            return (loop_nest(g.shape, clear, independent=True) if clear else []), folded
         # Every contribution is go times something: none when go is 0 (a ReLU that is off), which
         # saves the kernels' passes; written-out statements stay branch-free, to be vectorised.
         unless_zero = any(isinstance(s, Call) for s in grads + updates)  # a kernel
-        statements = loop_nest(g.shape, [ReadGradient(out_grad), *grads, *updates], dots=not updates,
+        statements = loop_nest(g.shape, [ReadGradient(out_grad), *grads, *updates, *clear], dots=not updates,
                                unless_zero=unless_zero)
         return body.snapshots + (statements if g.shape else [Block(tuple(statements), inline=True)]), folded
 

@@ -145,18 +145,20 @@ class Layout:
     n_constants: int
     index_inputs: tuple
     sequence: object = None  # codegen/lower/types.py's Sequence, or None
+    backward_clears: bool = False  # backward_body leaves every gradient but the parameters' 0
 
     @classmethod
-    def of(cls, program):
+    def of(cls, program, backward_clears=False):
         return cls(program.n_slots, program.n_params, program.n_inputs, program.input_base, program.loss.slot,
                    tuple(n.slot for n in program.outputs), bool(program.sgd_in_backward), len(program.constants),
-                   tuple(program.index_inputs or ()), program.sequence)
+                   tuple(program.index_inputs or ()), program.sequence, backward_clears)
 
     def render(self):
         """N_SLOTS, N_PARAMS, N_INPUTS, INPUT_BASE, LOSS_SLOT, N_OUTPUTS, SGD_IN_BACKWARD,
         N_CONSTANTS, OUTPUT_SLOTS (a 0 when none); N_INDEX_INPUTS and INDEX_INPUTS when there are
         index inputs; POSITIONS_SLOT, N_POSITIONS and POSITION_WEIGHTS_LIST when the loops stop at a
-        sequence's length (templates/model.c: none otherwise)."""
+        sequence's length (templates/model.c: none otherwise); BACKWARD_CLEARS 1 when
+        backward_body sets the gradients it reads back to 0 (codegen/write/backward.py's Plain)."""
         lines = [f"#define N_SLOTS {self.n_slots}",
                  f"#define N_PARAMS {self.n_params}",
                  f"#define N_INPUTS {self.n_inputs}",
@@ -167,6 +169,7 @@ class Layout:
                  f"#define N_CONSTANTS {self.n_constants}",
                  _table("OUTPUT_SLOTS", list(self.output_slots) or [0])]
         lines += _sequence("", self.sequence)
+        lines += ["#define BACKWARD_CLEARS 1"] if self.backward_clears else []
         if self.index_inputs:
             lines += [f"#define N_INDEX_INPUTS {len(self.index_inputs)}",
                       _table("INDEX_INPUTS", [tuple(pair) for pair in self.index_inputs])]
@@ -205,11 +208,12 @@ class BatchLayout:
     output_slots: tuple
     stepped_runs: tuple
     sequence: object = None
+    backward_clears: bool = False  # backward_batch leaves every per-sample gradient 0
 
     @classmethod
-    def of(cls, batched, stepped):
+    def of(cls, batched, stepped, backward_clears=False):
         return cls(batched.capacity, batched.n_slots, batched.input_base, batched.loss_slot, batched.constants_base,
-                   tuple(batched.output_slots), tuple(sorted(stepped)), batched.sequence)
+                   tuple(batched.output_slots), tuple(sorted(stepped)), batched.sequence, backward_clears)
 
     @staticmethod
     def render_none():
@@ -218,7 +222,7 @@ class BatchLayout:
     def render(self):
         """HAVE_BATCH 1, BATCH_CAPACITY, N_BATCH_SLOTS, BATCH_INPUT_BASE, BATCH_LOSS_SLOT,
         BATCH_CONSTANTS_BASE, BATCH_OUTPUT_SLOTS, N_BATCH_STEPPED_RUNS and BATCH_STEPPED_RUNS
-        (ascending, then (N_PARAMS, 0))."""
+        (ascending, then (N_PARAMS, 0)); BATCH_BACKWARD_CLEARS 1 as Layout's BACKWARD_CLEARS."""
         runs = [*self.stepped_runs, ("N_PARAMS", 0)]
         return "\n".join([
             "#define HAVE_BATCH 1",
@@ -231,6 +235,7 @@ class BatchLayout:
             f"#define N_BATCH_STEPPED_RUNS {len(runs) - 1}",
             _table("BATCH_STEPPED_RUNS", runs),
             *_sequence("BATCH_", self.sequence),
+            *(["#define BATCH_BACKWARD_CLEARS 1"] if self.backward_clears else []),
         ])
 
 

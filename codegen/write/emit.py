@@ -182,10 +182,12 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
     # the batched program's: the inputs' row lists with sparse inputs
     batch_sides = SideTables.batched(batched, shared, sparse_inputs) if batched else None
     forward, backward_of = Forward(program, sides, dtype), Backward(program, sides, dtype)
+    # a sequence module's backward leaves its gradients 0 for the next pass (backward.Plain)
+    clears = module and plan is None and program.sequence is not None
     if plan is None:
         forward_outputs = forward.pass_(program.forward[:program.n_output_groups])
         forward_rest = forward.pass_(program.forward[program.n_output_groups:])
-        backward = backward_of.pass_(program.backward, Plain())
+        backward = backward_of.pass_(program.backward, Plain(clears))
     else:
         forward_outputs, forward_rest = (_with_table(plan.passes[name], forward.pass_)
                                          for name in ("forward_outputs", "forward_rest"))
@@ -213,7 +215,7 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
     prelude = _prelude(dtype, thread_pool, contract.RUNTIME_HAS_PRODUCTS if module else contract.STATIC_PRODUCTS,
                        vectorise_loops=program.sequence is not None)
     layout = "\n".join([
-        contract.Layout.of(program).render(),
+        contract.Layout.of(program, clears).render(),
         _constants(program.constants, dtype),
         *([contract.TableForm.of(plan).render()] if plan is not None else []),
         *([contract.Words("NONZERO_WORDS", sides.nonzero_words()).render(),
@@ -269,7 +271,12 @@ def _batched_functions(sides, dtype):
     d, dg = ["real *restrict d", "long nb"], ["real *restrict d", "real *restrict g", "long nb"]
     return [("forward_outputs_batch", d, forward.pass_(outputs)),
             ("forward_rest_batch", d, forward.pass_(rest)),
-            ("backward_batch", dg + ["real rate"], backward.pass_(batched.backward, Plain()))]
+            ("backward_batch", dg + ["real rate"], backward.pass_(batched.backward, Plain(_clears(batched))))]
+
+
+def _clears(batched):
+    """Whether the batched program's backward leaves its gradients 0 (backward.Plain): a sequence's."""
+    return batched.sequence is not None
 
 
 def _batch_layout(sides, dtype):
@@ -279,7 +286,7 @@ def _batch_layout(sides, dtype):
     if sides is None:
         return contract.BatchLayout.render_none()
     return "\n".join([
-        contract.BatchLayout.of(sides.program, sides.stepped).render(),
+        contract.BatchLayout.of(sides.program, sides.stepped, _clears(sides.program)).render(),
         _constants(sides.program.constants, dtype, "init_batch_constants", "BATCH_CONSTANT_VALUES"),
         contract.Words("BATCH_LIST_WORDS", sides.row_list_words()).render(),
         _scan("scan_batch_rows", ["real *restrict d", "long nb"], sides.row_scans()),

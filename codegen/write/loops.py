@@ -19,7 +19,7 @@ from ..lower.types import DOT, OP, ActiveBatch, Bounded, Extent, is_family
 from ..lower.vector import progression
 from .dtypes import c_literal
 from .kernels import call
-from .tree import Assign, Block, Declare, If, Loop, ReadGradient, Seq, nest
+from .tree import Assign, Block, ClearGradient, Declare, If, Loop, ReadGradient, Seq, nest
 
 # Lists up to this long are written out element by element, constant offsets the compiler sees
 # (a convolution's window); longer ones call the loop kernels of templates/kernels/, which for
@@ -472,9 +472,18 @@ def loop_nest(shape, body, dots=True, independent=False, unless_zero=False):
     node), as tree statements. With `dots`, accumulations of products may become dot products
     after the innermost loop (only where the loop updates no value they read). `independent`: no
     iteration reads what another writes (a forward loop writes only its group's results, which it
-    never reads). `unless_zero`: what follows the gradient's read runs only when it is not 0."""
+    never reads). `unless_zero`: what follows the gradient's read runs only when it is not 0. A
+    ClearGradient goes with the read, or in a loop nest of its own after the rest where a kernel or
+    a dot product after the innermost loop still reads the gradient."""
     if not shape:
         return _skipping_zero([placed(s) for s in body], unless_zero)
+    clears = [s for s in body if isinstance(s, ClearGradient)]
+    held = [s for s in body if isinstance(s, Accumulate) and s.target.strides[-1] == 0]
+    dotted = [s for s in held if dots and s.product and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
+              and all(a.strides[-1] == 1 for a in s.product[:2] if a is not None)]
+    if clears and (dotted or any(isinstance(s, (Matmul, WeightGradient)) for s in body)):
+        rest = [s for s in body if not isinstance(s, ClearGradient)]
+        return loop_nest(shape, rest, dots, independent, unless_zero) + loop_nest(shape, clears, independent=True)
     # the inputs' gradients first: they read the weights, which a weights' gradient may step
     matmuls = [s.in_loops(shape) for s in sorted((s for s in body if isinstance(s, (Matmul, WeightGradient))),
                                                    key=lambda s: isinstance(s, WeightGradient))]
@@ -483,9 +492,6 @@ def loop_nest(shape, body, dots=True, independent=False, unless_zero=False):
         rest = (loop_nest(shape, body, dots, unless_zero=unless_zero)
                 if any(not isinstance(s, ReadGradient) for s in body) else [])
         return rest + matmuls
-    held = [s for s in body if isinstance(s, Accumulate) and s.target.strides[-1] == 0]
-    dotted = [s for s in held if dots and s.product and shape[-1] >= UNROLL_MAX_CONTIGUOUS // 2
-              and all(a.strides[-1] == 1 for a in s.product[:2] if a is not None)]
     summed = [s for s in held if s not in dotted]
     names = {id(s): f"sum{k}" for k, s in enumerate(summed)}
     inner = _skipping_zero([Assign(names[id(s)], s.term, "+=") if id(s) in names else placed(s)
@@ -514,8 +520,9 @@ def _skipping_zero(statements, unless_zero):
     """The statements, those after the gradient's read in `if (go != 0)` with unless_zero."""
     if not unless_zero:
         return statements
-    reads = [s for s in statements if isinstance(s, ReadGradient)]
-    return reads + [If("go != 0", Block(tuple(s for s in statements if not isinstance(s, ReadGradient))))]
+    reads = [s for s in statements if isinstance(s, (ReadGradient, ClearGradient))]
+    rest = tuple(s for s in statements if not isinstance(s, (ReadGradient, ClearGradient)))
+    return reads + [If("go != 0", Block(rest))]
 
 
 def _after_innermost(summed, dotted, names, shape):
@@ -557,10 +564,10 @@ def _dot_runs(dotted):
 
 def _independent_writes(body, n):
     """Whether the innermost loop of a backward body is free of dependences between its n
-    iterations: only gradient accumulations (besides reading the group's own gradient), all
+    iterations: only gradient accumulations (besides reading and clearing the group's own), all
     moving with one stride along it, none reaching a slot that another iteration reaches."""
     writes = [s for s in body if isinstance(s, Accumulate)]
-    if (not writes or any(not isinstance(s, (Accumulate, ReadGradient)) for s in body)
+    if (not writes or any(not isinstance(s, (Accumulate, ReadGradient, ClearGradient)) for s in body)
             or any(isinstance(stride, Extent) for s in writes for stride in s.target.strides)):
         return False
     strides = {s.target.strides[-1] for s in writes}

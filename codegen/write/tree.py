@@ -37,6 +37,12 @@ class ReadGradient:
 
 
 @dataclass(frozen=True)
+class ClearGradient:
+    """The group's gradient set back to 0 once read (codegen/write/backward.py's Plain, clears)."""
+    at: str
+
+
+@dataclass(frozen=True)
 class Copy:
     """`n` reals copied from `source` to `to` (pointers)."""
     to: str
@@ -140,7 +146,7 @@ def nest(shape, body, braced=True, independent=False, first=0):
 def line_count(node):
     """How many lines render(node) writes: one for the statements that never break a line (what a
     straight-line program is made of), else counted from the rendering."""
-    if isinstance(node, (Call, Assign, ReadGradient, Invoke, Unused, Declare, Copy)):
+    if isinstance(node, (Call, Assign, ReadGradient, ClearGradient, Invoke, Unused, Declare, Copy)):
         return 1
     return render(node).count("\n") + 1
 
@@ -153,6 +159,8 @@ def render(node, pad="    "):
         return f"{node.target} {node.op} {node.value};"
     if isinstance(node, ReadGradient):
         return f"const real go = {node.at};"
+    if isinstance(node, ClearGradient):
+        return f"{node.at} = 0;"
     if isinstance(node, Invoke):
         return f"{node.function}({', '.join(node.arguments)});"
     if isinstance(node, Unused):
