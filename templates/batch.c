@@ -5,32 +5,44 @@
  * before a pass and, after training, out again; every other state (the optimizer's, the
  * step-by-step API's) stays the module's. */
 
-/* The batch buffers, made on first use (their size is BATCH_CAPACITY times the one-sample
- * program's), zeroed, 64-byte aligned, the constants written. 0, or -1 with MemoryError set. */
-static int batch_buffers(State *st)
+/* A set of batch buffers (values d and gradients g: BATCH_CAPACITY times the one-sample program's,
+ * then the inputs' row lists, int32: codegen/write/sides.py's row_scans), zeroed, 64-byte aligned,
+ * the constants written. 0, or -1 (no memory; nothing made). */
+static int new_batch_set(real **d_out, real **g_out)
 {
-    if (st->bd)
-        return 0;
-    /* after d's slots, the inputs' row lists (int32, codegen/write/sides.py's row_scans) */
     const size_t bytes = (size_t)MODEL.n_batch_slots * sizeof(real) + MODEL.batch_list_words * 4;
     void *d = NULL, *g = NULL;
     if (posix_memalign(&d, 64, bytes ? bytes : 64) != 0 || posix_memalign(&g, 64, bytes ? bytes : 64) != 0) {
         free(d);
-        PyErr_NoMemory();
         return -1;
     }
     memset(d, 0, bytes);
     memset(g, 0, bytes);
     MODEL.init_batch_constants((real *)d);
-    st->bd = (real *)d;
-    st->bg = (real *)g;
+    *d_out = (real *)d;
+    *g_out = (real *)g;
+    return 0;
+}
+
+/* The batch buffers st->bd, st->bg, made on first use. 0, or -1 with MemoryError set. */
+static int batch_buffers(State *st)
+{
+    if (st->bd)
+        return 0;
+    if (new_batch_set(&st->bd, &st->bg) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
     return 0;
 }
 
 static void free_batch_buffers(State *st)
 {
-    free(st->bd);
-    free(st->bg);
+    for (int k = 0; k < POOL_MAX; k++) {
+        free(k ? st->piece_d[k] : st->bd);
+        free(k ? st->piece_g[k] : st->bg);
+        st->piece_d[k] = st->piece_g[k] = NULL;
+    }
     st->bd = st->bg = NULL;
 }
 
@@ -272,41 +284,145 @@ static void all_active(real *restrict d, long nb)
             d[MODEL.batch_active_base + p] = (real)nb;
 }
 
+/* One piece: the nb samples rows[] (at most BATCH_CAPACITY) forward and backward on the batch
+ * buffers d, g (the parameters in them), their parameter gradients added to g[0..N_PARAMS), each
+ * one's loss into losses[0..nb). rate: 0, or the SGD step's, which backward_batch takes on the
+ * weights of BATCH_STEPPED_RUNS. Touches nothing of the module's but its input slots, read. */
+static void run_piece(const Samples *s, const Py_ssize_t *rows, long nb, const real *inputs, real *d, real *g,
+                      real *losses, real rate)
+{
+    Py_ssize_t sorted[MODEL.batch_capacity];
+    load_batch(s, rows, nb, inputs, d);
+    if (MODEL.batch_active_base >= 0) {
+        const Py_ssize_t *longest = longest_first(d, rows, nb, sorted);
+        if (longest != rows)
+            load_batch(s, longest, nb, inputs, d);
+    }
+    bound_positions(d, MODEL.batch_positions_slot, MODEL.batch_position_weights, nb);
+    MODEL.scan_batch_rows(d, nb);
+    MODEL.forward_outputs_batch(d, nb);
+    MODEL.forward_rest_batch(d, nb);
+    for (long b = 0; b < nb; b++)
+        losses[b] = d[MODEL.batch_loss_slot + b];
+    /* every sample's loss has gradient 1; the other per-sample gradients restart from 0 (as
+     * the last backward_batch left them, when it sets back what it reads: they start 0) */
+    if (!MODEL.batch_backward_clears)
+        clear_batch_gradients(g, nb);
+    for (long b = 0; b < nb; b++)
+        g[MODEL.batch_loss_slot + b] = 1;
+    MODEL.backward_batch(d, g, nb, rate);
+}
+
+/* A sequence's pieces side by side: each runs whole on one of the module's threads, on a set of
+ * batch buffers of its own (the caller's st->bd, st->bg or one of st->piece_d, piece_g), from
+ * zero parameter gradients, which it leaves in grads[piece]; the caller adds them up in the
+ * pieces' order. Its statement loops (attention, softmax, norms: most of a step at n_embd 64)
+ * then run on every core, which a piece's own products alone did not, and every sum is the same
+ * bits for any thread count: a document's in its piece, the pieces' in a fixed order. */
+typedef struct {
+    State *st;
+    const Samples *s;
+    const Py_ssize_t *order; /* this round's rows */
+    Py_ssize_t count;
+    real *grads;  /* PIECES_AT_ONCE x N_PARAMS */
+    real *losses; /* count */
+    pthread_mutex_t lock; /* guards the fields below */
+    int busy[POOL_MAX], fresh[POOL_MAX]; /* a set in use; its parameters copied in for this batch */
+} PiecesArgs;
+
+/* pieces run side by side at most (a round, whose gradients are then added up): the memory of
+ * their gradients, and no bound on the threads that matters on the machines measured */
+#define PIECES_AT_ONCE 16
+
+static void run_pieces(void *args, long first, long last)
+{
+    PiecesArgs *a = (PiecesArgs *)args;
+    State *st = a->st;
+    pthread_mutex_lock(&a->lock);
+    int set = 0;
+    while (a->busy[set]) /* (as many sets as threads run this) */
+        set++;
+    a->busy[set] = 1;
+    pthread_mutex_unlock(&a->lock);
+    real *d = set ? st->piece_d[set] : st->bd, *g = set ? st->piece_g[set] : st->bg;
+    if (!a->fresh[set]) {
+        memcpy(d, st->bd, MODEL.n_params * sizeof(real));
+        a->fresh[set] = 1;
+    }
+    for (long piece = first; piece < last; piece++) {
+        const Py_ssize_t at = piece * MODEL.batch_capacity;
+        const long nb = a->count - at < MODEL.batch_capacity ? (long)(a->count - at) : MODEL.batch_capacity;
+        memset(g, 0, MODEL.n_params * sizeof(real));
+        run_piece(a->s, a->order + at, nb, st->d + MODEL.input_base, d, g, a->losses + at, 0);
+        memcpy(a->grads + piece * MODEL.n_params, g, MODEL.n_params * sizeof(real));
+    }
+    pthread_mutex_lock(&a->lock);
+    a->busy[set] = 0;
+    pthread_mutex_unlock(&a->lock);
+}
+
+/* The pieces of order[0..count) side by side (run_pieces), PIECES_AT_ONCE at a time, their
+ * parameter gradients added to st->bg's in the pieces' order, their losses to *loss_sum in the
+ * samples' order; 0, or -1 (no memory for the pieces' gradients: nothing done). */
+static int add_pieces_side_by_side(State *st, const Samples *s, const Py_ssize_t *order, Py_ssize_t count,
+                                   double *loss_sum)
+{
+    const Py_ssize_t round = (Py_ssize_t)PIECES_AT_ONCE * MODEL.batch_capacity;
+    PiecesArgs a = {st, s, order, 0, malloc((size_t)(PIECES_AT_ONCE + 1) * MODEL.n_params * sizeof(real)),
+                    malloc((size_t)round * sizeof(real)), PTHREAD_MUTEX_INITIALIZER};
+    if (!a.grads || !a.losses) {
+        free(a.grads), free(a.losses);
+        return -1;
+    }
+    a.fresh[0] = 1;
+    real *sum = a.grads + PIECES_AT_ONCE * MODEL.n_params; /* the gradients so far, each piece's added */
+    memcpy(sum, st->bg, MODEL.n_params * sizeof(real));
+    for (Py_ssize_t done = 0; done < count; done += round) {
+        a.order = order + done;
+        a.count = count - done < round ? count - done : round;
+        const long pieces = (long)((a.count + MODEL.batch_capacity - 1) / MODEL.batch_capacity);
+        const int threads = pool_parts() < pieces ? pool_parts() : (int)pieces;
+        int sets = 1; /* a set for each thread that runs them (else, short of memory, one thread) */
+        while (sets < threads && (st->piece_d[sets] || new_batch_set(&st->piece_d[sets], &st->piece_g[sets]) == 0))
+            sets++;
+        if (sets == threads && threads > 1)
+            parallel_rows(run_pieces, &a, pieces, 1);
+        else
+            run_pieces(&a, 0, pieces);
+        for (long piece = 0; piece < pieces; piece++) {
+            const real *restrict add = a.grads + piece * MODEL.n_params;
+            for (long j = 0; j < MODEL.n_params; j++)
+                sum[j] += add[j];
+        }
+        for (Py_ssize_t b = 0; b < a.count; b++)
+            *loss_sum += a.losses[b];
+    }
+    memcpy(st->bg, sum, MODEL.n_params * sizeof(real));
+    free(a.grads), free(a.losses);
+    return 0;
+}
+
 /* The rows order[0..count) (a sequence's longest first, when they are several pieces:
  * longest_first_pieces) forward and backward in pieces of at most BATCH_CAPACITY samples on the
  * batch buffers d, g (the parameters copied in), their parameter gradients added to g[0..N_PARAMS),
- * their losses to *loss_sum: a batch of train(), or gradients()'s rows. rate: 0, or (one piece)
- * the SGD step's, which backward_batch takes on the weights of BATCH_STEPPED_RUNS. */
+ * their losses to *loss_sum: a batch of train(), or gradients()'s rows. A sequence's pieces run
+ * side by side (add_pieces_side_by_side), others one after another, each piece's products on
+ * every thread. rate: 0, or (one piece) the SGD step's, which backward_batch takes on the weights
+ * of BATCH_STEPPED_RUNS. */
 static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *order, Py_ssize_t count,
                                 double *loss_sum, real rate)
 {
-    real *d = st->bd, *g = st->bg;
-    Py_ssize_t sorted[MODEL.batch_capacity];
+    real losses[MODEL.batch_capacity];
     Py_ssize_t *pieces = longest_first_pieces(s, order, count);
     if (pieces)
         order = pieces;
-    for (Py_ssize_t first = 0; first < count; first += MODEL.batch_capacity) {
-        const long nb = count - first < MODEL.batch_capacity ? (long)(count - first) : MODEL.batch_capacity;
-        load_batch(s, order + first, nb, st->d + MODEL.input_base, d);
-        if (MODEL.batch_active_base >= 0) {
-            const Py_ssize_t *rows = longest_first(d, order + first, nb, sorted);
-            if (rows != order + first)
-                load_batch(s, rows, nb, st->d + MODEL.input_base, d);
+    if (!pieces || add_pieces_side_by_side(st, s, order, count, loss_sum) < 0)
+        for (Py_ssize_t first = 0; first < count; first += MODEL.batch_capacity) {
+            const long nb = count - first < MODEL.batch_capacity ? (long)(count - first) : MODEL.batch_capacity;
+            run_piece(s, order + first, nb, st->d + MODEL.input_base, st->bd, st->bg, losses, rate);
+            for (long b = 0; b < nb; b++)
+                *loss_sum += losses[b];
         }
-        bound_positions(d, MODEL.batch_positions_slot, MODEL.batch_position_weights, nb);
-        MODEL.scan_batch_rows(d, nb);
-        MODEL.forward_outputs_batch(d, nb);
-        MODEL.forward_rest_batch(d, nb);
-        for (long b = 0; b < nb; b++)
-            *loss_sum += d[MODEL.batch_loss_slot + b];
-        /* every sample's loss has gradient 1; the other per-sample gradients restart from 0 (as
-         * the last backward_batch left them, when it sets back what it reads: they start 0) */
-        if (!MODEL.batch_backward_clears)
-            clear_batch_gradients(g, nb);
-        for (long b = 0; b < nb; b++)
-            g[MODEL.batch_loss_slot + b] = 1;
-        MODEL.backward_batch(d, g, nb, rate);
-    }
     free(pieces);
 }
 

@@ -44,6 +44,7 @@ typedef struct {
     int grads_clean;
     uint64_t clean_after;
     real *bd, *bg;                 /* the batch buffers (templates/batch.c), made on first use */
+    real *piece_d[POOL_MAX], *piece_g[POOL_MAX]; /* [1..): more, for a sequence's pieces side by side */
     int threads;                   /* threads a batch's products run on (templates/pool.c) */
 } State;
 

@@ -130,22 +130,25 @@ def test_a_batch_runs_each_position_over_the_documents_that_reach_it(tiny, compi
 def test_a_batch_of_several_passes_runs_longest_first(tiny, compiler):
     """train() with a batch_size over the module's pass (batch=4: three passes): the batch's
     documents are sorted longest first across its passes (templates/batch.c's
-    longest_first_pieces); one step equals the documents one by one (a module without a batched
-    form) within the fused bound, and is the same bits on 1 and 2 threads."""
+    longest_first_pieces), which run side by side on the module's threads (add_pieces_side_by_side);
+    one step equals the documents one by one (a module without a batched form) within the fused
+    bound, and is the same bits on 1, 2 and 3 threads (a piece each, or two pieces on one thread)."""
     tokenizer, state, params = tiny
     docs = ["a", "edcbaab", "", "abc", "ab", "abcde", "b", "ca", "abcd", "e"]
     X, Y = _split(np.stack([data.row(tokenizer.encode(d), CONFIG.block_size) for d in docs]))
     stepped = []
-    for batch, threads in ((1, 1), (4, 1), (4, 2)):  # (each its own module: Adam's state moves with a step)
+    for batch, threads in ((1, 1), (4, 1), (4, 2), (4, 3)):  # (each its own module: Adam's state moves with a step)
         net = _compile(tiny, compiler, batch=batch)
-        loss = net.train(X, Y, 0.01, batch_size=len(docs), threads=threads)
+        for _ in range(2):  # (the second step from the first's parameters, in every buffer set)
+            loss = net.train(X, Y, 0.01, batch_size=len(docs), threads=threads)
         stepped.append((loss, np.asarray(net.params).copy()))
-    (one_by_one, expected), (loss, params_after), (loss_2, params_2) = stepped
+    (one_by_one, expected), (loss, params_after), *others = stepped
     assert loss == pytest.approx(one_by_one, rel=1e-12)
     np.testing.assert_allclose(params_after, expected, rtol=1e-9, atol=1e-12)
     assert not np.array_equal(params_after, np.asarray(_compile(tiny, compiler, batch=4).params))  # (it stepped)
-    assert loss_2 == loss
-    np.testing.assert_array_equal(params_2, params_after)
+    for loss_n, params_n in others:
+        assert loss_n == loss
+        np.testing.assert_array_equal(params_n, params_after)
 
 
 def test_positions_past_the_end_are_skipped_and_predict_runs_them_all(tiny):
