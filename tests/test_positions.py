@@ -300,3 +300,34 @@ def test_products_over_the_positions_equal_the_interpreter(tiny, compiler, dtype
         assert loss == pytest.approx(expected.data, rel=tolerance), text
         np.testing.assert_allclose(grads, expected_grads, rtol=tolerance,
                                    atol=tolerance * np.abs(expected_grads).max(), err_msg=text)
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
+def test_a_batchs_lanes_are_its_calls_bits(tiny, compiler, dtype, monkeypatch):
+    """The batch's loops of dot_offsets and axpy_offsets calls (a call a sample: the attention's
+    weighted sums and their gradients) are one call over the batch's lanes
+    (templates/kernels/axpy.c's *_lanes), whose lanes sum what each call summed in its order:
+    train()'s steps are the same bits as with the calls (loops.along_lanes turned off), on
+    documents that reach every position and a full vector of lanes or part of one."""
+    from codegen.write import backward, forward
+    tokenizer, state, params = tiny
+    docs = ["edcbaab", "abcde", "abcd", "bac", "ab", "a", "edcba", "ca", "adeb"]
+    X, Y = _split(np.stack([data.row(tokenizer.encode(d), CONFIG.block_size) for d in docs]))
+    doc = model.document(state, CONFIG)
+    stepped = []
+    for lanes in (True, False):
+        with monkeypatch.context() as patch:
+            if not lanes:
+                for module in (forward, backward):
+                    patch.setattr(module, "along_lanes", lambda *_: False)
+            units = "\n".join(map(str, codegen.generate(doc.loss, doc.inputs, params, doc.outputs, batch=8,
+                                                        dtype=dtype)))
+            assert ("dot_offsets_lanes(d +" in units and "axpy_offsets_lanes(g +" in units) == lanes
+            net = _compile(tiny, compiler, dtype, batch=8)
+        for _ in range(2):
+            loss = net.train(X, Y, 0.01, batch_size=8)
+        stepped.append((loss, np.asarray(net.params).copy()))
+    (loss, after), (loss_calls, after_calls) = stepped
+    assert loss == loss_calls
+    np.testing.assert_array_equal(after, after_calls)
+    assert not np.array_equal(after, np.asarray(_compile(tiny, compiler, dtype, batch=8).params))  # (it stepped)

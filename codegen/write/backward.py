@@ -21,11 +21,11 @@ from ..lower import ir
 from ..lower.types import OP, PARAM, BatchExtent, Bounded
 from .convolution import convolution
 from .kernels import Call, call
-from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, data_at, fused_gradient, grad_at, guarded,
-                    loop_nest, placed, short, slot_index, unrolled)
+from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, at_start, data_at,
+                    fused_gradient, grad_at, guarded, loop_nest, placed, short, slot_index, unrolled)
 from .sides import TrackedRow
 from .statements import Statements
-from .tree import Assign, Block, ClearGradient, Copy, If, ReadGradient
+from .tree import Assign, Block, ClearGradient, Copy, If, ReadGradient, nest
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Contribution:
     accumulate: object
     update: object = None
     track: TrackedRow = None
+    lanes: object = None  # in a batch's loop, `accumulate` for all its samples (a call over their lanes), or None
 
 
 @dataclass
@@ -167,6 +168,10 @@ class Backward(Statements):
         if ops.a:
             for wrt, other, factors in ((ops.b, ops.a, node.b), (ops.a, ops.b, node.a)):
                 contributions += self._products(wrt, other, factors, go, ops.out, g.shape, activation)
+        if isinstance(mode, Plain) and contributions and all(c.lanes for c in contributions):
+            lanes = [c.lanes for c in contributions]  # (no innermost loop: no `go` read in it)
+            calls = [nest(g.shape[:-1], lanes, braced=len(lanes) > 1)] if len(g.shape) > 1 else lanes
+            return calls + (loop_nest(g.shape, clear, independent=True) if clear else []), False
         for c in contributions:
             mode.place(c, g.shape, body)
         folded = any(isinstance(c.accumulate, Matmul) and c.accumulate.epilogue is not None for c in contributions)
@@ -239,5 +244,8 @@ class Backward(Statements):
             return [Contribution(to_param, call("axpy_short" if short(wrt, other) else "axpy", y=y, alpha=go, x=x, n=n),
                                  call("sgd_axpy", w=w, lr="lr", alpha=go, x=x, n=n), row)]
         tw, to = self.tables.offsets(wrt.offsets), self.tables.offsets(other.offsets)
+        lanes = call("axpy_offsets_lanes", y=f"g + {slot_index(at_start(wrt.start), grad=True)}", oy=tw,
+                     alpha=f"g + {slot_index(at_start(out), grad=True)}", x=f"d + {slot_index(at_start(other.start))}",
+                     ox=to, n=n, lanes=str(shape[-1])) if along_lanes(shape, out, wrt.start, other.start) else None
         return [Contribution(to_param, call("axpy_offsets", y=y, oy=tw, alpha=go, x=x, ox=to, n=n),
-                             call("sgd_axpy_offsets", w=w, ow=tw, lr="lr", alpha=go, x=x, ox=to, n=n))]
+                             call("sgd_axpy_offsets", w=w, ow=tw, lr="lr", alpha=go, x=x, ox=to, n=n), lanes=lanes)]

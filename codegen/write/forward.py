@@ -7,8 +7,8 @@ from ..lower.types import OP, Affine, Extent
 from .dtypes import c_literal
 from .convolution import convolution
 from .kernels import call
-from .loops import (at_start, data_at, fused_activation, guarded, layer, loop_nest, short, slot_index, takes_epilogue,
-                    tree_sum, unrolled)
+from .loops import (along_lanes, at_start, data_at, fused_activation, guarded, layer, loop_nest, short, slot_index,
+                    takes_epilogue, tree_sum, unrolled)
 from .statements import Statements
 from .tree import Assign, nest
 
@@ -52,6 +52,9 @@ class Forward(Statements):
             names = self._op_names(node, ops)
             value = self._op_c(node, node.op.value, names)
         else:
+            lanes = self._dot_lanes(g)
+            if lanes:
+                return [lanes]
             parts = [c_literal(c, self.dtype) for c in ops.constants]
             if ops.terms:
                 parts += self._sum(ops.terms)
@@ -83,6 +86,20 @@ class Forward(Statements):
                              b=f"d + {slot_index(b.start)}", n=n))]
         return [str(call("dot_offsets", a=f"d + {slot_index(a.start)}", oa=self.tables.offsets(a.offsets),
                          b=f"d + {slot_index(b.start)}", ob=self.tables.offsets(b.offsets), n=n))]
+
+    def _dot_lanes(self, g):
+        """A batch's loop of dot_offsets calls, one a sample, as one call over its lanes (the dot
+        alone, its lists at offsets, both moving with the sample: an attention's weighted sums,
+        RMSNorm's sums of squares); None otherwise."""
+        ops = g.operands
+        a, b = ops.a, ops.b
+        if (ops.constants or ops.terms or not a or g.masked is not None or unrolled(a, b)
+                or (a.contiguous and b.contiguous) or not along_lanes(g.shape, ops.out, a.start, b.start)):
+            return None
+        return nest(g.shape[:-1], [call("dot_offsets_lanes", out=f"d + {slot_index(at_start(ops.out))}",
+                                        a=f"d + {slot_index(at_start(a.start))}", oa=self.tables.offsets(a.offsets),
+                                        b=f"d + {slot_index(at_start(b.start))}", ob=self.tables.offsets(b.offsets),
+                                        n=a.n, lanes=str(g.shape[-1]))], braced=False)
 
     @staticmethod
     def _masked_dot(a, b, slot):

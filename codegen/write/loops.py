@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..lower.types import DOT, OP, ActiveBatch, Bounded, Extent, is_family
+from ..lower.types import DOT, OP, ActiveBatch, BatchExtent, Bounded, Extent, is_family
 from ..lower.vector import progression
 from .dtypes import c_literal
 from .kernels import call
@@ -122,6 +122,13 @@ class Accumulate:
 def at_start(affine):
     """The Affine with the innermost loop index at 0."""
     return dataclasses.replace(affine, strides=affine.strides[:-1] + (0,))
+
+
+def along_lanes(shape, *affines):
+    """Whether the innermost loop of `shape` is the batch's (the batched program) and every Affine
+    moves along it by one slot: a loop of kernel calls, one a sample, is then one call over the
+    batch's lanes (templates/kernels/axpy.c's *_lanes kernels), each lane's sums in the same order."""
+    return bool(shape) and isinstance(shape[-1], BatchExtent) and all(a.strides[-1] == 1 for a in affines)
 
 
 def _zero_last(affine, n):

@@ -130,6 +130,63 @@ KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const 
         y[oy[i]] += alpha * x[ox[i]];
 }
 
+/* The batch's lanes side by side: in the batched program a sample's slots are its lanes of the
+ * batch buffers (codegen/lower/batch.py), so a loop over the samples of dot_offsets or
+ * axpy_offsets calls (an attention's weighted sums and their gradients, RMSNorm's sums of
+ * squares: a call per sample, its terms a capacity apart) is these kernels over `lanes` samples,
+ * LANES at a time in vectors, each lane's sums the same terms in the same order as the call's:
+ * the same bits. (LANES: a 16-byte vector, so that the 8 sums of a block stay in SSE's registers.) */
+#define LANES (16 / (long)sizeof(real))
+
+KERNEL void dot_offsets_lanes(real *restrict out, const real *a, const int32_t *oa, const real *b,
+                              const int32_t *ob, long n, long lanes)
+{
+    long l0 = 0;
+    for (; l0 + LANES <= lanes; l0 += LANES) {
+        real s[8][LANES] = {{0}};
+        long i = 0;
+#define DOT_LANES(k)                                                                               \
+    for (long l = 0; l < LANES; l++)                                                               \
+        s[k][l] += a[oa[i + k] + l0 + l] * b[ob[i + k] + l0 + l];
+        for (; i + 8 <= n; i += 8) {
+            DOT_LANES(0) DOT_LANES(1) DOT_LANES(2) DOT_LANES(3) DOT_LANES(4) DOT_LANES(5) DOT_LANES(6) DOT_LANES(7)
+        }
+        for (long k = 0; i + k < n; k++)
+            DOT_LANES(k)
+#undef DOT_LANES
+        for (long l = 0; l < LANES; l++)
+            out[l0 + l] = ((s[0][l] + s[1][l]) + (s[2][l] + s[3][l])) + ((s[4][l] + s[5][l]) + (s[6][l] + s[7][l]));
+    }
+    for (; l0 < lanes; l0++)
+        out[l0] = dot_offsets(a + l0, oa, b + l0, ob, n);
+}
+
+/* axpy_offsets(y + l, oy, alpha[l], x + l, ox, n) for every lane l < lanes (a block of lanes
+ * one of whose alphas is 0 lane by lane: the call skips such a lane, which adding 0 times x
+ * would not quite, for a y of -0 or an x not finite) */
+KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *alpha, const real *restrict x,
+                               const int32_t *ox, long n, long lanes)
+{
+    long l0 = 0;
+    for (; l0 + LANES <= lanes; l0 += LANES) {
+        real go[LANES];
+        int zero = 0;
+        for (long l = 0; l < LANES; l++)
+            zero |= (go[l] = alpha[l0 + l]) == 0;
+        if (zero) {
+            for (long l = 0; l < LANES; l++)
+                axpy_offsets(y + l0 + l, oy, go[l], x + l0 + l, ox, n);
+            continue;
+        }
+        for (long i = 0; i < n; i++)
+            for (long l = 0; l < LANES; l++)
+                y[oy[i] + l0 + l] += go[l] * x[ox[i] + l0 + l];
+    }
+    for (; l0 < lanes; l0++)
+        axpy_offsets(y + l0, oy, alpha[l0], x + l0, ox, n);
+}
+#undef LANES
+
 KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, const real *x,
                              const int32_t *ox, long n)
 {

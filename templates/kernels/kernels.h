@@ -13,6 +13,8 @@ KERNEL real dot(const real *restrict a, const real *restrict b, long n);
 KERNEL real sum_range(const real *restrict x, long n);
 KERNEL real dot_offsets(const real *a, const int32_t *oa, const real *b, const int32_t *ob, long n);
 KERNEL real sum_offsets(const real *x, const int32_t *ox, long n);
+KERNEL void dot_offsets_lanes(real *restrict out, const real *a, const int32_t *oa, const real *b,
+                              const int32_t *ob, long n, long lanes);
 KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const int32_t *restrict nz);
 KERNEL void dot_rows(const real *restrict a, const real *restrict b, long b_step, long n, long m,
                      real *restrict out, long out_step);
@@ -24,6 +26,8 @@ KERNEL void add_range(real *restrict y, real alpha, long n);
 KERNEL void add_offsets(real *y, const int32_t *oy, real alpha, long n);
 KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const real *restrict x,
                          const int32_t *ox, long n);
+KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *alpha, const real *restrict x,
+                               const int32_t *ox, long n, long lanes);
 KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, const real *x,
                              const int32_t *ox, long n);
 KERNEL void axpy_nz(real *restrict y, real alpha, const real *restrict x, long n, const int32_t *restrict nz);
