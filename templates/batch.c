@@ -385,8 +385,10 @@ static int add_pieces_side_by_side(State *st, const Samples *s, const Py_ssize_t
         int sets = 1; /* a set for each thread that runs them (else, short of memory, one thread) */
         while (sets < threads && (st->piece_d[sets] || new_batch_set(&st->piece_d[sets], &st->piece_g[sets]) == 0))
             sets++;
+        /* (a pass, not a product: the workers sleep between batches, as a piece takes far longer
+         * than their waking, and polling would take a core that other processes may want) */
         if (sets == threads && threads > 1)
-            parallel_rows(run_pieces, &a, pieces, 1);
+            parallel_pass(run_pieces, &a, pieces, 1);
         else
             run_pieces(&a, 0, pieces);
         for (long piece = 0; piece < pieces; piece++) {

@@ -148,11 +148,14 @@ KERNEL void dot_offsets_lanes(real *restrict out, const real *a, const int32_t *
 #define DOT_LANES(k)                                                                               \
     for (long l = 0; l < LANES; l++)                                                               \
         s[k][l] += a[oa[i + k] + l0 + l] * b[ob[i + k] + l0 + l];
+#define DOT_LANES_IF(k) if (i + k < n) { DOT_LANES(k)
         for (; i + 8 <= n; i += 8) {
             DOT_LANES(0) DOT_LANES(1) DOT_LANES(2) DOT_LANES(3) DOT_LANES(4) DOT_LANES(5) DOT_LANES(6) DOT_LANES(7)
         }
-        for (long k = 0; i + k < n; k++)
-            DOT_LANES(k)
+        /* the last terms (sums by constant indices: the compiler keeps them in registers) */
+        DOT_LANES_IF(0) DOT_LANES_IF(1) DOT_LANES_IF(2) DOT_LANES_IF(3) DOT_LANES_IF(4) DOT_LANES_IF(5) DOT_LANES_IF(6)
+        }}}}}}}
+#undef DOT_LANES_IF
 #undef DOT_LANES
         for (long l = 0; l < LANES; l++)
             out[l0 + l] = ((s[0][l] + s[1][l]) + (s[2][l] + s[3][l])) + ((s[4][l] + s[5][l]) + (s[6][l] + s[7][l]));
