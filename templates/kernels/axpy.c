@@ -134,19 +134,20 @@ KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const 
  * batch buffers (codegen/lower/batch.py), so a loop over the samples of dot_offsets or
  * axpy_offsets calls (an attention's weighted sums and their gradients, RMSNorm's sums of
  * squares: a call per sample, its terms a capacity apart) is these kernels over `lanes` samples,
- * LANES at a time in vectors, each lane's sums the same terms in the same order as the call's:
- * the same bits. (LANES: a 16-byte vector, so that the 8 sums of a block stay in SSE's registers.) */
-#define LANES (16 / (long)sizeof(real))
+ * LANE_BLOCK at a time in vectors, each lane's sums the same terms in the same order as the
+ * call's: the same bits. (LANE_BLOCK: a 16-byte vector's, so that the 8 sums of a block stay in
+ * SSE's registers, which is what the statement code is built for.) */
+#define LANE_BLOCK (16 / (long)sizeof(real))
 
 KERNEL void dot_offsets_lanes(real *restrict out, const real *a, const int32_t *oa, const real *b,
                               const int32_t *ob, long n, long lanes)
 {
     long l0 = 0;
-    for (; l0 + LANES <= lanes; l0 += LANES) {
-        real s[8][LANES] = {{0}};
+    for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK) {
+        real s[8][LANE_BLOCK] = {{0}};
         long i = 0;
 #define DOT_LANES(k)                                                                               \
-    for (long l = 0; l < LANES; l++)                                                               \
+    for (long l = 0; l < LANE_BLOCK; l++)                                                          \
         s[k][l] += a[oa[i + k] + l0 + l] * b[ob[i + k] + l0 + l];
 #define DOT_LANES_IF(k) if (i + k < n) { DOT_LANES(k)
         for (; i + 8 <= n; i += 8) {
@@ -157,7 +158,7 @@ KERNEL void dot_offsets_lanes(real *restrict out, const real *a, const int32_t *
         }}}}}}}
 #undef DOT_LANES_IF
 #undef DOT_LANES
-        for (long l = 0; l < LANES; l++)
+        for (long l = 0; l < LANE_BLOCK; l++)
             out[l0 + l] = ((s[0][l] + s[1][l]) + (s[2][l] + s[3][l])) + ((s[4][l] + s[5][l]) + (s[6][l] + s[7][l]));
     }
     for (; l0 < lanes; l0++)
@@ -171,24 +172,24 @@ KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *
                                const int32_t *ox, long n, long lanes)
 {
     long l0 = 0;
-    for (; l0 + LANES <= lanes; l0 += LANES) {
-        real go[LANES];
+    for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK) {
+        real go[LANE_BLOCK];
         int zero = 0;
-        for (long l = 0; l < LANES; l++)
+        for (long l = 0; l < LANE_BLOCK; l++)
             zero |= (go[l] = alpha[l0 + l]) == 0;
         if (zero) {
-            for (long l = 0; l < LANES; l++)
+            for (long l = 0; l < LANE_BLOCK; l++)
                 axpy_offsets(y + l0 + l, oy, go[l], x + l0 + l, ox, n);
             continue;
         }
         for (long i = 0; i < n; i++)
-            for (long l = 0; l < LANES; l++)
+            for (long l = 0; l < LANE_BLOCK; l++)
                 y[oy[i] + l0 + l] += go[l] * x[ox[i] + l0 + l];
     }
     for (; l0 < lanes; l0++)
         axpy_offsets(y + l0, oy, alpha[l0], x + l0, ox, n);
 }
-#undef LANES
+#undef LANE_BLOCK
 
 KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, const real *x,
                              const int32_t *ox, long n)
