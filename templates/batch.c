@@ -324,7 +324,7 @@ typedef struct {
     const Samples *s;
     const Py_ssize_t *order; /* this round's rows */
     Py_ssize_t count;
-    real *grads;  /* PIECES_AT_ONCE x N_PARAMS */
+    real *grads;  /* a round's pieces x N_PARAMS */
     real *losses; /* count */
     pthread_mutex_t lock; /* guards the fields below */
     int busy[POOL_MAX], fresh[POOL_MAX]; /* a set in use; its parameters copied in for this batch */
@@ -367,15 +367,17 @@ static void run_pieces(void *args, long first, long last)
 static int add_pieces_side_by_side(State *st, const Samples *s, const Py_ssize_t *order, Py_ssize_t count,
                                    double *loss_sum)
 {
-    const Py_ssize_t round = (Py_ssize_t)PIECES_AT_ONCE * MODEL.batch_capacity;
-    PiecesArgs a = {st, s, order, 0, malloc((size_t)(PIECES_AT_ONCE + 1) * MODEL.n_params * sizeof(real)),
+    const long all = (long)((count + MODEL.batch_capacity - 1) / MODEL.batch_capacity);
+    const long at_once = all < PIECES_AT_ONCE ? all : PIECES_AT_ONCE;
+    const Py_ssize_t round = (Py_ssize_t)at_once * MODEL.batch_capacity;
+    PiecesArgs a = {st, s, order, 0, malloc((size_t)(at_once + 1) * MODEL.n_params * sizeof(real)),
                     malloc((size_t)round * sizeof(real)), PTHREAD_MUTEX_INITIALIZER};
     if (!a.grads || !a.losses) {
         free(a.grads), free(a.losses);
         return -1;
     }
     a.fresh[0] = 1;
-    real *sum = a.grads + PIECES_AT_ONCE * MODEL.n_params; /* the gradients so far, each piece's added */
+    real *sum = a.grads + at_once * MODEL.n_params; /* the gradients so far, each piece's added */
     memcpy(sum, st->bg, MODEL.n_params * sizeof(real));
     for (Py_ssize_t done = 0; done < count; done += round) {
         a.order = order + done;
