@@ -12,7 +12,7 @@ once more; a block marked inline, and what it holds, on one line.
 
 from dataclasses import dataclass
 
-from ..lower.types import Bounded, Parts
+from ..lower.types import ActiveBatch, Bounded, Parts
 from .kernels import Call
 
 
@@ -69,9 +69,10 @@ class If:
 class Loop:
     """`for` over loop index i<index> from 0 to `extent`: with `braced`, around the statements of
     `body` (indented); without, around its one statement. An extent cut at run time
-    (types.Bounded) is read once, before the loop (the loop's stores to d could change it, for
-    all the compiler knows); a family's loop i0 (types.Parts) keeps tri0 = i0 * (i0 - 1) / 2 as
-    it goes. `independent`: no iteration reads what another writes, which the C compiler is told
+    (types.Bounded, and a batch's samples that reach a position, types.ActiveBatch) is read once,
+    before the loop (the loop's stores to d could change it, for all the compiler knows: GCC
+    then vectorises no loop over the batch, its count not computable); a family's loop i0
+    (types.Parts) keeps tri0 = i0 * (i0 - 1) / 2 as it goes. `independent`: no iteration reads what another writes, which the C compiler is told
     (INDEPENDENT), so that it vectorises without checking at run time. `full` (a Bounded loop's):
     the C of f<index>, a count of first passes that its first pass takes at once (loops.per_pass)."""
     index: int
@@ -83,7 +84,8 @@ class Loop:
 
     def header(self):
         d, n = self.index, self.extent
-        start, end = (f"i{d} = 0, n{d} = {n}", f"n{d}") if isinstance(n, Bounded) else (f"i{d} = 0", n)
+        read_once = isinstance(n, (Bounded, ActiveBatch))
+        start, end = (f"i{d} = 0, n{d} = {n}", f"n{d}") if read_once else (f"i{d} = 0", n)
         if self.full:
             return f"for (long {start}, f{d} = {self.full}; i{d} < {end}; i{d} += i{d} < f{d} ? f{d} : 1)"
         header = (f"for (long {start}, tri0 = 0; i0 < {end}; tri0 += i0, i0++)" if d == 0 and isinstance(n, Parts)
