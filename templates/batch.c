@@ -349,7 +349,11 @@ static void run_pieces(void *args, long first, long last)
         memcpy(d, st->bd, MODEL.n_params * sizeof(real));
         a->fresh[set] = 1;
     }
-    for (long piece = first; piece < last; piece++) {
+    const long pieces = (long)((a->count + MODEL.batch_capacity - 1) / MODEL.batch_capacity);
+    for (long chunk = first; chunk < last; chunk++) {
+        /* chunks 0, 1, 2, 3, ... are pieces 0, n - 1, 1, n - 2, ...: the pieces run longest first
+         * (longest_first_pieces), and the pool's shares are runs of chunks, each then a mix */
+        const long piece = chunk % 2 ? pieces - 1 - chunk / 2 : chunk / 2;
         const Py_ssize_t at = piece * MODEL.batch_capacity;
         const long nb = a->count - at < MODEL.batch_capacity ? (long)(a->count - at) : MODEL.batch_capacity;
         memset(g, 0, MODEL.n_params * sizeof(real));
