@@ -56,9 +56,14 @@ from .tree import Invoke
 # longer ones; a dot of DOT_SIZES[i] parts forward; backward, EDGE; then each op of the op table
 # (forward its value, backward its coefficients or, selecting, its gradient), OP_BASE + its
 # position (op_kind: the table may grow, as the op tests/test_docs.py adds does)
-CHEAP_OPS = ("add", "mul", "max", "relu")
+CHEAP_OPS = ("add", "mul", "max")
 CHEAP = 0
-CHEAP_MAXIMUM = len(CHEAP_OPS)  # a CHEAP row's op: CHEAP_OPS' positions, then a maximum of two
+# CHEAP rows of ops whose formula is `max`'s with b a constant (relu: where(a < 0, 0, a)) are max
+# rows reading the constant's slot, as a maximum of two is (largest_in's pick, the first of the
+# largest, is max's formula): a select the compiler makes without a branch (maxsd), where
+# relu's own formula took one, mispredicted on a graph too big for the predictor to learn (the
+# forward was 1.25x this one's on a random 100,000-Value graph)
+CHEAP_AS_MAX = {"relu": 0.0}
 # A dot row sums its parts in loops.tree_sum's tree, each part a product (a term t as 1 * t, which
 # is t), padded with -0 * 1 (-0, which adds nothing to any sum) up to a power of two: a tree over
 # 2**k parts is tree_sum's over the first n, then, so the row needs no branch and no count
@@ -71,6 +76,7 @@ DOT_KINDS = {size: CHEAP + 1 + i for i, size in enumerate(DOT_SIZES)}
 # had a kind per op, the step's backward was 1.4x this one's on a random 20,000-Value graph)
 EDGE = CHEAP + 1 + len(DOT_SIZES)
 OP_BASE = EDGE + 1
+BLOCK_NODES = 1 << 30
 # A loop nest of at most this many nodes becomes rows too (an irregular graph's few alike nodes,
 # whose tiny loops would each cut the rows around them into segments of their own)
 LOOP_MAX_MEMBERS = 8
@@ -254,7 +260,7 @@ def op_kind(op):
 
 
 def _cheap(node):
-    return node.op.name in CHEAP_OPS or _maximum_of_two(node)
+    return node.op.name in CHEAP_OPS or node.op.name in CHEAP_AS_MAX or _maximum_of_two(node)
 
 
 def _dot_size(node):
@@ -291,7 +297,15 @@ def _selects_without_gradient(node):
 
 def _segment(nodes, slots, backward):
     """One segment's words (see the module's docstring) and its number of runs. nodes: in the
-    straight-line C's order (forward order, or backward's)."""
+    straight-line C's order (forward order, or backward's), scheduled in blocks of BLOCK_NODES."""
+    if len(nodes) > BLOCK_NODES:
+        words, n_runs = [0], 0
+        for at in range(0, len(nodes), BLOCK_NODES):
+            block, runs = _segment(nodes[at:at + BLOCK_NODES], slots, backward)
+            words += block[1:]
+            n_runs += runs
+        words[0] = n_runs
+        return words, n_runs
     if backward:
         return _backward_segment(nodes, slots)
     index = {id(n): i for i, n in enumerate(nodes)}
@@ -473,9 +487,12 @@ def _row(node, slots):
         return _dot_row(node, slots)
     op = node.op
     if _cheap(node):
-        which = CHEAP_MAXIMUM if op.selects else CHEAP_OPS.index(op.name)
+        if op.selects or op.name in CHEAP_AS_MAX:
+            a = of(node.args[0])
+            b = of(node.args[1]) if op.selects else slots.constant(CHEAP_AS_MAX[op.name])
+            return [CHEAP_OPS.index("max"), a, b, node.slot]
         a, b = (node.args * 2)[:2]  # (a unary op reads its operand twice)
-        return [which, of(a), of(b), node.slot]
+        return [CHEAP_OPS.index(op.name), of(a), of(b), node.slot]
     if op.selects:
         return _select_row(node, slots)
     k = [slots.constant(float(node.k))] if _has_k(op) else []
@@ -568,11 +585,16 @@ def _cheap_case(dtype):
     """CHEAP's rows, forward: [which, a, b, out]; every op's value into a small array, the row's
     op's kept: no branch. (Backward each op has its own kind: computing every op's gradients cost
     more than the runs it saved, 1.3x the backward's time on a 100,000-Value graph.)"""
-    named = [ops.OPS[name] for name in CHEAP_OPS]
-    values = [_render(op, dtype, op.value, a="x", b="y") for op in named] + ["where(x < y, y, x)"]  # (largest_in's pick)
+    largest = ops.OPS["max"]
+    if largest.render(largest.value, a="x", b="y") != "where(x < y, y, x)":  # (largest_in's pick)
+        raise AssertionError("a maximum of two is no longer max's formula: table.CHEAP_OPS")
+    for name, constant in CHEAP_AS_MAX.items():
+        if ops.OPS[name].render(ops.OPS[name].value, a="x") != largest.render(largest.value, a="x", b=f"{constant:g}"):
+            raise AssertionError(f"{name} is no longer max's formula with b = {constant}: table.CHEAP_AS_MAX")
+    values = [_render(ops.OPS[name], dtype, ops.OPS[name].value, a="x", b="y") for name in CHEAP_OPS]
     body = ["const real x = d[w[1]], y = d[w[2]];", f"real v[{len(values)}];"]
     body += [f"v[{i}] = {v};" for i, v in enumerate(values)] + ["d[w[3]] = v[w[0]];"]
-    return _case(CHEAP, "cheap: " + ", ".join(CHEAP_OPS) + ", maximum of two", 4, body)
+    return _case(CHEAP, "cheap: " + ", ".join(CHEAP_OPS) + " (a maximum of two, " + ", ".join(CHEAP_AS_MAX) + ": max)", 4, body)
 
 
 def _dot_case(size):
