@@ -577,8 +577,15 @@ def _coefficient_case(op, code, dtype):
 
 
 def _edge_case():
-    """The edges backward: [coefficient, out, target]."""
-    return _case(EDGE, "edge", 3, ["g[w[2]] += d[w[0]] * g[w[1]];"])
+    """The edges backward: [coefficient, out, target], two by two (one loop test for two edges:
+    0.92-0.97x the backward's time on random 20,000- and 100,000-Value graphs), in order."""
+    edge = "g[w[{2}]] += d[w[{0}]] * g[w[{1}]];"
+    return (f"        case {EDGE}: /* edge */\n"
+            "            for (long r = count; r > 1; r -= 2, w += 6) {\n"
+            f"                {edge.format(0, 1, 2)}\n                {edge.format(3, 4, 5)}\n"
+            "            }\n"
+            f"            if (count & 1) {{\n                {edge.format(0, 1, 2)}\n                w += 3;\n            }}\n"
+            "            break;")
 
 
 def _cheap_case(dtype):
