@@ -122,23 +122,68 @@ def single_statements(program):
     return sum(1 for g in program.forward if not g.shape)
 
 
+# By default (table=None) a fused program takes the table form when its compiler optimises (gcc,
+# clang, zig at -O1 or more) and it is mostly single statements, at least this many: gcc -O2 builds
+# such a program's straight-line C in 7-10 s at 7,900 single statements (a random 20,000-Value
+# graph) and 40-80 s at 40,000 (100,000 Values), the table form in 0.2-0.4 s, its step
+# 1.05-1.25x the straight-line C's there; at 2,000 (5,000 Values) the step is 1.5x, for a build of
+# 3-10 s (docs/speed.md#irregular-graphs-the-table-form)
+TABLE_MIN_STATEMENTS = 6_000
+MOSTLY = 0.9  # of the forward's groups single statements
+
+
 def check(table):
     if table not in (None, True, False):
-        raise TypeError(f"table must be True, False or None (the straight-line C), not {table!r}")
+        raise TypeError(f"table must be True, False or None (by the program and compiler), not {table!r}")
     return table
 
 
+def for_compiler(table, optimises):
+    """compile()'s table argument for a compiler that optimises or not (tcc: the table form's step
+    is 2.6x tcc's straight-line C's, which tcc builds in 0.1 s): None stays None (the program
+    decides, chosen) where it optimises, else becomes False."""
+    return False if table is None and not optimises else check(table)
+
+
 def chosen(program, table):
-    """Whether compile(table=...) gives the program the table form: only when asked (True, which
-    needs a fused program). Not by default, whatever the program: its step is 1.2-1.6x the
-    straight-line C's (docs/speed.md), where a tiered build (codegen/tiers.py) trains at once on
-    the first tier and then at the straight-line C's speed; the table form as that first tier is
-    the step still to build."""
+    """Whether the program takes the table form: True (which needs a fused program) and False as
+    asked; None (the default, for an optimising compiler: compile() passes False for the others,
+    for_compiler) when the program pays for it (by_default)."""
+    if table is None:
+        return by_default(program)
     if not check(table):
         return False
     if not program.fused:
         raise ValueError("table=True needs fuse=True: fuse=False is the straight-line scalar C itself")
     return table
+
+
+def by_default(program):
+    """Whether a fused program is mostly single statements (MOSTLY of its forward's groups), at
+    least TABLE_MIN_STATEMENTS of them: the table form by default."""
+    singles = single_statements(program)
+    return program.fused and singles >= TABLE_MIN_STATEMENTS and singles >= MOSTLY * len(program.forward)
+
+
+def reason(program, table):
+    """Why the program takes the form it does (for codegen.explain)."""
+    singles = single_statements(program)
+    if table is True:
+        return "asked for (table=True)"
+    if table is False:
+        return "table=False: the straight-line C"
+    if by_default(program):
+        return (f"by default: {singles:,} single statements, at least {TABLE_MIN_STATEMENTS:,} and "
+                f"{MOSTLY:.0%} of the program's groups, which an optimising compiler would take seconds to "
+                "build as C; table=False for the straight-line C")
+    return (f"{singles:,} single statements: the table form by default from {TABLE_MIN_STATEMENTS:,} "
+            f"({MOSTLY:.0%} of the program's groups) with an optimising compiler")
+
+
+def key(table):
+    """The table argument as the build cache's structural key records it: None as the rule that
+    decides (so that a change of the rule is a new key)."""
+    return ("by default", TABLE_MIN_STATEMENTS, MOSTLY) if table is None else table
 
 
 def rowable(g):
