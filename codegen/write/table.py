@@ -76,7 +76,6 @@ DOT_KINDS = {size: CHEAP + 1 + i for i, size in enumerate(DOT_SIZES)}
 # had a kind per op, the step's backward was 1.4x this one's on a random 20,000-Value graph)
 EDGE = CHEAP + 1 + len(DOT_SIZES)
 OP_BASE = EDGE + 1
-BLOCK_NODES = 1 << 30
 # A loop nest of at most this many nodes becomes rows too (an irregular graph's few alike nodes,
 # whose tiny loops would each cut the rows around them into segments of their own)
 LOOP_MAX_MEMBERS = 8
@@ -342,15 +341,7 @@ def _selects_without_gradient(node):
 
 def _segment(nodes, slots, backward):
     """One segment's words (see the module's docstring) and its number of runs. nodes: in the
-    straight-line C's order (forward order, or backward's), scheduled in blocks of BLOCK_NODES."""
-    if len(nodes) > BLOCK_NODES:
-        words, n_runs = [0], 0
-        for at in range(0, len(nodes), BLOCK_NODES):
-            block, runs = _segment(nodes[at:at + BLOCK_NODES], slots, backward)
-            words += block[1:]
-            n_runs += runs
-        words[0] = n_runs
-        return words, n_runs
+    straight-line C's order (forward order, or backward's)."""
     if backward:
         return _backward_segment(nodes, slots)
     index = {id(n): i for i, n in enumerate(nodes)}
