@@ -109,7 +109,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     False the straight-line C; None (the default) the table form where it pays: a program mostly
     single statements, at least table.TABLE_MIN_STATEMENTS of them (an irregular graph of some
     16,000 Values or more), built by an optimising compiler at -O1 or more, where gcc would take
-    seconds to minutes over its C and the table's step is within about 1.2x of it (docs/speed.md).
+    seconds to minutes over its C and the table's step is 1.1-1.3x its step (docs/speed.md).
     A program in the table form runs train() and predict() sample by sample.
     sources: what generate() returned for these same arguments, when the caller has them already
     (e.g. to compute a build_key): the C is not generated a second time (timings["codegen"] is

@@ -125,7 +125,7 @@ def single_statements(program):
 # clang, zig at -O1 or more) and it is mostly single statements, at least this many: gcc -O2 builds
 # such a program's straight-line C in 7-10 s at 7,900 single statements (a random 20,000-Value
 # graph) and 40-80 s at 40,000 (100,000 Values), the table form in 0.2-0.4 s, its step
-# 1.05-1.25x the straight-line C's there; at 2,000 (5,000 Values) the step is 1.5x, for a build of
+# 1.1-1.3x the straight-line C's there; at 2,000 (5,000 Values) 1.15-1.55x, for a build of
 # 3-10 s (docs/speed.md#irregular-graphs-the-table-form)
 TABLE_MIN_STATEMENTS = 6_000
 MOSTLY = 0.9  # of the forward's groups single statements
