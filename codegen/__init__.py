@@ -105,9 +105,12 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     a few seconds of gcc -O2); False never does. A cache hit of the optimised build loads it.
     table: True runs the program's single statements (groups no loop nest covers) as rows of a
     table through loops of the module runtime, compiled once per machine, instead of a C statement
-    each (codegen/write/table.py: the same numbers, the model's own C small whatever the graph,
-    its step slower: for short trainings of irregular graphs); False or None (the default): the
-    straight-line C. A program in the table form runs train() and predict() sample by sample.
+    each (codegen/write/table.py: the same numbers, the model's own C small whatever the graph);
+    False the straight-line C; None (the default) the table form where it pays: a program mostly
+    single statements, at least table.TABLE_MIN_STATEMENTS of them (an irregular graph of some
+    16,000 Values or more), built by an optimising compiler at -O1 or more, where gcc would take
+    seconds to minutes over its C and the table's step is 1.1-1.3x its step (docs/speed.md).
+    A program in the table form runs train() and predict() sample by sample.
     sources: what generate() returned for these same arguments, when the caller has them already
     (e.g. to compute a build_key): the C is not generated a second time (timings["codegen"] is
     then the graph's reading, which indexes the build by its structure for the next compile).
@@ -124,7 +127,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
     batch = _check_batch(batch)
     tiers.check(tiered)
-    tables.check(table)
+    table = tables.for_compiler(tables.check(table), _optimises(compiler, opt))
 
     def build_and_load():  # (build, module, tier, codegen seconds, the params' data); its locals die with it
         started = time.perf_counter()
@@ -149,7 +152,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
         def structure():  # asked for by the backends that keep files (libtcc builds in memory)
             return _structural_key(graph, params, fuse=fuse, input_grads=input_grads, name=name,
                                    optimizer=optimizer, embed_params=embed_params, dtype=dtype,
-                                   sparse_inputs=sparse_inputs, batch=batch, table=table)
+                                   sparse_inputs=sparse_inputs, batch=batch, table=tables.key(table))
 
         read = time.perf_counter()
         build, module, tier = tiers.build_and_load(generated, name, compiler, opt, native, cache, timeout,
@@ -169,6 +172,16 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
                       **({"optimised": None} if tier == tiers.FIRST else {})}
     module.tier = tier
     return module
+
+
+def _optimises(compiler, opt):
+    """Whether the compiler builds at -O1 or more and optimises (not tcc, libtcc); a compiler that
+    is not found counts as one that does (compile() says so later)."""
+    try:
+        found = compiler if isinstance(compiler, toolchain.Compiler) else toolchain.find_compiler(compiler)
+    except (TypeError, ValueError, toolchain.ToolchainError):
+        return True
+    return toolchain.FAMILIES[found.family].optimises and isinstance(opt, int) and opt >= 1
 
 
 def _start_runtime(compiler, opt, native, cache, timeout, dtype):
@@ -192,7 +205,7 @@ def structural_key(loss, inputs=(), params=(), outputs=(), fuse=True, input_grad
     with ir.no_gc():  # (see read_graph)
         key = _structural_key(read_graph(loss, inputs, params, outputs, fuse), params, fuse=fuse, input_grads=input_grads,
                               name=name, optimizer=optimizer, embed_params=embed_params, dtype=dtype,
-                              sparse_inputs=sparse_inputs, batch=_check_batch(batch), table=tables.check(table))
+                              sparse_inputs=sparse_inputs, batch=_check_batch(batch), table=tables.key(tables.check(table)))
     return key
 
 

@@ -86,7 +86,8 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
     """The lowered program of `loss` as compile() would build it, step by step; with target (a zig
     triple of codegen.backend.targets.TARGETS), also the vectors its exported loops get there; optimizer
     (compile()'s: None is plain SGD) decides how many copies of backward the module has, table
-    (compile()'s) whether its single statements become rows of a table (codegen/write/table.py)."""
+    (compile()'s) whether its single statements become rows of a table (codegen/write/table.py; None:
+    as compile() decides for an optimising compiler, and the summary says why)."""
     vectors = f"vectors on {target}: {targets.lookup(target).vectors}" if target is not None else ""
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
     step_of = {}
@@ -99,7 +100,7 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
         steps.append(Step(i, _what(g.first), tuple(f"<={int(n)}" if isinstance(n, Bounded) else n
                                                    for n in g.shape), len(g.members), reads,
                           "outputs" if g.first.for_outputs else "loss"))
-    plan = tables.plan(program) if tables.chosen(program, table) else None
+    plan = tables.plan(program) if tables.chosen(program, tables.check(table)) else None
     c_lines = len(emit.standalone(program, plan=plan).splitlines()) - len(templates.read("prelude.c").splitlines())
     values = value_count(*outputs, loss)
     batched, why_not = (None, "the table form") if plan else batch.batched_form(program)
@@ -110,7 +111,9 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
                 f"{len(program.sequence.weights)})" if program.sequence
                 else f"every position computed ({program.unbounded})" if program.unbounded else "")
     return Explanation(values, steps, c_lines, program, how, vectors,
-                       _table(plan) if plan else _straight_line(program, optim.check(optimizer)), sequence)
+                       (_table(plan) if plan else _straight_line(program, optim.check(optimizer)))
+                       + (f" ({tables.reason(program, table)})" if plan or emit.straight_line_code(program) else ""),
+                       sequence)
 
 
 def _convolutions(batched):

@@ -3,7 +3,7 @@ rows that the module runtime's loops run. It computes the straight-line C's numb
 (the same formulas, sums and gradient orders: forward, gradients, train() with SGD and Adam,
 predict) on random irregular graphs and on a graph holding every op the fused mode lowers to, with
 TCC, GCC, Clang and zig, float64 and float32; it equals the interpreter on test_compile's random
-graphs; it is used only when asked (table=True); bad options are clear errors."""
+graphs; it is the default for big irregular graphs with an optimising compiler; bad options are clear errors."""
 import random
 
 import numpy as np
@@ -155,23 +155,36 @@ def test_train_with_a_batch_runs_sample_by_sample(loops_compiled):
     np.testing.assert_array_equal(np.asarray(nets[0].params), np.asarray(nets[1].params))
 
 
-def test_only_when_asked_and_explain():
-    """The table form is opt-in (its step is slower than the straight-line C's): table=None and
-    False give the straight-line C, whatever the graph; True the rows; explain says which."""
+def test_by_default_for_big_irregular_graphs_and_explain(monkeypatch):
+    """table=None gives the table form to a program mostly single statements, at least
+    TABLE_MIN_STATEMENTS of them, with an optimising compiler (tcc, or -O0: the straight-line C);
+    table=False the straight-line C whatever the graph; True the rows; explain says which and why."""
+    monkeypatch.setattr(tables, "TABLE_MIN_STATEMENTS", 1_000)  # (a smaller graph than the default's)
     small = irregular.graph(300, seed=4)
     big = irregular.graph(4_000, seed=4)
-    for graph in (small, big):
+    for graph, default in ((small, False), (big, True)):
         program = ir.lower(graph.loss, graph.inputs, graph.params)
-        assert not tables.chosen(program, None) and not tables.chosen(program, False)
+        assert tables.chosen(program, None) is default and not tables.chosen(program, False)
         assert tables.chosen(program, True)
-        assert "the table form:" not in codegen.explain(graph.loss, graph.inputs, graph.params).summary()
-        assert "the table form:" in codegen.explain(graph.loss, graph.inputs, graph.params, table=True).summary()
+        for table in (None, False, True):
+            summary = codegen.explain(graph.loss, graph.inputs, graph.params, table=table).summary()
+            assert ("the table form:" in summary) is (default if table is None else table)
+        reason = codegen.explain(graph.loss, graph.inputs, graph.params).summary()
+        assert ("by default: " in reason) is default and ("table=False" in reason) is default
     assert tables.single_statements(ir.lower(big.loss, big.inputs, big.params)) >= 1_000
+    # the compiler decides too: tcc (its straight-line C builds at once) and -O0 keep the straight-line C
+    assert tables.for_compiler(None, True) is None and tables.for_compiler(None, False) is False
+    assert tables.for_compiler(True, False) is True
+    assert not codegen._optimises("tcc", 2) and not codegen._optimises("gcc", 0) and codegen._optimises("gcc", 1)
+    net = codegen.compile(big.loss, big.inputs, big.params, compiler="tcc", batch=1, tiered=False)
+    assert "table_forward(table +" not in net.build.source.read_text()
     # the model's own C: no statement per node, and the same text every time
-    first, again = (codegen.generate(big.loss, big.inputs, big.params, batch=1, table=True) for _ in range(2))
+    first, again = (codegen.generate(big.loss, big.inputs, big.params, batch=1) for _ in range(2))
     assert first == again
     assert len(first) == 3 and "TABLE_TEXT" in first[0]  # the model's unit and the runtime's two
     assert "CHUNK void forward_rest_" not in first[0] and "CHUNK void backward_body_" not in first[0]
+    straight = codegen.generate(big.loss, big.inputs, big.params, batch=1, table=False)
+    assert "table_forward(table +" not in straight[0] and "CHUNK void backward_body_" in "".join(straight)
 
 
 def test_bad_table_options_are_clear_errors():

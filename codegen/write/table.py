@@ -56,9 +56,14 @@ from .tree import Invoke
 # longer ones; a dot of DOT_SIZES[i] parts forward; backward, EDGE; then each op of the op table
 # (forward its value, backward its coefficients or, selecting, its gradient), OP_BASE + its
 # position (op_kind: the table may grow, as the op tests/test_docs.py adds does)
-CHEAP_OPS = ("add", "mul", "max", "relu")
+CHEAP_OPS = ("add", "mul", "max")
 CHEAP = 0
-CHEAP_MAXIMUM = len(CHEAP_OPS)  # a CHEAP row's op: CHEAP_OPS' positions, then a maximum of two
+# CHEAP rows of ops whose formula is `max`'s with b a constant (relu: where(a < 0, 0, a)) are max
+# rows reading the constant's slot, as a maximum of two is (largest_in's pick, the first of the
+# largest, is max's formula): a select the compiler makes without a branch (maxsd), where
+# relu's own formula took one, mispredicted on a graph too big for the predictor to learn (the
+# forward was 1.25x this one's on a random 100,000-Value graph)
+CHEAP_AS_MAX = {"relu": 0.0}
 # A dot row sums its parts in loops.tree_sum's tree, each part a product (a term t as 1 * t, which
 # is t), padded with -0 * 1 (-0, which adds nothing to any sum) up to a power of two: a tree over
 # 2**k parts is tree_sum's over the first n, then, so the row needs no branch and no count
@@ -116,23 +121,68 @@ def single_statements(program):
     return sum(1 for g in program.forward if not g.shape)
 
 
+# By default (table=None) a fused program takes the table form when its compiler optimises (gcc,
+# clang, zig at -O1 or more) and it is mostly single statements, at least this many: gcc -O2 builds
+# such a program's straight-line C in 7-10 s at 7,900 single statements (a random 20,000-Value
+# graph) and 40-80 s at 40,000 (100,000 Values), the table form in 0.2-0.4 s, its step
+# 1.1-1.3x the straight-line C's there; at 2,000 (5,000 Values) 1.15-1.55x, for a build of
+# 3-10 s (docs/speed.md#irregular-graphs-the-table-form)
+TABLE_MIN_STATEMENTS = 6_000
+MOSTLY = 0.9  # of the forward's groups single statements
+
+
 def check(table):
     if table not in (None, True, False):
-        raise TypeError(f"table must be True, False or None (the straight-line C), not {table!r}")
+        raise TypeError(f"table must be True, False or None (by the program and compiler), not {table!r}")
     return table
 
 
+def for_compiler(table, optimises):
+    """compile()'s table argument for a compiler that optimises or not (tcc: the table form's step
+    is 2.6x tcc's straight-line C's, which tcc builds in 0.1 s): None stays None (the program
+    decides, chosen) where it optimises, else becomes False."""
+    return False if table is None and not optimises else check(table)
+
+
 def chosen(program, table):
-    """Whether compile(table=...) gives the program the table form: only when asked (True, which
-    needs a fused program). Not by default, whatever the program: its step is 1.2-1.6x the
-    straight-line C's (docs/speed.md), where a tiered build (codegen/tiers.py) trains at once on
-    the first tier and then at the straight-line C's speed; the table form as that first tier is
-    the step still to build."""
+    """Whether the program takes the table form: True (which needs a fused program) and False as
+    asked; None (the default, for an optimising compiler: compile() passes False for the others,
+    for_compiler) when the program pays for it (by_default)."""
+    if table is None:
+        return by_default(program)
     if not check(table):
         return False
     if not program.fused:
         raise ValueError("table=True needs fuse=True: fuse=False is the straight-line scalar C itself")
     return table
+
+
+def by_default(program):
+    """Whether a fused program is mostly single statements (MOSTLY of its forward's groups), at
+    least TABLE_MIN_STATEMENTS of them: the table form by default."""
+    singles = single_statements(program)
+    return program.fused and singles >= TABLE_MIN_STATEMENTS and singles >= MOSTLY * len(program.forward)
+
+
+def reason(program, table):
+    """Why the program takes the form it does (for codegen.explain)."""
+    singles = single_statements(program)
+    if table is True:
+        return "asked for (table=True)"
+    if table is False:
+        return "table=False: the straight-line C"
+    if by_default(program):
+        return (f"by default: {singles:,} single statements, at least {TABLE_MIN_STATEMENTS:,} and "
+                f"{MOSTLY:.0%} of the program's groups, which an optimising compiler would take seconds to "
+                "build as C; table=False for the straight-line C")
+    return (f"{singles:,} single statements: the table form by default from {TABLE_MIN_STATEMENTS:,} "
+            f"({MOSTLY:.0%} of the program's groups) with an optimising compiler")
+
+
+def key(table):
+    """The table argument as the build cache's structural key records it: None as the rule that
+    decides (so that a change of the rule is a new key)."""
+    return ("by default", TABLE_MIN_STATEMENTS, MOSTLY) if table is None else table
 
 
 def rowable(g):
@@ -254,7 +304,7 @@ def op_kind(op):
 
 
 def _cheap(node):
-    return node.op.name in CHEAP_OPS or _maximum_of_two(node)
+    return node.op.name in CHEAP_OPS or node.op.name in CHEAP_AS_MAX or _maximum_of_two(node)
 
 
 def _dot_size(node):
@@ -473,9 +523,12 @@ def _row(node, slots):
         return _dot_row(node, slots)
     op = node.op
     if _cheap(node):
-        which = CHEAP_MAXIMUM if op.selects else CHEAP_OPS.index(op.name)
+        if op.selects or op.name in CHEAP_AS_MAX:
+            a = of(node.args[0])
+            b = of(node.args[1]) if op.selects else slots.constant(CHEAP_AS_MAX[op.name])
+            return [CHEAP_OPS.index("max"), a, b, node.slot]
         a, b = (node.args * 2)[:2]  # (a unary op reads its operand twice)
-        return [which, of(a), of(b), node.slot]
+        return [CHEAP_OPS.index(op.name), of(a), of(b), node.slot]
     if op.selects:
         return _select_row(node, slots)
     k = [slots.constant(float(node.k))] if _has_k(op) else []
@@ -560,19 +613,31 @@ def _coefficient_case(op, code, dtype):
 
 
 def _edge_case():
-    """The edges backward: [coefficient, out, target]."""
-    return _case(EDGE, "edge", 3, ["g[w[2]] += d[w[0]] * g[w[1]];"])
+    """The edges backward: [coefficient, out, target], two by two (one loop test for two edges:
+    0.92-0.97x the backward's time on random 20,000- and 100,000-Value graphs), in order."""
+    edge = "g[w[{2}]] += d[w[{0}]] * g[w[{1}]];"
+    return (f"        case {EDGE}: /* edge */\n"
+            "            for (long r = count; r > 1; r -= 2, w += 6) {\n"
+            f"                {edge.format(0, 1, 2)}\n                {edge.format(3, 4, 5)}\n"
+            "            }\n"
+            f"            if (count & 1) {{\n                {edge.format(0, 1, 2)}\n                w += 3;\n            }}\n"
+            "            break;")
 
 
 def _cheap_case(dtype):
     """CHEAP's rows, forward: [which, a, b, out]; every op's value into a small array, the row's
     op's kept: no branch. (Backward each op has its own kind: computing every op's gradients cost
     more than the runs it saved, 1.3x the backward's time on a 100,000-Value graph.)"""
-    named = [ops.OPS[name] for name in CHEAP_OPS]
-    values = [_render(op, dtype, op.value, a="x", b="y") for op in named] + ["where(x < y, y, x)"]  # (largest_in's pick)
+    largest = ops.OPS["max"]
+    if largest.render(largest.value, a="x", b="y") != "where(x < y, y, x)":  # (largest_in's pick)
+        raise AssertionError("a maximum of two is no longer max's formula: table.CHEAP_OPS")
+    for name, constant in CHEAP_AS_MAX.items():
+        if ops.OPS[name].render(ops.OPS[name].value, a="x") != largest.render(largest.value, a="x", b=f"{constant:g}"):
+            raise AssertionError(f"{name} is no longer max's formula with b = {constant}: table.CHEAP_AS_MAX")
+    values = [_render(ops.OPS[name], dtype, ops.OPS[name].value, a="x", b="y") for name in CHEAP_OPS]
     body = ["const real x = d[w[1]], y = d[w[2]];", f"real v[{len(values)}];"]
     body += [f"v[{i}] = {v};" for i, v in enumerate(values)] + ["d[w[3]] = v[w[0]];"]
-    return _case(CHEAP, "cheap: " + ", ".join(CHEAP_OPS) + ", maximum of two", 4, body)
+    return _case(CHEAP, "cheap: " + ", ".join(CHEAP_OPS) + " (a maximum of two, " + ", ".join(CHEAP_AS_MAX) + ": max)", 4, body)
 
 
 def _dot_case(size):
