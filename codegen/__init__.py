@@ -127,7 +127,10 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
     batch = _check_batch(batch)
     tiers.check(tiered)
-    table = tables.for_compiler(tables.check(table), _optimises(compiler, opt))
+    # the structural key records the table argument as given (None: the rule), as structural_key()
+    # does; the compiler and -O that turn None into False for tcc and -O0 are the build key's
+    keyed_table = tables.key(tables.check(table))
+    table = tables.for_compiler(table, _optimises(compiler, opt))
 
     def build_and_load():  # (build, module, tier, codegen seconds, the params' data); its locals die with it
         started = time.perf_counter()
@@ -152,7 +155,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
         def structure():  # asked for by the backends that keep files (libtcc builds in memory)
             return _structural_key(graph, params, fuse=fuse, input_grads=input_grads, name=name,
                                    optimizer=optimizer, embed_params=embed_params, dtype=dtype,
-                                   sparse_inputs=sparse_inputs, batch=batch, table=tables.key(table))
+                                   sparse_inputs=sparse_inputs, batch=batch, table=keyed_table)
 
         read = time.perf_counter()
         build, module, tier = tiers.build_and_load(generated, name, compiler, opt, native, cache, timeout,
