@@ -131,11 +131,21 @@ class Backward(Statements):
                 continue
             after = groups[i + 1] if i + 1 < len(groups) and groups[i + 1].guard == g.guard else None
             group, folded = self.group(g, mode, after)
-            if folded and mode.clears:
-                group = group + loop_nest(after.shape, [ClearGradient(grad_at(after.operands.out))], independent=True)
+            if folded:
+                group = group + self._cleared(after, mode)
             statements += guarded(g, group)
             skip = after if folded else None
         return statements
+
+    @staticmethod
+    def _clear(g, mode):
+        """In a mode that clears, group g's ClearGradient (for its loop nest's body), else none."""
+        return [ClearGradient(grad_at(g.operands.out))] if mode.clears else []
+
+    def _cleared(self, g, mode):
+        """_clear as a loop nest of its own, after statements that read g's gradient otherwise."""
+        clear = self._clear(g, mode)
+        return loop_nest(g.shape, clear, independent=True) if clear else []
 
     def group(self, g, mode, activation=None):
         """(the statements adding group g's gradients into its operands', whether they finish
@@ -143,13 +153,12 @@ class Backward(Statements):
         finish as its epilogue)."""
         ops, node = g.operands, g.first
         out_grad = grad_at(ops.out)
-        clear = [ClearGradient(out_grad)] if mode.clears else []
         if node.kind == OP and node.op.selects:  # the gradient goes to the operand picked only
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
             grads = []
             if any(x.needs_grad for x in node.args[node.op.first_choice:]):
                 grads.append(Assign(self._picked(node.op, ops, grad=True), self._times_local(node, 0, names, out_grad), "+="))
-            return loop_nest(g.shape, grads + clear), False
+            return loop_nest(g.shape, grads + self._clear(g, mode)), False
         body = Body()
         if node.kind == OP:
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
@@ -158,10 +167,10 @@ class Backward(Statements):
                     term = self._times_local(node, i, names, out_grad)
                     mode.place(Contribution(arg.sgd_fused, Accumulate(where, 0, term),
                                             Assign(data_at(where), f"lr * ({term})", "-=")), g.shape, body)
-            return loop_nest(g.shape, body.grads + body.updates + clear), False
+            return loop_nest(g.shape, body.grads + body.updates + self._clear(g, mode)), False
         conv = convolution(g) if isinstance(mode, Plain) else None
         if conv:
-            return conv.backward(node, self.tables.offsets) + (loop_nest(g.shape, clear, independent=True) if clear else []), False
+            return conv.backward(node, self.tables.offsets) + self._cleared(g, mode), False
         go, contributions = "go", []
         if ops.terms:
             contributions += self._terms(ops.terms, [node.args[i] for i in ops.term_positions], go, ops.out)
@@ -171,17 +180,17 @@ class Backward(Statements):
         if isinstance(mode, Plain) and contributions and all(c.lanes for c in contributions):
             lanes = [c.lanes for c in contributions]  # (no innermost loop: no `go` read in it)
             calls = [nest(g.shape[:-1], lanes, braced=len(lanes) > 1)] if len(g.shape) > 1 else lanes
-            return calls + (loop_nest(g.shape, clear, independent=True) if clear else []), False
+            return calls + self._cleared(g, mode), False
         for c in contributions:
             mode.place(c, g.shape, body)
         folded = any(isinstance(c.accumulate, Matmul) and c.accumulate.epilogue is not None for c in contributions)
         grads, updates = body.grads, body.updates
         if not grads and not updates:
-            return (loop_nest(g.shape, clear, independent=True) if clear else []), folded
+            return self._cleared(g, mode), folded
         # Every contribution is go times something: none when go is 0 (a ReLU that is off), which
         # saves the kernels' passes; written-out statements stay branch-free, to be vectorised.
         unless_zero = any(isinstance(s, Call) for s in grads + updates)  # a kernel
-        statements = loop_nest(g.shape, [ReadGradient(out_grad), *grads, *updates, *clear], dots=not updates,
+        statements = loop_nest(g.shape, [ReadGradient(out_grad), *grads, *updates, *self._clear(g, mode)], dots=not updates,
                                unless_zero=unless_zero)
         return body.snapshots + (statements if g.shape else [Block(tuple(statements), inline=True)]), folded
 
