@@ -128,8 +128,10 @@ static int get_buffer(const char *fn, const char *what, PyObject *obj, Py_buffer
     if (!ok) {
         PyErr_Format(PyExc_TypeError, "%s(): %s has element format '%s'; expected %s", fn, what,
                      view->format ? view->format : "B",
-                     strchr(kinds, 'i') ? "integers" : strchr(kinds, 'B') ? "float64 ('d'), float32 ('f') or uint8 ('B')"
-                                                                          : "float64 ('d') or float32 ('f')");
+                     strchr(kinds, 'i')   ? "integers"
+                     : strchr(kinds, 'B') ? "float64 ('d'), float32 ('f') or uint8 ('B')"
+                     : strchr(kinds, 'f') ? "float64 ('d') or float32 ('f')"
+                                          : "float64 ('d')");
         PyBuffer_Release(view);
         return -1;
     }

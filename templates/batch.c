@@ -436,7 +436,7 @@ static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *o
 
 /* train_rows (templates/driver.c) over batches of `batch` rows, each run in pieces of at most
  * BATCH_CAPACITY samples whose parameter gradients add up before the batch's step. */
-static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, double lr, long long batch,
+static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, const Schedule *q, long long batch,
                          double *loss_sum, PyThreadState **save)
 {
     real *d = st->bd, *g = st->bg;
@@ -447,9 +447,13 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, d
     const int stepping = backward_steps(batch);
     pool_hold(1);
     for (Py_ssize_t i = 0; i < s->n && !interrupted;) {
-        const Py_ssize_t end = s->n - i < batch ? s->n : i + (Py_ssize_t)batch;
+        const Py_ssize_t end = s->n - i < batch ? s->n : i + (Py_ssize_t)batch, step = i / (Py_ssize_t)batch;
+        const double lr = rate_at(q, step);
         const real rate = stepping ? sgd_rate(lr, end - i) : 0; /* (0 when lr is) */
-        add_batch_gradients(st, s, order + i, end - i, loss_sum, rate);
+        double step_sum = 0.0;
+        add_batch_gradients(st, s, order + i, end - i, &step_sum, rate);
+        *loss_sum += step_sum;
+        record_loss(q, step, step_sum, end - i);
         step_after_batch(st, d, g, lr, end - i, rate != 0);
         interrupted = interrupted_now(&next_check, save);
         i = end;

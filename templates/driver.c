@@ -91,35 +91,65 @@ static int steps_zero_gradients(long long batch)
     return !(MODEL.sgd_in_backward && MODEL.optimizer.plain_sgd && batch == 1);
 }
 
+/* train()'s steps (a step: a batch of `batch` rows, the last one maybe fewer): one learning rate
+ * for all of them (rates 0: lr) or one each, and where each step's mean loss goes (losses, or 0:
+ * nowhere), so that a schedule runs in one call instead of a call a step. */
+typedef struct {
+    double lr;
+    const double *rates;
+    double *losses;
+} Schedule;
+
+static double rate_at(const Schedule *q, Py_ssize_t step)
+{
+    return q->rates ? q->rates[step] : q->lr;
+}
+
+static void record_loss(const Schedule *q, Py_ssize_t step, double sum, Py_ssize_t rows)
+{
+    if (q->losses)
+        q->losses[step] = sum / (double)rows;
+}
+
 /* One pass of train() over the rows in `order` (the samples s, loaded one at a time), without the
  * GIL (`save`: the caller's Py_BEGIN_ALLOW_THREADS state), from zero parameter gradients (the
  * caller zeroes them: templates/step.c's zero_all_gradients). Adds each row's loss to *loss_sum;
  * returns 1 when a signal handler raised (the rows done keep their steps), else 0. */
-static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, double lr, long long batch,
+static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, const Schedule *q, long long batch,
                       double *loss_sum, PyThreadState **save)
 {
     real *d = st->d, *g = st->g;
-    double next_check = now_ms() + SIGNAL_CHECK_MS;
+    double next_check = now_ms() + SIGNAL_CHECK_MS, step_sum = 0.0;
     Py_ssize_t in_batch = 0;
     for (Py_ssize_t i = 0; i < s->n; i++) {
-        *loss_sum += forward_sample(s, order[i], d);
-        if (!steps_zero_gradients(batch)) {
+        const Py_ssize_t step = i / (Py_ssize_t)batch;
+        const double lr = rate_at(q, step), loss = forward_sample(s, order[i], d);
+        *loss_sum += loss;
+        step_sum += loss;
+        if (!steps_zero_gradients(batch)) { /* (batch 1) */
             seed_gradients(g);
             MODEL.backward_sgd_body(d, g, lr);
             MODEL.sgd_after_backward(d, g, lr);
             st->grads_clean = 0;
+            record_loss(q, step, step_sum, 1);
+            step_sum = 0.0;
         } else {
             backward_all(st);
             if (++in_batch == batch) { /* the mean gradient of the minibatch */
                 batch_step(st, d, g, lr, batch);
+                record_loss(q, step, step_sum, in_batch);
                 in_batch = 0;
+                step_sum = 0.0;
             }
         }
         if (interrupted_at(i, &next_check, save))
             return 1;
     }
-    if (in_batch)
-        batch_step(st, d, g, lr, in_batch);
+    if (in_batch) {
+        const Py_ssize_t step = (s->n - 1) / (Py_ssize_t)batch;
+        batch_step(st, d, g, rate_at(q, step), in_batch);
+        record_loss(q, step, step_sum, in_batch);
+    }
     return 0;
 }
 

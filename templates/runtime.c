@@ -212,14 +212,82 @@ static void use_threads(State *st, long long threads)
     pool_threads = threads ? (int)(threads < POOL_MAX ? threads : POOL_MAX) : st->threads;
 }
 
+/* train()'s lr (a number, or one rate a step: a sequence or a 1-D float buffer of n_steps finite
+ * numbers, copied into q->rates) and losses (None, or a writable 1-D float64 buffer of n_steps,
+ * held in *view, have_view set) into q; -1 with an exception set and nothing held. */
+static int get_schedule(PyObject *lr, PyObject *losses, Py_ssize_t n_steps, Schedule *q, Py_buffer *view,
+                        int *have_view)
+{
+    memset(q, 0, sizeof *q);
+    *have_view = 0;
+    if (PyFloat_Check(lr) || PyLong_Check(lr)) {
+        if (get_finite("train", "lr", lr, &q->lr) < 0)
+            return -1;
+    } else {
+        PyObject *rates = PyUnicode_Check(lr) || PyBytes_Check(lr) ? NULL : PySequence_Fast(lr, "");
+        if (!rates) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "train(): lr must be a number or a sequence of one rate a step, not %.100s",
+                         Py_TYPE(lr)->tp_name);
+            return -1;
+        }
+        if (PySequence_Fast_GET_SIZE(rates) != n_steps) {
+            PyErr_Format(PyExc_ValueError, "train(): lr holds %zd rates; this call takes %zd steps (a step "
+                         "a batch of batch_size rows)", PySequence_Fast_GET_SIZE(rates), n_steps);
+            Py_DECREF(rates);
+            return -1;
+        }
+        double *values = PyMem_Malloc((size_t)(n_steps ? n_steps : 1) * sizeof(double));
+        char what[48];
+        for (Py_ssize_t k = 0; values && k < n_steps; k++) {
+            PyObject *rate = PySequence_Fast_GET_ITEM(rates, k);
+            /* (NumPy's float32 and integer scalars are numbers that are no float or int) */
+            PyObject *number = PyFloat_Check(rate) || PyLong_Check(rate) || PyUnicode_Check(rate) ||
+                               !PyNumber_Check(rate) ? NULL : PyNumber_Float(rate);
+            PyErr_Clear();
+            snprintf(what, sizeof what, "lr[%zd]", k);
+            const int bad = get_finite("train", what, number ? number : rate, &values[k]) < 0;
+            Py_XDECREF(number);
+            if (bad) {
+                PyMem_Free(values);
+                Py_DECREF(rates);
+                return -1;
+            }
+        }
+        Py_DECREF(rates);
+        if (!values) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        q->rates = values;
+    }
+    if (losses && losses != Py_None) {
+        if (get_buffer("train", "losses", losses, view, 1, "d", 1) < 0 ||
+            check_length("train", "losses", view, n_steps) < 0) {
+            PyMem_Free((void *)q->rates);
+            q->rates = NULL;
+            return -1;
+        }
+        q->losses = (double *)view->buf;
+        *have_view = 1;
+    }
+    return 0;
+}
+
+static void release_schedule(Schedule *q, Py_buffer *view, int have_view)
+{
+    PyMem_Free((void *)q->rates);
+    if (have_view)
+        PyBuffer_Release(view);
+}
+
 static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    static const char *const names[] = {"X", "Y", "lr", "scale", "batch_size", "seed", "threads"};
-    PyObject *a[7];
-    double lr, scale = 1.0;
+    static const char *const names[] = {"X", "Y", "lr", "scale", "batch_size", "seed", "threads", "losses"};
+    PyObject *a[8];
+    double scale = 1.0;
     long long batch = 1, seed = -1, threads = 0;
-    if (parse_args("train", args, nargs, kwnames, names, 7, 3, a) < 0 ||
-        get_finite("train", "lr", a[2], &lr) < 0 ||
+    if (parse_args("train", args, nargs, kwnames, names, 8, 3, a) < 0 ||
         (a[3] && get_finite("train", "scale", a[3], &scale) < 0) ||
         (a[4] && get_int("train", "batch_size", a[4], 1, &batch) < 0) ||
         (a[5] && get_int("train", "seed", a[5], -1, &seed) < 0) ||
@@ -228,14 +296,24 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     Samples s;
     if (get_samples("train", a[0], a[1], scale, &s) < 0)
         return NULL;
+    Schedule q;
+    Py_buffer losses_view;
+    int have_losses;
+    if (get_schedule(a[2], a[7], (s.n + (Py_ssize_t)batch - 1) / (Py_ssize_t)batch, &q, &losses_view,
+                     &have_losses) < 0) {
+        release_samples(&s);
+        return NULL;
+    }
     Py_ssize_t *order = visiting_order(s.n, seed);
     if (!order) {
+        release_schedule(&q, &losses_view, have_losses);
         release_samples(&s);
         return NULL;
     }
     State *st = lock_state(module, "train");
     if (!st) {
         PyMem_Free(order);
+        release_schedule(&q, &losses_view, have_losses);
         release_samples(&s);
         return NULL;
     }
@@ -246,6 +324,7 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     if (batched && batch_buffers(st) < 0) {
         unlock_state(st);
         PyMem_Free(order);
+        release_schedule(&q, &losses_view, have_losses);
         release_samples(&s);
         return NULL;
     }
@@ -259,13 +338,14 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     use_threads(st, threads);
     start_clean(st);
     Py_BEGIN_ALLOW_THREADS /* the buffers stay held (release_samples below), the state locked */
-    interrupted = batched ? train_batches(st, &s, order, lr, batch, &loss_sum, &_save)
-                          : train_rows(st, &s, order, lr, batch, &loss_sum, &_save);
+    interrupted = batched ? train_batches(st, &s, order, &q, batch, &loss_sum, &_save)
+                          : train_rows(st, &s, order, &q, batch, &loss_sum, &_save);
     Py_END_ALLOW_THREADS
     end_clean(st);
     st->zeroed_after = !interrupted && !batched && steps_zero_gradients(batch) ? st->calls : 0;
     unlock_state(st);
     PyMem_Free(order);
+    release_schedule(&q, &losses_view, have_losses);
     release_samples(&s);
     if (interrupted)
         return NULL;
@@ -449,10 +529,12 @@ static PyMethodDef methods[] = {
      "accumulated gradients, which it leaves as they are"},
     {"outputs", fn_outputs, METH_NOARGS, "outputs() -> tuple of the extra outputs' values"},
     {"train", (PyCFunction)(void (*)(void))fn_train, METH_FASTCALL | METH_KEYWORDS,
-     "train(X, Y, lr, scale=1.0, batch_size=1, seed=-1, threads=None) -> mean loss.\n"
+     "train(X, Y, lr, scale=1.0, batch_size=1, seed=-1, threads=None, losses=None) -> mean loss.\n"
      "One pass of minibatch training (an optimizer step per batch, on its mean gradient) over the\n"
      "rows of X (uint8, float64 or float32, times scale, into the first inputs) and Y (integer labels one-hot into the\n"
      "remaining inputs, or float64 or float32 rows). Values are scaled in double, then converted to the module's dtype.\n"
+     "lr: a number, or one rate a step (a sequence of ceil(len(X) / batch_size) numbers: a schedule in one call).\n"
+     "losses: None, or a writable float64 buffer of one value a step, which gets each step's mean loss.\n"
      "seed >= 0 shuffles the order. Parameter gradients are zeroed first. A batch_size > 1 runs each\n"
      "batch at once (a layer's products over the batch on `threads` threads, default set_threads())\n"
      "where the model has a batched form; its numbers equal sample-by-sample passes to rounding."},

@@ -241,7 +241,7 @@ def test_bad_arguments_raise_clear_errors(net):
         (lambda: net.train(X, labels), TypeError, r"train\(\) missing required argument 'lr'"),
         (lambda: net.train(X, labels, 0.1, rate=2), TypeError, r"unexpected keyword argument 'rate'"),
         (lambda: net.train(X, labels, 0.1, lr=2), TypeError, r"multiple values for argument 'lr'"),
-        (lambda: net.train(X, labels, 0.1, 1, 1, 1, 1, 1), TypeError, r"train\(\) takes 3 to 7 arguments \(8 given\)"),
+        (lambda: net.train(X, labels, 0.1, 1, 1, 1, 1, None, 1), TypeError, r"train\(\) takes 3 to 8 arguments \(9 given\)"),
         (lambda: net.train(X, labels, 0.1, batch_size=0), ValueError, r"batch_size must be >= 1, got 0"),
         (lambda: net.train(X, labels, 0.1, batch_size=1.5), TypeError, r"batch_size must be an int"),
         (lambda: net.train(X, labels, float("inf")), ValueError, r"lr must be finite"),
