@@ -279,8 +279,8 @@ def run(args) -> int:
     print(markdown_table(rows, TABLE))
     print(f'\nµs/step: the median of {args.repeats} timing samples, each of as many runs of the model\'s steps '
           f'as last about {sample_seconds:g} s, every run from the same initial parameters (demo: its 100 '
-          'full-batch steps at rate 1.0 - 0.9k/100, ours through forward/zero_grad/backward/update called '
-          'from Python; batch-1 models: rows of fixed random uint8 images through train(), lr 0.01). '
+          'full-batch steps at rate 1.0 - 0.9k/100, ours in one train() call on empty rows with the rate of each '
+          'step; batch-1 models: rows of fixed random uint8 images through train(), lr 0.01). '
           'time / C ref, same flags: ours over the C reference built with the same compiler and flags, the '
           f'median of {pairs} back-to-back pairs of samples. time / {BEST_REFERENCE}: '
           'separate medians. loss vs C ref: the relative difference of the runs\' mean losses (against '
