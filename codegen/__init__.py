@@ -6,6 +6,7 @@
 Lowering (ir), C emission (emit), building (toolchain) and loading (loader) are separate steps.
 """
 
+import os
 import time
 from array import array
 
@@ -56,6 +57,13 @@ def _check_batch(batch):
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 4096:
         raise ValueError(f"batch must be an int from 1 to 4096 (samples per batched pass), not {batch!r}")
     return batch
+
+
+def _check_cache(cache):
+    """The build cache's directory as given (None: the default, codegen/backend/cache.py's cache_dir)."""
+    if cache is not None and not isinstance(cache, (str, os.PathLike)):
+        raise TypeError(f"cache must be a directory (a str or a path) or None (the default cache), not {cache!r}")
+    return cache
 
 
 def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native=False, fuse=True,
@@ -125,7 +133,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     generated again (build.cached, and timings["codegen"] is the reading of the graph).
     """
     inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
-    batch = _check_batch(batch)
+    batch, cache = _check_batch(batch), _check_cache(cache)
     tiers.check(tiered)
     # the structural key records the table argument as given (None: the rule), as structural_key()
     # does; the compiler and -O that turn None into False for tcc and -O0 are the build key's

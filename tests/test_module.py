@@ -302,3 +302,10 @@ def test_bad_graphs_are_rejected():
         codegen.compile(3.0, [x], [p])
     with pytest.raises(ValueError, match="C identifier"):
         codegen.compile(x * p, [x], [p], name="not a name")
+
+
+@pytest.mark.parametrize("cache", [False, 1, ["dir"]])
+def test_a_cache_that_is_no_directory_is_a_clear_error(cache):
+    x = Value(1.0)
+    with pytest.raises(TypeError, match=r"cache must be a directory \(a str or a path\) or None"):
+        codegen.compile(x * x, [x], compiler="tcc", cache=cache)
