@@ -49,6 +49,8 @@ import time
 
 import numpy as np
 
+from . import windows
+
 COMPILERS = ("tcc", "gcc", "clang")
 STEPS, RUNS = 200, 5
 BUILD_RUNS = 3  # codegen and the build, each from the graph into a cache of the runtime only: medians
@@ -59,6 +61,7 @@ CONFIGS = {"default": (), "big": ("--n-embd", "64", "--n-head", "4", "--n-layer"
                                   "--windows")}
 BIG_BATCH, BIG_DTYPE = 32, "float32"
 PORT_STEPS, PEER_RUNS = 1000, 3  # microgpt's run: the losses checked, the peers' timed steps
+WINDOW = "window"                # the one run a served system times (bench/windows.py)
 PAIR_ROUNDS = 30                 # _pairs: windows of the compiled steps and JAX's scan, taken in turn
 BATCH_ROUNDS = 10                # _batches: the same for a batch row (a window: BATCH_STEPS batches)
 TOLERANCE = 1e-9                 # the largest relative difference of a peer's losses from the port's
@@ -210,8 +213,8 @@ def _port(args, state, params, compiler, batch, dtype, cache=None):
 
 
 def child_serve(system, cache, batch="1", dtype="float64", config="default"):
-    """A system kept running for _windows: prints "ready", then times one window for each line it
-    reads and prints its us a document; stops at the end of input. A compiled port (built into
+    """A system kept running for _windows (bench/windows.py's served end): one window, its us a
+    document, for each line it reads. A compiled port (built into
     `cache`): PORT_STEPS steps of a document as the app trains them, or (batch > 1) BATCH_STEPS batches in one
     train() call; "jax": the same steps in one lax.scan."""
     batch = int(batch)
@@ -239,9 +242,7 @@ def child_serve(system, cache, batch="1", dtype="float64", config="default"):
                 net.train(X, Y, 0.01, batch_size=batch)
             return (time.perf_counter() - started) / (steps * batch)
         window()
-    print("ready", flush=True)
-    for _ in sys.stdin:
-        print(window() * 1e6, flush=True)
+    windows.serve({WINDOW: lambda: window() * 1e6})
 
 
 def _multiply_adds(config, vocab, lengths):
@@ -497,34 +498,16 @@ def run(args):
 
 def _windows(systems, cache, rounds=PAIR_ROUNDS):
     """{system: [us a document of each window]} of child_serve processes kept running, one for
-    each (name, child_serve's arguments after the cache), their windows taken in turn (one runs
-    while the others wait): this machine's speed changes for seconds to minutes at a time (a VM's
-    host; no load average shows it), which rows run one after another straddle; windows a tenth of
-    a second apart do not. Or a str: why a system did not start."""
-    serving = {name: subprocess.Popen([sys.executable, "-m", "bench.gpt", "serve", argv[0], cache, *argv[1:]],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for name, argv in systems.items()}
-    try:
-        for name, process in serving.items():
-            if process.stdout.readline().strip() != "ready":
-                return f"{name}: " + (process.communicate()[1].strip().splitlines() or ["failed"])[-1]
-        times = {name: [] for name in serving}
-        for _ in range(rounds):
-            for name, process in serving.items():
-                process.stdin.write("\n")
-                process.stdin.flush()
-                times[name].append(float(process.stdout.readline()))
-        return times
-    finally:
-        for process in serving.values():
-            if not process.stdin.closed:
-                process.stdin.close()
-            process.wait()
+    each (name, child_serve's arguments after the cache), their windows taken in turn
+    (bench/windows.py); or a str: why a system did not start."""
+    times = windows.in_turn({name: [sys.executable, "-m", "bench.gpt", "serve", argv[0], cache, *argv[1:]]
+                             for name, argv in systems.items()}, [WINDOW], rounds)
+    return times if isinstance(times, str) else {name: runs[WINDOW] for name, runs in times.items()}
 
 
 def _window_ratio(times, ours, peer):
     """The median over rounds of ours' window over the peer's window of the same round."""
-    return statistics.median(o / p for o, p in zip(times[ours], times[peer]))
+    return windows.ratio(times[ours], times[peer])
 
 
 def _pairs():

@@ -5,7 +5,8 @@ float64. Every system and model runs in its own process (PyTorch loaded into a p
 runs in it), each figure the median of `--repeats` runs. The roofline row: the B = 128 step of the
 biggest MLP in multiply-adds a second, to set beside the machine's peak (`make roofline`,
 bench/c/bandwidth.c); the one thread's CPU time gives it on a shared machine, where wall time
-counts the other processes' turns.
+counts the other processes' turns. Then issue 35's rows (WINDOW_ROWS) in windows taken in turn
+(windows_table, bench/windows.py): ratios that hold while the machine's speed changes.
 
     python -m bench.minibatch [--models mlp-50 ...] [--dtypes float32] [--images N] [--repeats R]
 """
@@ -20,6 +21,7 @@ import time
 import numpy as np
 
 import codegen
+from bench import windows
 from bench.models import CONV_FILTERS, CONV_SIDE, IMAGE_SIDE, KERNEL, cnn
 from mnist.data import load_mnist
 from mnist.model import PIXEL_SCALE, build_graph
@@ -30,6 +32,9 @@ BATCHES = (1, 32, 128)
 SYSTEMS = ('micrograd-c', 'micrograd-c 1 thread', 'pytorch', 'jax')
 LR = 0.01
 PREDICT_CHUNK = 1000  # predict(): the peers take the test set in chunks of this many rows
+WINDOW_ROUNDS = 5  # windows_table's rounds
+# issue 35's rows (model, dtype), measured again in windows taken in turn (windows_table)
+WINDOW_ROWS = (('mlp-512-256', 'float32'), ('cnn', 'float32'), ('cnn', 'float64'))
 
 
 def multiply_adds(hidden):  # an MLP's
@@ -42,7 +47,8 @@ def multiply_adds(hidden):  # an MLP's
 
 # ---- the systems, each run in a worker process ------------------------------------------------
 
-def run_ours(hidden, dtype, data, batches, repeats, threads):
+def runs_ours(hidden, dtype, data, batches, threads=None):
+    """{batch: an epoch of train(), 'predict': predict() of the test set}, and the threads."""
     X, y, Xt = data
     options = dict(compiler='gcc', opt=3, native=True, dtype=dtype, sparse_inputs=True)
     if hidden is None:
@@ -52,14 +58,13 @@ def run_ours(hidden, dtype, data, batches, repeats, threads):
         net = build_graph(hidden=hidden, init='he').compile(**options)
     if threads:
         net.set_threads(threads)
-    cpu = {}
-    train = {b: _median(lambda b=b: net.train(X, y, LR, scale=PIXEL_SCALE, batch_size=b), repeats, cpu, b)
-             for b in batches}
-    predict = _median(lambda: net.predict(Xt, scale=PIXEL_SCALE), repeats, cpu, 'predict')
-    return train, predict, net.threads(), cpu
+    runs = {b: (lambda b=b: net.train(X, y, LR, scale=PIXEL_SCALE, batch_size=b)) for b in batches}
+    runs['predict'] = lambda: net.predict(Xt, scale=PIXEL_SCALE)
+    return runs, net.threads()
 
 
-def run_torch(hidden, dtype, data, batches, repeats):
+def runs_torch(hidden, dtype, data, batches):
+    """runs_ours' runs in PyTorch (eager, every core; predict in chunks of PREDICT_CHUNK), and its threads."""
     import torch
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     kind = getattr(torch, dtype)
@@ -89,10 +94,12 @@ def run_torch(hidden, dtype, data, batches, repeats):
         with torch.no_grad():
             for i in range(0, len(Xt), PREDICT_CHUNK):
                 model(Xt[i:i + PREDICT_CHUNK])
-    return {b: _median(lambda b=b: epoch(b), repeats) for b in batches}, _median(predict, repeats), torch.get_num_threads()
+    return {**{b: (lambda b=b: epoch(b)) for b in batches}, 'predict': predict}, torch.get_num_threads()
 
 
-def run_jax(hidden, dtype, data, batches, repeats):
+def runs_jax(hidden, dtype, data, batches):
+    """runs_ours' runs in JAX (jit; an epoch one lax.scan, compiled here), its threads, and the
+    images each batch's epoch trains ({batch: n})."""
     if np.dtype(dtype).itemsize == 8:  # JAX computes in 32 bits unless told
         os.environ['JAX_ENABLE_X64'] = '1'
     import jax
@@ -129,50 +136,70 @@ def run_jax(hidden, dtype, data, batches, repeats):
         return jax.lax.scan(step, params, (xs, ys))[0]
 
     predict = jax.jit(forward)
-    train = {}
+    runs, images = {}, {}
     for b in batches:
         n = len(y) // b * b
         xs = jnp.asarray(X[:n].reshape(-1, b, 784), kind) * PIXEL_SCALE
         ys = jnp.asarray(y[:n].reshape(-1, b))
         jax.block_until_ready(epoch(params, xs, ys))  # compiled before the clock starts
-        train[b] = _median(lambda: jax.block_until_ready(epoch(params, xs, ys)), repeats) * len(y) / n
+
+        runs[b] = lambda xs=xs, ys=ys: jax.block_until_ready(epoch(params, xs, ys))
+        images[b] = n  # (the scan's batches are whole: a last short one is left out)
     chunks = [jnp.asarray(Xt[i:i + PREDICT_CHUNK], kind) * PIXEL_SCALE for i in range(0, len(Xt), PREDICT_CHUNK)]
     jax.block_until_ready(predict(params, chunks[0]))
 
     def predict_all():
         for chunk in chunks:
             jax.block_until_ready(predict(params, chunk))
-    return train, _median(predict_all, repeats), os.cpu_count()
+    runs['predict'] = predict_all
+    return runs, os.cpu_count(), images
 
 
-def _median(run, repeats, cpu=None, key=None):
-    """The median wall time of `repeats` runs; with `cpu`, cpu[key] the median process CPU time."""
-    times, cpu_times = [], []
-    for _ in range(repeats):
-        started, cpu_started = time.perf_counter(), time.process_time()
-        run()
-        times.append(time.perf_counter() - started)
-        cpu_times.append(time.process_time() - cpu_started)
-    if cpu is not None:
-        cpu[key] = statistics.median(cpu_times)
-    return statistics.median(times)
+def _timed(run):
+    """(wall, process CPU) seconds of one run."""
+    started, cpu_started = time.perf_counter(), time.process_time()
+    run()
+    return time.perf_counter() - started, time.process_time() - cpu_started
 
 
-def worker(args):
+def _median(run, repeats):
+    """The median (wall, process CPU) seconds of `repeats` runs."""
+    times = [_timed(run) for _ in range(repeats)]
+    return statistics.median(w for w, _ in times), statistics.median(c for _, c in times)
+
+
+def _system_runs(args):
+    """The system's runs (runs_ours, runs_torch, runs_jax) on the data, and its threads; and the
+    number of images a run goes over ({run: images})."""
     train_images, train_labels, test_images, _ = load_mnist(args.data_dir, download_missing=False)
     data = (train_images[:args.images], train_labels[:args.images].astype(np.int64), test_images)
     hidden = MODELS[args.model]
-    cpu = {}
+    images = {**{b: args.images for b in args.batches}, 'predict': len(test_images)}
     if args.system.startswith('micrograd-c'):
-        train, predict, threads, cpu = run_ours(hidden, args.dtype, data, args.batches, args.repeats,
-                                                1 if args.system.endswith('1 thread') else None)
+        runs, threads = runs_ours(hidden, args.dtype, data, args.batches, 1 if args.system.endswith('1 thread') else None)
+    elif args.system == 'pytorch':
+        runs, threads = runs_torch(hidden, args.dtype, data, args.batches)
     else:
-        train, predict, threads = {'pytorch': run_torch, 'jax': run_jax}[args.system](
-            hidden, args.dtype, data, args.batches, args.repeats)
-    print(json.dumps({'train': {b: t / args.images * 1e6 for b, t in train.items()},
-                      'predict': predict / len(test_images) * 1e6, 'threads': threads,
-                      'cpu': {b: t / (len(test_images) if b == 'predict' else args.images) * 1e6
-                              for b, t in cpu.items()}}))
+        runs, threads, trained = runs_jax(hidden, args.dtype, data, args.batches)
+        images.update(trained)
+    return runs, threads, images
+
+
+def worker(args):
+    runs, threads, images = _system_runs(args)
+    medians = {run: _median(f, args.repeats) for run, f in runs.items()}
+    print(json.dumps({'train': {b: medians[b][0] / images[b] * 1e6 for b in args.batches},
+                      'predict': medians['predict'][0] / images['predict'] * 1e6, 'threads': threads,
+                      'cpu': {b: cpu / images[b] * 1e6 for b, (_, cpu) in medians.items()}}))
+
+
+def serve(args):
+    """A system kept running for the windows (bench/windows.py's served end): a window of a run
+    (a line: a batch size, or predict) is one epoch of it, its wall time us an image."""
+    runs, _, images = _system_runs(args)
+    for run in runs.values():  # (a first run warms up)
+        _timed(run)
+    windows.serve({str(run): (lambda run=run: _timed(runs[run])[0] / images[run] * 1e6) for run in runs})
 
 
 # ---- the table --------------------------------------------------------------------------------
@@ -235,13 +262,19 @@ def main(argv=None):
     parser.add_argument('--images', type=int, default=10_000, help='training images per timed run (default 10,000)')
     parser.add_argument('--repeats', type=int, default=3, help='timed runs per figure, median (default 3)')
     parser.add_argument('--data-dir', default=os.environ.get('MNIST_DIR'))
+    parser.add_argument('--windows', type=int, default=WINDOW_ROUNDS,
+                        help=f'rounds of the windows taken in turn (default {WINDOW_ROUNDS}; 0: none)')
     parser.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--serve', action='store_true', help=argparse.SUPPRESS)
     parser.add_argument('--system', choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument('--model', choices=list(MODELS), help=argparse.SUPPRESS)
     parser.add_argument('--dtype', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args)
+        return 0
+    if args.serve:
+        serve(args)
         return 0
     results = {}
     for model in args.models:
@@ -263,7 +296,49 @@ def main(argv=None):
         rate = train_macs / big['micrograd-c 1 thread']['cpu'][128] / 1e3
         print(f'MLP(784, [512, 256, 10]) float32, train B=128 on one thread: {rate:.1f} G multiply-adds '
               f'per second of its process CPU time (against one core\'s peak)')
+    if args.windows:
+        print(windows_table(args))
     return 0
+
+
+def windows_table(args):
+    """Issue 35's ratios held in the same second: for its rows (WINDOW_ROWS: the models and dtypes
+    measured), micrograd-c (every core) and the peers installed kept running in their own
+    processes, each run (train at the batches over 32, predict) one epoch a window, taken in turn
+    (bench/windows.py): the median over the rounds of ours over the faster peer's window of the
+    same round."""
+    runs = [str(b) for b in args.batches if b >= 32] + ['predict']
+    lines = [f'\nWindows taken in turn ({args.windows} rounds, a window one epoch: µs per image, medians): ours '
+             'against the faster peer of each round (this machine\'s speed changes for seconds at a time; rows '
+             'measured one after another straddle it)\n',
+             '| model | dtype | run | micrograd-c | PyTorch | JAX | median of ours / the round\'s faster peer | target |',
+             '|---|---|---|---|---|---|---|---|']
+    for model, dtype in WINDOW_ROWS:
+        if model not in args.models or dtype not in args.dtypes:
+            continue
+        common = ['--model', model, '--dtype', dtype, '--images', str(args.images), '--batches', *runs[:-1]]
+        if args.data_dir:
+            common += ['--data-dir', str(args.data_dir)]
+        peers = [s for s in ('pytorch', 'jax') if s in args.systems and _installed(s)]
+        commands = {s: [sys.executable, '-m', 'bench.minibatch', '--serve', '--system', s, *common]
+                    for s in ['micrograd-c', *peers]}
+        times = windows.in_turn(commands, runs, args.windows)
+        if isinstance(times, str):
+            lines.append(f'| {model} | {dtype} | - | not measured: {times} |')
+            continue
+        for run in runs:
+            fastest = [min(round_) for round_ in zip(*(times[s][run] for s in peers))] if peers else None
+            cells = [f'{statistics.median(times[s][run]):.1f}' if s in times else '-'
+                     for s in ('micrograd-c', 'pytorch', 'jax')]
+            ratio = f'**{windows.ratio(times["micrograd-c"][run], fastest):.2f}x**' if fastest else '-'
+            name = f'train B={run}' if run != 'predict' else 'predict'
+            lines.append(f'| {model} | {dtype} | {name} | {" | ".join(cells)} | {ratio} | <= 0.8x |')
+    return '\n'.join(lines)
+
+
+def _installed(system):
+    import importlib.util
+    return importlib.util.find_spec({'pytorch': 'torch', 'jax': 'jax'}[system]) is not None
 
 
 if __name__ == '__main__':

@@ -203,18 +203,24 @@ def test_no_batched_form_falls_back_and_explain_says_so():
 
 
 @pytest.mark.requires("gcc")  # the table's micrograd-c is gcc -O3 -march=native
-def test_the_minibatch_benchmark_runs(mnist_dir, capsys):
+def test_the_minibatch_benchmark_runs(mnist_dir, capsys, monkeypatch):
     """`make bench`'s minibatch table (bench/minibatch.py) at a small size: our rows measured in
-    their own processes, the table printed with every run it promises."""
+    their own processes, the table printed with every run it promises; then the windows taken in
+    turn from a process kept running (bench/windows.py), each run's median."""
     from bench import minibatch
+    monkeypatch.setattr(minibatch, "WINDOW_ROWS", (("mlp-50", "float32"),))
     assert minibatch.main(["--systems", "micrograd-c", "micrograd-c 1 thread", "--models", "mlp-50",
                            "--dtypes", "float32", "--images", "256", "--repeats", "1", "--batches", "1", "32",
-                           "--data-dir", str(mnist_dir)]) == 0
+                           "--windows", "2", "--data-dir", str(mnist_dir)]) == 0
     out = capsys.readouterr().out
+    table, windowed = out.split("Windows taken in turn")
     for run in ("train B=1", "train B=32", "predict"):
-        row = next(line for line in out.splitlines() if line.startswith(f"| mlp-50 | float32 | {run}"))
+        row = next(line for line in table.splitlines() if line.startswith(f"| mlp-50 | float32 | {run}"))
         ours, one_thread = row.split(" | ")[3:5]
         assert float(ours) > 0 and float(one_thread) > 0
+    rows = [line.split(" | ") for line in windowed.splitlines() if line.startswith("| mlp-50 | float32 |")]
+    assert [r[2] for r in rows] == ["train B=32", "predict"]  # (batches of 32 and more)
+    assert all(float(r[3]) > 0 and r[4] == r[5] == r[6] == "-" for r in rows)  # no peer asked for
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(DTYPES)), indirect=["compiler"])
