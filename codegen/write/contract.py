@@ -28,6 +28,7 @@ import numpy as np
 
 from ..lower import ir
 from .dtypes import c_literal
+from .kernels import product_declarations
 from .optim import STATE_LINE
 
 
@@ -60,7 +61,8 @@ STATIC_PRODUCTS, RUNTIME_DEFINES_PRODUCTS, RUNTIME_HAS_PRODUCTS = 0, 2, 1
 class Prelude:
     """What templates/prelude.c reads before anything: the element type (a codegen/write/dtypes.py
     row: REAL_IS_FLOAT), whether a thread pool runs the products (HAVE_THREAD_POOL,
-    templates/pool.c), where the products are defined (RUNTIME_PRODUCTS, left out when static),
+    templates/pool.c), where the products are defined (RUNTIME_PRODUCTS, and their declarations
+    PRODUCT_DECLARATIONS from the kernel table; both left out when static),
     whether GCC vectorises the loops whose counts are read at run time (VECTORISE_LOOPS: a
     sequence's program; left out when not)."""
 
@@ -71,7 +73,8 @@ class Prelude:
 
     def render(self):
         return (f"#define REAL_IS_FLOAT {int(self.dtype.real_is_float)}\n#define HAVE_THREAD_POOL {int(self.thread_pool)}\n"
-                + (f"#define RUNTIME_PRODUCTS {self.products}\n" if self.products != STATIC_PRODUCTS else "")
+                + (f"#define RUNTIME_PRODUCTS {self.products}\n#define PRODUCT_DECLARATIONS {product_declarations()}\n"
+                   if self.products != STATIC_PRODUCTS else "")
                 + ("#define VECTORISE_LOOPS 1\n" if self.vectorise_loops else ""))
 
 

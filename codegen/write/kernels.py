@@ -34,6 +34,17 @@ def parse(text):
 
 KERNELS = parse(templates.read(HEADER))
 
+# The kernels the module runtime's unit of products defines (templates/products.c: the matrix
+# products, the convolutions, exp_range) and the other units of a module only declare
+PRODUCTS = ("matmul_set", "matmul_acc", "matmul_nt", "conv_set", "conv_nt", "conv_acc", "exp_range")
+
+
+def product_declarations():
+    """The C declaring PRODUCTS from the table (templates/kernels/gemm.c expands it as
+    PRODUCT_DECLARATIONS in the units of a module), written from their prototypes here, once."""
+    return " ".join(f"SHARED {k.returns} {k.name}({', '.join(f'{t} {n}' for n, t in k.parameters)});"
+                    for k in map(KERNELS.__getitem__, PRODUCTS))
+
 
 @dataclass(frozen=True)
 class Call:

@@ -50,18 +50,6 @@ typedef real conv_lanes __attribute__((vector_size(CONV_LANES * sizeof(real)), a
 #define LANES_GET(v, lanes) memcpy(lanes, v, sizeof(v))
 #endif
 
-#if RUNTIME_PRODUCTS
-SHARED void conv_set(real *restrict out, long out_f, long out_p, long out_q, const real *restrict bias,
-                     long bias_f, const real *restrict w, long w_f, long w_k, const real *restrict x, long x_p,
-                     long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K, Epilogue epilogue,
-                     real *y, long y_f, long y_p, long y_q);
-SHARED void conv_nt(real *restrict out, long out_f, long out_k, real *restrict bias, long bias_f,
-                    const real *restrict go, long go_f, long go_p, long go_q, const real *restrict x, long x_p,
-                    long x_q, const int32_t *offsets, long F, long P, long Q, long S, long K);
-SHARED void conv_acc(real *restrict out, long out_p, long out_q, const int32_t *offsets, const real *restrict w,
-                     long w_f, long w_k, const real *restrict go, long go_f, long go_p, long go_q, long F, long P,
-                     long Q, long S, long K);
-#endif
 #if RUNTIME_PRODUCTS != 1
 
 /* (filled by field name; x's fields are the inputs' or, for conv_acc, their gradients') */

@@ -14,9 +14,6 @@
  * relative; Estrin's scheme, for a short row's latency), then times 2^k in two halves of k, so
  * that overflow gives inf and a result under the normal numbers rounds once (to 0 below
  * exp(-745.13)); NaN stays NaN. */
-#if RUNTIME_PRODUCTS
-SHARED void exp_range(real *restrict y, const real *restrict x, long n);
-#endif
 #if RUNTIME_PRODUCTS != 1
 #define EXP_SHIFT 6755399441055744.0 /* 1.5 * 2^52: z + it - it rounds z to an integer */
 #define EXP_SHIFT_BITS 0x4338000000000000ULL

@@ -39,15 +39,9 @@ typedef void (*Epilogue)(const real *restrict x, real *restrict y, const real *r
 #if RUNTIME_PRODUCTS
 /* the micro-kernel this CPU runs (gemm_variant) and the L2's size, for the runtime's gemm_kernel() */
 SHARED void gemm_describe(const char **name, int *tile_rows, int *tile_columns, int *vector_bytes, long *l2_bytes);
-SHARED void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
-                       const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
-                       long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j);
-SHARED void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
-                       const real *restrict go, long go_j, long J, long S, long K, Epilogue epilogue, real *y,
-                       long y_k, const real *a, long a_k, const real *o, long o_k);
-SHARED void matmul_nt(real *restrict out, long out_j, const real *restrict go, long go_j,
-                      const real *restrict x, long x_k, long J, long K, long S, const int32_t *rows, real *w,
-                      real rate);
+/* the products', the convolutions' and exp_range's declarations, from the kernel table
+ * (codegen/write/kernels.py's PRODUCTS: templates/kernels/kernels.h's prototypes) */
+PRODUCT_DECLARATIONS
 #define PRODUCT SHARED_KERNEL
 #else
 #define PRODUCT KERNEL

@@ -3,7 +3,9 @@
  * and renders each call from it by parameter name, so a call with a missing, extra or misspelt
  * argument is a Python error, not a C one; tests/test_kernel_table.py compiles it against the
  * definitions (a changed signature must change here too) and checks that the emitters write no
- * call of their own. Generated C does not include this file: its text stays as it was.
+ * call of their own. Generated C does not include this file: its text stays as it was, but for
+ * the module's units' declarations of the kernels the runtime's unit of products defines
+ * (kernels.py's PRODUCTS: written from the prototypes here, PRODUCT_DECLARATIONS).
  * To add a kernel: its prototype here, its definition in a template (README, "How to add a
  * kernel"). One prototype a line group, `name(` on its first line; no function pointer
  * parameters (a typedef, as Epilogue). */
