@@ -220,8 +220,12 @@ static int get_schedule(PyObject *lr, PyObject *losses, Py_ssize_t n_steps, Sche
 {
     memset(q, 0, sizeof *q);
     *have_view = 0;
-    if (PyFloat_Check(lr) || PyLong_Check(lr)) {
-        if (get_finite("train", "lr", lr, &q->lr) < 0)
+    if (PyFloat_Check(lr) || PyLong_Check(lr) || (!PySequence_Check(lr) && PyNumber_Check(lr))) {
+        /* (a number that is no float or int: NumPy's float32 and integer scalars) */
+        PyObject *number = PyFloat_Check(lr) || PyLong_Check(lr) ? (Py_INCREF(lr), lr) : PyNumber_Float(lr);
+        const int bad = !number || get_finite("train", "lr", number, &q->lr) < 0;
+        Py_XDECREF(number);
+        if (bad)
             return -1;
     } else {
         PyObject *rates = PyUnicode_Check(lr) || PyBytes_Check(lr) ? NULL : PySequence_Fast(lr, "");

@@ -62,6 +62,9 @@ def test_numpy_rates_and_a_shuffled_order():
     net.train(X, Y, np.linspace(0.1, 0.01, 4, dtype=np.float32), batch_size=3, seed=5, losses=losses)
     assert np.isfinite(losses).all() and (losses > 0).all()
     net.train(X, Y, np.full(ROWS, 1, dtype=np.int64), scale=0.0)
+    before = np.array(net.params)
+    net.train(X, Y, np.float32(0.0))  # a NumPy scalar is a number: every step at that rate
+    assert np.array_equal(np.array(net.params), before)
 
 
 @pytest.mark.parametrize("lr, losses, error, message", [
