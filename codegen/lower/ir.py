@@ -163,16 +163,19 @@ def build_nodes(graph, fuse):
     constants = nodes[constant_at].tolist()
     for node, value in zip(constants, values[constant_at].tolist()):  # (a param's value is loaded, not compiled)
         node.value = value
-    k_of = dict(zip(graph.k_positions.tolist(), graph.k_values))
+    k_of = dict(zip(graph.k_positions.tolist(), graph.k_values)).get
     compute = []
     listed = {}  # a dot's list by its positions: one tuple for the lists alike (a weight row read at every position)
+    at = nodes.tolist()  # (a list: a node's operands found by position at Python speed, not by a gather each)
+    of = at.__getitem__
 
     def operands(positions):
         key = positions.tobytes()
         found = listed.get(key)
         if found is None:
-            found = listed[key] = tuple(nodes[positions].tolist())
+            found = listed[key] = tuple(map(of, positions.tolist()))
         return found
+    kids, starts = graph.kids, graph.starts.tolist()
     for i, code in zip(computed_at.tolist(), codes[computed_at].tolist()):
         if i in sums:
             terms, a, b = map(operands, sums[i])
@@ -181,13 +184,13 @@ def build_nodes(graph, fuse):
             node = Node(DOT, args=terms)
             node.a, node.b = a, b
         elif i in maxima:
-            node = Node(OP, ops.MAXIMUM, tuple(nodes[maxima[i]].tolist()))
+            node = Node(OP, ops.MAXIMUM, tuple(map(of, maxima[i].tolist())))
         else:
-            node = Node(OP, op_table[code - 1], tuple(nodes[graph.children(i)].tolist()), k_of.get(i))
+            node = Node(OP, op_table[code - 1], tuple(map(of, kids[starts[i]:starts[i + 1]].tolist())), k_of(i))
         node.for_outputs = i < n_output_values
         compute.append(node)
-        nodes[i] = node
-    roots = nodes[graph.roots].tolist()
+        at[i] = node
+    roots = list(map(of, graph.roots.tolist()))
     # A constant root needs a slot to be read from: compute it as a one-term dot.
     for i, root in enumerate(roots):
         if root.kind == CONST:
