@@ -109,7 +109,7 @@ def _lower(graph, inputs, params, fuse, input_grads):
         n_slots = layout(groups, leaves)
         share_gradients(reversed(groups), compute, roots)  # straight-line code saves the copies
         groups, constants, n_slots = vector.vectorize(groups, n_slots)
-    backward = [g for g in reversed(groups) if g.first.needs_grad]
+    backward = [g for g in reversed(groups) if g.members[0].needs_grad]
     program = Program(
         n_params=len(params), n_inputs=len(inputs), n_slots=n_slots, loss=roots[-1], outputs=roots[:-1],
         forward=groups, n_output_groups=sum(g.first.for_outputs for g in groups), backward=backward,
@@ -573,7 +573,8 @@ def use_counts(compute):
 
 def _outputs_first(groups):
     """The groups the outputs need first (stable otherwise): predict() runs only those."""
-    return [g for g in groups if g.first.for_outputs] + [g for g in groups if not g.first.for_outputs]
+    for_outputs = [g.members[0].for_outputs for g in groups]
+    return list(compress(groups, for_outputs)) + list(compress(groups, map(not_, for_outputs)))
 
 
 def _leaves_are_values(inputs, params, roots):

@@ -182,6 +182,12 @@ class Affine:
     grad_base: int = None
     tri: int = 0
 
+    def __init__(self, base, strides=(), grad_base=None, tri=0):
+        # (the fields stored at once: a frozen dataclass's own __init__ sets each through
+        # object.__setattr__, 2-3x the time, and the lowering makes several an operand)
+        fields = self.__dict__
+        fields["base"], fields["strides"], fields["grad_base"], fields["tri"] = base, strides, grad_base, tri
+
     def grad_offset(self):
         return self.base if self.grad_base is None else self.grad_base
 
