@@ -32,7 +32,7 @@ from micrograd_c.engine import Dot, Value, no_gc
 
 from . import graph as graph_arrays
 from . import positions, vector
-from .types import LEAF_KINDS as LEAF_KIND_BY_ROLE, COMPUTED, CONST, DOT, INPUT, OP, PARAM, Group, Node, Program, Role
+from .types import LEAF_KINDS as LEAF_KIND_BY_ROLE, COMPUTED, CONST, DOT, INPUT, OP, PARAM, Computed, Group, Node, Program, Role
 
 # Sums with fewer terms than this stay chains of `+`: a loop does not pay for itself; but a sum of
 # computed values (no parameter or input among its terms) is one from 3 terms on, so that a
@@ -181,12 +181,12 @@ def build_nodes(graph, fuse):
             terms, a, b = map(operands, sums[i])
             if a:  # sum()'s start (0 + x == x but for a zero's sign): a sum of products alone is a layer's (matmul kernels)
                 terms = tuple(x for x in terms if not _plus_zero(x))
-            node = Node(DOT, args=terms)
+            node = Computed(DOT, args=terms)
             node.a, node.b = a, b
         elif i in maxima:
-            node = Node(OP, ops.MAXIMUM, tuple(map(of, maxima[i].tolist())))
+            node = Computed(OP, ops.MAXIMUM, tuple(map(of, maxima[i].tolist())))
         else:
-            node = Node(OP, op_table[code - 1], tuple(map(of, kids[starts[i]:starts[i + 1]].tolist())), k_of(i))
+            node = Computed(OP, op_table[code - 1], tuple(map(of, kids[starts[i]:starts[i + 1]].tolist())), k_of(i))
         node.for_outputs = i < n_output_values
         compute.append(node)
         at[i] = node
@@ -194,7 +194,7 @@ def build_nodes(graph, fuse):
     # A constant root needs a slot to be read from: compute it as a one-term dot.
     for i, root in enumerate(roots):
         if root.kind == CONST:
-            roots[i] = Node(DOT, args=(root,))
+            roots[i] = Computed(DOT, args=(root,))
             roots[i].for_outputs = i < len(roots) - 1
             compute.append(roots[i])
 
