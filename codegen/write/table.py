@@ -196,7 +196,7 @@ def rowable(g):
         return False
     if not shape and node.kind != "dot":  # (the common case, at once)
         return True
-    if len(g.members) > LOOP_MAX_MEMBERS or any(type(n) is not int for n in shape):
+    if shape and (len(g.members) > LOOP_MAX_MEMBERS or any(type(n) is not int for n in shape)):
         return False  # (a family's, a growing or a cut extent: its own loops)
     if node.kind != "dot":
         return True
