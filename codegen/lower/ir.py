@@ -408,7 +408,10 @@ def mark_gradients(leaves, compute, input_grads):
     for node in leaves:
         node.needs_grad = node.kind == PARAM or (node.kind == INPUT and input_grads)
     for node in compute:  # forward order: args before users
-        node.needs_grad = any(x.needs_grad for x in node.reads())
+        node.needs_grad = any(map(_needs_grad, node.reads()))
+
+
+_needs_grad = attrgetter("needs_grad")
 
 
 def layout(groups, leaves):

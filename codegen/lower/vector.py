@@ -42,7 +42,7 @@ def group(compute):
         if not more:
             break
         merged.update(more)
-    order = sorted(range(len(members)), key=lambda c: height[c])  # stable: first appearance breaks ties
+    order = sorted(range(len(members)), key=height.__getitem__)  # stable: first appearance breaks ties
     return [Group(members[c]) for c in order]
 
 

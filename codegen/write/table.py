@@ -286,7 +286,7 @@ class _Slots:
 
     def placed(self, words):
         """The words with the coefficient slots after the constants; n_slots counting them."""
-        words = np.array(words, dtype=np.int64)
+        words = np.fromiter(words, dtype=np.int64, count=len(words))
         words = np.where(words >= self.COEFFICIENTS, words - self.COEFFICIENTS + self.n_slots, words)
         self.n_slots += self.n_coefficients
         self.n_coefficients = 0
@@ -507,7 +507,8 @@ def _runs(preds, kinds):
     waiting = [0] * n
     for v, ps in enumerate(preds):
         if ps:
-            ps = set(ps)
+            if len(ps) > 1:
+                ps = set(ps)
             waiting[v] = len(ps)
             for u in ps:
                 succs[u].append(v)
@@ -515,22 +516,23 @@ def _runs(preds, kinds):
     for v in range(n - 1, -1, -1):
         ss = succs[v]
         height[v] = 1 + max(map(height.__getitem__, ss)) if ss else 1
-    ready = {}  # kind -> heap of (-height, row)
+    # a ready row as one int, -height * n + row: a heap orders them as it would (-height, row)
+    ready = {}  # kind -> heap
     for v in range(n):
         if not waiting[v]:
-            heapq.heappush(ready.setdefault(kinds[v], []), (-height[v], v))
+            heapq.heappush(ready.setdefault(kinds[v], []), v - height[v] * n)
     order = []
     push, pop = heapq.heappush, heapq.heappop
     while len(order) < n:
-        kind = min((heap[0][0], k) for k, heap in ready.items() if heap)[1]
+        kind = min((heap[0] // n, k) for k, heap in ready.items() if heap)[1]
         heap = ready[kind]
         while heap:
-            _, v = pop(heap)
+            v = pop(heap) % n
             order.append(v)
             for s in succs[v]:
                 waiting[s] -= 1
                 if not waiting[s]:
-                    push(ready.setdefault(kinds[s], []), (-height[s], s))
+                    push(ready.setdefault(kinds[s], []), s - height[s] * n)
     return order
 
 
