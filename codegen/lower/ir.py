@@ -187,7 +187,8 @@ def build_nodes(graph, fuse):
             node = Computed(OP, ops.MAXIMUM, tuple(map(of, maxima[i].tolist())))
         else:
             node = Computed(OP, op_table[code - 1], tuple(map(of, kids[starts[i]:starts[i + 1]].tolist())), k_of(i))
-        node.for_outputs = i < n_output_values
+        if i < n_output_values:
+            node.for_outputs = True
         compute.append(node)
         at[i] = node
     roots = list(map(of, graph.roots.tolist()))
