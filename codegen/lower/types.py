@@ -255,15 +255,17 @@ class Computed(Node):
         self.shares_grad = self.for_outputs = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Group:
     """Nodes computing the same thing over operands at constant strides: one loop nest (or, with
     one member, one statement). `shape` are the loop extents, outermost first; `members` are in
-    loop order."""
+    loop order; `operands` where they live (vector.vectorize describes them). In slots: the passes
+    read a group's fields once per group and pass, tens of thousands of times on an irregular graph."""
     members: list
     shape: tuple = ()
     guard: tuple = None  # (slot, p): every member is position p, run while d[slot] > p (lower/positions.py)
     masked: int = None   # the loss's sum, whose terms t run while d[masked] > t (lower/positions.py)
+    operands: "Operands" = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def first(self):
