@@ -370,7 +370,7 @@ def _forward_segment(nodes, slots, facts):
 
 def _encode(order, kinds, rows, first):
     """The segment's words and its number of runs: the runs `first` ((kind, rows) each), then the
-    rows in `order` (an array), a run per stretch of one kind."""
+    rows in `order` (an array), a run per stretch of one kind (kinds: per row, a list or an array)."""
     out = [0]
     for kind, run in first:
         out += [kind, len(run)]
@@ -378,9 +378,9 @@ def _encode(order, kinds, rows, first):
     of_order = np.asarray(kinds, dtype=np.int64)[order]
     starts = np.flatnonzero(np.diff(of_order, prepend=-1)).tolist()
     at = rows.__getitem__
-    order = order.tolist()
+    order, of_order = order.tolist(), of_order.tolist()
     for begin, end in zip(starts, starts[1:] + [len(order)]):
-        out += [kinds[order[begin]], end - begin]
+        out += [of_order[begin], end - begin]
         out.extend(chain.from_iterable(map(at, order[begin:end])))
     out[0] = n_runs = len(first) + len(starts)
     return out, n_runs
@@ -394,47 +394,50 @@ def _backward_segment(nodes, slots, facts):
     selects (independent of each other), so that the edges run in as few runs as the selects
     allow; then each run's rows by depth (_by_depth)."""
     coefficients = {}  # kind -> rows
-    kinds, rows, phases, depths = [], [], [], []
+    rows, depths = [], []
+    after = []  # per row, the phase of the rows that wait for it: its own, one more for a select
+    selects = {}  # row -> its kind (every other row is an EDGE)
     last = {}  # gradient slot -> the last row adding to it so far
+    get = last.get
     for n in nodes:
         if n.kind == "op" and n.op.selects:
             if _selects_without_gradient(n):
                 continue
-            own = last.get(n.grad_slot)  # the row completing its own gradient
+            own = get(n.grad_slot)  # the row completing its own gradient
             i, waits = len(rows), [] if own is None else [own]
             for x in _targets(n):
                 target = slots.of(x) if x.grad_slot is None else x.grad_slot  # (a constant candidate's: its slot's)
-                before = last.get(target)
+                before = get(target)
                 if before is not None and before != i:
                     waits.append(before)
                 last[target] = i
-            phases.append(max([phases[u] + (kinds[u] != EDGE) for u in waits], default=0))
+            after.append(1 + max([after[u] for u in waits], default=0))
             depths.append(max([depths[u] + 1 for u in waits], default=0))
-            kinds.append(facts[n.op.name].kind)
+            selects[i] = facts[n.op.name].kind
             rows.append(_select_row(n, slots))
             continue
-        own = last.get(n.grad_slot)
+        own = get(n.grad_slot)
         phase = depth = 0
         if own is not None:
-            phase, depth = phases[own] + (kinds[own] != EDGE), depths[own] + 1
+            phase, depth = after[own], depths[own] + 1
         out = n.slot
         for coefficient, x in _edges(n, slots, coefficients, facts):
             target = x.grad_slot
-            before = last.get(target)
+            before = get(target)
             last[target] = len(rows)
             if before is None:
-                phases.append(phase)
+                after.append(phase)
                 depths.append(depth)
             else:
-                before_phase = phases[before] + (kinds[before] != EDGE)
-                phases.append(phase if phase >= before_phase else before_phase)
-                before_depth = depths[before] + 1
+                before_phase, before_depth = after[before], depths[before] + 1
+                after.append(phase if phase >= before_phase else before_phase)
                 depths.append(depth if depth >= before_depth else before_depth)
-            kinds.append(EDGE)
             rows.append((coefficient, out, target))
-    kind = np.asarray(kinds, dtype=np.int64)
-    order = np.lexsort((kind, kind != EDGE, np.asarray(phases, dtype=np.int64)))
-    return _encode(_by_depth(order, depths, kind), kinds, rows, list(coefficients.items()))
+    kind = np.full(len(rows), EDGE, dtype=np.int64)
+    kind[list(selects)] = list(selects.values())
+    is_edge = kind == EDGE
+    order = np.lexsort((kind, ~is_edge, np.asarray(after, dtype=np.int64) - ~is_edge))
+    return _encode(_by_depth(order, depths, kind), kind, rows, list(coefficients.items()))
 
 
 def _edges(node, slots, coefficients, facts):
