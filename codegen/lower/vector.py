@@ -58,8 +58,8 @@ def _classes_of(compute, merged, spelled):
     for node in compute:
         key = _key(node, lists, spelled)
         token = (merged.get(id(node)) or key) if merged else key
-        c = keys.get(token)
-        if c is not None and token is key:  # (the key's reads and height are the class's already)
+        c = keys.setdefault(token, len(height))  # (a key hashed once)
+        if c < len(height) and token is key:  # (the key's reads and height are the class's already)
             node.cls = ("c", c)
             members[c].append(node)
             continue
@@ -69,8 +69,7 @@ def _classes_of(compute, merged, spelled):
             found = (read, 1 + max(map(height.__getitem__, read)) if read else 1)
             if merged:
                 known[key] = found
-        if c is None:
-            c = keys[token] = len(height)
+        if c == len(height):
             height.append(found[1])
             members.append([node])
             reads.append(set(found[0]))
