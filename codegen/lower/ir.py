@@ -32,7 +32,7 @@ from micrograd_c.engine import Dot, Value, no_gc
 
 from . import graph as graph_arrays
 from . import positions, vector
-from .types import LEAF_KINDS as LEAF_KIND_BY_ROLE, COMPUTED, CONST, DOT, INPUT, OP, PARAM, Group, Node, Program, Role
+from .types import LEAF_KINDS as LEAF_KIND_BY_ROLE, COMPUTED, CONST, DOT, INPUT, OP, PARAM, Computed, Group, Node, Program, Role
 
 # Sums with fewer terms than this stay chains of `+`: a loop does not pay for itself; but a sum of
 # computed values (no parameter or input among its terms) is one from 3 terms on, so that a
@@ -109,7 +109,7 @@ def _lower(graph, inputs, params, fuse, input_grads):
         n_slots = layout(groups, leaves)
         share_gradients(reversed(groups), compute, roots)  # straight-line code saves the copies
         groups, constants, n_slots = vector.vectorize(groups, n_slots)
-    backward = [g for g in reversed(groups) if g.first.needs_grad]
+    backward = [g for g in reversed(groups) if g.members[0].needs_grad]
     program = Program(
         n_params=len(params), n_inputs=len(inputs), n_slots=n_slots, loss=roots[-1], outputs=roots[:-1],
         forward=groups, n_output_groups=sum(g.first.for_outputs for g in groups), backward=backward,
@@ -163,35 +163,39 @@ def build_nodes(graph, fuse):
     constants = nodes[constant_at].tolist()
     for node, value in zip(constants, values[constant_at].tolist()):  # (a param's value is loaded, not compiled)
         node.value = value
-    k_of = dict(zip(graph.k_positions.tolist(), graph.k_values))
+    k_of = dict(zip(graph.k_positions.tolist(), graph.k_values)).get
     compute = []
     listed = {}  # a dot's list by its positions: one tuple for the lists alike (a weight row read at every position)
+    at = nodes.tolist()  # (a list: a node's operands found by position at Python speed, not by a gather each)
+    of = at.__getitem__
 
     def operands(positions):
         key = positions.tobytes()
         found = listed.get(key)
         if found is None:
-            found = listed[key] = tuple(nodes[positions].tolist())
+            found = listed[key] = tuple(map(of, positions.tolist()))
         return found
+    kids, starts = graph.kids, graph.starts.tolist()
     for i, code in zip(computed_at.tolist(), codes[computed_at].tolist()):
         if i in sums:
             terms, a, b = map(operands, sums[i])
             if a:  # sum()'s start (0 + x == x but for a zero's sign): a sum of products alone is a layer's (matmul kernels)
                 terms = tuple(x for x in terms if not _plus_zero(x))
-            node = Node(DOT, args=terms)
+            node = Computed(DOT, args=terms)
             node.a, node.b = a, b
         elif i in maxima:
-            node = Node(OP, ops.MAXIMUM, tuple(nodes[maxima[i]].tolist()))
+            node = Computed(OP, ops.MAXIMUM, tuple(map(of, maxima[i].tolist())))
         else:
-            node = Node(OP, op_table[code - 1], tuple(nodes[graph.children(i)].tolist()), k_of.get(i))
-        node.for_outputs = i < n_output_values
+            node = Computed(OP, op_table[code - 1], tuple(map(of, kids[starts[i]:starts[i + 1]].tolist())), k_of(i))
+        if i < n_output_values:
+            node.for_outputs = True
         compute.append(node)
-        nodes[i] = node
-    roots = nodes[graph.roots].tolist()
+        at[i] = node
+    roots = list(map(of, graph.roots.tolist()))
     # A constant root needs a slot to be read from: compute it as a one-term dot.
     for i, root in enumerate(roots):
         if root.kind == CONST:
-            roots[i] = Node(DOT, args=(root,))
+            roots[i] = Computed(DOT, args=(root,))
             roots[i].for_outputs = i < len(roots) - 1
             compute.append(roots[i])
 
@@ -405,7 +409,10 @@ def mark_gradients(leaves, compute, input_grads):
     for node in leaves:
         node.needs_grad = node.kind == PARAM or (node.kind == INPUT and input_grads)
     for node in compute:  # forward order: args before users
-        node.needs_grad = any(x.needs_grad for x in node.reads())
+        node.needs_grad = any(map(_needs_grad, node.reads()))
+
+
+_needs_grad = attrgetter("needs_grad")
 
 
 def layout(groups, leaves):
@@ -570,7 +577,8 @@ def use_counts(compute):
 
 def _outputs_first(groups):
     """The groups the outputs need first (stable otherwise): predict() runs only those."""
-    return [g for g in groups if g.first.for_outputs] + [g for g in groups if not g.first.for_outputs]
+    for_outputs = [g.members[0].for_outputs for g in groups]
+    return list(compress(groups, for_outputs)) + list(compress(groups, map(not_, for_outputs)))
 
 
 def _leaves_are_values(inputs, params, roots):

@@ -182,6 +182,12 @@ class Affine:
     grad_base: int = None
     tri: int = 0
 
+    def __init__(self, base, strides=(), grad_base=None, tri=0):
+        # (the fields stored at once: a frozen dataclass's own __init__ sets each through
+        # object.__setattr__, 2-3x the time, and the lowering makes several an operand)
+        fields = self.__dict__
+        fields["base"], fields["strides"], fields["grad_base"], fields["tri"] = base, strides, grad_base, tri
+
     def grad_offset(self):
         return self.base if self.grad_base is None else self.grad_base
 
@@ -206,12 +212,12 @@ class Vector:
 # ---- program ------------------------------------------------------------------------------------
 
 class Node:
-    """One node of the lowered graph. kind: a Kind (a leaf's: CONST, PARAM, INPUT; or OP, DOT).
-    A dot's value is sum(args) + sum(a[i] * b[i])."""
+    """One node of the lowered graph. kind: a Kind (a leaf's: CONST, PARAM, INPUT; or OP, DOT: a
+    Computed node). A dot's value is sum(args) + sum(a[i] * b[i])."""
 
-    # A leaf (most nodes: a model's params) has the fields in slots; a computed node's own (op,
-    # args, k, a, b, shares_grad, for_outputs) go to its __dict__, and a leaf reads them as the
-    # class's defaults: a param's node is made with 7 stores, in 96 bytes.
+    # A leaf (most nodes: a model's params) has the fields in slots and reads a computed node's
+    # own (op, args, k, a, b, shares_grad, for_outputs) as the class's defaults: a param's node
+    # is made with 7 stores, in 96 bytes.
     __slots__ = ("kind", "value", "slot", "needs_grad", "grad_slot", "sgd_fused", "cls", "__dict__")
     op = None
     args = a = b = ()
@@ -219,29 +225,47 @@ class Node:
     shares_grad = False  # its gradient is its only consumer's, which passes it on unchanged
     for_outputs = False  # a computed node the outputs need: predict() computes it
 
-    def __init__(self, kind, op=None, args=(), k=None, value=None):
+    def __init__(self, kind, value=None):
         self.kind, self.value = kind, value
         self.slot = None
         self.needs_grad = False
         self.grad_slot = None     # where its gradient lives: its own slot, or its consumer's
         self.sgd_fused = False    # a parameter that batch-1 SGD updates inside backward
         self.cls = kind           # a leaf's kind; a computed node's class (vector.group)
-        if kind in COMPUTED:
-            self.op, self.args, self.k = op, args, k
 
     def reads(self):
         return self.args + self.a + self.b
 
 
-@dataclass
+class Computed(Node):
+    """A computed node (OP, DOT), its own fields in slots as well: every pass reads them for every
+    node, and in a __dict__ each read reached one more object (on a random 100,000-Value graph,
+    whose objects outgrow the caches, the lowering's time is mostly such reads)."""
+    __slots__ = ("op", "args", "k", "a", "b", "shares_grad", "for_outputs")
+
+    def __init__(self, kind, op=None, args=(), k=None):
+        self.kind, self.value = kind, None
+        self.slot = None
+        self.needs_grad = False
+        self.grad_slot = None
+        self.sgd_fused = False
+        self.cls = kind
+        self.op, self.args, self.k = op, args, k
+        self.a = self.b = ()
+        self.shares_grad = self.for_outputs = False
+
+
+@dataclass(slots=True)
 class Group:
     """Nodes computing the same thing over operands at constant strides: one loop nest (or, with
     one member, one statement). `shape` are the loop extents, outermost first; `members` are in
-    loop order."""
+    loop order; `operands` where they live (vector.vectorize describes them). In slots: the passes
+    read a group's fields once per group and pass, tens of thousands of times on an irregular graph."""
     members: list
     shape: tuple = ()
     guard: tuple = None  # (slot, p): every member is position p, run while d[slot] > p (lower/positions.py)
     masked: int = None   # the loss's sum, whose terms t run while d[masked] > t (lower/positions.py)
+    operands: "Operands" = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def first(self):

@@ -16,9 +16,8 @@ that loops read them. A class that does not fit stays straight-line, one stateme
 """
 
 import dataclasses
-from functools import partial
-from itertools import chain, compress, count, takewhile
-from operator import attrgetter, eq
+from itertools import chain, compress, count
+from operator import attrgetter
 
 import numpy as np
 
@@ -43,7 +42,7 @@ def group(compute):
         if not more:
             break
         merged.update(more)
-    order = sorted(range(len(members)), key=lambda c: height[c])  # stable: first appearance breaks ties
+    order = sorted(range(len(members)), key=height.__getitem__)  # stable: first appearance breaks ties
     return [Group(members[c]) for c in order]
 
 
@@ -54,26 +53,32 @@ def _classes_of(compute, merged, spelled):
     spelled: the factor lists' classes as numbers (_Spelled), kept from call to call."""
     keys, height = {}, []
     members, reads = [], []
-    known = {}  # key -> (the classes its operands are, 1 + the highest of their heights)
+    known = {}  # key -> (the classes its operands are, 1 + the highest of their heights), with merges
     lists = dict(spelled.of_leaves)  # this call's memo: a list's operands have their classes when it is first read
     for node in compute:
         key = _key(node, lists, spelled)
-        found = known.get(key)
+        token = (merged.get(id(node)) or key) if merged else key
+        c = keys.setdefault(token, len(height))  # (a key hashed once)
+        if c < len(height) and token is key:  # (the key's reads and height are the class's already)
+            node.cls = ("c", c)
+            members[c].append(node)
+            continue
+        found = known.get(key) if merged else None
         if found is None:
             read = _key_reads(key, spelled.classes)
-            found = known[key] = (read, 1 + max((height[r] for r in read), default=0))
-        token = merged.get(id(node)) or key
-        c = keys.get(token)
-        if c is None:
-            c = keys[token] = len(height)
-            height.append(0)
-            members.append([])
-            reads.append(set())
+            found = (read, 1 + max(map(height.__getitem__, read)) if read else 1)
+            if merged:
+                known[key] = found
+        if c == len(height):
+            height.append(found[1])
+            members.append([node])
+            reads.append(set(found[0]))
+        else:
+            members[c].append(node)
+            if found[1] > height[c]:
+                height[c] = found[1]
+            reads[c] |= found[0]
         node.cls = ("c", c)
-        members[c].append(node)
-        if found[1] > height[c]:
-            height[c] = found[1]
-        reads[c] |= found[0]
     if merged:  # a merged class's height may rise after a class that reads it took its own: settle them
         changed = True
         while changed:
@@ -88,9 +93,16 @@ def _classes_of(compute, merged, spelled):
 def _key_reads(key, spelled):
     """The computed classes a key's operand classes name (see _classes; a dot's factor lists'
     by their numbers in `spelled`)."""
-    lists = key[4:] if key[0] == OP else (key[2], spelled[key[3]], spelled[key[4]])
-    classes = {x[1] if x[0] == "every" else x for xs in lists for x in set(xs)}  # (a leaf's: its Kind)
-    return frozenset(x[1] for x in classes if type(x) is tuple)
+    read = []
+    for xs in key[4:] if key[0] == OP else (key[2], spelled[key[3]], spelled[key[4]]):
+        for x in xs:
+            if type(x) is tuple:  # (a leaf's class is its Kind)
+                if x[0] == "every":
+                    x = x[1]
+                    if type(x) is not tuple:
+                        continue
+                read.append(x[1])
+    return frozenset(read)
 
 
 def _shared_rows(members, height, reads, merged):
@@ -213,7 +225,9 @@ def _classes(operands):
         return classes
     last = classes[-1]
     # (a sum's start, a constant, comes before its terms)
-    start = len(classes) - len(list(takewhile(partial(eq, last), reversed(classes))))
+    start = len(classes) - 1
+    while start and classes[start - 1] == last:
+        start -= 1
     return classes[:start] + (("every", last),)
 
 
@@ -255,6 +269,17 @@ def vectorize(groups, n_slots):
     constants = []
     result = []
     for whole in groups:
+        members = whole.members
+        if len(members) == 1:  # (an irregular graph's common case, at once: _describe_part's last way)
+            node = members[0]
+            if node.kind == DOT:
+                n_slots = _slot_factor_constants(whole, constants, n_slots)
+            elif node.op.selects:
+                n_slots = _slot_gathered_constants(whole, constants, n_slots)
+            single = Group(members)
+            _describe_single(single)
+            result.append(single)
+            continue
         parts = []
         for g in _uniform_parts(whole):
             n_slots = _describe_part(g, parts, constants, n_slots)
@@ -286,7 +311,7 @@ def _describe_part(g, result, constants, n_slots):
         if parts:
             result += parts
             return n_slots
-    for m in g.members:  # straight-line, one statement per node
+    for m in g.members:  # straight-line, one statement per node (vectorize takes a group of one at once)
         part = type(g)([m])
         _describe_single(part)
         result.append(part)
@@ -597,17 +622,16 @@ def _slot_factor_constants(g, constants, n_slots, columns=False):
 
 def _describe_single(g):
     """One node: every operand at a fixed slot; constants as literals."""
-    node = g.first
+    node = g.members[0]
     g.shape = ()
     out = Affine(node.slot, (), node.grad_slot)
     if node.kind == OP:
         slotted = node.op.first_choice if node.op.selects else len(node.args)  # (see _slot_gathered_constants)
-        args = tuple(float(x.value) if x.kind == CONST and i < slotted else Affine(x.slot, (), x.grad_slot)
-                     for i, x in enumerate(node.args))
-        g.operands = Operands(out, args)
+        g.operands = Operands(out, tuple([float(x.value) if x.kind == CONST and i < slotted else Affine(x.slot, (), x.grad_slot)
+                                          for i, x in enumerate(node.args)]))
         return
-    constants = tuple(float(x.value) for x in node.args if x.kind == CONST)
-    positions = tuple(i for i, x in enumerate(node.args) if x.kind != CONST)
+    constants = tuple([float(x.value) for x in node.args if x.kind == CONST])
+    positions = tuple([i for i, x in enumerate(node.args) if x.kind != CONST])
     terms = [node.args[i] for i in positions]
     g.operands = Operands(out, (), constants, positions, *(_single_vector(xs) for xs in (terms, node.a, node.b)))
 
@@ -615,8 +639,8 @@ def _describe_single(g):
 def _single_vector(nodes):
     if not nodes:
         return None
-    start = nodes[0]
-    return Vector(Affine(start.slot, (), start.grad_slot), tuple(x.slot - start.slot for x in nodes))
+    start = nodes[0].slot
+    return Vector(Affine(start, (), nodes[0].grad_slot), tuple([x.slot - start for x in nodes]))
 
 
 def _describe_loop(g, literals):

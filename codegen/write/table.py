@@ -39,6 +39,7 @@ A segment is [number of runs] then each run [kind, count, rows...].
 import base64
 import heapq
 import struct
+from itertools import chain
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -190,16 +191,18 @@ def rowable(g):
     LOOP_MAX_MEMBERS nodes (plain extents); a dot only with lists the straight-line C writes out (longer ones
     call the kernels, which sum in lanes) and at most DOT_SIZES[-1] parts; not a group that a
     sequence's length guards, cuts or masks (codegen/lower/positions.py): the C skips its work."""
-    if (g.shape and len(g.members) > LOOP_MAX_MEMBERS) or g.guard is not None or g.masked is not None:
+    shape, node = g.shape, g.members[0]
+    if g.guard is not None or g.masked is not None:
         return False
-    if any(type(n) is not int for n in g.shape):  # (a family's, a growing or a cut extent: its own loops)
-        return False
-    node = g.first
+    if not shape and node.kind != "dot":  # (the common case, at once)
+        return True
+    if shape and (len(g.members) > LOOP_MAX_MEMBERS or any(type(n) is not int for n in shape)):
+        return False  # (a family's, a growing or a cut extent: its own loops)
     if node.kind != "dot":
         return True
     if len(node.args) + len(node.a) > DOT_SIZES[-1]:
         return False
-    if not g.shape:
+    if not shape:
         ops_ = g.operands
         return (ops_.terms is None or unrolled(ops_.terms)) and (ops_.a is None or unrolled(ops_.a, ops_.b))
     return len(node.args) <= UNROLL_MAX_CONTIGUOUS and len(node.a) <= UNROLL_MAX_CONTIGUOUS
@@ -208,6 +211,7 @@ def rowable(g):
 def plan(program):
     """The table form of a fused program (see the module's docstring)."""
     slots = _Slots(program)
+    facts = _OpFacts.table()
     words, rows, runs = [], 0, 0
     passes, compiled = {}, []
     forward = program.forward
@@ -220,7 +224,7 @@ def plan(program):
         def close():
             nonlocal rows, runs
             if segment:
-                encoded, n_runs = _segment(segment, slots, backward)
+                encoded, n_runs = (_backward_segment if backward else _forward_segment)(segment, slots, facts)
                 items.append(TableCall(backward, len(words)))
                 words.extend(encoded)
                 rows += len(segment)
@@ -267,7 +271,7 @@ class _Slots:
         return self.constant(float(node.value))
 
     def constant(self, value):
-        bits = struct.pack("<d", value)
+        bits = _bits(value)
         slot = self._by_bits.get(bits)
         if slot is None:
             slot = self._by_bits[bits] = self.n_slots
@@ -282,20 +286,44 @@ class _Slots:
 
     def placed(self, words):
         """The words with the coefficient slots after the constants; n_slots counting them."""
-        words = np.array(words, dtype=np.int64)
+        words = np.fromiter(words, dtype=np.int64, count=len(words))
         words = np.where(words >= self.COEFFICIENTS, words - self.COEFFICIENTS + self.n_slots, words)
         self.n_slots += self.n_coefficients
         self.n_coefficients = 0
         return words.astype(np.int32)
 
 
-def _kind(node):
-    """A forward row's kind."""
-    if node.kind == "dot":
-        return DOT_KINDS[_dot_size(node)]
-    if _cheap(node):
-        return CHEAP
-    return op_kind(node.op)
+_bits = struct.Struct("<d").pack
+
+
+@dataclass(frozen=True)
+class _OpFacts:
+    """What an op's rows are, found once a plan (OpFacts.table(): the op table may grow between
+    plans, as a test's op does): its kind (OP_BASE + its position in the table); `cheap`, its
+    CHEAP_OPS position when all its rows are CHEAP's, and whether they are max rows reading the
+    constant CHEAP_AS_MAX gives it; whether its rows read k; per argument where backward's edge
+    finds the local derivative ("1", "k", an operand's or the value's slot "a", "b", "out", or
+    None: a coefficient row computes it); the arguments whose coefficients are computed."""
+    kind: int
+    cheap: int = None
+    as_max: bool = False
+    has_k: bool = False
+    coefficient: tuple = ()
+    computed: tuple = ()
+
+    @staticmethod
+    def table():
+        """{op name: _OpFacts} of the op table as it is now."""
+        facts = {}
+        for position, op in enumerate(ops.OPS.values()):
+            cheap = (CHEAP_OPS.index("max") if op.name in CHEAP_AS_MAX
+                     else CHEAP_OPS.index(op.name) if op.name in CHEAP_OPS else None)
+            coefficient = tuple("1" if op.grad_is_one(i) else "k" if op.grads[i].strip() == "{k}"
+                                else op.grads[i].strip()[1:-1] if not _computed(op, i) else None
+                                for i in range(op.arity))
+            facts[op.name] = _OpFacts(OP_BASE + position, cheap, op.name in CHEAP_AS_MAX, _has_k(op), coefficient,
+                                      tuple(i for i in range(op.arity) if _computed(op, i)))
+        return facts
 
 
 def op_kind(op):
@@ -303,24 +331,12 @@ def op_kind(op):
     return OP_BASE + list(ops.OPS).index(op.name)
 
 
-def _cheap(node):
-    return node.op.name in CHEAP_OPS or node.op.name in CHEAP_AS_MAX or _maximum_of_two(node)
-
-
 def _dot_size(node):
     return _DOT_SIZE_OF[len(node.args) + len(node.a)]
 
 
 _DOT_SIZE_OF = [next(size for size in DOT_SIZES if size >= n) for n in range(DOT_SIZES[-1] + 1)]
-
-
-def _maximum_of_two(node):
-    return node.op.selects == "largest" and len(node.args) == 2
-
-
-def _reads(node):
-    """The nodes a row reads the values of."""
-    return node.args + node.a + node.b
+_MAX = CHEAP_OPS.index("max")
 
 
 def _targets(node):
@@ -339,116 +355,123 @@ def _selects_without_gradient(node):
     return node.kind == "op" and node.op.selects and not any(x.needs_grad for x in node.args[node.op.first_choice:])
 
 
-def _segment(nodes, slots, backward):
-    """One segment's words (see the module's docstring) and its number of runs. nodes: in the
-    straight-line C's order (forward order, or backward's)."""
-    if backward:
-        return _backward_segment(nodes, slots)
-    index = {id(n): i for i, n in enumerate(nodes)}
-    preds = [[index[id(x)] for x in _reads(n) if id(x) in index] for n in nodes]
-    kinds = [_kind(n) for n in nodes]
-    return _encode(_schedule(preds, kinds), kinds, [_row(n, slots) for n in nodes], [])
+def _forward_segment(nodes, slots, facts):
+    """One forward segment's words (see the module's docstring) and its number of runs. nodes: in
+    the straight-line C's order."""
+    get = {id(n): i for i, n in enumerate(nodes)}.get
+    preds = [[i for i in map(get, map(id, n.args + n.a + n.b)) if i is not None] for n in nodes]
+    kinds, rows = [], []
+    for n in nodes:
+        kind, row = _row(n, slots, facts)
+        kinds.append(kind)
+        rows.append(row)
+    return _encode(_schedule(preds, kinds), kinds, rows, [])
 
 
 def _encode(order, kinds, rows, first):
     """The segment's words and its number of runs: the runs `first` ((kind, rows) each), then the
-    rows in `order`, a run per stretch of one kind."""
-    out, n_runs, at = [0], 0, 0
+    rows in `order` (an array), a run per stretch of one kind (kinds: per row, a list or an array)."""
+    out = [0]
     for kind, run in first:
         out += [kind, len(run)]
-        for row in run:
-            out += row
-        n_runs += 1
-    while at < len(order):
-        kind = kinds[order[at]]
-        end = at
-        while end < len(order) and kinds[order[end]] == kind:
-            end += 1
-        out += [kind, end - at]
-        for i in order[at:end]:
-            out += rows[i]
-        n_runs += 1
-        at = end
-    out[0] = n_runs
+        out.extend(chain.from_iterable(run))
+    of_order = np.asarray(kinds, dtype=np.int64)[order]
+    starts = np.flatnonzero(np.diff(of_order, prepend=-1)).tolist()
+    at = rows.__getitem__
+    order, of_order = order.tolist(), of_order.tolist()
+    for begin, end in zip(starts, starts[1:] + [len(order)]):
+        out += [of_order[begin], end - begin]
+        out.extend(chain.from_iterable(map(at, order[begin:end])))
+    out[0] = n_runs = len(first) + len(starts)
     return out, n_runs
 
 
-def _backward_segment(nodes, slots):
+def _backward_segment(nodes, slots, facts):
     """Backward: first the coefficient rows (a run per op whose local derivatives are formulas,
     reading only the forward's values), then the edges and the rows of ops that select, in phases:
     a row's phase is the most selects on a path to it (a select waits for the rows before it, an
     edge only for them), and phase p is its edges, in the straight-line C's order, then its
     selects (independent of each other), so that the edges run in as few runs as the selects
     allow; then each run's rows by depth (_by_depth)."""
-    nodes = [n for n in nodes if not _selects_without_gradient(n)]
     coefficients = {}  # kind -> rows
-    kinds, rows, phases, depths = [], [], [], []
+    rows, depths = [], []
+    after = []  # per row, the phase of the rows that wait for it: its own, one more for a select
+    selects = {}  # row -> its kind (every other row is an EDGE)
     last = {}  # gradient slot -> the last row adding to it so far
+    get = last.get
     for n in nodes:
-        own = last.get(n.grad_slot)  # the row completing its own gradient
         if n.kind == "op" and n.op.selects:
+            if _selects_without_gradient(n):
+                continue
+            own = get(n.grad_slot)  # the row completing its own gradient
             i, waits = len(rows), [] if own is None else [own]
             for x in _targets(n):
                 target = slots.of(x) if x.grad_slot is None else x.grad_slot  # (a constant candidate's: its slot's)
-                before = last.get(target)
+                before = get(target)
                 if before is not None and before != i:
                     waits.append(before)
                 last[target] = i
-            phases.append(max([phases[u] + (kinds[u] != EDGE) for u in waits], default=0))
+            after.append(1 + max([after[u] for u in waits], default=0))
             depths.append(max([depths[u] + 1 for u in waits], default=0))
-            kinds.append(op_kind(n.op))
+            selects[i] = facts[n.op.name].kind
             rows.append(_select_row(n, slots))
             continue
+        own = get(n.grad_slot)
         phase = depth = 0
         if own is not None:
-            phase, depth = phases[own] + (kinds[own] != EDGE), depths[own] + 1
-        for coefficient, x in _edges(n, slots, coefficients):
+            phase, depth = after[own], depths[own] + 1
+        out = n.slot
+        for coefficient, x in _edges(n, slots, coefficients, facts):
             target = x.grad_slot
-            before = last.get(target)
+            before = get(target)
             last[target] = len(rows)
             if before is None:
-                phases.append(phase)
+                after.append(phase)
                 depths.append(depth)
             else:
-                phases.append(max(phase, phases[before] + (kinds[before] != EDGE)))
-                depths.append(max(depth, depths[before] + 1))
-            kinds.append(EDGE)
-            rows.append([coefficient, n.slot, target])
-    order = sorted(range(len(rows)), key=lambda i: (phases[i], kinds[i] != EDGE, kinds[i]))
-    return _encode(_by_depth(order, depths, kinds), kinds, rows, list(coefficients.items()))
+                before_phase, before_depth = after[before], depths[before] + 1
+                after.append(phase if phase >= before_phase else before_phase)
+                depths.append(depth if depth >= before_depth else before_depth)
+            rows.append((coefficient, out, target))
+    kind = np.full(len(rows), EDGE, dtype=np.int64)
+    kind[list(selects)] = list(selects.values())
+    is_edge = kind == EDGE
+    order = np.lexsort((kind, ~is_edge, np.asarray(after, dtype=np.int64) - ~is_edge))
+    return _encode(_by_depth(order, depths, kind), kind, rows, list(coefficients.items()))
 
 
-def _edges(node, slots, coefficients):
+def _edges(node, slots, coefficients, facts):
     """(coefficient slot, operand) of each contribution of a backward row to an operand's gradient,
     in the straight-line C's order; the rows that fill the coefficients go into `coefficients`."""
+    args = node.args
     if node.kind == "dot":
         one = slots.constant(1.0)
-        return ([(one, x) for x in node.args if x.needs_grad]
-                + [(slots.of(a), b) for a, b in zip(node.a, node.b) if b.needs_grad]
-                + [(slots.of(b), a) for a, b in zip(node.a, node.b) if a.needs_grad])
-    if not any(x.needs_grad for x in node.args):
+        of = slots.of
+        return ([(one, x) for x in args if x.needs_grad]
+                + [(of(a), b) for a, b in zip(node.a, node.b) if b.needs_grad]
+                + [(of(b), a) for a, b in zip(node.a, node.b) if a.needs_grad])
+    needs = [x.needs_grad for x in args]
+    if True not in needs:
         return []
-    op = node.op
-    names = {"a": node.args[0], "b": node.args[-1], "out": node}
-    computed = [i for i in range(op.arity) if _computed(op, i)]
-    if computed:
-        filled = {i: slots.coefficient() if node.args[i].needs_grad else slots.scratch for i in computed}
-        k = [slots.constant(float(node.k))] if _has_k(op) else []
-        coefficients.setdefault(op_kind(op), []).append(
-            [*map(slots.of, node.args), *k, node.slot, *(filled[i] for i in computed)])
+    fact = facts[node.op.name]
+    if fact.computed:
+        filled = {i: slots.coefficient() if needs[i] else slots.scratch for i in fact.computed}
+        k = [slots.constant(float(node.k))] if fact.has_k else []
+        coefficients.setdefault(fact.kind, []).append(
+            [*map(slots.of, args), *k, node.slot, *(filled[i] for i in fact.computed)])
     edges = []
-    for i, x in enumerate(node.args):
-        if not x.needs_grad:
+    for i, x in enumerate(args):
+        if not needs[i]:
             continue
-        formula = op.grads[i].strip()
-        if op.grad_is_one(i):
+        where = fact.coefficient[i]
+        if where == "1":
             coefficient = slots.constant(1.0)
-        elif formula == "{k}":
+        elif where == "k":
             coefficient = slots.constant(float(node.k))
-        elif not _computed(op, i):
-            coefficient = slots.of(names[formula[1:-1]])
-        else:
+        elif where is None:
             coefficient = filled[i]
+        else:
+            coefficient = slots.of(node if where == "out" else args[0] if where == "a" else args[-1])
         edges.append((coefficient, x))
     return edges
 
@@ -464,24 +487,18 @@ def _schedule(preds, kinds):
     each run's rows by their depth in the graph (_by_depth)."""
     depths = [0] * len(kinds)
     for v, ps in enumerate(preds):
-        for u in ps:
-            if depths[u] >= depths[v]:
-                depths[v] = depths[u] + 1
-    return _by_depth(_runs(preds, kinds), depths, kinds)
+        if ps:
+            depths[v] = 1 + max(map(depths.__getitem__, ps))
+    return _by_depth(np.array(_runs(preds, kinds), dtype=np.int64), depths, np.asarray(kinds, dtype=np.int64))
 
 
 def _by_depth(order, depths, kinds):
-    """The order with each run's rows sorted by their depth (the longest path to them): a row and
-    the rows it waits for far apart, so that the processor overlaps many rows' latencies, where
-    a row right after the one it reads waits for it (a gradient stored and loaded at once)."""
-    out, at = [], 0
-    while at < len(order):
-        end = at
-        while end < len(order) and kinds[order[end]] == kinds[order[at]]:
-            end += 1
-        out += sorted(order[at:end], key=depths.__getitem__)
-        at = end
-    return out
+    """The order (an array) with each run's rows sorted by their depth (the longest path to them),
+    stably: a row and the rows it waits for far apart, so that the processor overlaps many rows'
+    latencies, where a row right after the one it reads waits for it (a gradient stored and
+    loaded at once). kinds: an array."""
+    run = np.cumsum(np.diff(kinds[order], prepend=-1) != 0)
+    return order[np.lexsort((np.asarray(depths, dtype=np.int64)[order], run))]
 
 
 def _runs(preds, kinds):
@@ -492,47 +509,59 @@ def _runs(preds, kinds):
     succs = [[] for _ in range(n)]
     waiting = [0] * n
     for v, ps in enumerate(preds):
-        for u in set(ps):
-            succs[u].append(v)
-            waiting[v] += 1
+        if ps:
+            if len(ps) > 1:
+                ps = set(ps)
+            waiting[v] = len(ps)
+            for u in ps:
+                succs[u].append(v)
     height = [0] * n
     for v in range(n - 1, -1, -1):
-        height[v] = 1 + max((height[s] for s in succs[v]), default=0)
-    ready = {}  # kind -> heap of (-height, row)
+        ss = succs[v]
+        height[v] = 1 + max(map(height.__getitem__, ss)) if ss else 1
+    # a ready row as one int, -height * n + row: a heap orders them as it would (-height, row)
+    ready = {}  # kind -> heap
     for v in range(n):
         if not waiting[v]:
-            heapq.heappush(ready.setdefault(kinds[v], []), (-height[v], v))
+            heapq.heappush(ready.setdefault(kinds[v], []), v - height[v] * n)
     order = []
+    push, pop = heapq.heappush, heapq.heappop
     while len(order) < n:
-        kind = min((heap[0][0], k) for k, heap in ready.items() if heap)[1]
+        kind = min((heap[0] // n, k) for k, heap in ready.items() if heap)[1]
         heap = ready[kind]
         while heap:
-            _, v = heapq.heappop(heap)
+            v = pop(heap) % n
             order.append(v)
             for s in succs[v]:
                 waiting[s] -= 1
                 if not waiting[s]:
-                    heapq.heappush(ready.setdefault(kinds[s], []), (-height[s], s))
+                    push(ready.setdefault(kinds[s], []), s - height[s] * n)
     return order
 
 
-def _row(node, slots):
-    """A forward row."""
+def _row(node, slots, facts):
+    """A forward row: (its kind, its words)."""
     of = slots.of
     if node.kind == "dot":
-        return _dot_row(node, slots)
-    op = node.op
-    if _cheap(node):
-        if op.selects or op.name in CHEAP_AS_MAX:
-            a = of(node.args[0])
-            b = of(node.args[1]) if op.selects else slots.constant(CHEAP_AS_MAX[op.name])
-            return [CHEAP_OPS.index("max"), a, b, node.slot]
-        a, b = (node.args * 2)[:2]  # (a unary op reads its operand twice)
-        return [CHEAP_OPS.index(op.name), of(a), of(b), node.slot]
+        return DOT_KINDS[_dot_size(node)], _dot_row(node, slots)
+    op, args = node.op, node.args
+    fact = facts[op.name]
+    if fact.cheap is not None:
+        if fact.as_max:
+            a = of(args[0])
+            return CHEAP, (_MAX, a, slots.constant(CHEAP_AS_MAX[op.name]), node.slot)
+        if len(args) == 1:  # (a unary op reads its operand twice)
+            a = of(args[0])
+            return CHEAP, (fact.cheap, a, a, node.slot)
+        a = of(args[0])
+        return CHEAP, (fact.cheap, a, of(args[1]), node.slot)
     if op.selects:
-        return _select_row(node, slots)
-    k = [slots.constant(float(node.k))] if _has_k(op) else []
-    return [*map(of, node.args), *k, node.slot]
+        if op.selects == "largest" and len(args) == 2:  # a maximum of two: max's row
+            a = of(args[0])
+            return CHEAP, (_MAX, a, of(args[1]), node.slot)
+        return fact.kind, _select_row(node, slots)
+    k = [slots.constant(float(node.k))] if fact.has_k else []
+    return fact.kind, [*map(of, args), *k, node.slot]
 
 
 def _select_row(node, slots):
