@@ -12,10 +12,12 @@ import pytest
 
 import codegen
 from conftest import compiler_diagonal
+from codegen.backend.toolchain import COMPILER_NAMES
 from gpt import data, model, train
 from micrograd_c import Value
 from test_gpt import TINY as CONFIG, compiled as _compile, tiny  # noqa: F401 (tiny: the fixture)
 
+OPTIMISING = tuple(name for name in COMPILER_NAMES if name != "tcc")
 LENGTHS = ["abcde", "", "a", "ab", "abc", "abcd", "edcbaab"]  # 2..5 positions, and cut at block_size
 
 
@@ -304,15 +306,10 @@ def test_products_over_the_positions_equal_the_interpreter(tiny, compiler, dtype
                                    atol=tolerance * np.abs(expected_grads).max(), err_msg=text)
 
 
-@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
-def test_a_batchs_lanes_are_its_calls_bits(compiler, dtype, monkeypatch):
-    """The batch's loops of dot_offsets and axpy_offsets calls (a call a sample: the attention's
-    weighted sums and their gradients) are one call over the batch's lanes
-    (templates/kernels/axpy.c's *_lanes), whose lanes sum what each call summed in its order:
-    train()'s steps are the same bits as with the calls (loops.along_lanes turned off), on
-    documents of up to 10 positions (sums of 8 terms and more, and fewer), that reach a position
-    in a full vector of lanes or in part of one."""
-    from codegen.write import backward, forward
+def _lanes_case(dtype):
+    """A batched tiny GPT whose documents of up to 10 positions (sums of 8 terms and more, and
+    fewer) reach a position in a full vector of lanes or in part of one: (graph, compile()'s
+    options, inputs, targets)."""
     config = model.Config(n_embd=4, n_head=2, n_layer=1, block_size=10)
     docs = ["edcbaabcde", "abcdeabcd", "abcd", "bac", "ab", "a", "edcbaab", "ca", "adebcaed"]
     random.seed(1)
@@ -323,6 +320,27 @@ def test_a_batchs_lanes_are_its_calls_bits(compiler, dtype, monkeypatch):
     doc = model.document(state, config)
     options = dict(inputs=doc.inputs, params=params, outputs=doc.outputs, batch=8, dtype=dtype,
                    optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS))
+    return doc, options, X, Y
+
+
+def _two_steps(net, X, Y):
+    """train()'s loss after two steps and the parameters, checked to have moved."""
+    before = np.asarray(net.params).copy()
+    for _ in range(2):
+        loss = net.train(X, Y, 0.01, batch_size=8)
+    after = np.asarray(net.params).copy()
+    assert not np.array_equal(after, before)  # (it stepped)
+    return loss, after
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
+def test_a_batchs_lanes_are_its_calls_bits(compiler, dtype, monkeypatch):
+    """The batch's loops of dot_offsets and axpy_offsets calls (a call a sample: the attention's
+    weighted sums and their gradients) are one call over the batch's lanes
+    (templates/kernels/axpy.c's *_lanes), whose lanes sum what each call summed in its order:
+    train()'s steps are the same bits as with the calls (loops.along_lanes turned off)."""
+    from codegen.write import backward, forward
+    doc, options, X, Y = _lanes_case(dtype)
     stepped = []
     for lanes in (True, False):
         with monkeypatch.context() as patch:
@@ -332,11 +350,32 @@ def test_a_batchs_lanes_are_its_calls_bits(compiler, dtype, monkeypatch):
             units = "\n".join(map(str, codegen.generate(doc.loss, **options)))
             assert ("dot_offsets_lanes(d +" in units and "axpy_offsets_lanes(g +" in units) == lanes
             net = codegen.compile(doc.loss, **options, compiler=compiler)
-        before = np.asarray(net.params).copy()
-        for _ in range(2):
-            loss = net.train(X, Y, 0.01, batch_size=8)
-        stepped.append((loss, np.asarray(net.params).copy()))
+        stepped.append(_two_steps(net, X, Y))
     (loss, after), (loss_calls, after_calls) = stepped
     assert loss == loss_calls
     np.testing.assert_array_equal(after, after_calls)
-    assert not np.array_equal(after, before)  # (it stepped)
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"], compilers=OPTIMISING)),
+                         indirect=["compiler"])
+def test_a_build_for_the_hosts_vectors_is_the_baselines_bits(compiler, dtype, monkeypatch):
+    """An optimising build takes the host's vector width (compilers.host_vector_flags: -mavx2
+    where the CPU has AVX2, no FMA): the statement loops in 32-byte vectors, the lanes kernels in
+    blocks of a 32-byte vector, a 16-byte one and single lanes. train()'s steps are the bits of
+    the baseline build (x86-64's SSE2: 16-byte vectors, blocks of one), every result rounded
+    alike."""
+    from codegen.backend import compilers
+    if not compilers.host_vector_flags():
+        pytest.skip("this CPU has no vectors wider than the baseline's")
+    doc, options, X, Y = _lanes_case(dtype)
+    stepped = []
+    for host in (True, False):
+        with monkeypatch.context() as patch:
+            if not host:
+                patch.setattr(compilers, "host_vector_flags", lambda: ())
+            net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False)
+            assert ("-mavx2" in net.build.command) == host
+        stepped.append(_two_steps(net, X, Y))
+    (loss, after), (loss_baseline, after_baseline) = stepped
+    assert loss == loss_baseline
+    np.testing.assert_array_equal(after, after_baseline)

@@ -1,5 +1,6 @@
 """Tests for codegen.backend.toolchain (and compilers.py, run.py, exported.py, the public names it gathers) and
 codegen.backend.loader: real compiles with tcc, gcc and clang."""
+import platform
 import shlex
 import sys
 import sysconfig
@@ -274,6 +275,21 @@ def test_compile_flags():
     assert compile_flags(tcc, opt=0) == ['-O0', '-shared', '-fPIC']
     with pytest.raises(ValueError, match='tcc'):
         compile_flags(tcc, native=True)
+
+
+def test_optimising_builds_take_the_hosts_vectors():
+    """Without native=True an optimising compiler builds for the host's vectors that round as the
+    baseline's do: -mavx2 where the CPU has AVX2 (as /proc/cpuinfo says, which the kernels' CPUID
+    choice agrees with: tests/test_gemm.py), never FMA; TCC the baseline; native=True
+    -march=native alone."""
+    from test_gemm import cpu_variants
+    gcc_like = toolchain.Compiler('gcc', ('gcc',), 'gcc 12')
+    host = compilers.host_vector_flags()
+    assert host == (('-mavx2',) if platform.machine() == 'x86_64' and 'avx2 6x2' in cpu_variants() else ())
+    assert compile_flags(gcc_like) == ['-O2', '-shared', '-fPIC', '-fno-semantic-interposition', *host]
+    assert compile_flags(gcc_like, native=True)[-1:] == ['-march=native']
+    assert not set(host) & set(compile_flags(gcc_like, native=True))
+    assert compile_flags(toolchain.Compiler('tcc', ('tcc',), 'tcc 0.9.27')) == ['-O2', '-shared', '-fPIC']
 
 
 def test_cache_dir_locations(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -230,4 +231,26 @@ def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False, straig
         if not family.native:
             raise ValueError(f'native=True (-march=native) is not supported by {family.name}')
         flags.append('-march=native')
+    elif family.native:
+        flags.extend(host_vector_flags())
     return flags
+
+
+@functools.cache
+def host_vector_flags() -> tuple[str, ...]:
+    """What a build for this machine adds without native=True: AVX2 (-mavx2: 32-byte vectors)
+    where the CPU and the OS have it, so that the model's statement loops, which no kernel's
+    CPUID choice reaches, run at the CPU's width. Not FMA: a multiply and add contracted into one
+    rounding would change bits (-mavx2 implies no FMA, and neither GCC nor Clang contracts
+    without it), so every result is the baseline build's, bit for bit. The flag is in the build's
+    cache key: a cache shared with a machine without AVX2 gives it a build of its own.
+    Read from /proc/cpuinfo (Linux lists avx2 only where the OS saves the ymm registers);
+    elsewhere, nothing."""
+    if platform.machine().lower() not in ('x86_64', 'amd64'):
+        return ()
+    try:
+        with open('/proc/cpuinfo') as cpuinfo:
+            flags = next((line.split(':', 1)[1].split() for line in cpuinfo if line.startswith('flags')), [])
+    except OSError:
+        return ()
+    return ('-mavx2',) if 'avx2' in flags else ()

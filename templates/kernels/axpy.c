@@ -134,62 +134,93 @@ KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const 
  * batch buffers (codegen/lower/batch.py), so a loop over the samples of dot_offsets or
  * axpy_offsets calls (an attention's weighted sums and their gradients, RMSNorm's sums of
  * squares: a call per sample, its terms a capacity apart) is these kernels over `lanes` samples,
- * LANE_BLOCK at a time in vectors, each lane's sums the same terms in the same order as the
- * call's: the same bits. (LANE_BLOCK: a 16-byte vector's, so that the 8 sums of a block stay in
- * SSE's registers, which is what the statement code is built for.) */
+ * in blocks of lanes that are a vector each, each lane's sums the same terms in the same order as
+ * the call's: the same bits, whatever the block. LANE_BLOCK: the vector the unit is built for
+ * (32 bytes with AVX: compilers.host_vector_flags; 16 with SSE2), so that a block's 8 sums stay
+ * in its registers; after the whole blocks a half one (a 16-byte vector), then lane by lane. */
+#if defined(__AVX__)
+#define LANE_BLOCK (32 / (long)sizeof(real))
+#else
 #define LANE_BLOCK (16 / (long)sizeof(real))
+#endif
+#if defined(__GNUC__) && !defined(__TINYC__)
+#define LANES_INLINE static inline __attribute__((always_inline)) /* (with a constant width) */
+#else
+#define LANES_INLINE static inline
+#endif
+
+/* dot_offsets of lanes l0 .. l0 + width - 1 */
+LANES_INLINE void dot_offsets_block(real *restrict out, const real *a, const int32_t *oa, const real *b,
+                                    const int32_t *ob, long n, long width)
+{
+    real s[8][LANE_BLOCK] = {{0}};
+    long i = 0;
+#define DOT_LANES(k)                                                                               \
+    for (long l = 0; l < width; l++)                                                               \
+        s[k][l] += a[oa[i + k] + l] * b[ob[i + k] + l];
+#define DOT_LANES_IF(k) if (i + k < n) { DOT_LANES(k)
+    for (; i + 8 <= n; i += 8) {
+        DOT_LANES(0) DOT_LANES(1) DOT_LANES(2) DOT_LANES(3) DOT_LANES(4) DOT_LANES(5) DOT_LANES(6) DOT_LANES(7)
+    }
+    /* the last terms (sums by constant indices: the compiler keeps them in registers) */
+    DOT_LANES_IF(0) DOT_LANES_IF(1) DOT_LANES_IF(2) DOT_LANES_IF(3) DOT_LANES_IF(4) DOT_LANES_IF(5) DOT_LANES_IF(6)
+    }}}}}}}
+#undef DOT_LANES_IF
+#undef DOT_LANES
+    for (long l = 0; l < width; l++)
+        out[l] = ((s[0][l] + s[1][l]) + (s[2][l] + s[3][l])) + ((s[4][l] + s[5][l]) + (s[6][l] + s[7][l]));
+}
 
 KERNEL void dot_offsets_lanes(real *restrict out, const real *a, const int32_t *oa, const real *b,
                               const int32_t *ob, long n, long lanes)
 {
     long l0 = 0;
-    for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK) {
-        real s[8][LANE_BLOCK] = {{0}};
-        long i = 0;
-#define DOT_LANES(k)                                                                               \
-    for (long l = 0; l < LANE_BLOCK; l++)                                                          \
-        s[k][l] += a[oa[i + k] + l0 + l] * b[ob[i + k] + l0 + l];
-#define DOT_LANES_IF(k) if (i + k < n) { DOT_LANES(k)
-        for (; i + 8 <= n; i += 8) {
-            DOT_LANES(0) DOT_LANES(1) DOT_LANES(2) DOT_LANES(3) DOT_LANES(4) DOT_LANES(5) DOT_LANES(6) DOT_LANES(7)
-        }
-        /* the last terms (sums by constant indices: the compiler keeps them in registers) */
-        DOT_LANES_IF(0) DOT_LANES_IF(1) DOT_LANES_IF(2) DOT_LANES_IF(3) DOT_LANES_IF(4) DOT_LANES_IF(5) DOT_LANES_IF(6)
-        }}}}}}}
-#undef DOT_LANES_IF
-#undef DOT_LANES
-        for (long l = 0; l < LANE_BLOCK; l++)
-            out[l0 + l] = ((s[0][l] + s[1][l]) + (s[2][l] + s[3][l])) + ((s[4][l] + s[5][l]) + (s[6][l] + s[7][l]));
+    for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK)
+        dot_offsets_block(out + l0, a + l0, oa, b + l0, ob, n, LANE_BLOCK);
+    if (LANE_BLOCK * sizeof(real) > 16 && l0 + 16 / (long)sizeof(real) <= lanes) {
+        dot_offsets_block(out + l0, a + l0, oa, b + l0, ob, n, 16 / (long)sizeof(real));
+        l0 += 16 / (long)sizeof(real);
     }
     for (; l0 < lanes; l0++)
         out[l0] = dot_offsets(a + l0, oa, b + l0, ob, n);
 }
 
-/* axpy_offsets(y + l, oy, alpha[l], x + l, ox, n) for every lane l < lanes (a block of lanes
- * one of whose alphas is 0 lane by lane: the call skips such a lane, which adding 0 times x
- * would not quite, for a y of -0 or an x not finite) */
+/* axpy_offsets of lanes l0 .. l0 + width - 1 (a block one of whose alphas is 0 lane by lane:
+ * the call skips such a lane, which adding 0 times x would not quite, for a y of -0 or an x not
+ * finite) */
+LANES_INLINE void axpy_offsets_block(real *restrict y, const int32_t *oy, const real *alpha,
+                                     const real *restrict x, const int32_t *ox, long n, long width)
+{
+    real go[LANE_BLOCK];
+    int zero = 0;
+    for (long l = 0; l < width; l++)
+        zero |= (go[l] = alpha[l]) == 0;
+    if (zero) {
+        for (long l = 0; l < width; l++)
+            axpy_offsets(y + l, oy, go[l], x + l, ox, n);
+        return;
+    }
+    for (long i = 0; i < n; i++)
+        for (long l = 0; l < width; l++)
+            y[oy[i] + l] += go[l] * x[ox[i] + l];
+}
+
+/* axpy_offsets(y + l, oy, alpha[l], x + l, ox, n) for every lane l < lanes */
 KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *alpha, const real *restrict x,
                                const int32_t *ox, long n, long lanes)
 {
     long l0 = 0;
-    for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK) {
-        real go[LANE_BLOCK];
-        int zero = 0;
-        for (long l = 0; l < LANE_BLOCK; l++)
-            zero |= (go[l] = alpha[l0 + l]) == 0;
-        if (zero) {
-            for (long l = 0; l < LANE_BLOCK; l++)
-                axpy_offsets(y + l0 + l, oy, go[l], x + l0 + l, ox, n);
-            continue;
-        }
-        for (long i = 0; i < n; i++)
-            for (long l = 0; l < LANE_BLOCK; l++)
-                y[oy[i] + l0 + l] += go[l] * x[ox[i] + l0 + l];
+    for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK)
+        axpy_offsets_block(y + l0, oy, alpha + l0, x + l0, ox, n, LANE_BLOCK);
+    if (LANE_BLOCK * sizeof(real) > 16 && l0 + 16 / (long)sizeof(real) <= lanes) {
+        axpy_offsets_block(y + l0, oy, alpha + l0, x + l0, ox, n, 16 / (long)sizeof(real));
+        l0 += 16 / (long)sizeof(real);
     }
     for (; l0 < lanes; l0++)
         axpy_offsets(y + l0, oy, alpha[l0], x + l0, ox, n);
 }
 #undef LANE_BLOCK
+#undef LANES_INLINE
 
 KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, const real *x,
                              const int32_t *ox, long n)
