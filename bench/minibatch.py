@@ -304,7 +304,7 @@ def main(argv=None):
 def windows_table(args):
     """Issue 35's ratios held in the same second: for its rows (WINDOW_ROWS: the models and dtypes
     measured), micrograd-c (every core) and the peers installed kept running in their own
-    processes, each run (train at the batches over 32, predict) one epoch a window, taken in turn
+    processes, each run (train at the batches of 32 and more, predict) one epoch a window, taken in turn
     (bench/windows.py): the median over the rounds of ours over the faster peer's window of the
     same round."""
     runs = [str(b) for b in args.batches if b >= 32] + ['predict']
