@@ -200,6 +200,23 @@ def paired_ratio(config: Config, baseline: Config, data, n_train: int, repeats: 
     return statistics.median(ratios)
 
 
+def build_module_runtime(compiler, opt=2, native=False, timeout=None) -> float | None:
+    """Seconds to build the module runtime every model links (templates/runtime.c, products.c),
+    which a machine compiles once for a compiler and its flags and keeps in the build cache: built
+    by a one-weight model, so that a model built next times its own units only. None for a compiler
+    that compiles the runtime with every model (TCC: no object kept)."""
+    import codegen
+    from micrograd_c import Value
+    family = FAMILIES[find_compiler(compiler).family]
+    if not (family.parallel_units and family.makes_files):
+        return None
+    x, w = Value(1.0), Value(2.0)
+    started = time.perf_counter()
+    codegen.compile((x * w).relu(), [x], [w], compiler=compiler, opt=opt, native=native, timeout=timeout,
+                    tiered=False)
+    return time.perf_counter() - started
+
+
 @contextlib.contextmanager
 def _fresh_build_cache():
     """An empty build cache, so every build runs (and times) the compiler. Through the environment

@@ -24,7 +24,7 @@ from codegen import CompilerNotFound, CompileTimeout
 from mnist.resources import process_peak_rss
 
 from . import models
-from .measure import (NUMPY, Column, Config, _fresh_build_cache, _number, compiled,
+from .measure import (NUMPY, Column, Config, _fresh_build_cache, _number, build_module_runtime, compiled,
                       machine_description, markdown_table)
 from .zoo_peers import CReference, Module, Numpy
 
@@ -65,26 +65,10 @@ class ZooRow:
     loss_difference: float | None = None  # relative, against the C reference (its own: c-ref-gcc-O3-native)
 
 
-def _build_runtime(config: Config, row: ZooRow, timeout):
-    """The module runtime every model links (templates/runtime.c, products.c), compiled once a
-    machine, compiler and flags into the build cache: built here first, by a one-weight model, so
-    that the model's compile s is its own units' (as a user's second model finds it), the
-    runtime's in its own column."""
-    from codegen.backend.toolchain import FAMILIES, find_compiler
-    from micrograd_c import Value
-    family = FAMILIES[find_compiler(config.compiler).family]
-    if not (family.parallel_units and family.makes_files):  # (TCC: the runtime is one more unit of every build)
-        return
-    x, w = Value(1.0), Value(2.0)
-    started = time.perf_counter()
-    codegen.compile((x * w).relu(), [x], [w], compiler=config.compiler, opt=config.opt, native=config.native,
-                    timeout=timeout, tiered=False)
-    row.runtime_s = time.perf_counter() - started
-
-
 def _build(config: Config, model, row: ZooRow, timeout):
     if config.kind == 'compiled':
-        _build_runtime(config, row, timeout)
+        # the runtime first (its own column), so that the model's compile s is its own units'
+        row.runtime_s = build_module_runtime(config.compiler, config.opt, config.native, timeout)
         trainer = Module(model, config.compiler, config.opt, config.native, timeout)
         row.c_lines = sum(path.read_text().count('\n') for path in trainer.net.build.c_files)  # the model's own
         row.codegen_s = trainer.net.timings['codegen']

@@ -212,20 +212,26 @@ static void use_threads(State *st, long long threads)
     pool_threads = threads ? (int)(threads < POOL_MAX ? threads : POOL_MAX) : st->threads;
 }
 
-/* train()'s lr (a number, or one rate a step: a sequence or a 1-D float buffer of n_steps finite
+/* A finite rate: a float or an int, or another number (NumPy's float32 and integer scalars) as
+ * a float; `what` names it in the error. */
+static int get_rate(const char *what, PyObject *obj, double *out)
+{
+    PyObject *number = PyFloat_Check(obj) || PyLong_Check(obj) || PyUnicode_Check(obj) || !PyNumber_Check(obj)
+                           ? NULL : PyNumber_Float(obj);
+    PyErr_Clear(); /* (not a number after all: get_finite says what it is) */
+    const int bad = get_finite("train", what, number ? number : obj, out) < 0;
+    Py_XDECREF(number);
+    return bad ? -1 : 0;
+}
+
+/* train()'s lr (a number, or one rate a step: a sequence or a 1-D buffer of n_steps finite
  * numbers, copied into q->rates) and losses (None, or a writable 1-D float64 buffer of n_steps,
- * held in *view, have_view set) into q; -1 with an exception set and nothing held. */
-static int get_schedule(PyObject *lr, PyObject *losses, Py_ssize_t n_steps, Schedule *q, Py_buffer *view,
-                        int *have_view)
+ * held in *view while q->losses is set) into q; -1 with an exception set and nothing held. */
+static int get_schedule(PyObject *lr, PyObject *losses, Py_ssize_t n_steps, Schedule *q, Py_buffer *view)
 {
     memset(q, 0, sizeof *q);
-    *have_view = 0;
     if (PyFloat_Check(lr) || PyLong_Check(lr) || (!PySequence_Check(lr) && PyNumber_Check(lr))) {
-        /* (a number that is no float or int: NumPy's float32 and integer scalars) */
-        PyObject *number = PyFloat_Check(lr) || PyLong_Check(lr) ? (Py_INCREF(lr), lr) : PyNumber_Float(lr);
-        const int bad = !number || get_finite("train", "lr", number, &q->lr) < 0;
-        Py_XDECREF(number);
-        if (bad)
+        if (get_rate("lr", lr, &q->lr) < 0)
             return -1;
     } else {
         PyObject *rates = PyUnicode_Check(lr) || PyBytes_Check(lr) ? NULL : PySequence_Fast(lr, "");
@@ -244,15 +250,8 @@ static int get_schedule(PyObject *lr, PyObject *losses, Py_ssize_t n_steps, Sche
         double *values = PyMem_Malloc((size_t)(n_steps ? n_steps : 1) * sizeof(double));
         char what[48];
         for (Py_ssize_t k = 0; values && k < n_steps; k++) {
-            PyObject *rate = PySequence_Fast_GET_ITEM(rates, k);
-            /* (NumPy's float32 and integer scalars are numbers that are no float or int) */
-            PyObject *number = PyFloat_Check(rate) || PyLong_Check(rate) || PyUnicode_Check(rate) ||
-                               !PyNumber_Check(rate) ? NULL : PyNumber_Float(rate);
-            PyErr_Clear();
             snprintf(what, sizeof what, "lr[%zd]", k);
-            const int bad = get_finite("train", what, number ? number : rate, &values[k]) < 0;
-            Py_XDECREF(number);
-            if (bad) {
+            if (get_rate(what, PySequence_Fast_GET_ITEM(rates, k), &values[k]) < 0) {
                 PyMem_Free(values);
                 Py_DECREF(rates);
                 return -1;
@@ -273,15 +272,14 @@ static int get_schedule(PyObject *lr, PyObject *losses, Py_ssize_t n_steps, Sche
             return -1;
         }
         q->losses = (double *)view->buf;
-        *have_view = 1;
     }
     return 0;
 }
 
-static void release_schedule(Schedule *q, Py_buffer *view, int have_view)
+static void release_schedule(Schedule *q, Py_buffer *view)
 {
     PyMem_Free((void *)q->rates);
-    if (have_view)
+    if (q->losses)
         PyBuffer_Release(view);
 }
 
@@ -302,22 +300,20 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
         return NULL;
     Schedule q;
     Py_buffer losses_view;
-    int have_losses;
-    if (get_schedule(a[2], a[7], (s.n + (Py_ssize_t)batch - 1) / (Py_ssize_t)batch, &q, &losses_view,
-                     &have_losses) < 0) {
+    if (get_schedule(a[2], a[7], (s.n + (Py_ssize_t)batch - 1) / (Py_ssize_t)batch, &q, &losses_view) < 0) {
         release_samples(&s);
         return NULL;
     }
     Py_ssize_t *order = visiting_order(s.n, seed);
     if (!order) {
-        release_schedule(&q, &losses_view, have_losses);
+        release_schedule(&q, &losses_view);
         release_samples(&s);
         return NULL;
     }
     State *st = lock_state(module, "train");
     if (!st) {
         PyMem_Free(order);
-        release_schedule(&q, &losses_view, have_losses);
+        release_schedule(&q, &losses_view);
         release_samples(&s);
         return NULL;
     }
@@ -328,7 +324,7 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     if (batched && batch_buffers(st) < 0) {
         unlock_state(st);
         PyMem_Free(order);
-        release_schedule(&q, &losses_view, have_losses);
+        release_schedule(&q, &losses_view);
         release_samples(&s);
         return NULL;
     }
@@ -349,7 +345,7 @@ static PyObject *fn_train(PyObject *module, PyObject *const *args, Py_ssize_t na
     st->zeroed_after = !interrupted && !batched && steps_zero_gradients(batch) ? st->calls : 0;
     unlock_state(st);
     PyMem_Free(order);
-    release_schedule(&q, &losses_view, have_losses);
+    release_schedule(&q, &losses_view);
     release_samples(&s);
     if (interrupted)
         return NULL;
