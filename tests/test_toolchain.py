@@ -162,6 +162,23 @@ def test_native(compiler, tmp_path):
         assert load_extension(result.path, 'tiny').answer() == 7
 
 
+
+@pytest.mark.parametrize('compiler', [name for name in toolchain.COMPILER_NAMES if toolchain.FAMILIES[name].native],
+                         indirect=True)
+def test_a_native_build_is_this_cpus_own(compiler, tmp_path, monkeypatch):
+    """A cache shared between two CPUs (a home directory on several machines) gives each its own
+    -march=native builds, which may hold instructions the other lacks: the key records the CPU
+    (compilers.host_cpu); a build without native=True is every CPU's that shares its flags."""
+    native = build_extension(extension_source(7), 'tiny', compiler, native=True, cache=tmp_path)
+    portable = build_extension(extension_source(7), 'tiny', compiler, cache=tmp_path)
+    assert not native.cached and compilers.host_cpu() == toolchain.host_cpu()
+    assert build_extension(extension_source(7), 'tiny', compiler, native=True, cache=tmp_path).cached
+    monkeypatch.setattr(toolchain, 'host_cpu', lambda: 'vendor_id: another CPU flags: fpu sse2 avx512f')
+    elsewhere = build_extension(extension_source(7), 'tiny', compiler, native=True, cache=tmp_path)
+    assert not elsewhere.cached and elsewhere.path != native.path
+    assert load_extension(elsewhere.path, 'tiny').answer() == 7
+    assert build_extension(extension_source(7), 'tiny', compiler, cache=tmp_path).path == portable.path
+
 @pytest.mark.parametrize('opt', [-1, 4, 7])
 def test_invalid_opt(compiler, opt, tmp_path):
     with pytest.raises(ValueError, match='opt'):

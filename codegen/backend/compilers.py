@@ -248,9 +248,26 @@ def host_vector_flags() -> tuple[str, ...]:
     elsewhere, nothing."""
     if platform.machine().lower() not in ('x86_64', 'amd64'):
         return ()
+    return ('-mavx2',) if 'avx2' in _cpuinfo().get('flags', '').split() else ()
+
+
+@functools.cache
+def host_cpu() -> str:
+    """The CPU that -march=native builds for, as a native build's cache key records it: its model
+    and instruction-set flags (/proc/cpuinfo), elsewhere the platform's processor and machine
+    names. A cache shared between two CPUs (a home directory on several machines) so gives each
+    its own native builds: another CPU's may hold instructions this one lacks (AVX-512)."""
+    info = _cpuinfo()
+    if info:
+        return ' '.join(f"{field}: {info.get(field, '')}" for field in ('vendor_id', 'model name', 'flags'))
+    return f'{platform.processor()} {platform.machine()}'
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ({} where there is none)."""
     try:
         with open('/proc/cpuinfo') as cpuinfo:
-            flags = next((line.split(':', 1)[1].split() for line in cpuinfo if line.startswith('flags')), [])
+            text = cpuinfo.read().partition('\n\n')[0]
     except OSError:
-        return ()
-    return ('-mavx2',) if 'avx2' in flags else ()
+        return {}
+    return {name.strip(): value.strip() for name, _, value in (line.partition(':') for line in text.splitlines())}

@@ -25,7 +25,7 @@ from .builds import (BuildResult, CompileError, CompilerNotFound, CompileTimeout
                      unit_file_name, write_atomically)
 from .compilers import (BACKEND_NAMES, COMPILER_NAMES, DEFAULT_SEARCH, FAMILIES, Compiler, CompilerFamily,
                         available_compilers, compile_flags, default_compiler_name, family_of_version,
-                        find_compiler)
+                        find_compiler, host_cpu)
 from .exported import ExportedBuild, export_build, export_record, find_build
 from .run import MAXRSS_BYTES, build_owner, kill_compilers, owner_of_thread, run_compiler
 
@@ -168,6 +168,7 @@ def _build_plan(kind, sources, name, compiler, opt, native):
     key = hashlib.sha256(json.dumps([
         kind, name, sources, compiler.family, compiler.argv, compiler.link_args, compiler.version, flags,
         straight_flags, straight, sys.implementation.cache_tag, sysconfig.get_config_var('EXT_SUFFIX'),
+        host_cpu() if native else None,  # (-march=native means this CPU: see compilers.host_cpu)
     ]).encode()).hexdigest()
     return sources, compiler, flags, key, [straight_flags if s else flags for s in straight]
 
