@@ -91,15 +91,12 @@ def _units(pieces, unit):
     lines = sum(piece[0].count("\n") for piece in pieces)
     count = min(-(-lines // unit), max(MAX_UNITS, -(-lines // UNIT_MAX_LINES)))
     costs = [_compile_cost(piece[0]) for piece in pieces]
-    share = sum(costs) / max(1, count)
-    units, size = [[]], 0
-    for piece, n in zip(pieces, costs):
-        if size and size + n / 2 > share:
-            units.append([])
-            size = 0
-        units[-1].append(piece)
-        size += n
-    return units
+    share = max(1, sum(costs)) / max(1, count)
+    units, before = [[] for _ in range(max(1, count))], 0
+    for piece, n in zip(pieces, costs):  # each in the unit its middle falls in
+        units[min(len(units) - 1, int((before + n / 2) // share))].append(piece)
+        before += n
+    return [unit for unit in units if unit]
 
 
 def _compile_cost(definition):
