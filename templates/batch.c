@@ -194,11 +194,26 @@ static void step_after_batch(State *st, real *d, real *g, double lr, long long n
         parallel_pass(sgd_rows, &args, MODEL.n_params, 4096);
 }
 
+/* The samples a piece of a batch of `count` holds (add_batch_gradients): BATCH_CAPACITY, but a
+ * sequence's batch of more than 8 that would be one piece runs as two pieces side by side (halves
+ * rounded up to 8), so that its statement loops (attention, softmax, norms), which a piece runs
+ * on one thread, take two cores: microgpt's default at 16 documents a step 0.69x the time of one
+ * piece (float64), 0.78x (float32), on 2 cores of Zen 3 (at 64, already four pieces: unchanged).
+ * It depends on the count alone, so that a batch's pieces, and its sums, are the same for any
+ * number of threads. */
+static long piece_samples(long long count)
+{
+    if (MODEL.batch_active_base < 0 || count <= 8 || count > MODEL.batch_capacity)
+        return MODEL.batch_capacity;
+    return (long)((count + 1) / 2 + 7) / 8 * 8;
+}
+
 /* Whether backward_batch can take train()'s SGD steps on the weights of BATCH_STEPPED_RUNS (see
- * matmul_nt): plain SGD, and batches of one piece (train() starts from zero gradients). */
+ * matmul_nt): plain SGD, and batches of one piece (train() starts from zero gradients); a batch of
+ * one piece is followed only by shorter ones, also of one piece. */
 static int backward_steps(long long batch)
 {
-    return MODEL.optimizer.plain_sgd && MODEL.n_batch_stepped_runs > 0 && batch <= MODEL.batch_capacity;
+    return MODEL.optimizer.plain_sgd && MODEL.n_batch_stepped_runs > 0 && batch <= piece_samples(batch);
 }
 
 /* A training pass's nb samples in rows[] (loaded into d) reordered longest document first
@@ -249,12 +264,12 @@ static long sample_length(const Samples *s, Py_ssize_t row)
 }
 
 /* The `count` rows of order[] sorted longest first (stably: counting by length) when they run in
- * several pieces of BATCH_CAPACITY samples and the program is a sequence's: each piece then holds
+ * several pieces of `piece` samples and the program is a sequence's: each piece then holds
  * documents of like lengths, whose loops stop sooner (longest_first). A new array (the caller
  * frees it), or NULL: the rows as given (one piece, no sequence, or no memory for it). */
-static Py_ssize_t *longest_first_pieces(const Samples *s, const Py_ssize_t *order, Py_ssize_t count)
+static Py_ssize_t *longest_first_pieces(const Samples *s, const Py_ssize_t *order, Py_ssize_t count, long piece)
 {
-    if (MODEL.batch_active_base < 0 || count <= MODEL.batch_capacity)
+    if (MODEL.batch_active_base < 0 || count <= piece)
         return NULL;
     Py_ssize_t *sorted = malloc((size_t)count * sizeof *sorted), *at = calloc(MODEL.n_positions + 1, sizeof *at);
     long *length = malloc((size_t)count * sizeof *length);
@@ -324,6 +339,7 @@ typedef struct {
     const Samples *s;
     const Py_ssize_t *order; /* this round's rows */
     Py_ssize_t count;
+    long piece;   /* samples a piece (piece_samples) */
     real *grads;  /* a round's pieces x N_PARAMS */
     real *losses; /* count */
     pthread_mutex_t lock; /* guards the fields below */
@@ -349,13 +365,13 @@ static void run_pieces(void *args, long first, long last)
         memcpy(d, st->bd, MODEL.n_params * sizeof(real));
         a->fresh[set] = 1;
     }
-    const long pieces = (long)((a->count + MODEL.batch_capacity - 1) / MODEL.batch_capacity);
+    const long pieces = (long)((a->count + a->piece - 1) / a->piece);
     for (long chunk = first; chunk < last; chunk++) {
         /* chunks 0, 1, 2, 3, ... are pieces 0, n - 1, 1, n - 2, ...: the pieces run longest first
          * (longest_first_pieces), and the pool's shares are runs of chunks, each then a mix */
         const long piece = chunk % 2 ? pieces - 1 - chunk / 2 : chunk / 2;
-        const Py_ssize_t at = piece * MODEL.batch_capacity;
-        const long nb = a->count - at < MODEL.batch_capacity ? (long)(a->count - at) : MODEL.batch_capacity;
+        const Py_ssize_t at = piece * a->piece;
+        const long nb = a->count - at < a->piece ? (long)(a->count - at) : a->piece;
         memset(g, 0, MODEL.n_params * sizeof(real));
         run_piece(a->s, a->order + at, nb, st->d + MODEL.input_base, d, g, a->losses + at, 0);
         memcpy(a->grads + piece * MODEL.n_params, g, MODEL.n_params * sizeof(real));
@@ -365,16 +381,16 @@ static void run_pieces(void *args, long first, long last)
     pthread_mutex_unlock(&a->lock);
 }
 
-/* The pieces of order[0..count) side by side (run_pieces), PIECES_AT_ONCE at a time, their
- * parameter gradients added to st->bg's in the pieces' order, their losses to *loss_sum in the
- * samples' order; 0, or -1 (no memory for the pieces' gradients: nothing done). */
+/* The pieces of `piece` samples of order[0..count) side by side (run_pieces), PIECES_AT_ONCE at a
+ * time, their parameter gradients added to st->bg's in the pieces' order, their losses to
+ * *loss_sum in the samples' order; 0, or -1 (no memory for the pieces' gradients: nothing done). */
 static int add_pieces_side_by_side(State *st, const Samples *s, const Py_ssize_t *order, Py_ssize_t count,
-                                   double *loss_sum)
+                                   long piece, double *loss_sum)
 {
-    const long all = (long)((count + MODEL.batch_capacity - 1) / MODEL.batch_capacity);
+    const long all = (long)((count + piece - 1) / piece);
     const long at_once = all < PIECES_AT_ONCE ? all : PIECES_AT_ONCE;
-    const Py_ssize_t round = (Py_ssize_t)at_once * MODEL.batch_capacity;
-    PiecesArgs a = {st, s, order, 0, malloc((size_t)(at_once + 1) * MODEL.n_params * sizeof(real)),
+    const Py_ssize_t round = (Py_ssize_t)at_once * piece;
+    PiecesArgs a = {st, s, order, 0, piece, malloc((size_t)(at_once + 1) * MODEL.n_params * sizeof(real)),
                     malloc((size_t)round * sizeof(real)), PTHREAD_MUTEX_INITIALIZER};
     if (!a.grads || !a.losses) {
         free(a.grads), free(a.losses);
@@ -386,7 +402,7 @@ static int add_pieces_side_by_side(State *st, const Samples *s, const Py_ssize_t
     for (Py_ssize_t done = 0; done < count; done += round) {
         a.order = order + done;
         a.count = count - done < round ? count - done : round;
-        const long pieces = (long)((a.count + MODEL.batch_capacity - 1) / MODEL.batch_capacity);
+        const long pieces = (long)((a.count + piece - 1) / piece);
         const int threads = pool_parts() < pieces ? pool_parts() : (int)pieces;
         int sets = 1; /* a set for each thread that runs them (else, short of memory, one thread) */
         while (sets < threads && (st->piece_d[sets] || new_batch_set(&st->piece_d[sets], &st->piece_g[sets]) == 0))
@@ -411,22 +427,23 @@ static int add_pieces_side_by_side(State *st, const Samples *s, const Py_ssize_t
 }
 
 /* The rows order[0..count) (a sequence's longest first, when they are several pieces:
- * longest_first_pieces) forward and backward in pieces of at most BATCH_CAPACITY samples on the
- * batch buffers d, g (the parameters copied in), their parameter gradients added to g[0..N_PARAMS),
- * their losses to *loss_sum: a batch of train(), or gradients()'s rows. A sequence's pieces run
- * side by side (add_pieces_side_by_side), others one after another, each piece's products on
- * every thread. rate: 0, or (one piece) the SGD step's, which backward_batch takes on the weights
- * of BATCH_STEPPED_RUNS. */
+ * longest_first_pieces) forward and backward in pieces of at most piece_samples(count) samples on
+ * the batch buffers d, g (the parameters copied in), their parameter gradients added to
+ * g[0..N_PARAMS), their losses to *loss_sum: a batch of train(), or gradients()'s rows. A
+ * sequence's pieces run side by side (add_pieces_side_by_side), others one after another, each
+ * piece's products on every thread. rate: 0, or (one piece) the SGD step's, which backward_batch
+ * takes on the weights of BATCH_STEPPED_RUNS. */
 static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *order, Py_ssize_t count,
                                 double *loss_sum, real rate)
 {
     real losses[MODEL.batch_capacity];
-    Py_ssize_t *pieces = longest_first_pieces(s, order, count);
+    const long piece = piece_samples(count);
+    Py_ssize_t *pieces = longest_first_pieces(s, order, count, piece);
     if (pieces)
         order = pieces;
-    if (!pieces || add_pieces_side_by_side(st, s, order, count, loss_sum) < 0)
-        for (Py_ssize_t first = 0; first < count; first += MODEL.batch_capacity) {
-            const long nb = count - first < MODEL.batch_capacity ? (long)(count - first) : MODEL.batch_capacity;
+    if (!pieces || add_pieces_side_by_side(st, s, order, count, piece, loss_sum) < 0)
+        for (Py_ssize_t first = 0; first < count; first += piece) {
+            const long nb = count - first < piece ? (long)(count - first) : piece;
             run_piece(s, order + first, nb, st->d + MODEL.input_base, st->bd, st->bg, losses, rate);
             for (long b = 0; b < nb; b++)
                 *loss_sum += losses[b];
