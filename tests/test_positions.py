@@ -160,17 +160,21 @@ def test_a_batch_of_several_passes_runs_longest_first(tiny, compiler):
 def test_a_batch_of_one_pass_runs_as_two_halves(tiny, compiler):
     """A sequence's batch of more than 8 documents that one pass would hold runs as two pieces
     side by side (templates/batch.c's piece_samples: halves rounded up to 8), so that its
-    statement loops take two cores: a batch of 12 on a module of 16 a pass is the pieces of 8 and
-    4 a module of 8 a pass runs, the same bits, on 1 or 2 threads; and the documents one by one
+    statement loops take two cores: a batch of 12 on a module of 16 a pass (built for 32: a pass
+    holds half, codegen/lower/batch.py's pass_capacity) is the pieces of 8 and 4 a module of 8 a
+    pass (built for 16) runs, the same bits, on 1 or 2 threads; and the documents one by one
     within the fused bound."""
     tokenizer, state, params = tiny
     docs = ["a", "edcbaab", "", "abc", "ab", "abcde", "b", "ca", "abcd", "e", "dee", "bac"]
     X, Y = _split(np.stack([data.row(tokenizer.encode(d), CONFIG.block_size) for d in docs]))
     stepped = []
-    for batch, threads in ((1, 1), (16, 1), (16, 2), (8, 1)):
+    for batch, threads in ((1, 1), (32, 1), (32, 2), (16, 1)):
         net = _compile(tiny, compiler, batch=batch)
         losses = [net.train(X, Y, 0.01, batch_size=len(docs), threads=threads) for _ in range(2)]
         stepped.append((losses, np.asarray(net.params).copy()))
+    doc = model.document(state, CONFIG)
+    program = codegen.lower.ir.lower(doc.loss, doc.inputs, params, doc.outputs)
+    assert [codegen.lower.batch.batched_form(program, built)[0].capacity for built in (32, 16, 4)] == [16, 8, 4]
     (one_by_one, expected), halves, *same = stepped
     assert halves[0] == pytest.approx(one_by_one, rel=1e-12)
     np.testing.assert_allclose(halves[1], expected, rtol=1e-9, atol=1e-12)

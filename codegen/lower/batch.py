@@ -37,20 +37,27 @@ MAX_GROUPS = 2_000
 # pass wider than the caches buys no product efficiency (a position's products have one column a
 # sample) and pays its buffers' misses. Its passes hold at most the samples whose values fit in
 # this many bytes (and their gradients as many again): a power of two, at least 8 (Zen 3, 64
-# documents a step: 16 a pass took 0.60x the time a document of 64 a pass, float64).
+# documents a step: 16 a pass took 0.60x the time a document of 64 a pass, float64). And at most
+# half the samples the module is built for (a multiple of 8), so that a batch of that size runs as
+# two pieces or more, side by side on the module's threads (templates/batch.c): a pass runs its
+# statement loops (attention, softmax, norms) on one thread. microgpt's default built for 16 (32
+# in float32) documents a step, passes of 8 (16) took 0.85-0.87x the time of passes of 16 (32) run
+# as two halves (piece_samples), on 2 threads, and 0.86-0.89x on one (Zen 3, one process
+# alternating, 25 rounds).
 SEQUENCE_PASS_BYTES = 2 << 20
 
 
 def pass_capacity(program, capacity, itemsize):
     """The samples a pass of the batched program holds: `capacity`, or for a sequence program
-    fewer when their slots outgrow SEQUENCE_PASS_BYTES (train()'s larger batches run in pieces)."""
+    fewer when their slots outgrow SEQUENCE_PASS_BYTES, and at most half of `capacity` rounded up
+    to 8 (train()'s larger batches run in pieces)."""
     if not program.sequence:
         return capacity
     per_sample = _Layout(program, capacity).per_sample
     fit = 8
     while fit * 2 * per_sample * itemsize <= SEQUENCE_PASS_BYTES:
         fit *= 2
-    return min(capacity, fit)
+    return min(capacity, fit, -(-capacity // 16) * 8)
 
 
 class _Layout:
