@@ -98,8 +98,10 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     batch: the most samples one pass of the batched program runs (codegen/lower/batch.py): train()
     with batch_size > 1 and predict() run whole batches at once, a layer over a batch being a
     matrix product; a bigger batch_size runs in pieces of `batch`. A sequence model's pass holds
-    fewer when `batch` samples' slots would outgrow the caches (codegen/lower/batch.py's
-    SEQUENCE_PASS_BYTES: microgpt's default runs 16 documents a pass in float64, 32 in float32).
+    fewer: at most half of `batch` (up to 8), so that a batch of that size runs as pieces side by
+    side on the threads, and fewer when their slots would outgrow the caches
+    (codegen/lower/batch.py's pass_capacity: microgpt's default, at most 16 documents a pass in
+    float64, 32 in float32).
     batch=1: sample by sample
     only (a smaller module). A graph with no batched form (see codegen.explain) runs sample by
     sample whatever `batch` says.
