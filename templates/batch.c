@@ -197,10 +197,11 @@ static void step_after_batch(State *st, real *d, real *g, double lr, long long n
 /* The samples a piece of a batch of `count` holds (add_batch_gradients): BATCH_CAPACITY, but a
  * sequence's batch of more than 8 that would be one piece runs as two pieces side by side (halves
  * rounded up to 8), so that its statement loops (attention, softmax, norms), which a piece runs
- * on one thread, take two cores: microgpt's default at 16 documents a step 0.69x the time of one
- * piece (float64), 0.78x (float32), on 2 cores of Zen 3 (at 64, already four pieces: unchanged).
- * It depends on the count alone, so that a batch's pieces, and its sums, are the same for any
- * number of threads. */
+ * on one thread, take two cores: microgpt's default at 16 documents a step on a pass of 16,
+ * 0.75-0.81x the time of one piece (float64), 0.97x (float32), on 2 cores of Zen 3; on one
+ * thread 1.21x, 1.35x (a pass's lanes half full: a module's own batch size runs as full pieces,
+ * codegen/lower/batch.py's pass_capacity). It depends on the count alone, so that a batch's
+ * pieces, and its sums, are the same for any number of threads. */
 static long piece_samples(long long count)
 {
     if (MODEL.batch_active_base < 0 || count <= 8 || count > MODEL.batch_capacity)
