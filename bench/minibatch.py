@@ -2,7 +2,7 @@
 µs per image, micrograd-c (every core, and one thread: wall and process CPU time) beside PyTorch
 (every core, eager) and JAX (`jit`, the epoch as one `lax.scan`), on real MNIST, float32 and
 float64. Every system and model runs in its own process (PyTorch loaded into a process slows later
-runs in it), each figure the median of `--repeats` runs. The roofline row: the B = 128 step of the
+runs in it), each figure the median of `--repeats` runs after one that warms up. The roofline row: the B = 128 step of the
 biggest MLP in multiply-adds a second, to set beside the machine's peak (`make roofline`,
 bench/c/bandwidth.c); the one thread's CPU time gives it on a shared machine, where wall time
 counts the other processes' turns. Then issue 35's rows (WINDOW_ROWS) in windows taken in turn
@@ -185,8 +185,17 @@ def _system_runs(args):
     return runs, threads, images
 
 
+def _warmed(runs):
+    """The runs, each run once first (its buffers' first touches, a pool's threads, a jit's
+    compile are no window's and no median's)."""
+    for run in runs.values():
+        _timed(run)
+    return runs
+
+
 def worker(args):
     runs, threads, images = _system_runs(args)
+    _warmed(runs)
     medians = {run: _median(f, args.repeats) for run, f in runs.items()}
     print(json.dumps({'train': {b: medians[b][0] / images[b] * 1e6 for b in args.batches},
                       'predict': medians['predict'][0] / images['predict'] * 1e6, 'threads': threads,
@@ -197,8 +206,7 @@ def serve(args):
     """A system kept running for the windows (bench/windows.py's served end): a window of a run
     (a line: a batch size, or predict) is one epoch of it, its wall time us an image."""
     runs, _, images = _system_runs(args)
-    for run in runs.values():  # (a first run warms up)
-        _timed(run)
+    _warmed(runs)
     windows.serve({str(run): (lambda run=run: _timed(runs[run])[0] / images[run] * 1e6) for run in runs})
 
 
