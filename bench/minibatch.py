@@ -98,8 +98,8 @@ def runs_torch(hidden, dtype, data, batches):
 
 
 def runs_jax(hidden, dtype, data, batches):
-    """runs_ours' runs in JAX (jit; an epoch one lax.scan, compiled here), its threads, and the
-    images each batch's epoch trains ({batch: n})."""
+    """runs_ours' runs in JAX (jit; an epoch one lax.scan, compiled by its first run, the
+    warm-up), its threads, and the images each batch's epoch trains ({batch: n})."""
     if np.dtype(dtype).itemsize == 8:  # JAX computes in 32 bits unless told
         os.environ['JAX_ENABLE_X64'] = '1'
     import jax
@@ -141,12 +141,9 @@ def runs_jax(hidden, dtype, data, batches):
         n = len(y) // b * b
         xs = jnp.asarray(X[:n].reshape(-1, b, 784), kind) * PIXEL_SCALE
         ys = jnp.asarray(y[:n].reshape(-1, b))
-        jax.block_until_ready(epoch(params, xs, ys))  # compiled before the clock starts
-
         runs[b] = lambda xs=xs, ys=ys: jax.block_until_ready(epoch(params, xs, ys))
         images[b] = n  # (the scan's batches are whole: a last short one is left out)
     chunks = [jnp.asarray(Xt[i:i + PREDICT_CHUNK], kind) * PIXEL_SCALE for i in range(0, len(Xt), PREDICT_CHUNK)]
-    jax.block_until_ready(predict(params, chunks[0]))
 
     def predict_all():
         for chunk in chunks:
@@ -185,17 +182,16 @@ def _system_runs(args):
     return runs, threads, images
 
 
-def _warmed(runs):
-    """The runs, each run once first (its buffers' first touches, a pool's threads, a jit's
-    compile are no window's and no median's)."""
+def _warm_up(runs):
+    """Each run once (its buffers' first touches, a pool's threads, a jit's compile: no window's
+    and no median's)."""
     for run in runs.values():
-        _timed(run)
-    return runs
+        run()
 
 
 def worker(args):
     runs, threads, images = _system_runs(args)
-    _warmed(runs)
+    _warm_up(runs)
     medians = {run: _median(f, args.repeats) for run, f in runs.items()}
     print(json.dumps({'train': {b: medians[b][0] / images[b] * 1e6 for b in args.batches},
                       'predict': medians['predict'][0] / images['predict'] * 1e6, 'threads': threads,
@@ -206,7 +202,7 @@ def serve(args):
     """A system kept running for the windows (bench/windows.py's served end): a window of a run
     (a line: a batch size, or predict) is one epoch of it, its wall time us an image."""
     runs, _, images = _system_runs(args)
-    _warmed(runs)
+    _warm_up(runs)
     windows.serve({str(run): (lambda run=run: _timed(runs[run])[0] / images[run] * 1e6) for run in runs})
 
 

@@ -138,10 +138,11 @@ KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const 
  * the call's: the same bits, whatever the block. LANE_BLOCK: the vector the unit is built for
  * (32 bytes with AVX: compilers.host_vector_flags; 16 with SSE2), so that a block's 8 sums stay
  * in its registers; after the whole blocks a half one (a 16-byte vector), then lane by lane. */
+#define HALF_BLOCK (16 / (long)sizeof(real)) /* a 16-byte vector's lanes */
 #if defined(__AVX__)
-#define LANE_BLOCK (32 / (long)sizeof(real))
+#define LANE_BLOCK (2 * HALF_BLOCK)
 #else
-#define LANE_BLOCK (16 / (long)sizeof(real))
+#define LANE_BLOCK HALF_BLOCK
 #endif
 #if defined(__GNUC__) && !defined(__TINYC__)
 #define LANES_INLINE static inline __attribute__((always_inline)) /* (with a constant width) */
@@ -177,9 +178,9 @@ KERNEL void dot_offsets_lanes(real *restrict out, const real *a, const int32_t *
     long l0 = 0;
     for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK)
         dot_offsets_block(out + l0, a + l0, oa, b + l0, ob, n, LANE_BLOCK);
-    if (LANE_BLOCK * sizeof(real) > 16 && l0 + 16 / (long)sizeof(real) <= lanes) {
-        dot_offsets_block(out + l0, a + l0, oa, b + l0, ob, n, 16 / (long)sizeof(real));
-        l0 += 16 / (long)sizeof(real);
+    if (LANE_BLOCK > HALF_BLOCK && l0 + HALF_BLOCK <= lanes) {
+        dot_offsets_block(out + l0, a + l0, oa, b + l0, ob, n, HALF_BLOCK);
+        l0 += HALF_BLOCK;
     }
     for (; l0 < lanes; l0++)
         out[l0] = dot_offsets(a + l0, oa, b + l0, ob, n);
@@ -212,14 +213,15 @@ KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *
     long l0 = 0;
     for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK)
         axpy_offsets_block(y + l0, oy, alpha + l0, x + l0, ox, n, LANE_BLOCK);
-    if (LANE_BLOCK * sizeof(real) > 16 && l0 + 16 / (long)sizeof(real) <= lanes) {
-        axpy_offsets_block(y + l0, oy, alpha + l0, x + l0, ox, n, 16 / (long)sizeof(real));
-        l0 += 16 / (long)sizeof(real);
+    if (LANE_BLOCK > HALF_BLOCK && l0 + HALF_BLOCK <= lanes) {
+        axpy_offsets_block(y + l0, oy, alpha + l0, x + l0, ox, n, HALF_BLOCK);
+        l0 += HALF_BLOCK;
     }
     for (; l0 < lanes; l0++)
         axpy_offsets(y + l0, oy, alpha[l0], x + l0, ox, n);
 }
 #undef LANE_BLOCK
+#undef HALF_BLOCK
 #undef LANES_INLINE
 
 KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, const real *x,
