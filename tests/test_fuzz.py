@@ -317,6 +317,8 @@ def test_compile_arguments():
             except Exception as error:
                 own_errors += (type(error),)
         documented = (codegen.CompileTimeout,) if "timeout" in kwargs else ()  # e.g. timeout=1e-280
+        if not (isinstance(kwargs["compiler"], str) and kwargs["compiler"] == "tcc"):  # a drawn one ('0'):
+            documented += (codegen.CompilerNotFound,)  # a name no compiler answers to: the clear error
         try:
             net = codegen.compile(loss, **kwargs)
         except ALLOWED + own_errors + documented:
