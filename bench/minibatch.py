@@ -50,7 +50,7 @@ def multiply_adds(hidden):  # an MLP's
 def runs_ours(hidden, dtype, data, batches, threads=None):
     """{batch: an epoch of train(), 'predict': predict() of the test set}, and the threads."""
     X, y, Xt = data
-    options = dict(compiler='gcc', opt=3, native=True, dtype=dtype, sparse_inputs=True)
+    options = dict(compiler='gcc', opt=3, native=True, dtype=dtype, sparse_inputs=True, tiered=False)
     if hidden is None:
         model = cnn()
         net = codegen.compile(model.loss, model.inputs, model.params, outputs=model.outputs, **options)

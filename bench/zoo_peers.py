@@ -33,7 +33,8 @@ class Module:
     def __init__(self, model: ZooModel, compiler, opt=2, native=False, timeout=None):
         self.model = model
         self.net = codegen.compile(model.loss, model.inputs, model.params, model.outputs, compiler=compiler,
-                                   opt=opt, native=native, timeout=timeout)
+                                   opt=opt, native=native, timeout=timeout,
+                                   tiered=False)  # (the optimised build is what it times)
         self.lrs = {}
 
     def reset(self):

@@ -19,14 +19,14 @@ from .backend import toolchain
 from .lower import batch as batching
 from .lower import graph as graph_arrays
 from .lower import ir
-from .write import contract, dtypes, emit, optim
+from .write import contract, dtypes, emit, graph_rows, optim
 from .write import table as tables
 from .explain import explain
 from .export import export
 from .write.optim import SGD, Adam, AdamW
 from .backend.toolchain import CompileError, CompilerNotFound, CompileTimeout, ToolchainError
 
-__all__ = ["compile", "generate", "structural_key", "explain", "export", "copy_to_values", "copy_from_values", "SGD", "Adam", "AdamW", "CompileError",
+__all__ = ["compile", "generate", "first_tier", "structural_key", "explain", "export", "copy_to_values", "copy_from_values", "SGD", "Adam", "AdamW", "CompileError",
            "CompilerNotFound", "CompileTimeout", "ToolchainError"]
 
 
@@ -44,13 +44,34 @@ def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=Fals
         if graph is None:
             graph = read_graph(loss, inputs, params, outputs, fuse)
         program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, graph=graph)
-        initial = [float(p.data) for p in params] if embed_params else None
+        initial = _embedded(params, embed_params)
         rows = tables.chosen(program, table)
         batched = None if rows else batching.batched_form(program, batch, dtypes.lookup(dtype).numpy.itemsize)[0]
         sources = emit.emit(program, name, optimizer=optimizer, initial_params=initial, dtype=dtype,
                             sparse_inputs=sparse_inputs, table=rows, batched=batched)
         del graph, program, batched  # garbage before the collector resumes
     return sources
+
+
+def first_tier(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, name="nn", optimizer=None,
+               embed_params=False, dtype=dtypes.DEFAULT.name, graph=None):
+    """The C sources of a tiered compile's first tier (codegen/tiers.py): the graph as read, a
+    table row per computed Value (codegen/write/graph_rows.py), no lowering; the same module API
+    and parameters' layout as generate()'s module, the same numbers within the fused bound, train()
+    and predict() sample by sample. `graph`: what read_graph returned for these arguments."""
+    dtypes.lookup(dtype)
+    inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
+    with ir.no_gc():
+        if graph is None:
+            graph = read_graph(loss, inputs, params, outputs, fuse)
+        program, rows = graph_rows.plan(graph, input_grads, walker.module())
+        return emit.emit(program, name, optimizer=optimizer, initial_params=_embedded(params, embed_params),
+                         dtype=dtype, table=rows)
+
+
+def _embedded(params, embed_params):
+    """The params' values the C holds (embed_params), or None."""
+    return [float(p.data) for p in params] if embed_params else None
 
 
 def _check_batch(batch):
@@ -108,11 +129,13 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     threads: the threads a batch's matrix products run on (module.set_threads; None: the module's
     default, $MICROGRAD_C_THREADS or every core the process may use). The results are the same
     bits with any number.
-    tiered: True loads at once a module built by tcc (else libtcc) and builds the optimised one
-    with `compiler` in the background; the module switches to it at its next train, gradients,
-    forward or predict call after the build is in (codegen/tiers.py: module.tier, module.wait()).
-    None (the default) tiers when the compiler optimises and the C is big (tiers.TIERED_MIN_LINES,
-    a few seconds of gcc -O2); False never does. A cache hit of the optimised build loads it.
+    tiered: True loads at once a module built by libtcc in memory (else tcc): the graph's rows
+    (first_tier: not lowered; tiers.by_rows), else its lowered C; the graph is lowered and built
+    with `compiler` in the background, and the module switches to it at its next train,
+    gradients, forward or predict call after the build is in (codegen/tiers.py: module.tier,
+    module.wait()). None (the default) tiers when the compiler optimises and the graph is big
+    (tiers.TIERED_MIN_VALUES computed Values) or its lowered C is (tiers.TIERED_MIN_LINES, a few
+    seconds of gcc -O2); False never does. A cache hit of the optimised build loads it.
     table: True runs the program's single statements (groups no loop nest covers) as rows of a
     table through loops of the module runtime, compiled once per machine, instead of a C statement
     each (codegen/write/table.py: the same numbers, the model's own C small whatever the graph);
@@ -162,14 +185,24 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
                 spent += time.perf_counter() - began
             return given
 
+        def first():  # the first tier's C (codegen/tiers.py)
+            nonlocal spent
+            began = time.perf_counter()
+            text = first_tier(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads, name=name,
+                              optimizer=optimizer, embed_params=embed_params, dtype=dtype, graph=graph)
+            spent += time.perf_counter() - began
+            return text
+
         def structure():  # asked for by the backends that keep files (libtcc builds in memory)
             return _structural_key(graph, params, fuse=fuse, input_grads=input_grads, name=name,
                                    optimizer=optimizer, embed_params=embed_params, dtype=dtype,
                                    sparse_inputs=sparse_inputs, batch=batch, table=keyed_table)
 
         read = time.perf_counter()
-        build, module, tier = tiers.build_and_load(generated, name, compiler, opt, native, cache, timeout,
-                                                   measure_memory, structure, tiered)
+        rows = (first, tiers.tiered_by_default(graph)) if tiers.by_rows(graph) else None
+        build, module, tier = tiers.build_and_load(generated, rows, name,
+                                                   compiler, opt, native, cache, timeout, measure_memory, structure,
+                                                   tiered)
         # the params' data as the walk read it (no second pass over a million Values)
         data = graph.data(graph.params, params)
         return build, module, tier, read - started + spent, data

@@ -273,6 +273,11 @@ def _float_chain(start, x, y):
     return float(running[n]), steps
 
 
+_paused = 0  # no_gc blocks running, in any thread
+_resume = False  # whether the collector ran before the first of them
+_pausing = threading.Lock()
+
+
 @contextlib.contextmanager
 def no_gc(survivors=False):
     """The cyclic collector paused: millions of new objects and no garbage, which it would only
@@ -282,20 +287,29 @@ def no_gc(survivors=False):
     quarters of building a model's forward pass went to those scans. The young generations are
     collected first (they are small), so that garbage made before, such as a dropped module's
     cycles, is not moved along; garbage among what was built is still found by the next full
-    collection. Skipped if the process froze objects of its own."""
-    collecting = gc.isenabled()
-    moving = survivors and collecting and gc.get_freeze_count() == 0
-    if moving:
-        gc.collect(1)
-    gc.disable()
+    collection. Skipped if the process froze objects of its own. The collector resumes when the
+    last block running ends, in whichever thread (a tiered compile's background lowering starts
+    inside compile()'s block and ends after it: resumed by compile(), it took 2x as long)."""
+    global _paused, _resume
+    with _pausing:
+        outermost = _paused == 0
+        if outermost:
+            _resume = gc.isenabled()
+        _paused += 1
+        moving = survivors and outermost and _resume and gc.get_freeze_count() == 0
+        if moving:
+            gc.collect(1)
+        gc.disable()
     try:
         yield
     finally:
-        if moving:
-            gc.freeze()
-            gc.unfreeze()
-        if collecting:
-            gc.enable()
+        with _pausing:
+            if moving:
+                gc.freeze()
+                gc.unfreeze()
+            _paused -= 1
+            if _paused == 0 and _resume:
+                gc.enable()
 
 
 def topological_order(*roots, starts=None):

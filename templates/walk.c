@@ -13,7 +13,12 @@
  * a float64, a leaf's `data` (0 for a computed node).
  *
  * compact: a Dot's (engine.Dot) children are its `_terms`, and its kind is dot_type; else its
- * `_prev`, which the caller has made (engine.topological_order), and its `_kind`. */
+ * `_prev`, which the caller has made (engine.topological_order), and its `_kind`.
+ *
+ *   reach(starts, kids, nodes, flags, down)
+ *       marks spread along those arrays' edges (see reach below).
+ *   depths(starts, kids, nodes, depth)
+ *       each node's depth (see depths below). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>  /* PyMemberDef: a slot's offset */
@@ -374,8 +379,89 @@ done:
     return result;
 }
 
+/* reach(starts, kids, nodes, flags, down): marks (flags: a byte per node, writable) spread along
+ * the edges over `nodes` (int64 positions, children first; starts and kids as walk returns them):
+ * down false, in the nodes' order, a node is marked when one of its children is (which nodes read
+ * a parameter: the ones with a gradient); down true, in reverse order, a marked node marks its
+ * children (what a root reads): the walks of codegen/write/graph_rows.py, at C speed. */
+static PyObject *reach(PyObject *self, PyObject *args) {
+    Py_buffer s, k, n, f;
+    int down;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*p", &s, &k, &n, &f, &down)) return NULL;
+    const int64_t *starts = s.buf, *kids = k.buf, *nodes = n.buf;
+    uint8_t *flags = f.buf;
+    const Py_ssize_t n_starts = s.len / 8, n_kids = k.len / 8, n_nodes = n.len / 8, n_flags = f.len;
+    int bad = 0;
+    for (Py_ssize_t t = 0; t < n_nodes && !bad; t++) {
+        const int64_t i = nodes[down ? n_nodes - 1 - t : t];
+        if (i < 0 || i >= n_flags || i + 1 >= n_starts || starts[i] < 0 || starts[i] > starts[i + 1]
+            || starts[i + 1] > n_kids) {
+            bad = 1;
+            break;
+        }
+        if (down && !flags[i]) continue;
+        for (int64_t e = starts[i]; e < starts[i + 1]; e++) {
+            const int64_t c = kids[e];
+            if (c < 0 || c >= n_flags) {
+                bad = 1;
+                break;
+            }
+            if (down) {
+                flags[c] = 1;
+            } else if (flags[c]) {
+                flags[i] = 1;
+                break;
+            }
+        }
+    }
+    PyBuffer_Release(&s); PyBuffer_Release(&k); PyBuffer_Release(&n); PyBuffer_Release(&f);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "reach: a node or child outside the arrays");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* depths(starts, kids, nodes, depth): depth (an int64 per node, writable, leaves' 0) of each of
+ * `nodes` (children first), one more than its deepest child's: the rows of one depth read none of
+ * each other (codegen/write/graph_rows.py orders them so). */
+static PyObject *depths(PyObject *self, PyObject *args) {
+    Py_buffer s, k, n, d;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &s, &k, &n, &d)) return NULL;
+    const int64_t *starts = s.buf, *kids = k.buf, *nodes = n.buf;
+    int64_t *depth = d.buf;
+    const Py_ssize_t n_starts = s.len / 8, n_kids = k.len / 8, n_nodes = n.len / 8, n_depths = d.len / 8;
+    int bad = 0;
+    for (Py_ssize_t t = 0; t < n_nodes && !bad; t++) {
+        const int64_t i = nodes[t];
+        if (i < 0 || i >= n_depths || i + 1 >= n_starts || starts[i] < 0 || starts[i] > starts[i + 1]
+            || starts[i + 1] > n_kids) {
+            bad = 1;
+            break;
+        }
+        int64_t deepest = -1;
+        for (int64_t e = starts[i]; e < starts[i + 1]; e++) {
+            const int64_t c = kids[e];
+            if (c < 0 || c >= n_depths) {
+                bad = 1;
+                break;
+            }
+            if (depth[c] > deepest) deepest = depth[c];
+        }
+        depth[i] = deepest + 1;
+    }
+    PyBuffer_Release(&s); PyBuffer_Release(&k); PyBuffer_Release(&n); PyBuffer_Release(&d);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "depths: a node or child outside the arrays");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, "The Value graph read into arrays (see the file's comment)."},
+    {"reach", reach, METH_VARARGS, "Marks spread along a graph's edges (see its comment)."},
+    {"depths", depths, METH_VARARGS, "Each node's depth in a graph (see its comment)."},
     {NULL, NULL, 0, NULL},
 };
 

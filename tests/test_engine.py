@@ -296,3 +296,26 @@ def test_building_a_layer_leaves_earlier_garbage_to_the_collector():
     del garbage
     Layer(3, 2)([Value(1.0)] * 3)
     assert gone() is None
+
+
+def test_the_collector_resumes_when_the_last_paused_block_ends_in_any_thread():
+    """A tiered compile's background lowering starts inside compile()'s no_gc block and ends after
+    it: the collector stays paused until it ends, then runs again."""
+    import gc
+    import threading
+    from micrograd_c.engine import no_gc
+    assert gc.isenabled()
+    entered, leave = threading.Event(), threading.Event()
+
+    def background():
+        with no_gc():
+            entered.set()
+            leave.wait(10)
+    thread = threading.Thread(target=background)
+    with no_gc():
+        thread.start()
+        entered.wait(10)
+    assert not gc.isenabled()  # the other block still runs
+    leave.set()
+    thread.join(10)
+    assert gc.isenabled()

@@ -67,11 +67,16 @@ def loops_compiled(monkeypatch):
 
 
 def results(case, table, **options):
-    """Forward, outputs, predict, gradients (params and inputs) of the first row, then the
-    parameters after train() with the optimizer and after the step API, of a module of `case`."""
+    """observed() of a module of `case` in the table form (table=True) or not."""
     loss, inputs, params, outputs, X, Y = case
     net = codegen.compile(loss, inputs, params, outputs, batch=1, tiered=False, input_grads=True, table=table,
                           **options)
+    return net, observed(net, X, Y)
+
+
+def observed(net, X, Y):
+    """Forward, outputs, predict, gradients (params and inputs) of the first row, then the
+    parameters after train() with the module's optimizer and after the step API."""
     got = {}
     net.set_input(np.concatenate([X[0], Y[0]]))
     got["loss"] = net.forward()
@@ -84,7 +89,7 @@ def results(case, table, **options):
     got["params"] = np.asarray(net.params).copy()
     step_by_step(net, X, Y, 0.05)
     got["steps"] = np.asarray(net.params).copy()
-    return net, got
+    return got
 
 
 def assert_same(a, b):
@@ -197,10 +202,3 @@ def test_bad_table_options_are_clear_errors():
         codegen.generate(graph.loss, graph.inputs, graph.params, fuse=False, table=True)
 
 
-def test_a_table_program_is_not_tiered_by_default():
-    """Its C is the rows' text and a few calls: no long optimising build to hide behind a first tier."""
-    from codegen import tiers
-    graph = irregular.graph(20_000, seed=6)
-    sources = codegen.generate(graph.loss, graph.inputs, graph.params, batch=1, table=True)
-    assert "TABLE_TEXT" in sources[0]
-    assert sum(s.count("\n") for s in sources[:-1]) < tiers.TIERED_MIN_LINES

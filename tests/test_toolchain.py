@@ -194,6 +194,15 @@ def test_timeout_kills_compiler(compiler, measure_memory, tmp_path):
     assert [p.suffix for p in tmp_path.iterdir()] == ['.c']
 
 
+
+@pytest.mark.parametrize('timeout', [0, -1.0, float('nan'), True, '60', 10 ** 400, 1e9])
+def test_a_timeout_that_is_no_number_of_seconds_is_a_clear_error(timeout, tmp_path):
+    """(10 ** 400 once reached the deadline's arithmetic: an OverflowError; 1e9 s is past the
+    longest, a year)"""
+    with pytest.raises(ValueError, match='timeout must be a number of seconds'):
+        build_library('int f(void) { return 1; }\n', 'tiny', 'tcc', cache=tmp_path, timeout=timeout)
+
+
 def test_compiler_found_by_path_and_cc(compiler, monkeypatch):
     found = find_compiler(compiler)
     assert found.family == compiler

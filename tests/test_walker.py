@@ -151,3 +151,19 @@ def test_bad_leaves_get_their_messages_through_the_walker(walk_module):
         codegen.structural_key(x * p, [x * p], [p])
     with pytest.raises(ValueError, match="listed twice"):
         codegen.structural_key(x * p, [x, unreached._prev[0]], [p, unreached._prev[0]])
+
+
+def test_the_walks_over_arrays_check_their_positions(walk_module):
+    """reach and depths (codegen/write/graph_rows.py's walks) on a node or child outside the
+    arrays: a ValueError, no read outside them."""
+    starts, kids = np.array([0, 0, 0, 2], dtype=np.int64), np.array([0, 1], dtype=np.int64)
+    nodes = np.array([2], dtype=np.int64)
+    flags, depth = np.array([1, 0, 0], dtype=np.uint8), np.zeros(3, dtype=np.int64)
+    walk_module.reach(starts, kids, nodes, flags, False)
+    walk_module.depths(starts, kids, nodes, depth)
+    assert flags.tolist() == [1, 0, 1] and depth.tolist() == [0, 0, 1]
+    for bad_kids, bad_nodes in ((np.array([0, 7], dtype=np.int64), nodes), (kids, np.array([5], dtype=np.int64))):
+        with pytest.raises(ValueError, match="outside the arrays"):
+            walk_module.reach(starts, bad_kids, bad_nodes, flags, True)
+        with pytest.raises(ValueError, match="outside the arrays"):
+            walk_module.depths(starts, bad_kids, bad_nodes, depth)

@@ -173,12 +173,17 @@ def _build_plan(kind, sources, name, compiler, opt, native):
     return sources, compiler, flags, key, [straight_flags if s else flags for s in straight]
 
 
+# The longest timeout (a year): a bigger int would not convert to the float seconds the deadline counts in
+MAX_TIMEOUT = 3.2e7
+
+
 def _build(kind, sources, name, compiler, opt, native, cache, timeout, measure_memory) -> BuildResult:
     # imported here, not at the top: `python -m codegen.backend.cache` imports the codegen package (and so
     # this module) first, and must not find codegen.backend.cache imported already (runpy would warn)
     from . import cache as build_cache
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
-        raise ValueError(f'timeout must be a number of seconds > 0 or None, not {timeout!r}')
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+                                or timeout > MAX_TIMEOUT):
+        raise ValueError(f'timeout must be a number of seconds > 0 (at most {MAX_TIMEOUT:.0e}) or None, not {timeout!r}')
     if not isinstance(measure_memory, bool):
         raise TypeError(f'measure_memory must be True or False, not {measure_memory!r}')
     sources, compiler, flags, key, unit_flags = _build_plan(kind, sources, name, compiler, opt, native)

@@ -451,19 +451,23 @@ def share_gradients(groups, compute, roots):
 def index_inputs(compute, n_params):
     """The inputs that gathers read as their index: (position among the inputs, the fewest values
     one of them picks among), sorted; the module checks them (-n..n-1, an integer) before any
-    forward, so that no gather reads outside its values. An index that is a constant was checked
-    when the graph was built; one that is a parameter or a computed value is an error."""
+    forward, so that no gather reads outside its values (fewest_indices)."""
+    return fewest_indices((index.kind, index.slot - n_params if index.kind == INPUT else None, len(node.args) - 1)
+                          for node in compute if node.kind == OP and node.op.selects == "index"
+                          for index in node.args[:1])
+
+
+def fewest_indices(reads):
+    """index_inputs of gathers' reads (their index's Kind, its position among the inputs, the
+    values it picks among), checked: an index that is a constant was checked when the graph was
+    built; one that is a parameter or a computed value is an error."""
     fewest = {}
-    for node in compute:
-        if node.kind != OP or node.op.selects != "index":
-            continue
-        index, n = node.args[0], len(node.args) - 1
-        if index.kind == INPUT:
-            position = index.slot - n_params
+    for kind, position, n in reads:
+        if kind == INPUT:
             fewest[position] = min(n, fewest.get(position, n))
-        elif index.kind != CONST:
+        elif kind != CONST:
             raise ValueError(f"a gather's index must be one of the inputs (set per sample) or a constant, "
-                             f"not a {'parameter' if index.kind == PARAM else 'computed value'}")
+                             f"not a {'parameter' if kind == PARAM else 'computed value'}")
     return sorted(fewest.items())
 
 

@@ -5,7 +5,6 @@ lines offer. templates/prelude.c's `#if REAL_IS_FLOAT` switch is the C side of t
 row's c_type, buffer_format and math_suffix must be what its branch says (tests/test_float32.py
 holds them to it).
 """
-import math
 import re
 from dataclasses import dataclass
 
@@ -47,15 +46,23 @@ def lookup(dtype) -> Dtype:
 def c_literal(x, dtype=DEFAULT):
     """A C literal for x that reads back exactly in the dtype (float32: an `f` literal, the float
     nearest to x); negative ones parenthesised so that `-{a}` never turns into `--`."""
+    return c_literals([x], dtype)[0]
+
+
+def c_literals(xs, dtype=DEFAULT):
+    """c_literal of each of xs (a loop of repr for the finite ones: a graph's many constants)."""
     suffix = lookup(dtype).literal_suffix
-    x = float(x)
-    if math.isnan(x):
-        return "NAN"
-    if math.isinf(x):  # TCC 0.9.27 cannot negate INFINITY in a static initializer (the constants'
-        # table, embedded parameters), but folds this division
-        return "INFINITY" if x > 0 else f"(-1.0{suffix} / 0.0{suffix})"
-    text = repr(x) + suffix
-    return f"({text})" if x < 0 or text.startswith("-") else text
+    out = []
+    for x in map(float, xs):
+        if x - x == 0:  # finite
+            text = repr(x) + suffix
+            out.append(f"({text})" if text[0] == "-" else text)
+        elif x != x:
+            out.append("NAN")
+        else:  # TCC 0.9.27 cannot negate INFINITY in a static initializer (the constants' table,
+            # embedded parameters), but folds this division
+            out.append("INFINITY" if x > 0 else f"(-1.0{suffix} / 0.0{suffix})")
+    return out
 
 
 _PRIMITIVE_CALL = re.compile(r"\b(" + "|".join(PRIMITIVES) + r")\(")

@@ -16,7 +16,7 @@ import templates
 from . import contract, dtypes, optim, table as tables, tree
 from ..lower import ir
 from .backward import Backward, Plain, SgdInBackward, Tracked
-from .dtypes import c_literal
+from .dtypes import c_literals
 from .forward import Forward
 from .sides import Shared, SideTables
 
@@ -118,7 +118,8 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_LINES, optimize
     the dense kernels); batched: the program's codegen.lower.types.BatchedProgram (train() and
     predict() run whole batches through it), or None; table: whether the program's single statements
     become rows that the runtime's loops run (codegen/write/table.py: table.chosen decides; such a
-    program has no batched form)."""
+    program has no batched form), or the rows themselves, a table.Plan of the program (the first
+    tier's, codegen/write/graph_rows.py)."""
     module = contract.Module(module_name, optim.check(optimizer),
                              None if initial_params is None else tuple(initial_params))
     if program.sgd_in_backward and not module.optimizer.plain_sgd:  # (its backward copies would never run)
@@ -128,7 +129,7 @@ def emit(program, module_name, chunk=CHUNK_STATEMENTS, unit=UNIT_LINES, optimize
     if table and batched is not None:
         raise ValueError("a program in the table form has no batched form")
     graph, extra = _render(program, chunk, unit, module=True, thread_pool=True, dtype=dtype, sparse_inputs=bool(sparse_inputs),
-                           batched=batched, plan=tables.plan(program) if table else None)
+                           batched=batched, plan=table if isinstance(table, tables.Plan) else tables.plan(program) if table else None)
     return [templates.fill("model.c", CONSTANTS=module.render(), GRAPH=graph)] + extra + runtime_sources(dtype)
 
 
@@ -262,7 +263,7 @@ def _constants(constants, dtype, name="init_constants", table="CONSTANT_VALUES")
     if not constants:
         return tree.render(tree.Function(name, ("real *d",), (tree.Unused(("d",)),), inline=True))
     copy = tree.Invoke("memcpy", (f"d + {constants[0][0]}", table, f"sizeof {table}"))
-    return (contract.constant_values(table, [c_literal(v, dtype) for _, v in constants]) + "\n"
+    return (contract.constant_values(table, c_literals([v for _, v in constants], dtype)) + "\n"
             + tree.render(tree.Function(name, ("real *d",), (copy,), inline=True)))
 
 

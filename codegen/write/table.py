@@ -211,7 +211,7 @@ def rowable(g):
 def plan(program):
     """The table form of a fused program (see the module's docstring)."""
     slots = _Slots(program)
-    facts = _OpFacts.table()
+    facts = OpFacts.table()
     words, rows, runs = [], 0, 0
     passes, compiled = {}, []
     forward = program.forward
@@ -297,7 +297,7 @@ _bits = struct.Struct("<d").pack
 
 
 @dataclass(frozen=True)
-class _OpFacts:
+class OpFacts:
     """What an op's rows are, found once a plan (OpFacts.table(): the op table may grow between
     plans, as a test's op does): its kind (OP_BASE + its position in the table); `cheap`, its
     CHEAP_OPS position when all its rows are CHEAP's, and whether they are max rows reading the
@@ -313,7 +313,7 @@ class _OpFacts:
 
     @staticmethod
     def table():
-        """{op name: _OpFacts} of the op table as it is now."""
+        """{op name: OpFacts} of the op table as it is now."""
         facts = {}
         for position, op in enumerate(ops.OPS.values()):
             cheap = (CHEAP_OPS.index("max") if op.name in CHEAP_AS_MAX
@@ -321,7 +321,7 @@ class _OpFacts:
             coefficient = tuple("1" if op.grad_is_one(i) else "k" if op.grads[i].strip() == "{k}"
                                 else op.grads[i].strip()[1:-1] if not _computed(op, i) else None
                                 for i in range(op.arity))
-            facts[op.name] = _OpFacts(OP_BASE + position, cheap, op.name in CHEAP_AS_MAX, _has_k(op), coefficient,
+            facts[op.name] = OpFacts(OP_BASE + position, cheap, op.name in CHEAP_AS_MAX, _has_k(op), coefficient,
                                       tuple(i for i in range(op.arity) if _computed(op, i)))
         return facts
 
@@ -332,10 +332,10 @@ def op_kind(op):
 
 
 def _dot_size(node):
-    return _DOT_SIZE_OF[len(node.args) + len(node.a)]
+    return DOT_SIZE_OF[len(node.args) + len(node.a)]
 
 
-_DOT_SIZE_OF = [next(size for size in DOT_SIZES if size >= n) for n in range(DOT_SIZES[-1] + 1)]
+DOT_SIZE_OF = [next(size for size in DOT_SIZES if size >= n) for n in range(DOT_SIZES[-1] + 1)]
 _MAX = CHEAP_OPS.index("max")
 
 
