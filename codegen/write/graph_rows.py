@@ -100,8 +100,7 @@ def plan(graph, input_grads=False, walker=None):
         nodes = computed[codes[computed] == code]
         op = op_of[code]
         if op is Dot:
-            for i in nodes.tolist():
-                _dot(graph, i, slot, slots, needs, on_path[i], forward, backward)
+            _dots(graph, nodes, slot, slots, needs, on_path, forward, backward)
             continue
         fact = facts[op.name]
         if op.selects:
@@ -214,6 +213,39 @@ def _spread(graph, computed, flags, down, walker):
             if any(map(get, kids[starts[i]:starts[i + 1]])):
                 marks[i] = 1
     return np.array(marks, dtype=bool)
+
+
+def _dots(graph, nodes, slot, slots, needs, on_path, forward, backward):
+    """The engine.Dots' rows (see _dot): those longer than a row one by one, the others by arrays,
+    a block per count of parts (microgpt's 2,736 Dots took 0.3 s one by one)."""
+    starts, kids = graph.starts, graph.kids
+    counts = starts[nodes + 1] - starts[nodes]  # 1 + 2 * products
+    first = kids[starts[nodes]]
+    dropped = ((counts > 1) & (graph.codes[first] == 0) & (graph.role[first] == Role.CONST)
+               & (graph.values[first] == 0) & ~np.signbit(graph.values[first]))
+    parts = (counts - 1) // 2 + ~dropped
+    for i in nodes[parts > _PARTS].tolist():
+        _dot(graph, i, slot, slots, needs, on_path[i], forward, backward)
+    one, zero = slots.constant(1.0), slots.constant(-0.0)
+    short = parts <= _PARTS
+    for count, drop in sorted(set(zip(counts[short].tolist(), dropped[short].tolist()))):
+        group = nodes[short & (counts == count) & (dropped == drop)]
+        terms = kids[starts[group][:, None] + np.arange(count)]
+        start, a, b = terms[:, :1 - drop], terms[:, 1::2], terms[:, 2::2]
+        xs = np.concatenate([np.full(start.shape, one), slot[a]], axis=1)
+        ys = np.concatenate([slot[start], slot[b]], axis=1)
+        size = tables.DOT_SIZE_OF[xs.shape[1]]
+        pad = (len(group), size - xs.shape[1])
+        forward.add_many(group, tables.DOT_KINDS[size],
+                         np.concatenate([xs, np.full(pad, zero), ys, np.full(pad, one), slot[group][:, None]], axis=1))
+        stepped = on_path[group]
+        group, start, a, b = group[stepped], start[stepped], a[stepped], b[stepped]
+        needed = np.concatenate([needs[start], needs[b], needs[a]], axis=1)  # the straight-line C's order
+        coefficient = np.concatenate([np.full(start.shape, one), slot[a], slot[b]], axis=1)[needed]
+        target = np.concatenate([slot[start], slot[b], slot[a]], axis=1)[needed]
+        per_node = needed.sum(axis=1)
+        backward.add_many(-np.repeat(group, per_node), tables.EDGE,
+                          np.stack([coefficient, np.repeat(slot[group], per_node), target], axis=1))
 
 
 def _dot(graph, i, slot, slots, needs, stepped, forward, backward):
