@@ -46,7 +46,7 @@ from .backend import loader, toolchain
 # untiered with gcc -O2, 0.6 s of it lowering, one of 100,000 Values 3.6 s, where the rows took
 # 0.1-0.4 s, tcc included; one of 5,000 Values 0.3 s. (Models of layers lower faster: the zoo's
 # CNN, 54,000 computed Values, in 0.19 s, its rows in 0.24 s; tcc's build of the lowered C steps
-# faster than the rows, 2x for microgpt, but it waits for the lowering, whose cost the graph's
+# faster than the rows, 1.6x for microgpt, but it waits for the lowering, whose cost the graph's
 # arrays do not tell.)
 TIERED_MIN_VALUES = 10_000
 ROWS_MAX_EDGES = 1_000_000
