@@ -35,7 +35,8 @@ def layer_case(seed=0):
     out = model(inputs[:150])
     loss = (out - inputs[150]) ** 2
     data = rng.uniform(-1, 1, (12, 151))
-    return loss, inputs, model.parameters(), [out], np.ascontiguousarray(data[:, :150]), np.ascontiguousarray(data[:, 150:])
+    return (loss, inputs, model.parameters(), [out], np.ascontiguousarray(data[:, :150]),
+            np.ascontiguousarray(data[:, 150:]))
 
 
 CASES = {"every op": every_op_graph, "irregular": irregular_case, "long dots": layer_case}

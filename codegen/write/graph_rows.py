@@ -161,8 +161,9 @@ def plan(graph, input_grads=False, walker=None):
                       loss=_At(int(slot[graph.roots[-1]])), outputs=[_At(int(s)) for s in slot[graph.roots[:-1]]],
                       forward=[], n_output_groups=0, constants=slots.constants, fused=True,
                       index_inputs=ir.fewest_indices(index_reads))
-    return program, tables.Plan(program, passes, np.concatenate(words or [np.zeros(0, dtype=np.int64)]).astype(np.int32),
-                                rows=forward.count + backward.count + sum(map(len, coefficients.values())),
+    encoded = np.concatenate(words or [np.zeros(0, dtype=np.int64)]).astype(np.int32)
+    coefficient_rows = sum(len(rows) for parts in coefficients.values() for rows in parts)
+    return program, tables.Plan(program, passes, encoded, rows=forward.count + backward.count + coefficient_rows,
                                 runs=sum(int(segment[0]) for segment in words))
 
 
