@@ -162,7 +162,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     tiers.check(tiered)
     # the structural key records the table argument as given (None: the rule), as structural_key()
     # does; the compiler and -O that turn None into False for tcc and -O0 are the build key's
-    keyed_table = tables.key(tables.check(table))
+    keyed_table = tables.key(tables.check_fused(table, fuse))  # (before a tier's background lowering)
     table = tables.for_compiler(table, _optimises(compiler, opt))
 
     def build_and_load():  # (build, module, tier, codegen seconds, the params' data); its locals die with it

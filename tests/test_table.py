@@ -200,5 +200,9 @@ def test_bad_table_options_are_clear_errors():
         codegen.compile(graph.loss, graph.inputs, graph.params, compiler="tcc", table="yes")
     with pytest.raises(ValueError, match="table=True needs fuse=True"):
         codegen.generate(graph.loss, graph.inputs, graph.params, fuse=False, table=True)
+    if have("gcc"):  # a tiered compile, whose lowering would run in the background: at once too
+        with pytest.raises(ValueError, match="table=True needs fuse=True"):
+            codegen.compile(graph.loss, graph.inputs, graph.params, compiler="gcc", fuse=False, table=True,
+                            tiered=True)
 
 

@@ -151,9 +151,12 @@ def chosen(program, table):
     for_compiler) when the program pays for it (by_default)."""
     if table is None:
         return by_default(program)
-    if not check(table):
-        return False
-    if not program.fused:
+    return check_fused(table, program.fused)
+
+
+def check_fused(table, fused):
+    """table, checked, for a fused program or not (compile()'s fuse): table=True needs one."""
+    if check(table) and not fused:
         raise ValueError("table=True needs fuse=True: fuse=False is the straight-line scalar C itself")
     return table
 
