@@ -10,7 +10,8 @@ compile, once per compiler and flags, is its own column): the compile columns ar
 C. "compile s" is the compiler's wall time, "CPU s" the CPU time of compile() and its compilers;
 "compile() s" the wall time from the call to a module that trains. The step is train() over 200
 random rows at batch 1 (a forward, a backward and an SGD step per row), its process CPU time, the
-fastest of 7 passes, the forms' modules timed in turn. Reported beside issue 34's targets (the
+median of 9 passes, the forms' modules timed in turn; the ratios of steps are the medians of the
+passes' ratios. Reported beside issue 34's targets (the
 first tier training within 0.5 s of compile(), gcc -O2 within 3 s at 20k Values and 15 s at 100k,
 compiler memory <= 1 GB, the step within 1.2x of the straight-line form's): the forms are built in
 the same run (the straight-line ones up to --straight-max and --before-max Values) and their ratios
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import statistics
 import shutil
 import sys
 import tempfile
@@ -45,18 +47,20 @@ def rows(graph, n=ROWS, seed=0):
     return np.ascontiguousarray(data[:, :-1]), np.ascontiguousarray(data[:, -1:])
 
 
-def step_seconds(nets, graph, repeats=7):
-    """CPU seconds of one training step (train() over ROWS rows at batch 1, per row) of each
-    module, the modules timed in turn, each its fastest pass: a neighbour's load slows a pass,
-    never speeds it, and both modules see the same minute of it."""
+def step_seconds(nets, graph, repeats=9):
+    """(CPU seconds of one training step of each module: the median of `repeats` passes of train()
+    over ROWS rows at batch 1, per row; the median over the passes of each module's time over the
+    first's): the modules timed in turn, each pass of them one round, so that a ratio compares
+    the same minute of this machine's shifting speed."""
     X, Y = rows(graph)
-    best = [float('inf')] * len(nets)
+    times = [[] for _ in nets]
     for _ in range(repeats):
         for i, net in enumerate(nets):
             started = time.process_time()
             net.train(X, Y, 1e-3)
-            best[i] = min(best[i], (time.process_time() - started) / len(X))
-    return best
+            times[i].append((time.process_time() - started) / len(X))
+    return ([statistics.median(t) for t in times],
+            [statistics.median(a / b for a, b in zip(t, times[0])) for t in times])
 
 
 def _cpu():
@@ -166,9 +170,9 @@ def run(args) -> int:
                     except codegen.ToolchainError as error:
                         print(f'| {size:,} | {label} | {form} | failed: {str(error).splitlines()[0]} | | | | | |', flush=True)
                         status = 1
-                steps = step_seconds([m['net'] for m in figures.values()], graph)
-                for (form, m), step in zip(figures.items(), steps):
-                    m['step_us'] = step * 1e6
+                steps, ratios = step_seconds([m['net'] for m in figures.values()], graph)
+                for (form, m), step, ratio in zip(figures.items(), steps, ratios):
+                    m['step_us'], m['step_ratio'] = step * 1e6, ratio
                     peak = f"{m['peak_mb']:.0f}" if m['peak_mb'] else '-'
                     print(f"| {size:,} | {label} | {form} | {m['codegen']:.2f} | {m['compile']:.2f} | {m['cpu']:.2f} | "
                           f"{m['returned']:.2f} | {peak} | {m['step_us']:.1f} |", flush=True)
@@ -176,7 +180,8 @@ def run(args) -> int:
                     if 'table' in figures and other in figures:
                         t, o = figures['table'], figures[other]
                         print(f"|  |  | table/{other} | | {t['compile'] / o['compile']:.3f}x | {t['cpu'] / o['cpu']:.3f}x | "
-                              f"{t['returned'] / o['returned']:.3f}x | | {t['step_us'] / o['step_us']:.2f}x |", flush=True)
+                              f"{t['returned'] / o['returned']:.3f}x | | {t['step_ratio'] / o['step_ratio']:.2f}x |",
+                              flush=True)
         print('\ntiered (compile(..., tiered=True), every option its default): when compile() returns and the first')
         print('tier trains (target: within 0.5 s), which it is (the graph\'s "rows", codegen/write/graph_rows.py, or tcc\'s')
         print('build of the "lowered" C), its step (wall, beside the optimised build); when the optimised tier runs,')
