@@ -33,21 +33,24 @@ import warnings
 
 import numpy as np
 
+from micrograd_c import ops
 from templates import SharedSource
 
 from .backend import loader, toolchain
 
 # A tiered compile's first tier runs the graph's rows (codegen/write/graph_rows.py) when the graph
 # has at most ROWS_MAX_EDGES edges (the rows' C grows with them: microgpt's bigger configuration
-# has 7.2 M, 30 M words of rows), else tcc's build of the lowered C. tiered=None tiers a graph of
-# rows with at least TIERED_MIN_VALUES computed Values (an engine.Dot counts one), or one whose
-# lowered C has at least TIERED_MIN_LINES lines (a few seconds of gcc -O2; each unit's prelude
-# counts): a random irregular graph of 20,000 Values (16,500 computed) took compile() 0.7-0.9 s
-# untiered with gcc -O2, 0.6 s of it lowering, one of 100,000 Values 3.6 s, where the rows took
-# 0.1-0.4 s, tcc included; one of 5,000 Values 0.3 s. (Models of layers lower faster: the zoo's
-# CNN, 54,000 computed Values, in 0.19 s, its rows in 0.24 s; tcc's build of the lowered C steps
-# faster than the rows, 1.6x for microgpt, but it waits for the lowering, whose cost the graph's
-# arrays do not tell.)
+# has 7.2 M, 30 M words of rows) and no gather (token inputs: a sequence model, whose lowered loops
+# stop at each sample's length where the rows run every position: microgpt with gcc trained on
+# its rows at 3.3 ms a step, on tcc's build of its lowered C at 0.53 ms), else tcc's build of the
+# lowered C. tiered=None tiers a graph of rows with at least TIERED_MIN_VALUES computed Values (an
+# engine.Dot counts one), or one whose lowered C has at least TIERED_MIN_LINES lines (a few seconds
+# of gcc -O2; each unit's prelude counts): a random irregular graph of 20,000 Values (16,500
+# computed) took compile() 0.7-0.9 s untiered with gcc -O2, 0.6 s of it lowering, one of 100,000
+# Values 3.6 s, where the rows took 0.1-0.45 s, libtcc included; one of 5,000 Values 0.3 s.
+# (Models of layers lower faster, the zoo's CNN, 54,000 computed Values, in 0.19 s, its rows in
+# 0.24 s, and tcc's build of their lowered C steps faster than their rows; but what a graph's
+# lowering costs is not known before it runs.)
 TIERED_MIN_VALUES = 10_000
 ROWS_MAX_EDGES = 1_000_000
 TIERED_MIN_LINES = 8_000
@@ -80,8 +83,8 @@ def check(tiered):
 
 
 def by_rows(graph):
-    """Whether a tiered compile's first tier runs the graph's rows (ROWS_MAX_EDGES)."""
-    return len(graph.kids) <= ROWS_MAX_EDGES
+    """Whether a tiered compile's first tier runs the graph's rows (ROWS_MAX_EDGES, no gather)."""
+    return len(graph.kids) <= ROWS_MAX_EDGES and not graph.is_op(ops.OPS["gather"]).any()
 
 
 def tiered_by_default(graph):

@@ -89,7 +89,7 @@ def compile_document(state, params, config, args):
         doc = model.document(state, config)
     compiler = toolchain.find_compiler(args.compiler)
     name = pathlib.Path(compiler.argv[0]).name
-    # an optimising compiler builds in the background while TCC's module trains (codegen/tiers.py)
+    # an optimising compiler builds in the background while a first tier trains (codegen/tiers.py)
     tiered = not name.startswith(("tcc", "libtcc"))
     t1 = time.perf_counter()
     net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, dtype=args.dtype,
@@ -97,8 +97,8 @@ def compile_document(state, params, config, args):
                           opt=args.opt, tiered=tiered)
     compiled = time.perf_counter() - t1
     flags = " ".join(toolchain.compile_flags(compiler, args.opt, False))
-    how = (f"{name} {flags}".strip() + (", tcc's module meanwhile" if tiered and net.tier == "first" else "")
-           + (", from the build cache" if net.build.cached else ""))
+    first = f", the first tier ({net.first_tier}) meanwhile" if tiered and net.tier == "first" else ""
+    how = f"{name} {flags}".strip() + first + (", from the build cache" if net.build.cached else "")
     return net, how, t1 - t0, net.timings["codegen"], compiled - net.timings["codegen"]
 
 

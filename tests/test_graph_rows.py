@@ -122,3 +122,20 @@ def test_a_gathers_index_that_is_not_an_input_is_an_error_before_any_build():
     loss = gather([x * 2.0, x * 3.0], p) * p
     with pytest.raises(ValueError, match="a gather's index must be one of the inputs"):
         codegen.first_tier(loss, [x], [p])
+
+
+def test_a_sequence_models_first_tier_is_its_lowered_c(tmp_path):
+    """A graph that gathers (token inputs) keeps tcc's build of its lowered C as its first tier:
+    its loops stop at each sample's length, where rows run every position."""
+    requires("gcc")
+    if tiers.first_tier_compiler() is None:
+        requires("tcc")
+    loss, inputs, params, outputs, X, Y = every_op_graph()
+    net = codegen.compile(loss, inputs, params, outputs, compiler="gcc", batch=1, tiered=True,
+                          cache=seeded_cache(tmp_path / "gathers", "gcc"))
+    assert net.tier == "first" and net.first_tier == "lowered"
+    graph = irregular.graph(300, seed=22)
+    rows = codegen.compile(graph.loss, graph.inputs, graph.params, compiler="gcc", batch=1, tiered=True,
+                           cache=seeded_cache(tmp_path / "irregular", "gcc"))
+    assert rows.tier == "first" and rows.first_tier == "rows"
+    assert net.wait(120) == "optimised" and rows.wait(120) == "optimised"
