@@ -225,8 +225,8 @@ def _dots(graph, nodes, slot, slots, needs, on_path, forward, backward):
     dropped = ((counts > 1) & (graph.codes[first] == 0) & (graph.role[first] == Role.CONST)
                & (graph.values[first] == 0) & ~np.signbit(graph.values[first]))
     parts = (counts - 1) // 2 + ~dropped
-    for i in nodes[parts > _PARTS].tolist():
-        _dot(graph, i, slot, slots, needs, on_path[i], forward, backward)
+    for i, drop in zip(nodes[parts > _PARTS].tolist(), dropped[parts > _PARTS].tolist()):
+        _dot(graph, i, drop, slot, slots, needs, on_path[i], forward, backward)
     one, zero = slots.constant(1.0), slots.constant(-0.0)
     short = parts <= _PARTS
     for count, drop in sorted(set(zip(counts[short].tolist(), dropped[short].tolist()))):
@@ -249,17 +249,14 @@ def _dots(graph, nodes, slot, slots, needs, on_path, forward, backward):
                           np.stack([coefficient, np.repeat(slot[group], per_node), target], axis=1))
 
 
-def _dot(graph, i, slot, slots, needs, stepped, forward, backward):
-    """An engine.Dot's rows: its start (a term, 1 * start; not a +0.0 start before products,
-    as the lowering drops sum()'s) and its products, DOT_SIZES[-1] parts a row, each row after the
-    first adding the one before (a slot of its own) as a term; backward, an edge per part whose
-    factor needs a gradient (the start's, each b's, each a's: the straight-line C's order), all
-    from the Dot's gradient."""
+def _dot(graph, i, drop, slot, slots, needs, stepped, forward, backward):
+    """An engine.Dot's rows: its start (a term, 1 * start; not when `drop`: a +0.0 start before
+    products, which the lowering drops as sum()'s) and its products, DOT_SIZES[-1] parts a row,
+    each row after the first adding the one before (a slot of its own) as a term; backward, an
+    edge per part whose factor needs a gradient (the start's, each b's, each a's: the
+    straight-line C's order), all from the Dot's gradient."""
     terms = graph.kids[graph.starts[i]:graph.starts[i + 1]]
-    start, a, b = terms[:1], terms[1::2], terms[2::2]
-    if len(a) and graph.codes[start[0]] == 0 and graph.role[start[0]] == Role.CONST \
-            and _bits(float(graph.values[start[0]])) == _bits(0.0):
-        start = start[:0]
+    start, a, b = terms[:1 - drop], terms[1::2], terms[2::2]
     one, out = slots.constant(1.0), int(slot[i])
     xs = np.concatenate([np.full(len(start), one), slot[a]])
     ys = np.concatenate([slot[start], slot[b]])
