@@ -77,8 +77,10 @@ def plan(graph, input_grads=False, walker=None):
     k_of[graph.k_positions] = [float(k) for k in graph.k_values]
     # every constant a row reads, before the coefficient slots are numbered after them
     slots.constant(1.0), slots.constant(-0.0)
-    present = np.flatnonzero(np.bincount(codes[computed], minlength=len(op_of))).tolist()
-    for code in present:
+    of_code = codes[computed]
+    nodes_of = {code: computed[of_code == code]
+                for code in np.flatnonzero(np.bincount(of_code, minlength=len(op_of))).tolist()}
+    for code, nodes in nodes_of.items():
         op = op_of[code]
         if op is Dot:
             continue
@@ -86,7 +88,7 @@ def plan(graph, input_grads=False, walker=None):
         if fact.as_max:
             slots.constant(tables.CHEAP_AS_MAX[op.name])
         if fact.has_k:
-            for k in sorted(set(k_of[computed[codes[computed] == code]].tolist())):
+            for k in sorted(set(k_of[nodes].tolist())):
                 slots.constant(k)
     slots.close_constants()
 
@@ -96,8 +98,7 @@ def plan(graph, input_grads=False, walker=None):
     backward = _Rows()
     coefficients = {}  # kind -> list of row arrays (one run each)
     index_reads = []
-    for code in present:
-        nodes = computed[codes[computed] == code]
+    for code, nodes in nodes_of.items():
         op = op_of[code]
         if op is Dot:
             _dots(graph, nodes, slot, slots, needs, on_path, forward, backward)
@@ -225,10 +226,11 @@ def _dots(graph, nodes, slot, slots, needs, on_path, forward, backward):
     dropped = ((counts > 1) & (graph.codes[first] == 0) & (graph.role[first] == Role.CONST)
                & (graph.values[first] == 0) & ~np.signbit(graph.values[first]))
     parts = (counts - 1) // 2 + ~dropped
-    for i, drop in zip(nodes[parts > _PARTS].tolist(), dropped[parts > _PARTS].tolist()):
+    long = parts > _PARTS
+    for i, drop in zip(nodes[long].tolist(), dropped[long].tolist()):
         _dot(graph, i, drop, slot, slots, needs, on_path[i], forward, backward)
     one, zero = slots.constant(1.0), slots.constant(-0.0)
-    short = parts <= _PARTS
+    short = ~long
     for count, drop in sorted(set(zip(counts[short].tolist(), dropped[short].tolist()))):
         group = nodes[short & (counts == count) & (dropped == drop)]
         terms = kids[starts[group][:, None] + np.arange(count)]
