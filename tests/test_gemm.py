@@ -41,6 +41,7 @@ void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, lo
              const int32_t *rows, real *w, real rate)
 { matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S, rows, w, rate); }
 void call_scan(const real *x, long stride, long nb, long n, int32_t *list) { scan_rows(x, stride, nb, n, list); }
+void call_transpose(const real *x, long x_k, long n, long p, real *xt) { gemm_transpose(x, x_k, n, p, xt); }
 const char *call_variant(void) { return gemm_variant()->name; }
 void call_force(int variant, long depth) { gemm_forced_variant = variant, gemm_forced_depth = depth; }
 """
@@ -52,6 +53,7 @@ void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const re
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
              const int *rows, real *w, real rate);
 void call_scan(const real *x, long stride, long nb, long n, int *list);
+void call_transpose(const real *x, long x_k, long n, long p, real *xt);
 const char *call_variant(void);
 void call_force(int variant, long depth);
 """
@@ -210,6 +212,24 @@ def test_same_bits_in_every_vector_variant(vector_compiler, dtype):
     for variant, depth in runs[1:]:
         for a, b in zip(first, check(vector_compiler, dtype, variant, depth)):
             np.testing.assert_array_equal(a, b, err_msg=f"{runs[0]} against {variant}, depth {depth}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transpose_is_numpys(compiler, dtype):
+    """matmul_nt's packing (gemm_transpose: AVX's squares of lanes where the CPU has them, the plain
+    loops forced or on TCC) is NumPy's transpose exactly, at sizes with columns and samples after
+    the last square, from rows of a longer stride."""
+    ffi, lib = kernels(compiler, dtype)
+    np_type = DTYPES[dtype][1]
+    rng = np.random.default_rng(1)
+    forced = [-1, VARIANTS["plain"]] if toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native else [-1]
+    for variant, n, p in itertools.product(forced, (1, 3, 4, 8, 13, 16, 64), (1, 5, 8, 12, 31, 128)):
+        lib.call_force(variant, 0)
+        x = rng.standard_normal((n, p + 3)).astype(np_type)
+        xt = np.full((p, n), np.nan, np_type)
+        lib.call_transpose(ffi.cast("real *", x.ctypes.data), p + 3, n, p, ffi.cast("real *", xt.ctypes.data))
+        np.testing.assert_array_equal(xt, x[:, :p].T, err_msg=f"variant {variant}, n {n}, p {p}")
+    lib.call_force(-1, 0)
 
 
 def test_chosen_variant_is_the_widest_the_cpu_runs(compiler):

@@ -659,6 +659,87 @@ static int listed_between(const int32_t *rows, long first, long last)
     return lo < rows[0] && rows[1 + lo] < last;
 }
 
+/* xt[s * xt_s + k] = x[k * x_k + s] for k < n and s < p: a block of inputs transposed, in plain C. */
+static void gemm_transpose_plain(const real *restrict x, long x_k, long n, long p, real *restrict xt, long xt_s)
+{
+    for (long k = 0; k < n; k++)
+        for (long s = 0; s < p; s++)
+            xt[s * xt_s + k] = x[k * x_k + s];
+}
+
+#if GEMM_VECTOR_KERNELS
+/* The same by squares of one vector's lanes (AVX's shuffles: 8 by 8 floats, 4 by 4 doubles), the
+ * edges in plain C: the copy one element at a time, its stores a row of xt apart, took 3-4
+ * cycles an element (Zen 3), as long as the product itself at the GPT's small layers (a
+ * projection of 64 inputs over 256 samples packs 16 K elements for 0.5-3 M multiply-adds). The
+ * same bits: a copy. */
+static __attribute__((target("avx"))) void gemm_transpose_avx(const real *restrict x, long x_k, long n, long p,
+                                                               real *restrict xt)
+{
+#if REAL_IS_FLOAT
+    enum { L = 8 };
+#else
+    enum { L = 4 };
+#endif
+    const long whole_k = n - n % L, whole_s = p - p % L;
+    for (long k = 0; k < whole_k; k += L) {
+        const real *row = x + k * x_k;
+        for (long s = 0; s < whole_s; s += L) {
+            real *to = xt + s * n + k;
+#if REAL_IS_FLOAT
+            const __m256 r0 = _mm256_loadu_ps(row + s), r1 = _mm256_loadu_ps(row + x_k + s),
+                         r2 = _mm256_loadu_ps(row + 2 * x_k + s), r3 = _mm256_loadu_ps(row + 3 * x_k + s),
+                         r4 = _mm256_loadu_ps(row + 4 * x_k + s), r5 = _mm256_loadu_ps(row + 5 * x_k + s),
+                         r6 = _mm256_loadu_ps(row + 6 * x_k + s), r7 = _mm256_loadu_ps(row + 7 * x_k + s);
+            /* pairs of rows interleaved, then fours (lanes 0-3 of each half), then the halves */
+            const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1),
+                         t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3),
+                         t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+                         t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+            const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee),
+                         u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee),
+                         u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee),
+                         u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+            _mm256_storeu_ps(to, _mm256_permute2f128_ps(u0, u4, 0x20));
+            _mm256_storeu_ps(to + n, _mm256_permute2f128_ps(u1, u5, 0x20));
+            _mm256_storeu_ps(to + 2 * n, _mm256_permute2f128_ps(u2, u6, 0x20));
+            _mm256_storeu_ps(to + 3 * n, _mm256_permute2f128_ps(u3, u7, 0x20));
+            _mm256_storeu_ps(to + 4 * n, _mm256_permute2f128_ps(u0, u4, 0x31));
+            _mm256_storeu_ps(to + 5 * n, _mm256_permute2f128_ps(u1, u5, 0x31));
+            _mm256_storeu_ps(to + 6 * n, _mm256_permute2f128_ps(u2, u6, 0x31));
+            _mm256_storeu_ps(to + 7 * n, _mm256_permute2f128_ps(u3, u7, 0x31));
+#else
+            const __m256d r0 = _mm256_loadu_pd(row + s), r1 = _mm256_loadu_pd(row + x_k + s),
+                          r2 = _mm256_loadu_pd(row + 2 * x_k + s), r3 = _mm256_loadu_pd(row + 3 * x_k + s);
+            const __m256d t0 = _mm256_unpacklo_pd(r0, r1), t1 = _mm256_unpackhi_pd(r0, r1),
+                          t2 = _mm256_unpacklo_pd(r2, r3), t3 = _mm256_unpackhi_pd(r2, r3);
+            _mm256_storeu_pd(to, _mm256_permute2f128_pd(t0, t2, 0x20));
+            _mm256_storeu_pd(to + n, _mm256_permute2f128_pd(t1, t3, 0x20));
+            _mm256_storeu_pd(to + 2 * n, _mm256_permute2f128_pd(t0, t2, 0x31));
+            _mm256_storeu_pd(to + 3 * n, _mm256_permute2f128_pd(t1, t3, 0x31));
+#endif
+        }
+        for (long s = whole_s; s < p; s++) /* the samples after the squares */
+            for (long j = 0; j < L; j++)
+                xt[s * n + k + j] = row[j * x_k + s];
+    }
+    gemm_transpose_plain(x + whole_k * x_k, x_k, n - whole_k, p, xt + whole_k, n); /* the columns after them */
+}
+#endif
+
+/* xt[s * n + k] = x[k * x_k + s] for k < n and s < p (a block of inputs transposed), with AVX where
+ * the CPU has it; the plain loops where a test forces them (gemm_forced_variant 0). */
+static void gemm_transpose(const real *restrict x, long x_k, long n, long p, real *restrict xt)
+{
+#if GEMM_VECTOR_KERNELS
+    if (gemm_forced_variant != 0 && (cpu_features() & CPU_AVX)) {
+        gemm_transpose_avx(x, x_k, n, p, xt);
+        return;
+    }
+#endif
+    gemm_transpose_plain(x, x_k, n, p, xt, n);
+}
+
 /* Blocks [first_block, last_block) of columns, rows [first, last) of the weights. */
 static void matmul_nt_part(const WeightGradientArgs *a, long first_block, long last_block, long first, long last)
 {
@@ -670,11 +751,7 @@ static void matmul_nt_part(const WeightGradientArgs *a, long first_block, long l
             continue;
         for (long s0 = 0; s0 < a->S; s0 += GEMM_NT_SAMPLES) {
             const long p = a->S - s0 < GEMM_NT_SAMPLES ? a->S - s0 : GEMM_NT_SAMPLES;
-            for (long k = 0; k < n; k++) {
-                const real *row = a->x + (k0 + k) * a->x_k + s0;
-                for (long s = 0; s < p; s++)
-                    xt[s * n + k] = row[s];
-            }
+            gemm_transpose(a->x + k0 * a->x_k + s0, a->x_k, n, p, xt);
             /* stepping: the sums start from 0 (the gradients are 0) and step the weights at the end */
             const int first_part = s0 == 0, last_part = s0 + p >= a->S;
             const GemmArgs g = {.C = a->out + k0, .A = a->go + s0, .B = xt, .c_i = a->out_j, .a_i = a->go_j,
