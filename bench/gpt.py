@@ -40,6 +40,7 @@ import json
 import os
 import pathlib
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -263,7 +264,14 @@ def child_batches(compiler, batch, dtype, config):
     from gpt import train
     args, docs, tokenizer, state, params = _setup(["--compiler", compiler, "--batch-size", str(batch),
                                                    "--dtype", dtype, *CONFIGS[config]])
-    net, graph_s, compile_s = _port(args, state, params, compiler, batch, dtype)
+    built = {}
+    if config == "default":
+        net, graph_s, compile_s = _port(args, state, params, compiler, batch, dtype)
+    else:  # (issue 36's build targets: from an empty cache, then from the cache it filled)
+        with tempfile.TemporaryDirectory() as cache:
+            net, graph_s, compile_s = _port(args, state, params, compiler, batch, dtype, cache=cache)
+            _, hit_graph_s, hit_compile_s = _port(args, state, params, compiler, batch, dtype, cache=cache)
+        built = {"hit_s": hit_graph_s + hit_compile_s, "hit_graph_s": hit_graph_s}
     losses = list(itertools.islice(train.train_compiled(net, docs, tokenizer, args, _NoBar()), BATCH_STEPS))
     X, Y = _inputs_and_targets(docs, tokenizer, args.config.block_size, BATCH_STEPS * batch)
     times, by_threads, busiest = [], {1: [], 2: []}, {1: [], 2: []}
@@ -279,7 +287,8 @@ def child_batches(compiler, batch, dtype, config):
                 after = _threads_cpu()  # (the busiest thread's CPU: what the step takes on free cores)
                 busiest[threads].append(max((ns - before.get(tid, 0) for tid, ns in after.items()), default=0))
     result = {**_per_step(times, len(X)), "first_loss": losses[0], "losses": losses,
-              "graph_s": graph_s, "compile_s": compile_s, "threads": net.threads(),
+              "graph_s": graph_s, "compile_s": compile_s, "threads": net.threads(), **built,
+              "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
               "multiply_adds": _multiply_adds(args.config, tokenizer.vocab_size,
                                               [int(np.count_nonzero(y)) for y in Y]) / len(X)}
     if config != "default":
@@ -588,9 +597,12 @@ def _peak():
 def _print_big(config, batch, dtype, ours):
     """The bigger configuration's build, its share of the multiply-add peak and its threads."""
     peak = _peak()
-    print(f"\n{config} configuration ({' '.join(CONFIGS[config])}), B = {batch}, {dtype}: graph "
-          f"{ours['graph_s']:.1f} s, compile() {ours['compile_s']:.1f} s (gcc -O2); "
-          f"{ours['multiply_adds'] / 1e6:.2f} M multiply-adds a document (counted from the model's shapes)\n")
+    print(f"\n{config} configuration ({' '.join(CONFIGS[config])}), B = {batch}, {dtype}: from an empty cache, "
+          f"graph {ours['graph_s']:.1f} s + compile() {ours['compile_s']:.1f} s (gcc -O2, the runtime too) = "
+          f"{ours['graph_s'] + ours['compile_s']:.1f} s (target 20 s); on a hit {ours['hit_s']:.2f} s (the graph "
+          f"{ours['hit_graph_s']:.2f} s; target 2 s); peak memory {ours['peak_rss'] / 2**30:.2f} GB (the process, "
+          f"training included; target 2.5 GB); {ours['multiply_adds'] / 1e6:.2f} M multiply-adds a document (counted "
+          "from the model's shapes)\n")
     print("| threads | us a document | us a document (CPU) | G multiply-adds/s | the cores' peak (bandwidth.c) "
           "| share | target |")
     print("|---|---|---|---|---|---|---|")

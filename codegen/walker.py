@@ -8,6 +8,7 @@ import functools
 import warnings
 
 import templates
+from micrograd_c import engine
 
 from .backend import toolchain
 
@@ -28,3 +29,16 @@ def module():
     except (toolchain.ToolchainError, ImportError, OSError) as error:
         warnings.warn(f"the C graph walker did not build ({error}); reading graphs in Python", stacklevel=2)
         return None
+
+
+def _float_chain(value_type, start, a, b):
+    """engine.Dot's chain over floats by the walker's C (templates/walk.c's float_chain, the same
+    bits as NumPy's): installed below, so that a model built after `import codegen` makes its
+    Dots at C speed. Its first call builds or loads the walker (which compile() would build
+    anyway) and installs the walker's own function; without a walker, Dots go back to NumPy."""
+    walk = module()
+    engine.use_compiled_chain(walk.float_chain if walk is not None else None)
+    return walk.float_chain(value_type, start, a, b) if walk is not None else None
+
+
+engine.use_compiled_chain(_float_chain)

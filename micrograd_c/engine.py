@@ -212,14 +212,13 @@ class Dot(Value):
     def __init__(self, start, a, b):
         terms = [start] * (2 * len(a) + 1)  # (filled by slices: 5x faster than interleaving them one by one)
         terms[1::2], terms[2::2] = a, b
-        x, y = list(map(_data, a)), list(map(_data, b))
-        if _FLOAT_CHAIN and type(start.data) in (float, int) and {*map(type, x), *map(type, y)} == _FLOAT_ONLY:
-            data, steps = _float_chain(start.data, x, y)
+        compiled = _compiled_chain(Value, start.data, a, b) if _compiled_chain and _FLOAT_CHAIN else None
+        if compiled is not None:
+            data, raw = compiled
+            steps = array("d")
+            steps.frombytes(raw)
         else:
-            products = list(map(_MUL_DATA, x, y))
-            sums = list(accumulate(products, _ADD_DATA, initial=start.data))
-            data, steps = sums[-1], products + sums[1:-1]
-            steps = array("d", steps) if set(map(type, steps)) == _FLOAT_ONLY else tuple(steps)
+            data, steps = _chain_values(start.data, list(map(_data, a)), list(map(_data, b)))
         Value.__init__(self, data, (), "+", _ADD)
         _PREV.__set__(self, None)
         self._terms = tuple(terms)  # start, a[0], b[0], a[1], b[1], ...: the order of the chain's walk
@@ -252,9 +251,33 @@ class Dot(Value):
         return (total, product[-1])
 
 
-# The op table's + and * are Python's on floats: a chain of floats is then computed in numpy
+# The op table's + and * are Python's on floats: a chain of floats is then computed in numpy, or
+# by compiled code where codegen installed it (use_compiled_chain)
 _FLOAT_CHAIN = _ADD.value == "{a} + {b}" and _MUL.value == "{a} * {b}"
 _FLOAT_ONLY = {float}
+_compiled_chain = None
+
+
+def use_compiled_chain(chain):
+    """Let every Dot made from now on compute its chain over floats with `chain(value_type, start,
+    a, b)` -> (the value, the bytes of its steps as float64) or None (not all floats: NumPy's and
+    Python's then), the same bits as _float_chain; None: _float_chain again. codegen installs its
+    graph walker's (templates/walk.c's float_chain; the front end builds no C itself): a Dot of
+    85 terms took ~50 us with NumPy's chain and its checks, mostly overhead."""
+    global _compiled_chain
+    _compiled_chain = chain
+
+
+def _chain_values(start, x, y):
+    """(the value, the steps) of a Dot's chain from `start` over the terms' data x and y, as Dot
+    keeps them: the products, then the partial sums before the last (floats in an array), each
+    computed by the op table's * and + in the chain's order; over floats, _float_chain's."""
+    if _FLOAT_CHAIN and type(start) in (float, int) and {*map(type, x), *map(type, y)} == _FLOAT_ONLY:
+        return _float_chain(start, x, y)
+    products = list(map(_MUL_DATA, x, y))
+    sums = list(accumulate(products, _ADD_DATA, initial=start))
+    steps = products + sums[1:-1]
+    return sums[-1], array("d", steps) if set(map(type, steps)) == _FLOAT_ONLY else tuple(steps)
 
 
 def _float_chain(start, x, y):

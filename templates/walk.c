@@ -18,7 +18,9 @@
  *   reach(starts, kids, nodes, flags, down)
  *       marks spread along those arrays' edges (see reach below).
  *   depths(starts, kids, nodes, depth)
- *       each node's depth (see depths below). */
+ *       each node's depth (see depths below).
+ *   float_chain(value_type, start, a, b)
+ *       a Dot's value and steps over floats (see float_chain below; engine.Dot's, as it is made). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>  /* PyMemberDef: a slot's offset */
@@ -458,10 +460,88 @@ static PyObject *depths(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* A term's data as a double, as Python's float arithmetic converts it: a float, or an int (exactly
+ * PyLong_AsDouble, what float * int does; *is_float 0); 0 for anything else. */
+static int chain_term(PyObject *v, double *x, int *is_float) {
+    if (v && PyFloat_CheckExact(v)) {
+        *x = PyFloat_AS_DOUBLE(v), *is_float = 1;
+        return 1;
+    }
+    if (v && PyLong_CheckExact(v)) {
+        *x = PyLong_AsDouble(v), *is_float = 0;
+        if (*x == -1.0 && PyErr_Occurred()) {  /* (too big for a float: Python's own arithmetic raises) */
+            PyErr_Clear();
+            return 0;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* float_chain(value_type, start, a, b): a Dot's chain over floats (micrograd_c/engine.py's Dot),
+ * start + a[0].data * b[0].data + ... + a[n-1].data * b[n-1].data, each product and each partial
+ * sum rounded as Python's floats round them, in that order: (the value, the bytes of the steps
+ * as Dot keeps them: the n products, then the n - 1 partial sums before the last), or None when
+ * start is not a float or an int, or a product is not one of floats (a float by a float or an int,
+ * as a ReLU's 0 is: Dot's Python then computes it). a and b: sequences of value_type's instances,
+ * of one length n >= 1. About 5 ns a term where NumPy's chain and its checks took ~0.4 us. No
+ * contraction into fused multiply-adds, which would round once where Python rounds twice. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+static PyObject *float_chain(PyObject *self, PyObject *args) {
+    PyTypeObject *type;
+    PyObject *start, *a, *b, *result = NULL;
+    static PyTypeObject *known;  /* the type whose data slot's offset `data` is */
+    static Py_ssize_t data;
+    if (!PyArg_ParseTuple(args, "O!OOO", &PyType_Type, &type, &start, &a, &b)) return NULL;
+    if (type != known) {
+        if ((data = member_offset(type, "data")) < 0) return NULL;
+        known = type;
+    }
+    double total, x, y;
+    int x_float, y_float;
+    if (!chain_term(start, &total, &x_float)) Py_RETURN_NONE;
+    PyObject *as = PySequence_Fast(a, "a Dot's terms must be a sequence"), *bs = NULL, *steps = NULL;
+    if (!as || !(bs = PySequence_Fast(b, "a Dot's terms must be a sequence"))) goto done;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(as);
+    if (n < 1 || PySequence_Fast_GET_SIZE(bs) != n) {
+        PyErr_SetString(PyExc_ValueError, "float_chain: two lists of one length, at least 1");
+        goto done;
+    }
+    if (!(steps = PyBytes_FromStringAndSize(NULL, (2 * n - 1) * (Py_ssize_t)sizeof(double)))) goto done;
+    char *out = PyBytes_AS_STRING(steps);
+    PyObject **xs = PySequence_Fast_ITEMS(as), **ys = PySequence_Fast_ITEMS(bs);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyObject_TypeCheck(xs[i], type) || !PyObject_TypeCheck(ys[i], type)) {
+            PyErr_SetString(PyExc_TypeError, "float_chain: terms must be Values");
+            goto done;
+        }
+        if (!chain_term(SLOT(xs[i], data), &x, &x_float) || !chain_term(SLOT(ys[i], data), &y, &y_float)
+            || !(x_float || y_float)) {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+        const double product = x * y;
+        memcpy(out + i * sizeof product, &product, sizeof product);
+        total = total + product;
+        if (i < n - 1) memcpy(out + (n + i) * sizeof total, &total, sizeof total);
+    }
+    result = Py_BuildValue("(dO)", total, steps);
+done:
+    Py_XDECREF(as); Py_XDECREF(bs); Py_XDECREF(steps);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, "The Value graph read into arrays (see the file's comment)."},
     {"reach", reach, METH_VARARGS, "Marks spread along a graph's edges (see its comment)."},
     {"depths", depths, METH_VARARGS, "Each node's depth in a graph (see its comment)."},
+    {"float_chain", float_chain, METH_VARARGS, "A Dot's chain over floats (see its comment)."},
     {NULL, NULL, 0, NULL},
 };
 

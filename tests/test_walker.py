@@ -167,3 +167,90 @@ def test_the_walks_over_arrays_check_their_positions(walk_module):
             walk_module.reach(starts, bad_kids, bad_nodes, flags, True)
         with pytest.raises(ValueError, match="outside the arrays"):
             walk_module.depths(starts, bad_kids, bad_nodes, depth)
+
+
+def _chain_terms(rng, n, kinds):
+    """n Values of data drawn from `kinds`: floats of every magnitude (subnormals, -0.0, inf, nan)
+    and ints (a ReLU's 0, a count)."""
+    specials = [0.0, -0.0, 1e-310, -5e-324, 1e308, -1e308, float("inf"), float("-inf"), float("nan"), 1.0]
+    out = []
+    for _ in range(n):
+        kind = kinds[rng.integers(len(kinds))]
+        if kind == "float":
+            out.append(float(rng.standard_normal() * 10.0 ** rng.integers(-8, 9)))
+        elif kind == "special":
+            out.append(specials[rng.integers(len(specials))])
+        else:
+            out.append(int(rng.integers(-3, 4)))
+    return [Value(x) for x in out]
+
+
+def _same_bits(x, y):
+    """Whether two float64 sequences hold the same numbers, bit for bit but for a NaN's sign and
+    payload (which operand's NaN an operation keeps, the compiler's choice where it may commute)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    nan = np.isnan(x)
+    return bool(np.array_equal(nan, np.isnan(y)) and np.array_equal(x[~nan].view(np.uint64), y[~nan].view(np.uint64)))
+
+
+def test_a_dot_made_in_c_has_pythons_bits(compiler):
+    """templates/walk.c's float_chain (engine.Dot's chain over floats, as each compiler builds it)
+    gives the value and steps of Dot's own Python, bit for bit (a NaN as a NaN): floats of every magnitude and the
+    specials, ints beside floats (a ReLU's 0), int starts; None, and Python then, where a product is
+    of two ints or a datum neither a float nor an int."""
+    import templates
+    from micrograd_c import engine
+    native = toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native
+    for build in ([False, True] if native else [False]):  # (-march=native: FMAs the C must not contract into)
+        _, walk = toolchain.build_module(templates.read("walk.c"), walker.MODULE_NAME, compiler=compiler, opt=2,
+                                         native=build)
+        _check_chains(walk, compiler)
+
+
+def _check_chains(walk, compiler):
+    from micrograd_c import engine
+    rng = np.random.default_rng(0)
+    checked = 0
+    for case in range(300):
+        n = int(rng.integers(1, 70))
+        a = _chain_terms(rng, n, ["float", "float", "special"])
+        b = _chain_terms(rng, n, ["float", "special", "int"])
+        start = [0.0, 2, -1.5, float(rng.standard_normal())][case % 4]
+        made = walk.float_chain(Value, start, a, b)
+        value, steps = engine._chain_values(start, [v.data for v in a], [v.data for v in b])
+        assert made is not None
+        assert _same_bits([made[0]], [value]), (case, made[0], value)
+        assert _same_bits(np.frombuffer(made[1]), np.frombuffer(steps.tobytes())), case
+        checked += 1
+    ints = [Value(2), Value(3)]
+    assert walk.float_chain(Value, 0.0, ints, ints) is None  # (int * int is an int: Python keeps it)
+    assert walk.float_chain(Value, 0.0, [Value(True)], [Value(1.0)]) is None
+    assert walk.float_chain(Value, 0.0, [Value(np.float64(1.0))], [Value(1.0)]) is None
+    assert walk.float_chain(Value, "0", [Value(1.0)], [Value(1.0)]) is None
+    assert walk.float_chain(Value, 0.0, [Value(2 ** 2000)], [Value(1.0)]) is None  # (Python raises)
+    with pytest.raises(TypeError, match="Values"):
+        walk.float_chain(Value, 0.0, [1.0], [Value(1.0)])
+    with pytest.raises(ValueError, match="one length"):
+        walk.float_chain(Value, 0.0, [Value(1.0)], [])
+    print(f"{compiler}: {checked} chains the same bits as Python's")
+
+
+def test_dots_made_after_import_codegen_are_the_pythons(walk_module):
+    """`import codegen` installs the walker's chain for every Dot (engine.use_compiled_chain): a
+    Dot's value and steps, its chain's Values and a backward() are those of a Dot made by
+    NumPy's chain; a Dot of ints (no floats) is Python's own, ints kept."""
+    from micrograd_c import engine
+    rng = np.random.default_rng(1)
+    a, b = _chain_terms(rng, 40, ["float", "int"]), _chain_terms(rng, 40, ["float"])
+    start = Value(0.25)
+    with_c = Dot(start, a, b)
+    assert engine._compiled_chain is walk_module.float_chain
+    engine.use_compiled_chain(None)
+    try:
+        by_numpy = Dot(start, a, b)
+    finally:
+        engine.use_compiled_chain(walk_module.float_chain)
+    assert with_c.data == by_numpy.data and with_c._steps == by_numpy._steps
+    assert [v.data for v in topological_order(with_c)] == [v.data for v in topological_order(by_numpy)]
+    ints = Dot(Value(1), [Value(2), Value(3)], [Value(4), Value(5)])
+    assert ints.data == 1 + 8 + 15 and type(ints.data) is int and ints._steps == (8, 15, 9)
