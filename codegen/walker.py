@@ -33,7 +33,7 @@ def module():
 
 def _float_chain(value_type, start, a, b):
     """engine.Dot's chain over floats by the walker's C (templates/walk.c's float_chain, the same
-    bits as NumPy's): installed below, so that a model built after `import codegen` makes its
+    bits as the engine's own but a NaN's sign): installed below, so that a model built after `import codegen` makes its
     Dots at C speed. Its first call builds or loads the walker (which compile() would build
     anyway) and installs the walker's own function; without a walker, Dots go back to NumPy."""
     walk = module()
