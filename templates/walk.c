@@ -484,8 +484,9 @@ static int chain_term(PyObject *v, double *x, int *is_float) {
  * as Dot keeps them: the n products, then the n - 1 partial sums before the last), or None when
  * start is not a float or an int, or a product is not one of floats (a float by a float or an int,
  * as a ReLU's 0 is: Dot's Python then computes it). a and b: sequences of value_type's instances,
- * of one length n >= 1. About 5 ns a term where NumPy's chain and its checks took ~0.4 us. No
- * contraction into fused multiply-adds, which would round once where Python rounds twice. */
+ * of one length n >= 1. A Dot of 85 terms is made in 6.5 us with it, 57 with NumPy's chain and its
+ * checks (Zen 3). No contraction into fused multiply-adds, which would round once where Python
+ * rounds twice. */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #endif
