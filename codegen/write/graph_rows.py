@@ -27,8 +27,6 @@ a dot's padding, each op's k), then the coefficient slots, the partial sums of l
 scratch slot (a local derivative nothing reads).
 """
 
-import struct
-
 import numpy as np
 
 from micrograd_c import ops
@@ -38,9 +36,6 @@ from ..lower import ir
 from ..lower.types import LEAF_KINDS, OP, Program, Role
 from . import table as tables
 
-_bits = struct.Struct("<d").pack
-_EDGE_WIDTH = 3  # [coefficient, out, target]
-_CHEAP_WIDTH = 4  # [which, a, b, out]
 _MAX = tables.CHEAP_OPS.index("max")
 _PARTS = tables.DOT_SIZES[-1]
 
@@ -242,21 +237,26 @@ def _dots(graph, nodes, slot, slots, needs, on_path, forward, backward):
         forward.add_many(group, tables.DOT_KINDS[size],
                          np.concatenate([xs, np.full(pad, zero), ys, np.full(pad, one), slot[group][:, None]], axis=1))
         stepped = on_path[group]
-        group, start, a, b = group[stepped], start[stepped], a[stepped], b[stepped]
-        needed = np.concatenate([needs[start], needs[b], needs[a]], axis=1)  # the straight-line C's order
-        coefficient = np.concatenate([np.full(start.shape, one), slot[a], slot[b]], axis=1)[needed]
-        target = np.concatenate([slot[start], slot[b], slot[a]], axis=1)[needed]
-        per_node = needed.sum(axis=1)
-        backward.add_many(-np.repeat(group, per_node), tables.EDGE,
-                          np.stack([coefficient, np.repeat(slot[group], per_node), target], axis=1))
+        _dot_edges(group[stepped], start[stepped], a[stepped], b[stepped], slot, needs, one, backward)
+
+
+def _dot_edges(group, start, a, b, slot, needs, one, backward):
+    """The backward edges of Dots (their terms: rows of start, a, b), from each Dot's gradient: an
+    edge per part whose factor needs a gradient, in the straight-line C's order (the start's, each
+    b's, each a's)."""
+    needed = np.concatenate([needs[start], needs[b], needs[a]], axis=1)
+    coefficient = np.concatenate([np.full(start.shape, one), slot[a], slot[b]], axis=1)[needed]
+    target = np.concatenate([slot[start], slot[b], slot[a]], axis=1)[needed]
+    per_node = needed.sum(axis=1)
+    backward.add_many(-np.repeat(group, per_node), tables.EDGE,
+                      np.stack([coefficient, np.repeat(slot[group], per_node), target], axis=1))
 
 
 def _dot(graph, i, drop, slot, slots, needs, stepped, forward, backward):
     """An engine.Dot's rows: its start (a term, 1 * start; not when `drop`: a +0.0 start before
     products, which the lowering drops as sum()'s) and its products, DOT_SIZES[-1] parts a row,
-    each row after the first adding the one before (a slot of its own) as a term; backward, an
-    edge per part whose factor needs a gradient (the start's, each b's, each a's: the
-    straight-line C's order), all from the Dot's gradient."""
+    each row after the first adding the one before (a slot of its own) as a term; backward, its
+    edges (_dot_edges), all from the Dot's gradient."""
     terms = graph.kids[graph.starts[i]:graph.starts[i + 1]]
     start, a, b = terms[:1 - drop], terms[1::2], terms[2::2]
     one, out = slots.constant(1.0), int(slot[i])
@@ -277,38 +277,28 @@ def _dot(graph, i, drop, slot, slots, needs, stepped, forward, backward):
         if to == out:
             break
         before, chunk = to, chunk + 1
-    if not stepped:
-        return
-    from_start, from_b, from_a = needs[start], needs[b], needs[a]
-    coefficient = np.concatenate([np.full(int(from_start.sum()), one), slot[a][from_b], slot[b][from_a]])
-    target = np.concatenate([slot[start][from_start], slot[b][from_b], slot[a][from_a]])
-    backward.add_many(np.full(len(target), -i), tables.EDGE,
-                      np.stack([coefficient, np.full(len(target), out), target], axis=1))
+    if stepped:
+        _dot_edges(np.array([i]), start[None], a[None], b[None], slot, needs, one, backward)
 
 
-class _Slots:
+class _Slots(tables.ConstantSlots):
     """The slots after the computed Values': the constant leaves (given), the constants the rows
     read (one per value's bits), then (close_constants) coefficients, partial sums, scratch."""
 
     def __init__(self, n_slots, constants):
-        self.n_slots, self.constants = n_slots + len(constants), constants
-        self._by_bits = {}
+        super().__init__(n_slots + len(constants), constants)
         self.scratch = None
 
     def constant(self, value):
-        bits = _bits(value)
-        found = self._by_bits.get(bits)
-        if found is None:
-            if self.scratch is not None:
-                raise AssertionError("a constant after the coefficient slots")
-            found = self._by_bits[bits] = self.n_slots
-            self.constants.append((found, value))
-            self.n_slots += 1
-        return found
+        n_slots = self.n_slots
+        slot = super().constant(value)
+        if self.n_slots != n_slots and self.scratch is not None:
+            raise AssertionError("a constant after the coefficient slots")
+        return slot
 
     def constants_of(self, values):
         """The constants' slots of an array of values (each one seen already)."""
-        return np.array([self._by_bits[_bits(v)] for v in values.tolist()], dtype=np.int64)
+        return np.array([self.constant(v) for v in values.tolist()], dtype=np.int64)
 
     def close_constants(self):
         self.scratch = self.n_slots

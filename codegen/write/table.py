@@ -250,28 +250,13 @@ def plan(program):
     return Plan(lowered, passes, words, rows, runs, compiled)
 
 
-class _Slots:
-    """Operand slots of rows: a node's slot, or for a constant that has none (the straight-line
-    C's literals) one more slot after the program's, one per distinct value (its bits); and the
-    coefficient slots that backward's coefficient rows fill, after the constants (which
-    init_constants writes as one block): numbered from COEFFICIENTS while planning, then moved
-    (placed)."""
+class ConstantSlots:
+    """Slots for the constants rows read: one per distinct value (its bits), numbered from n_slots
+    on; `constants` lists (slot, value), which init_constants writes as one block."""
 
-    COEFFICIENTS = 1 << 30
-
-    def __init__(self, program):
-        self.n_slots = program.n_slots
-        self.constants = []  # (slot, value), appended to the program's
+    def __init__(self, n_slots, constants=()):
+        self.n_slots, self.constants = n_slots, list(constants)
         self._by_bits = {}
-        self.n_coefficients = 0
-        # where a coefficient row writes the local derivatives nothing reads (an operand that
-        # needs no gradient): a slot of its own, never read
-        self.scratch = self.coefficient()
-
-    def of(self, node):
-        if node.slot is not None:
-            return node.slot
-        return self.constant(float(node.value))
 
     def constant(self, value):
         bits = _bits(value)
@@ -281,6 +266,27 @@ class _Slots:
             self.constants.append((slot, value))
             self.n_slots += 1
         return slot
+
+
+class _Slots(ConstantSlots):
+    """Operand slots of rows: a node's slot, or for a constant that has none (the straight-line
+    C's literals) one more slot after the program's (constant); and the coefficient slots that
+    backward's coefficient rows fill, after the constants: numbered from COEFFICIENTS while
+    planning, then moved (placed)."""
+
+    COEFFICIENTS = 1 << 30
+
+    def __init__(self, program):
+        super().__init__(program.n_slots)  # (the constants appended to the program's)
+        self.n_coefficients = 0
+        # where a coefficient row writes the local derivatives nothing reads (an operand that
+        # needs no gradient): a slot of its own, never read
+        self.scratch = self.coefficient()
+
+    def of(self, node):
+        if node.slot is not None:
+            return node.slot
+        return self.constant(float(node.value))
 
     def coefficient(self):
         """A new coefficient slot (numbered from COEFFICIENTS until placed)."""

@@ -719,9 +719,8 @@ static __attribute__((target("avx"))) void gemm_transpose_avx(const real *restri
             _mm256_storeu_pd(to + 3 * n, _mm256_permute2f128_pd(t1, t3, 0x31));
 #endif
         }
-        for (long s = whole_s; s < p; s++) /* the samples after the squares */
-            for (long j = 0; j < L; j++)
-                xt[s * n + k + j] = row[j * x_k + s];
+        /* the samples after the squares */
+        gemm_transpose_plain(row + whole_s, x_k, L, p - whole_s, xt + whole_s * n + k, n);
     }
     gemm_transpose_plain(x + whole_k * x_k, x_k, n - whole_k, p, xt + whole_k, n); /* the columns after them */
 }
