@@ -72,7 +72,8 @@ ONE_PIECE = 1 << 30  # a depth that no sum is sliced at
 def kernels(compiler, dtype):
     """The kernels built into a library with the harness (every variant, each forced in turn)."""
     ctype = DTYPES[dtype][0]
-    defines = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n#define HAVE_THREAD_POOL 0\n"
+    # B packed into panels where it fits GEMM_PACK_B values: some sizes do, the others run unpacked
+    defines = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n#define HAVE_THREAD_POOL 0\n#define GEMM_PACK_B 4096\n#define GEMM_PACK_B_ROWS 6\n"
     source = defines + templates.read("prelude.c") + HARNESS
     build = toolchain.build_library(source, "gemm", compiler, opt=2)
     ffi = cffi.FFI()

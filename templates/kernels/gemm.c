@@ -118,9 +118,26 @@ typedef struct {
  * columns reads them; up to GEMM_PANEL terms (a slice of the sum, gemm_depth, is fewer), else
  * read in place. Zen 3, float32, thread CPU time: matmul_acc at 512x256x128 32.5 -> 37.8 G
  * multiply-adds/s. (Packing the listed terms of sparse inputs' gather measured slower.) */
+/* B's columns in whole tiles copied into panels on the stack (BLIS's packing: a tile's columns
+ * of a term side by side, the next term after them) once a call, where the call's rows read them
+ * often enough to pay for the copy (GEMM_PACK_B_ROWS rows; any number when the terms are listed,
+ * a sparse input's gather) and they fit in GEMM_PACK_B values: the tiles then read B as one
+ * stream instead of a vector every b_p values (a row of predict()'s 1,000 samples is 4 KB: each
+ * term another page). Zen 3, float32, MLP(784, [512, 256, 10]) on MNIST, 2 threads, one process
+ * alternating the two: predict() 0.83-0.91x its time, train() at B = 128 0.91-0.94x; a product
+ * of 64 rows by 64 terms (a GPT's layer of 64) 1.13x with its 11 tiles packed. A copy: the same
+ * bits. */
 #if HAVE_THREAD_POOL
+#ifndef GEMM_PACK_B /* (tests/test_gemm.py's are smaller) */
+#define GEMM_PACK_B (131072 / (long)sizeof(real))
+#define GEMM_PACK_B_ROWS 96
+#endif
 #define GEMM_PANEL 512
 #else /* exported C's small stack (see GEMM_NT_COLUMNS) */
+#ifndef GEMM_PACK_B
+#define GEMM_PACK_B 0
+#define GEMM_PACK_B_ROWS 0
+#endif
 #define GEMM_PANEL 128
 #endif
 /* rows [first, last) with vectors of vec_t: a register tile of ROWS rows (TILE_ROWS(op, VECS)
@@ -145,6 +162,15 @@ typedef struct {
         const int pack = a_i == 1 && a_p != 1 && N > (vectors) * V && P <= GEMM_PANEL;             \
         const int tail = N % V && !g->step; /* (see GEMM_TAIL) */                                  \
         real panel[(ROWS) * GEMM_PANEL];                                                           \
+        enum { PW = (vectors) * V }; /* a panel's columns (GEMM_PACK_B): the tile's */              \
+        const long whole = N / PW * PW;                                                            \
+        const int pack_b = GEMM_PACK_B > 0 && (p_list || last - first >= GEMM_PACK_B_ROWS)       \
+                           && b_p > PW && whole > 0 && P * whole <= GEMM_PACK_B;                   \
+        real b_panels[GEMM_PACK_B > 0 ? GEMM_PACK_B : 1];                                          \
+        if (pack_b) {                                                                              \
+            GEMM_OVER_P(for (long n0 = 0; n0 < whole; n0 += PW)                                    \
+                            memcpy(b_panels + n0 * P + t * PW, B + p * b_p + n0, PW * sizeof(real));) \
+        }                                                                                          \
         long i = first;                                                                            \
         for (; i + (ROWS) <= last; i += (ROWS))                                                    \
             GEMM_BLOCK(TILE_ROWS, ROWS, VECS, vectors)                                             \
@@ -174,8 +200,12 @@ typedef struct {
         const real *restrict a = pack ? panel : A + i * a_i;                                       \
         const long a_r = pack ? 1 : a_i, a_q = pack ? (count) : a_p;                               \
         long n = 0;                                                                                \
-        for (; n + (vectors) * V <= N; n += (vectors) * V)                                         \
-            GEMM_COLUMNS(ROWS, VECS)                                                               \
+        if (pack_b)                                                                                \
+            for (; n + (vectors) * V <= N; n += (vectors) * V)                                     \
+                GEMM_COLUMNS_WITH(ROWS, VECS, GEMM_LOAD_B_PANEL)                                   \
+        else                                                                                       \
+            for (; n + (vectors) * V <= N; n += (vectors) * V)                                     \
+                GEMM_COLUMNS(ROWS, VECS)                                                           \
         if (tail && n < N)                                                                         \
             GEMM_TAIL(ROWS, vectors)                                                               \
         else                                                                                       \
@@ -189,12 +219,13 @@ typedef struct {
         }                                                                                          \
         GEMM_EPILOGUE(g, i, count)                                                                 \
     }
-/* the tile's columns [n, n + VECS vectors) */
-#define GEMM_COLUMNS(ROWS, VECS)                                                                   \
+/* the tile's columns [n, n + VECS vectors), B's vectors loaded by LOAD */
+#define GEMM_COLUMNS(ROWS, VECS) GEMM_COLUMNS_WITH(ROWS, VECS, GEMM_LOAD_B)
+#define GEMM_COLUMNS_WITH(ROWS, VECS, LOAD)                                                        \
     {                                                                                              \
         ROWS(GEMM_DECLARE, VECS)                                                                   \
         ROWS(GEMM_START, VECS)                                                                     \
-        GEMM_OVER_P(VECS(GEMM_LOAD_B, _) ROWS(GEMM_FMA, VECS))                                     \
+        GEMM_OVER_P(VECS(LOAD, _) ROWS(GEMM_FMA, VECS))                                            \
         ROWS(GEMM_STORE, VECS)                                                                     \
     }
 /* The columns after a block's whole tiles, N - n of them (fewer than a tile's), as ceil((N - n)
@@ -260,6 +291,10 @@ typedef struct {
 #define GEMM_LOAD_B(_, v)                                                                          \
     vec b##v;                                                                                      \
     memcpy(&b##v, B + p * b_p + n + v * V, sizeof b##v);
+/* (the same vector from B's panels: column n + v * V's panel starts at its first column times P) */
+#define GEMM_LOAD_B_PANEL(_, v)                                                                    \
+    vec b##v;                                                                                      \
+    memcpy(&b##v, b_panels + (n + (v) * V / PW * PW) * P + t * PW + (v) * V % PW, sizeof b##v);
 #define GEMM_FMA(r, VECS)                                                                          \
     {                                                                                              \
         const real x = a[r * a_r + q * a_q];                                                       \
