@@ -9,7 +9,9 @@ leaves out; matmul_set and matmul_acc with an epilogue, a ReLU and its gradient;
 stepping the weights); each variant of the micro-kernel built (the plain loops, AVX2's tile,
 AVX-512's: every build holds them all), those this CPU has run, forced in turn
 (gemm_forced_variant), with the sums in slices (gemm_forced_depth: 7 terms, the depth chosen for
-the L2) and in one piece, the vector variants and depths giving the same bits."""
+the L2) and in one piece, the vector variants and depths giving the same bits; and as a module
+builds them, in chunks of rows with B packed once for the chunks (gemm_packed), the same bits
+as unpacked."""
 
 import functools
 import itertools
@@ -68,23 +70,40 @@ VARIANTS = {"plain": 0, "avx2 6x2": 1, "avx512 6x2": 2}
 ONE_PIECE = 1 << 30  # a depth that no sum is sliced at
 
 
+# A module's build (HAVE_THREAD_POOL 1) whose products run in chunks of a tile's rows, the last
+# chunk first, on the caller's thread: each product shared (GEMM_PARALLEL_MIN 0) and B packed
+# (templates/kernels/gemm.c's gemm_packed) where a slice fits 4,096 values and the product has
+# 6 rows, so that some sizes are packed and others not, and the chunks after the first read the
+# panels the first packed.
+CHUNKED = """#define HAVE_THREAD_POOL 1
+#define GEMM_PARALLEL_MIN 0
+#define GEMM_PACK_B 4096
+#define GEMM_PACK_B_ROWS 6
+"""
+CHUNKS = """
+SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
+{ for (long first = (rows - 1) / align * align; first >= 0; first -= align) task(args, first, first + align < rows ? first + align : rows); }
+SHARED int pool_parts(void) { return 1; }
+"""
+
+
 @functools.cache
-def kernels(compiler, dtype):
-    """The kernels built into a library with the harness (every variant, each forced in turn)."""
+def kernels(compiler, dtype, chunked=False):
+    """The kernels built into a library with the harness (every variant, each forced in turn):
+    as exported C builds them (no threads), or `chunked` (CHUNKED)."""
     ctype = DTYPES[dtype][0]
-    # B packed into panels where it fits GEMM_PACK_B values: some sizes do, the others run unpacked
-    defines = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n#define HAVE_THREAD_POOL 0\n#define GEMM_PACK_B 4096\n#define GEMM_PACK_B_ROWS 6\n"
-    source = defines + templates.read("prelude.c") + HARNESS
-    build = toolchain.build_library(source, "gemm", compiler, opt=2)
+    defines = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n" + (CHUNKED if chunked else "#define HAVE_THREAD_POOL 0\n")
+    source = defines + templates.read("prelude.c") + (CHUNKS if chunked else "") + HARNESS
+    build = toolchain.build_library(source, "gemm_chunked" if chunked else "gemm", compiler, opt=2)
     ffi = cffi.FFI()
     ffi.cdef(f"typedef {ctype} real;\n" + DECLARATIONS)
     return ffi, ffi.dlopen(str(build.path))
 
 
-def check(compiler, dtype, variant=None, depth=None):
+def check(compiler, dtype, variant=None, depth=None, chunked=False):
     """The products at every size against NumPy, asserting the bound; the results, in order.
-    variant and depth: forced (None: the machine's choice)."""
-    ffi, lib = kernels(compiler, dtype)
+    variant and depth: forced (None: the machine's choice); chunked: kernels()'s."""
+    ffi, lib = kernels(compiler, dtype, chunked)
     lib.call_force(-1 if variant is None else VARIANTS[variant], depth or 0)
     ran = ffi.string(lib.call_variant()).decode()
     assert variant is None or ran == variant, (variant, ran)
@@ -142,14 +161,15 @@ def check(compiler, dtype, variant=None, depth=None):
         if sparse:  # an unlisted row adds nothing to its weights' gradients
             np.testing.assert_array_equal(dw[:, :K:3], before[:, :K:3])
         # stepping the weights instead (SGD after a batch, from zero gradients), in pieces of 32
-        # samples (HAVE_THREAD_POOL 0): the gradients stay (or end) 0
+        # samples (HAVE_THREAD_POOL 0; 128 chunked): the gradients stay (or end) 0
         weights, zero = w.copy(), np.zeros((J, K + 1), np_type)
         lib.call_nt(ptr(zero), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows, ptr(weights), 0.25)
         worst = max(worst, compare(weights[:, :K], W - 0.25 * (G @ X.T), rtol, "matmul_nt stepping", J, S, K, sparse))
         np.testing.assert_array_equal(weights[:, K], w[:, K])
         assert not zero.any()
         results += [out, relu, dx, dy, dw, weights]
-    print(f"{compiler} {dtype} {ran}, depth {depth or 'for the L2'}: max relative difference {worst:.2e}")
+    print(f"{compiler} {dtype} {ran}, depth {depth or 'for the L2'}{', chunked' if chunked else ''}: "
+          f"max relative difference {worst:.2e}")
     return results
 
 
@@ -213,6 +233,18 @@ def test_same_bits_in_every_vector_variant(vector_compiler, dtype):
     for variant, depth in runs[1:]:
         for a, b in zip(first, check(vector_compiler, dtype, variant, depth)):
             np.testing.assert_array_equal(a, b, err_msg=f"{runs[0]} against {variant}, depth {depth}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packed_b_has_the_same_bits(compiler, dtype):
+    """A module's products in chunks, B packed once for the chunks that read it (gemm_packed), at
+    the sizes kernels() packs and those it does not, in one piece and in slices: NumPy's within the
+    bound, and the bits of the products unpacked (exported C's build: no threads, no packing);
+    TCC's plain loops pack nothing and are the same build either way."""
+    native = toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native
+    for depth in (3, ONE_PIECE):
+        for a, b in zip(check(compiler, dtype, None, depth), check(compiler, dtype, None, depth, chunked=True)):
+            np.testing.assert_array_equal(a, b, err_msg=f"depth {depth}, native {native}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

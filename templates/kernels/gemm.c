@@ -62,6 +62,8 @@ typedef struct {
     real *step;            /* 0, or parameters laid out as C: step[...] -= rate * sum instead of C = sum */
     real rate;
     int clear;             /* with step: C (which held part of the sums) back to 0 */
+    unsigned long product; /* gemm()'s call, for the threads' packed B (gemm_packed); 0: not packed */
+    long rows;             /* and its rows (M) */
 } GemmArgs;
 
 /* rows [i, i + count) of C done: their epilogue */
@@ -118,27 +120,59 @@ typedef struct {
  * columns reads them; up to GEMM_PANEL terms (a slice of the sum, gemm_depth, is fewer), else
  * read in place. Zen 3, float32, thread CPU time: matmul_acc at 512x256x128 32.5 -> 37.8 G
  * multiply-adds/s. (Packing the listed terms of sparse inputs' gather measured slower.) */
-/* B's columns in whole tiles copied into panels on the stack (BLIS's packing: a tile's columns
- * of a term side by side, the next term after them) once a call, where the call's rows read them
- * often enough to pay for the copy (GEMM_PACK_B_ROWS rows; any number when the terms are listed,
- * a sparse input's gather) and they fit in GEMM_PACK_B values: the tiles then read B as one
- * stream instead of a vector every b_p values (a row of predict()'s 1,000 samples is 4 KB: each
- * term another page). Zen 3, float32, MLP(784, [512, 256, 10]) on MNIST, 2 threads, one process
- * alternating the two: predict() 0.83-0.91x its time, train() at B = 128 0.91-0.94x; a product
- * of 64 rows by 64 terms (a GPT's layer of 64) 1.13x with its 11 tiles packed. A copy: the same
- * bits. */
+/* B's columns in whole tiles copied into panels (BLIS's packing: a tile's columns of a term side
+ * by side, the next term after them) where a product's rows read them often enough to pay for
+ * the copy (GEMM_PACK_B_ROWS rows; any number when the terms are listed, a sparse input's gather)
+ * and a slice of the sum fits in GEMM_PACK_B values: the tiles then read B as one stream instead
+ * of a vector every b_p values (a batch's rows of 128 samples are 512 bytes apart). Each thread
+ * packs a slice once for all the chunks of rows it takes of the product (gemm_packed). Zen 3,
+ * float32, MLP(784, [512, 256, 10]) on MNIST, 2 threads, one process alternating: predict()
+ * 0.80x the time unpacked, train() at B = 128 0.88x, B = 32 0.94x (packed once a chunk instead:
+ * 0.89x, 0.91x, 0.99x); a product of 64 rows by 64 terms (a GPT's layer of 64) took 1.13x with
+ * its 11 tiles packed, hence the rows' bound. A copy: the same bits. */
 #if HAVE_THREAD_POOL
 #ifndef GEMM_PACK_B /* (tests/test_gemm.py's are smaller) */
 #define GEMM_PACK_B (131072 / (long)sizeof(real))
 #define GEMM_PACK_B_ROWS 96
 #endif
+#define GEMM_PACK_SLICES 4
 #define GEMM_PANEL 512
-#else /* exported C's small stack (see GEMM_NT_COLUMNS) */
-#ifndef GEMM_PACK_B
-#define GEMM_PACK_B 0
-#define GEMM_PACK_B_ROWS 0
-#endif
+#else /* exported C's small stack (see GEMM_NT_COLUMNS): no thread's packed B */
+#define GEMM_PACK_SLICES 0
 #define GEMM_PANEL 128
+#endif
+#if GEMM_PACK_SLICES
+/* A thread's packed slices of B (the last GEMM_PACK_SLICES it packed) for the product it works
+ * on: gemm() numbers its calls, so a slice packed for one product is never read by another. */
+typedef struct {
+    unsigned long product;
+    const real *b[GEMM_PACK_SLICES];
+    const int32_t *list[GEMM_PACK_SLICES];
+    long terms[GEMM_PACK_SLICES];
+    int next;
+    real panels[GEMM_PACK_SLICES][GEMM_PACK_B];
+} GemmPacked;
+static __thread GemmPacked gemm_packed;
+
+/* This thread's panels for g's slice of B, and whether they still need filling. */
+static real *gemm_packed_panels(const GemmArgs *g, int *fill)
+{
+    GemmPacked *k = &gemm_packed;
+    if (k->product != g->product) {
+        k->product = g->product, k->next = 0;
+        memset(k->b, 0, sizeof k->b);
+    }
+    for (int e = 0; e < GEMM_PACK_SLICES; e++)
+        if (k->b[e] == g->B && k->list[e] == g->p_list && k->terms[e] == g->P) {
+            *fill = 0;
+            return k->panels[e];
+        }
+    const int e = k->next;
+    k->next = (e + 1) % GEMM_PACK_SLICES;
+    k->b[e] = g->B, k->list[e] = g->p_list, k->terms[e] = g->P;
+    *fill = 1;
+    return k->panels[e];
+}
 #endif
 /* rows [first, last) with vectors of vec_t: a register tile of ROWS rows (TILE_ROWS(op, VECS)
  * expands op for each) by VECS vectors of columns at a time, then a block of 4 rows if 4 are
@@ -164,13 +198,9 @@ typedef struct {
         real panel[(ROWS) * GEMM_PANEL];                                                           \
         enum { PW = (vectors) * V }; /* a panel's columns (GEMM_PACK_B): the tile's */              \
         const long whole = N / PW * PW;                                                            \
-        const int pack_b = GEMM_PACK_B > 0 && (p_list || last - first >= GEMM_PACK_B_ROWS)       \
-                           && b_p > PW && whole > 0 && P * whole <= GEMM_PACK_B;                   \
-        real b_panels[GEMM_PACK_B > 0 ? GEMM_PACK_B : 1];                                          \
-        if (pack_b) {                                                                              \
-            GEMM_OVER_P(for (long n0 = 0; n0 < whole; n0 += PW)                                    \
-                            memcpy(b_panels + n0 * P + t * PW, B + p * b_p + n0, PW * sizeof(real));) \
-        }                                                                                          \
+        real *b_panels = 0;                                                                        \
+        GEMM_PACK_B_PANELS                                                                         \
+        const int pack_b = b_panels != 0;                                                          \
         long i = first;                                                                            \
         for (; i + (ROWS) <= last; i += (ROWS))                                                    \
             GEMM_BLOCK(TILE_ROWS, ROWS, VECS, vectors)                                             \
@@ -291,6 +321,20 @@ typedef struct {
 #define GEMM_LOAD_B(_, v)                                                                          \
     vec b##v;                                                                                      \
     memcpy(&b##v, B + p * b_p + n + v * V, sizeof b##v);
+/* b_panels: this thread's packed slice of B (gemm_packed), filled if it is new, where it pays */
+#if GEMM_PACK_SLICES
+#define GEMM_PACK_B_PANELS                                                                         \
+    if (g->product && (p_list || g->rows >= GEMM_PACK_B_ROWS) && b_p > PW && whole > 0             \
+        && P * whole <= GEMM_PACK_B) {                                                             \
+        int fill;                                                                                  \
+        b_panels = gemm_packed_panels(g, &fill);                                                   \
+        if (fill)                                                                                  \
+            GEMM_OVER_P(for (long n0 = 0; n0 < whole; n0 += PW)                                    \
+                            memcpy(b_panels + n0 * P + t * PW, B + p * b_p + n0, PW * sizeof(real));) \
+    }
+#else
+#define GEMM_PACK_B_PANELS
+#endif
 /* (the same vector from B's panels: column n + v * V's panel starts at its first column times P) */
 #define GEMM_LOAD_B_PANEL(_, v)                                                                    \
     vec b##v;                                                                                      \
@@ -561,15 +605,23 @@ static void gemm_task(void *args, long first, long last)
  * Zen 3, 2 cores: microgpt's products over a batch's positions (0.2-0.5 M multiply-adds at 16 to
  * 64 documents) ran 1.09x slower on 2 threads than on 1 at 16 documents and no faster at 64
  * (with 32 K as the bound); MNIST's layers (12 M at 32 images) 1.8x faster. */
+#ifndef GEMM_PARALLEL_MIN /* (tests/test_gemm.py's chunked build shares every product) */
 #define GEMM_PARALLEL_MIN 524288 /* multiply-adds */
-static void gemm(const GemmArgs *g, long M)
+#endif
+static void gemm(const GemmArgs *args, long M)
 {
-    if (M <= 0 || g->N <= 0)
+    if (M <= 0 || args->N <= 0)
         return;
-    if ((double)M * (double)g->N * (double)g->P < GEMM_PARALLEL_MIN)
-        gemm_task((void *)g, 0, M);
+    GemmArgs g = *args;
+    g.rows = M;
+#if GEMM_PACK_SLICES
+    static unsigned long products; /* (gemm_packed's numbers: any thread may call) */
+    g.product = __atomic_add_fetch(&products, 1, __ATOMIC_RELAXED);
+#endif
+    if ((double)M * (double)g.N * (double)g.P < GEMM_PARALLEL_MIN)
+        gemm_task(&g, 0, M);
     else
-        parallel_rows(gemm_task, (void *)g, M, gemm_variant()->tile_rows);
+        parallel_rows(gemm_task, &g, M, gemm_variant()->tile_rows);
 }
 
 #if RUNTIME_PRODUCTS
