@@ -310,13 +310,17 @@ def windows_table(args):
     measured), micrograd-c (every core) and the peers installed kept running in their own
     processes, each run (train at the batches of 32 and more, predict) one epoch a window, taken in turn
     (bench/windows.py): the median over the rounds of ours over the faster peer's window of the
-    same round."""
+    same round; with "micrograd-c 1 thread" among the systems, also its windows and the threads'
+    gain: the median over the rounds of its window over ours (every core) of the same round (issue
+    35's 2 threads against 1: the cores' speeds change too, each on its own, for minutes at a time)."""
     runs = [str(b) for b in args.batches if b >= 32] + ['predict']
+    one = 'micrograd-c 1 thread' if 'micrograd-c 1 thread' in args.systems else None
     lines = [f'\nWindows taken in turn ({args.windows} rounds, a window one epoch: µs per image, medians): ours '
              'against the faster peer of each round (this machine\'s speed changes for seconds at a time; rows '
              'measured one after another straddle it)\n',
-             '| model | dtype | run | micrograd-c | PyTorch | JAX | median of ours / the round\'s faster peer | target |',
-             '|---|---|---|---|---|---|---|---|']
+             '| model | dtype | run | micrograd-c | PyTorch | JAX | median of ours / the round\'s faster peer | target |'
+             + (' micrograd-c 1 thread | threads\' gain: 1 thread / ours | target |' if one else ''),
+             '|---|---|---|---|---|---|---|---|' + ('---|---|---|' if one else '')]
     for model, dtype in WINDOW_ROWS:
         if model not in args.models or dtype not in args.dtypes:
             continue
@@ -325,7 +329,7 @@ def windows_table(args):
             common += ['--data-dir', str(args.data_dir)]
         peers = [s for s in ('pytorch', 'jax') if s in args.systems and _installed(s)]
         commands = {s: [sys.executable, '-m', 'bench.minibatch', '--serve', '--system', s, *common]
-                    for s in ['micrograd-c', *peers]}
+                    for s in ['micrograd-c', *peers, *([one] if one else [])]}
         times = windows.in_turn(commands, runs, args.windows)
         if isinstance(times, str):
             lines.append(f'| {model} | {dtype} | - | not measured: {times} |')
@@ -336,7 +340,9 @@ def windows_table(args):
                      for s in ('micrograd-c', 'pytorch', 'jax')]
             ratio = f'**{windows.ratio(times["micrograd-c"][run], fastest):.2f}x**' if fastest else '-'
             name = f'train B={run}' if run != 'predict' else 'predict'
-            lines.append(f'| {model} | {dtype} | {name} | {" | ".join(cells)} | {ratio} | <= 0.8x |')
+            threads = (f' {statistics.median(times[one][run]):.1f} | '
+                       f'**{windows.ratio(times[one][run], times["micrograd-c"][run]):.2f}x** | >= 1.8x |' if one else '')
+            lines.append(f'| {model} | {dtype} | {name} | {" | ".join(cells)} | {ratio} | <= 0.8x |{threads}')
     return '\n'.join(lines)
 
 

@@ -206,7 +206,8 @@ def test_no_batched_form_falls_back_and_explain_says_so():
 def test_the_minibatch_benchmark_runs(mnist_dir, capsys, monkeypatch):
     """`make bench`'s minibatch table (bench/minibatch.py) at a small size: our rows measured in
     their own processes, the table printed with every run it promises; then the windows taken in
-    turn from a process kept running (bench/windows.py), each run's median."""
+    turn from processes kept running (bench/windows.py), each run's median, and the one thread's
+    beside ours: the threads' gain."""
     from bench import minibatch
     monkeypatch.setattr(minibatch, "WINDOW_ROWS", (("mlp-50", "float32"),))
     assert minibatch.main(["--systems", "micrograd-c", "micrograd-c 1 thread", "--models", "mlp-50",
@@ -221,6 +222,8 @@ def test_the_minibatch_benchmark_runs(mnist_dir, capsys, monkeypatch):
     rows = [line.split(" | ") for line in windowed.splitlines() if line.startswith("| mlp-50 | float32 |")]
     assert [r[2] for r in rows] == ["train B=32", "predict"]  # (batches of 32 and more)
     assert all(float(r[3]) > 0 and r[4] == r[5] == r[6] == "-" for r in rows)  # no peer asked for
+    # the one thread's windows beside, and the threads' gain: its window over ours, a median
+    assert all(float(r[8]) > 0 and float(r[9].strip("*x")) > 0 for r in rows)
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(DTYPES)), indirect=["compiler"])
