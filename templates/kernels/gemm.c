@@ -197,7 +197,6 @@ static real *gemm_packed_panels(const GemmArgs *g, int *fill)
         const int tail = N % V && !g->step; /* (see GEMM_TAIL) */                                  \
         real panel[(ROWS) * GEMM_PANEL];                                                           \
         enum { PW = (vectors) * V }; /* a panel's columns (GEMM_PACK_B): the tile's */              \
-        const long whole = N / PW * PW;                                                            \
         real *b_panels = 0;                                                                        \
         GEMM_PACK_B_PANELS                                                                         \
         const int pack_b = b_panels != 0;                                                          \
@@ -324,13 +323,15 @@ static real *gemm_packed_panels(const GemmArgs *g, int *fill)
 /* b_panels: this thread's packed slice of B (gemm_packed), filled if it is new, where it pays */
 #if GEMM_PACK_SLICES
 #define GEMM_PACK_B_PANELS                                                                         \
+    const long whole = N / PW * PW; /* (the columns in whole tiles) */                             \
     if (g->product && (p_list || g->rows >= GEMM_PACK_B_ROWS) && b_p > PW && whole > 0             \
         && P * whole <= GEMM_PACK_B) {                                                             \
         int fill;                                                                                  \
         b_panels = gemm_packed_panels(g, &fill);                                                   \
-        if (fill)                                                                                  \
+        if (fill) {                                                                                \
             GEMM_OVER_P(for (long n0 = 0; n0 < whole; n0 += PW)                                    \
                             memcpy(b_panels + n0 * P + t * PW, B + p * b_p + n0, PW * sizeof(real));) \
+        }                                                                                          \
     }
 #else
 #define GEMM_PACK_B_PANELS
