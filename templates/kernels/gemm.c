@@ -131,7 +131,7 @@ typedef struct {
  * 0.89x, 0.91x, 0.99x); a product of 64 rows by 64 terms (a GPT's layer of 64) took 1.13x with
  * its 11 tiles packed, hence the rows' bound. A copy: the same bits. */
 #if HAVE_THREAD_POOL
-#ifndef GEMM_PACK_B /* (tests/test_gemm.py's are smaller) */
+#ifndef GEMM_PACK_B /* (tests/test_gemm.py's CHUNKED build: smaller) */
 #define GEMM_PACK_B (131072 / (long)sizeof(real))
 #define GEMM_PACK_B_ROWS 96
 #endif
@@ -606,7 +606,7 @@ static void gemm_task(void *args, long first, long last)
  * Zen 3, 2 cores: microgpt's products over a batch's positions (0.2-0.5 M multiply-adds at 16 to
  * 64 documents) ran 1.09x slower on 2 threads than on 1 at 16 documents and no faster at 64
  * (with 32 K as the bound); MNIST's layers (12 M at 32 images) 1.8x faster. */
-#ifndef GEMM_PARALLEL_MIN /* (tests/test_gemm.py's chunked build shares every product) */
+#ifndef GEMM_PARALLEL_MIN /* (tests/test_gemm.py's CHUNKED build: 0, every product shared) */
 #define GEMM_PARALLEL_MIN 524288 /* multiply-adds */
 #endif
 static void gemm(const GemmArgs *args, long M)
