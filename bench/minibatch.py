@@ -35,6 +35,7 @@ PREDICT_CHUNK = 1000  # predict(): the peers take the test set in chunks of this
 WINDOW_ROUNDS = 5  # windows_table's rounds
 # issue 35's rows (model, dtype), measured again in windows taken in turn (windows_table)
 WINDOW_ROWS = (('mlp-512-256', 'float32'), ('cnn', 'float32'), ('cnn', 'float64'))
+THREADS_TARGET = {'mlp-512-256': 1.8}  # issue 35's 2 threads against 1 (the MLP's; the CNN has none)
 
 
 def multiply_adds(hidden):  # an MLP's
@@ -340,8 +341,9 @@ def windows_table(args):
                      for s in ('micrograd-c', 'pytorch', 'jax')]
             ratio = f'**{windows.ratio(times["micrograd-c"][run], fastest):.2f}x**' if fastest else '-'
             name = f'train B={run}' if run != 'predict' else 'predict'
+            goal = f'>= {THREADS_TARGET[model]}x' if model in THREADS_TARGET else '-'
             threads = (f' {statistics.median(times[one][run]):.1f} | '
-                       f'**{windows.ratio(times[one][run], times["micrograd-c"][run]):.2f}x** | >= 1.8x |' if one else '')
+                       f'**{windows.ratio(times[one][run], times["micrograd-c"][run]):.2f}x** | {goal} |' if one else '')
             lines.append(f'| {model} | {dtype} | {name} | {" | ".join(cells)} | {ratio} | <= 0.8x |{threads}')
     return '\n'.join(lines)
 
