@@ -143,12 +143,12 @@ typedef struct {
 #endif
 #if GEMM_PACK_SLICES
 /* A thread's packed slices of B (the last GEMM_PACK_SLICES it packed) for the product it works
- * on: gemm() numbers its calls, so a slice packed for one product is never read by another. */
+ * on: gemm() numbers its calls, so a slice packed for one product is never read by another; within
+ * one, a slice is known by where it starts (B, or its list of terms: gemm_sliced's). */
 typedef struct {
     unsigned long product;
     const real *b[GEMM_PACK_SLICES];
     const int32_t *list[GEMM_PACK_SLICES];
-    long terms[GEMM_PACK_SLICES];
     int next;
     real panels[GEMM_PACK_SLICES][GEMM_PACK_B];
 } GemmPacked;
@@ -163,13 +163,13 @@ static real *gemm_packed_panels(const GemmArgs *g, int *fill)
         memset(k->b, 0, sizeof k->b);
     }
     for (int e = 0; e < GEMM_PACK_SLICES; e++)
-        if (k->b[e] == g->B && k->list[e] == g->p_list && k->terms[e] == g->P) {
+        if (k->b[e] == g->B && k->list[e] == g->p_list) {
             *fill = 0;
             return k->panels[e];
         }
     const int e = k->next;
     k->next = (e + 1) % GEMM_PACK_SLICES;
-    k->b[e] = g->B, k->list[e] = g->p_list, k->terms[e] = g->P;
+    k->b[e] = g->B, k->list[e] = g->p_list;
     *fill = 1;
     return k->panels[e];
 }
