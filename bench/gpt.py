@@ -29,12 +29,14 @@ batched program, gcc, beside JAX's scan of the same batches and PyTorch on all c
 document's time. With --gpt-big also the bigger configuration (n_embd 64, 4 heads, 2 layers,
 block 32, float32, B = 32, on windows of the data's text: every position used): its build, a
 document's time against the peers, its share of the cores' multiply-add peak (bench/c/bandwidth.c,
-`make roofline`'s program, on this CPU) and 2 threads against 1. A peer whose losses leave the
+`make roofline`'s program, on this CPU) and 2 threads against 1, both also in the windows taken in
+turn with JAX's, beside the peak served in the same rounds (bench/peak.py). A peer whose losses leave the
 port's by more than 1e-9 (relative; float32 rows: 1e-4 over their first 10 steps) fails the run.
 
     python -m bench --only gpt [--quick] [--gpt-big]
 """
 
+import contextlib
 import itertools
 import json
 import os
@@ -50,7 +52,7 @@ import time
 
 import numpy as np
 
-from . import measure, windows
+from . import measure, peak, windows
 
 COMPILERS = ("tcc", "gcc", "clang")
 STEPS, RUNS = 200, 5
@@ -63,6 +65,7 @@ CONFIGS = {"default": (), "big": ("--n-embd", "64", "--n-head", "4", "--n-layer"
 BIG_BATCH, BIG_DTYPE = 32, "float32"
 PORT_STEPS, PEER_RUNS = 1000, 3  # microgpt's run: the losses checked, the peers' timed steps
 WINDOW = "window"                # the one run a served system times (bench/windows.py)
+ONE_THREAD = "ours 1 thread"     # the bigger configuration's windows on one thread (its threads' gain)
 PAIR_ROUNDS = 30                 # _pairs: windows of the compiled steps and JAX's scan, taken in turn
 BATCH_ROUNDS = 10                # _batches: the same for a batch row (a window: BATCH_STEPS batches)
 TOLERANCE = 1e-9                 # the largest relative difference of a peer's losses from the port's
@@ -211,11 +214,12 @@ def _port(args, state, params, compiler, batch, dtype, cache=None):
     return net, t1 - t0, time.perf_counter() - t1
 
 
-def child_serve(system, cache, batch="1", dtype="float64", config="default"):
+def child_serve(system, cache, batch="1", dtype="float64", config="default", threads=""):
     """A system kept running for _windows (bench/windows.py's served end): one window, its us a
     document, for each line it reads. A compiled port (built into
-    `cache`): PORT_STEPS steps of a document as the app trains them, or (batch > 1) BATCH_STEPS batches in one
-    train() call; "jax": the same steps in one lax.scan."""
+    `cache`; on `threads` threads when given, else every core): PORT_STEPS steps of a document as
+    the app trains them, or (batch > 1) BATCH_STEPS batches in one train() call; "jax": the same
+    steps in one lax.scan."""
     batch = int(batch)
     options = ["--batch-size", str(batch), "--dtype", dtype, *CONFIGS[config]]
     args, docs, tokenizer, state, params = _setup((["--compiler", system] if system != "jax" else []) + options)
@@ -230,6 +234,8 @@ def child_serve(system, cache, batch="1", dtype="float64", config="default"):
             return peer.run_scan()[1] / (steps * batch)
     else:
         net = _port(args, state, params, system, batch, dtype, cache)[0]
+        if threads:
+            net.set_threads(int(threads))
         X, Y = _inputs_and_targets(docs, tokenizer, args.config.block_size, steps * batch)
         rates = _rates(args, steps)
 
@@ -504,12 +510,13 @@ def run(args):
     return status | (0 if quick else _batches(getattr(args, "gpt_big", False)))
 
 
-def _windows(systems, cache, rounds=PAIR_ROUNDS):
+def _windows(systems, cache, rounds=PAIR_ROUNDS, served=None):
     """{system: [us a document of each window]} of child_serve processes kept running, one for
-    each (name, child_serve's arguments after the cache), their windows taken in turn
-    (bench/windows.py); or a str: why a system did not start."""
-    times = windows.in_turn({name: [sys.executable, "-m", "bench.gpt", "serve", argv[0], cache, *argv[1:]]
-                             for name, argv in systems.items()}, [WINDOW], rounds)
+    each (name, child_serve's arguments after the cache), and of the `served` commands ({name:
+    argv}: bench/peak.py's), their windows taken in turn (bench/windows.py); or a str: why a
+    system did not start."""
+    times = windows.in_turn({**{name: [sys.executable, "-m", "bench.gpt", "serve", argv[0], cache, *argv[1:]]
+                                for name, argv in systems.items()}, **(served or {})}, [WINDOW], rounds)
     return times if isinstance(times, str) else {name: runs[WINDOW] for name, runs in times.items()}
 
 
@@ -546,57 +553,45 @@ def _batches(big=False):
     rows = [("default", batch, dtype) for dtype in BATCH_DTYPES for batch in BATCHES]
     rows += [("big", BIG_BATCH, BIG_DTYPE)] if big else []
     status, bigs = 0, []
-    cache = tempfile.TemporaryDirectory()
-    for config, batch, dtype in rows:
-        ours = _in_process("batches", "gcc", str(batch), dtype, config)
-        peers = {"JAX lax.scan": _in_process("jax-batches", str(batch), dtype, config),
-                 "PyTorch (all cores)": _in_process("torch-batches", str(batch), dtype, config)}
-        timed = [r for r in peers.values() if "step_us" in r]
-        faster = min(timed, key=lambda r: r["step_us"]) if timed else None
-        ratio = (f"{ours['step_us'] / faster['step_us']:.3f}x, {ours['cpu_us'] / faster['cpu_us']:.3f}x"
-                 if faster and "step_us" in ours else "-")
-        if "step_us" in ours and "step_us" in peers["JAX lax.scan"]:
-            argv = (str(batch), dtype, config)
-            windows = _windows({"ours": ("gcc", *argv), "jax": ("jax", *argv)}, cache.name, BATCH_ROUNDS)
-            ratio += f"; {_window_ratio(windows, 'ours', 'jax'):.3f}x" if not isinstance(windows, str) else ""
-        target = "<= 0.5x" if config == "default" else "<= 0.8x"
-        for name, r in (("micrograd-c, gcc", ours), *peers.items()):
-            agreement = "the reference" if r is ours else "-"
-            if r is not ours and "losses" in r and "losses" in ours:
-                bound, steps = BATCH_AGREEMENT[dtype]
-                diff, n = _agreement(r["losses"][:steps], ours["losses"][:steps])
-                agreement = f"{diff:.1e} ({n})" + (f" **over {bound:g}**" if not diff <= bound else "")
-                status |= not diff <= bound
-            times = f"{r['step_us']:.1f} | {r['cpu_us']:.1f}" if "error" not in r else f"{r['error']} | -"
-            print(f"| {config} | {batch} | {dtype} | {name} | {agreement} | {times} "
-                  f"| {ratio if r is ours else ''} | {target if r is ours else ''} |")
-        if config != "default" and "error" not in ours:
-            bigs.append((config, batch, dtype, ours))
-    cache.cleanup()
+    with tempfile.TemporaryDirectory() as cache, (peak.built() if big else contextlib.nullcontext()) as exe:
+        for config, batch, dtype in rows:
+            ours = _in_process("batches", "gcc", str(batch), dtype, config)
+            peers = {"JAX lax.scan": _in_process("jax-batches", str(batch), dtype, config),
+                     "PyTorch (all cores)": _in_process("torch-batches", str(batch), dtype, config)}
+            timed = [r for r in peers.values() if "step_us" in r]
+            faster = min(timed, key=lambda r: r["step_us"]) if timed else None
+            ratio = (f"{ours['step_us'] / faster['step_us']:.3f}x, {ours['cpu_us'] / faster['cpu_us']:.3f}x"
+                     if faster and "step_us" in ours else "-")
+            if "step_us" in ours and "step_us" in peers["JAX lax.scan"]:
+                argv = (str(batch), dtype, config)
+                systems, served = {"ours": ("gcc", *argv), "jax": ("jax", *argv)}, {}
+                if config != "default" and exe is not None:  # (its share of the peak, its threads: the same rounds)
+                    systems[ONE_THREAD], served = ("gcc", *argv, "1"), peak.served(exe, dtype)
+                windows = _windows(systems, cache, BATCH_ROUNDS, served)
+                if not isinstance(windows, str):
+                    ratio += f"; {_window_ratio(windows, 'ours', 'jax'):.3f}x"
+                    ours["in_rounds"] = peak.in_rounds(windows, ours["multiply_adds"], "ours", ONE_THREAD)
+            target = "<= 0.5x" if config == "default" else "<= 0.8x"
+            for name, r in (("micrograd-c, gcc", ours), *peers.items()):
+                agreement = "the reference" if r is ours else "-"
+                if r is not ours and "losses" in r and "losses" in ours:
+                    bound, steps = BATCH_AGREEMENT[dtype]
+                    diff, n = _agreement(r["losses"][:steps], ours["losses"][:steps])
+                    agreement = f"{diff:.1e} ({n})" + (f" **over {bound:g}**" if not diff <= bound else "")
+                    status |= not diff <= bound
+                times = f"{r['step_us']:.1f} | {r['cpu_us']:.1f}" if "error" not in r else f"{r['error']} | -"
+                print(f"| {config} | {batch} | {dtype} | {name} | {agreement} | {times} "
+                      f"| {ratio if r is ours else ''} | {target if r is ours else ''} |")
+            if config != "default" and "error" not in ours:
+                bigs.append((config, batch, dtype, ours))
     for config, batch, dtype, ours in bigs:
         _print_big(config, batch, dtype, ours)
     return status
 
 
-def _peak():
-    """The cores' multiply-add peak, {(dtype, threads): G/s}, measured by bench/c/bandwidth.c
-    (`make roofline`'s program) built with gcc -O3 -march=native; {} when it cannot be built."""
-    source = pathlib.Path(__file__).resolve().parent / "c" / "bandwidth.c"
-    with tempfile.TemporaryDirectory() as tmp:
-        exe = pathlib.Path(tmp) / "bandwidth"
-        if subprocess.run(["gcc", "-O3", "-march=native", str(source), "-o", str(exe), "-lpthread"]).returncode:
-            return {}
-        out = subprocess.run([str(exe)], capture_output=True, text=True).stdout
-    import re
-    peak = {}
-    for dtype, rate, threads in re.findall(r"multiply-adds +(float\d+): ([0-9.]+) G/s (?:on (\d+) threads|\()", out):
-        peak[dtype, int(threads or 1)] = float(rate)
-    return peak
-
-
 def _print_big(config, batch, dtype, ours):
     """The bigger configuration's build, its share of the multiply-add peak and its threads."""
-    peak = _peak()
+    tops = peak.rates()
     print(f"\n{config} configuration ({' '.join(CONFIGS[config])}), B = {batch}, {dtype}: from an empty cache, "
           f"graph {ours['graph_s']:.1f} s + compile() {ours['compile_s']:.1f} s (gcc -O2, the runtime too) = "
           f"{ours['graph_s'] + ours['compile_s']:.1f} s (target 20 s); on a hit {ours['hit_s']:.2f} s (the graph "
@@ -609,7 +604,7 @@ def _print_big(config, batch, dtype, ours):
     for threads in (1, 2):
         r = ours[f"threads_{threads}"]
         rate = ours["multiply_adds"] / r["step_us"] / 1e3
-        top = peak.get((dtype, threads))
+        top = tops.get((dtype, threads))
         share = f"{rate / top:.0%}" if top else "-"
         print(f"| {threads} | {r['step_us']:.1f} | {r['cpu_us']:.1f} | {rate:.1f} | {top or '-'} | {share} "
               f"| {'>= 50%' if threads == ours['threads'] else ''} |")
@@ -620,6 +615,15 @@ def _print_big(config, batch, dtype, ours):
         print(f"each thread's work: the busiest thread's CPU, 1 thread / 2 threads, "
               f"{statistics.median(ours['busiest_ratios']):.2f}x (median of the rounds; the wall's ratio on two free "
               "cores)")
+    found = ours.get("in_rounds")
+    if found:  # (bench/peak.py: the peak served in windows taken in turn with ours and JAX's)
+        print(f"\nIn the {BATCH_ROUNDS} windows taken in turn with JAX's (and the cores' peak served, bench/peak.py; "
+              f"medians over the rounds of each round's figures): {found['rate']:.1f} G multiply-adds/s against the "
+              f"round's peak of {found['peak']:.1f} on {peak.cores()} cores: **{found['share']:.0%}** (target >= 50%)")
+        if "gain" in found:
+            print(f"threads' gain in those rounds {found['gain']:.2f}x (target >= 1.7x) where the machine's own (its "
+                  f"peak on {peak.cores()} cores over one thread's) was {found['machine_gain']:.2f}x: ours "
+                  f"**{found['of_machine']:.0%}** of the machine's")
 
 
 def _print_ratios(results):

@@ -6,7 +6,9 @@ runs in it), each figure the median of `--repeats` runs after one that warms up.
 biggest MLP in multiply-adds a second, to set beside the machine's peak (`make roofline`,
 bench/c/bandwidth.c); the one thread's CPU time gives it on a shared machine, where wall time
 counts the other processes' turns. Then issue 35's rows (WINDOW_ROWS) in windows taken in turn
-(windows_table, bench/windows.py): ratios that hold while the machine's speed changes.
+(windows_table, bench/windows.py): ratios that hold while the machine's speed changes; for the MLP
+also the cores' multiply-add peak served in the same rounds (bench/peak.py): the step's share of
+it and the threads' gain beside the machine's own.
 
     python -m bench.minibatch [--models mlp-50 ...] [--dtypes float32] [--images N] [--repeats R]
 """
@@ -21,7 +23,7 @@ import time
 import numpy as np
 
 import codegen
-from bench import windows
+from bench import peak, windows
 from bench.models import CONV_FILTERS, CONV_SIDE, IMAGE_SIDE, KERNEL, cnn
 from mnist.data import load_mnist
 from mnist.model import PIXEL_SCALE, build_graph
@@ -36,6 +38,7 @@ WINDOW_ROUNDS = 5  # windows_table's rounds
 # issue 35's rows (model, dtype), measured again in windows taken in turn (windows_table)
 WINDOW_ROWS = (('mlp-512-256', 'float32'), ('cnn', 'float32'), ('cnn', 'float64'))
 THREADS_TARGET = {'mlp-512-256': 1.8}  # issue 35's 2 threads against 1 (the MLP's; the CNN has none)
+SHARE_TARGET, SHARE_TARGET_BATCH = {'mlp-512-256': 0.75}, 128  # issue 35's: the B = 128 step's share of the cores' peak
 
 
 def multiply_adds(hidden):  # an MLP's
@@ -322,30 +325,57 @@ def windows_table(args):
              '| model | dtype | run | micrograd-c | PyTorch | JAX | median of ours / the round\'s faster peer | target |'
              + (' micrograd-c 1 thread | threads\' gain: 1 thread / ours | target |' if one else ''),
              '|---|---|---|---|---|---|---|---|' + ('---|---|---|' if one else '')]
-    for model, dtype in WINDOW_ROWS:
-        if model not in args.models or dtype not in args.dtypes:
-            continue
-        common = ['--model', model, '--dtype', dtype, '--images', str(args.images), '--batches', *runs[:-1]]
-        if args.data_dir:
-            common += ['--data-dir', str(args.data_dir)]
-        peers = [s for s in ('pytorch', 'jax') if s in args.systems and _installed(s)]
-        commands = {s: [sys.executable, '-m', 'bench.minibatch', '--serve', '--system', s, *common]
-                    for s in ['micrograd-c', *peers, *([one] if one else [])]}
-        times = windows.in_turn(commands, runs, args.windows)
-        if isinstance(times, str):
-            lines.append(f'| {model} | {dtype} | - | not measured: {times} |')
-            continue
-        for run in runs:
-            fastest = [min(round_) for round_ in zip(*(times[s][run] for s in peers))] if peers else None
-            cells = [f'{statistics.median(times[s][run]):.1f}' if s in times else '-'
-                     for s in ('micrograd-c', 'pytorch', 'jax')]
-            ratio = f'**{windows.ratio(times["micrograd-c"][run], fastest):.2f}x**' if fastest else '-'
-            name = f'train B={run}' if run != 'predict' else 'predict'
-            goal = f'>= {THREADS_TARGET[model]}x' if model in THREADS_TARGET else '-'
-            threads = (f' {statistics.median(times[one][run]):.1f} | '
-                       f'**{windows.ratio(times[one][run], times["micrograd-c"][run]):.2f}x** | {goal} |' if one else '')
-            lines.append(f'| {model} | {dtype} | {name} | {" | ".join(cells)} | {ratio} | <= 0.8x |{threads}')
+    peak_lines = []
+    with peak.built() as exe:
+        for model, dtype in WINDOW_ROWS:
+            if model not in args.models or dtype not in args.dtypes:
+                continue
+            common = ['--model', model, '--dtype', dtype, '--images', str(args.images), '--batches', *runs[:-1]]
+            if args.data_dir:
+                common += ['--data-dir', str(args.data_dir)]
+            peers = [s for s in ('pytorch', 'jax') if s in args.systems and _installed(s)]
+            commands = {s: [sys.executable, '-m', 'bench.minibatch', '--serve', '--system', s, *common]
+                        for s in ['micrograd-c', *peers, *([one] if one else [])]}
+            if MODELS[model] is not None and exe is not None:  # (an MLP's multiply-adds are counted)
+                commands.update(peak.served(exe, dtype))
+            times = windows.in_turn(commands, runs, args.windows)
+            if isinstance(times, str):
+                lines.append(f'| {model} | {dtype} | - | not measured: {times} |')
+                continue
+            for run in runs:
+                fastest = [min(round_) for round_ in zip(*(times[s][run] for s in peers))] if peers else None
+                cells = [f'{statistics.median(times[s][run]):.1f}' if s in times else '-'
+                         for s in ('micrograd-c', 'pytorch', 'jax')]
+                ratio = f'**{windows.ratio(times["micrograd-c"][run], fastest):.2f}x**' if fastest else '-'
+                name = f'train B={run}' if run != 'predict' else 'predict'
+                goal = f'>= {THREADS_TARGET[model]}x' if model in THREADS_TARGET else '-'
+                threads = (f' {statistics.median(times[one][run]):.1f} | '
+                           f'**{windows.ratio(times[one][run], times["micrograd-c"][run]):.2f}x** | {goal} |' if one else '')
+                lines.append(f'| {model} | {dtype} | {name} | {" | ".join(cells)} | {ratio} | <= 0.8x |{threads}')
+                if peak.EVERY in times:
+                    peak_lines.append(_peak_line(model, dtype, run, name, {s: t[run] for s, t in times.items()}, one))
+    if peak_lines:
+        lines += ['\nThe same rounds against the cores\' multiply-add peak (bench/c/bandwidth.c served: a window of '
+                  f'{peak.WINDOW_SECONDS} s on one thread and on {peak.cores()}, taken in turn with the runs\'): ours '
+                  'in G multiply-adds/s (counted from the layers), the share of the peak on every core, and the '
+                  'threads\' gain beside the machine\'s own (its peak on every core over one thread\'s), each the median '
+                  'over the rounds of the same round\'s figures\n',
+                  '| model | dtype | run | ours G/s | peak G/s | share | target | the machine\'s gain | our threads\' '
+                  'gain | ours / the machine\'s | target |', '|---|---|---|---|---|---|---|---|---|---|---|', *peak_lines]
     return '\n'.join(lines)
+
+
+def _peak_line(model, dtype, run, name, times, one):
+    """A run's row of the windows' peak table: times {system: its windows' us an image}."""
+    forward, train = multiply_adds(MODELS[model])
+    found = peak.in_rounds(times, forward if run == 'predict' else train, 'micrograd-c', one)
+    share_goal = f'>= {SHARE_TARGET[model]:.0%}' if run == str(SHARE_TARGET_BATCH) and model in SHARE_TARGET else '-'
+    gain_goal = (f'>= {THREADS_TARGET[model] / peak.cores():.0%} ({THREADS_TARGET[model]}x of {peak.cores()} cores)'
+                 if model in THREADS_TARGET else '-')
+    gains = (f"{found['machine_gain']:.2f}x | {found['gain']:.2f}x | **{found['of_machine']:.0%}** | {gain_goal} |"
+             if 'gain' in found else '- | - | - | - |')
+    return (f"| {model} | {dtype} | {name} | {found['rate']:.1f} | {found['peak']:.1f} | **{found['share']:.0%}** | "
+            f"{share_goal} | {gains}")
 
 
 def _installed(system):

@@ -219,11 +219,19 @@ def test_the_minibatch_benchmark_runs(mnist_dir, capsys, monkeypatch):
         row = next(line for line in table.splitlines() if line.startswith(f"| mlp-50 | float32 | {run}"))
         ours, one_thread = row.split(" | ")[3:5]
         assert float(ours) > 0 and float(one_thread) > 0
+    windowed, against_peak = windowed.split("The same rounds against the cores' multiply-add peak")
     rows = [line.split(" | ") for line in windowed.splitlines() if line.startswith("| mlp-50 | float32 |")]
     assert [r[2] for r in rows] == ["train B=32", "predict"]  # (batches of 32 and more)
     assert all(float(r[3]) > 0 and r[4] == r[5] == r[6] == "-" for r in rows)  # no peer asked for
     # the one thread's windows beside, and the threads' gain: its window over ours, a median
     assert all(float(r[8]) > 0 and float(r[9].strip("*x")) > 0 for r in rows)
+    # the served peak's windows in the same rounds: our rate, the peak's, the share, the gains
+    rows = [line.split(" | ") for line in against_peak.splitlines() if line.startswith("| mlp-50 | float32 |")]
+    assert [r[2] for r in rows] == ["train B=32", "predict"]
+    for r in rows:
+        rate, top, share = float(r[3]), float(r[4]), float(r[5].strip("*%")) / 100
+        assert rate > 0 and top > 0 and share > 0
+        assert all(float(cell.strip("*x%")) > 0 for cell in r[7:10])
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(DTYPES)), indirect=["compiler"])

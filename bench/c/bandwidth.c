@@ -136,27 +136,32 @@ static double chunk_read_bandwidth(long passes, double *sink)
     return best;
 }
 
-/* Multiply-adds a second: CHAINS independent vector accumulators (a = a * m + c). */
+/* Multiply-adds: CHAINS independent vector accumulators (a = a * m + c), `steps` times; and a
+ * second of them, the best of REPEATS passes. */
 #define FMA_LOOP(type, lanes, chains)                                                       \
+    static void fma_steps_##type(long steps, double *sink)                                  \
+    {                                                                                       \
+        type a[chains], m, c;                                                               \
+        for (int l = 0; l < lanes; l++) {                                                   \
+            m[l] = 0.999999f;                                                               \
+            c[l] = 1e-7f;                                                                   \
+        }                                                                                   \
+        for (int k = 0; k < chains; k++)                                                    \
+            a[k] = m * (float)k;                                                            \
+        for (long s = 0; s < steps; s++) {                                                  \
+            for (int k = 0; k < chains; k++) /* no -ffast-math: nothing to fold */          \
+                a[k] = a[k] * m + c;                                                        \
+        }                                                                                   \
+        for (int k = 0; k < chains; k++)                                                    \
+            *sink += a[k][0];                                                               \
+    }                                                                                       \
     static double fma_rate_##type(long steps, double *sink)                                 \
     {                                                                                       \
         double best = 0;                                                                    \
         for (int r = 0; r < REPEATS; r++) {                                                 \
-            type a[chains], m, c;                                                           \
-            for (int l = 0; l < lanes; l++) {                                               \
-                m[l] = 0.999999f;                                                           \
-                c[l] = 1e-7f;                                                               \
-            }                                                                               \
-            for (int k = 0; k < chains; k++)                                                \
-                a[k] = m * (float)k;                                                        \
             double t = now();                                                               \
-            for (long s = 0; s < steps; s++) {                                              \
-                for (int k = 0; k < chains; k++) /* no -ffast-math: nothing to fold */      \
-                    a[k] = a[k] * m + c;                                                    \
-            }                                                                               \
+            fma_steps_##type(steps, sink);                                                  \
             t = now() - t;                                                                  \
-            for (int k = 0; k < chains; k++)                                                \
-                *sink += a[k][0];                                                           \
             if ((double)steps * chains * lanes / t > best)                                  \
                 best = (double)steps * chains * lanes / t;                                  \
         }                                                                                   \
@@ -227,8 +232,69 @@ static double fma_rate_all_cores(int float32, long steps, int threads, double *s
     return total;
 }
 
-int main(void)
+/* Served (bench/peak.py, bench/windows.py's protocol): "ready", then for each line read one
+ * window of multiply-adds on `threads` threads, each `seconds` long on a free core (the steps
+ * calibrated once on one thread), and its rate in wall time (G/s): the machine's peak in the
+ * same seconds as the windows of the runs it is set beside. */
+static double wall(void)
 {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+static void *fma_steps_thread(void *arg)
+{
+    FmaThread *t = (FmaThread *)arg;
+    if (t->float32)
+        fma_steps_vf(t->steps, &t->sink);
+    else
+        fma_steps_vd(t->steps, &t->sink);
+    return NULL;
+}
+
+static int serve(int threads, int float32, double seconds)
+{
+    double sink = 0;
+    const long probe = 1000000;
+    double t = wall();
+    FmaThread calibrate = {float32, probe, 0, 0};
+    fma_steps_thread(&calibrate);
+    t = wall() - t;
+    const long steps = (long)(probe * seconds / t) + 1;
+    const double per_step = (double)CHAINS * (float32 ? FLOATS : DOUBLES);
+    printf("ready\n");
+    fflush(stdout);
+    char line[256];
+    while (fgets(line, sizeof line, stdin)) {
+        pthread_t ids[64];
+        FmaThread work[64];
+        t = wall();
+        for (int i = 0; i < threads; i++) {
+            work[i] = (FmaThread){float32, steps, 0, 0};
+            pthread_create(&ids[i], NULL, fma_steps_thread, &work[i]);
+        }
+        for (int i = 0; i < threads; i++) {
+            pthread_join(ids[i], NULL);
+            sink += work[i].sink;
+        }
+        t = wall() - t;
+        printf("%.3f\n", threads * steps * per_step / t / 1e9);
+        fflush(stdout);
+    }
+    return sink == 12345.678 + calibrate.sink;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5 && strcmp(argv[1], "--serve") == 0) { /* --serve THREADS float32|float64 SECONDS */
+        const int threads = atoi(argv[2]);
+        if (threads < 1 || threads > 64 || atof(argv[4]) <= 0) {
+            fprintf(stderr, "usage: bandwidth [--serve THREADS float32|float64 SECONDS] (1-64 threads)\n");
+            return 2;
+        }
+        return serve(threads, strcmp(argv[3], "float32") == 0, atof(argv[4]));
+    }
     double sink = 0;
     vd *buf = aligned_alloc(64, 1 << 20);
     memset(buf, 0, 1 << 20);
