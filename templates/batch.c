@@ -108,9 +108,13 @@ static void load_batch(const Samples *s, const Py_ssize_t *rows, long nb, const 
 }
 
 /* The per-sample gradients (all but the parameters') of the first nb samples back to 0, on the
- * module's threads: a slot's BATCH_CAPACITY values at a time; a sequence's on the caller's alone,
+ * module's threads: a slot's BATCH_CAPACITY values at a time (a row), the rows of
+ * BATCH_CLEAR_RUNS (backward_batch writes the others rather than adding to them: a layer's
+ * inputs' gradients and its activation's, which only its product adds to; the zoo's CNN at
+ * B = 32, float64, had 1.4 MB of them to clear a batch); a sequence's on the caller's alone,
  * whose statement loops read them next (from the other core's cache, had it cleared them: microgpt
- * at 16 documents ran 1.06x slower on 2 threads than on 1, Zen 3). */
+ * at 16 documents ran 1.06x slower on 2 threads than on 1, Zen 3). first, last: the rows to
+ * clear counted along the runs, the runs' first row first. */
 typedef struct {
     real *g;
     long nb;
@@ -119,17 +123,27 @@ typedef struct {
 static void clear_slots(void *args, long first, long last)
 {
     const ClearArgs *a = (const ClearArgs *)args;
-    real *from = a->g + MODEL.n_params + first * MODEL.batch_capacity;
-    if (a->nb == MODEL.batch_capacity)
-        memset(from, 0, (size_t)(last - first) * MODEL.batch_capacity * sizeof(real));
-    else
-        for (long slot = first; slot < last; slot++)
-            memset(from + (slot - first) * MODEL.batch_capacity, 0, (size_t)a->nb * sizeof(real));
+    long at = 0; /* (the rows of the runs before run r) */
+    for (long r = 0; r < MODEL.n_batch_clear_runs && at < last; r++) {
+        const long run = MODEL.batch_clear_runs[r][0], count = MODEL.batch_clear_runs[r][1];
+        const long from = first > at ? first - at : 0, to = last - at < count ? last - at : count;
+        real *rows = a->g + MODEL.n_params + run * MODEL.batch_capacity;
+        if (from >= to)
+            ;
+        else if (a->nb == MODEL.batch_capacity)
+            memset(rows + from * MODEL.batch_capacity, 0, (size_t)(to - from) * MODEL.batch_capacity * sizeof(real));
+        else
+            for (long row = from; row < to; row++)
+                memset(rows + row * MODEL.batch_capacity, 0, (size_t)a->nb * sizeof(real));
+        at += count;
+    }
 }
 
 static void clear_batch_gradients(real *g, long nb)
 {
-    const long slots = (MODEL.batch_constants_base - MODEL.n_params) / MODEL.batch_capacity;
+    long slots = 0; /* (the rows to clear) */
+    for (long r = 0; r < MODEL.n_batch_clear_runs; r++)
+        slots += MODEL.batch_clear_runs[r][1];
     ClearArgs args = {g, nb};
     if (slots * nb < BATCH_PARALLEL_MIN || MODEL.batch_active_base >= 0)
         clear_slots(&args, 0, slots);

@@ -76,6 +76,8 @@ typedef struct {
     int batch_backward_clears;        /* backward_batch leaves the per-sample gradients 0, as backward_clears */
     long n_batch_stepped_runs;        /* the runs backward_batch steps, then (n_params, 0) */
     const long (*batch_stepped_runs)[2];
+    long n_batch_clear_runs;          /* the runs of per-sample rows cleared before a batch (the others */
+    const long (*batch_clear_runs)[2]; /* backward_batch writes): (first row, count), then (0, 0) */
     SlotsFunction init_batch_constants;
     BatchFunction scan_batch_rows, forward_outputs_batch, forward_rest_batch;
     void (*backward_batch)(real *restrict d, real *restrict g, long nb, real rate);

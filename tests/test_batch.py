@@ -13,7 +13,7 @@ import codegen
 from bench.models import cnn
 from codegen.backend.toolchain import COMPILER_NAMES
 from codegen.lower.batch import NotBatchable, batch_program
-from conftest import compiler_diagonal
+from conftest import compiler_diagonal, seeded_cache
 from micrograd_c import MLP, Value, cross_entropy
 from tests.test_train import mnist_dir  # noqa: F401 (a fixture)
 
@@ -122,6 +122,56 @@ def test_the_same_bits_with_any_number_of_threads():
     for params, predictions in results[1:]:
         np.testing.assert_array_equal(params, results[0][0])
         np.testing.assert_array_equal(predictions, results[0][1])
+
+
+def _skipping(seed=0):
+    """classifier()'s MLP(12, [20, 9, 4]) whose loss also reads the first layer's activations (a
+    penalty on their sum): their gradients get two contributions, so the second layer's product
+    adds to them (only the last layer's may write its inputs' gradients)."""
+    random.seed(seed)
+    model = MLP(12, [20, 9, 4])
+    xs, ys = [Value(0.0) for _ in range(12)], [Value(0.0) for _ in range(4)]
+    first = model.layers[0](xs)
+    logits = model.layers[2](model.layers[1](first))
+    return model, xs, ys, logits, cross_entropy(logits, ys) + 0.01 * sum(first)
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(DTYPES)), indirect=["compiler"])
+def test_products_write_the_gradients_only_they_add_to(compiler, dtype, tmp_path, monkeypatch):
+    """A layer's inputs' gradients and its activation's, when only its product adds to them, are
+    written by matmul_acc and its epilogue (the runtime clears the other rows only): the same bits
+    as adding them to rows cleared first (backward.Backward._overwrites off), batch after batch
+    (what a batch left in those rows is never read): an MLP whose second layer's ReLUs are all off
+    (its product's path with no neuron on, which writes 0s), and one whose loss reads the first
+    layer's activations too (added to, as before)."""
+    from codegen.write import backward
+    written = backward.Backward._overwrites
+    X, y = data(70)
+    dead = classifier()
+    for neuron in dead[0].layers[1].neurons:  # (the second layer's ReLUs off for every sample)
+        neuron.b.data = -50.0
+    for name, case, overwrites in (("dead", dead, [1, 1]), ("skipping", _skipping(), [1, 0])):
+        model, xs, ys, logits, loss = case
+        init = [p.data for p in model.parameters()]
+        monkeypatch.setattr(backward.Backward, "_overwrites", written)
+        source = "\n".join(codegen.generate(loss, xs + ys, model.parameters(), outputs=logits, dtype=dtype))
+        calls = [line.strip() for line in source.splitlines()  # (the layers': their ReLUs' epilogues)
+                 if line.strip().startswith("matmul_acc(g + ") and "epilogue_" in line]
+        assert [int(c.rsplit(", ", 1)[1].rstrip(");")) for c in calls] == overwrites, (name, calls)
+        assert source.count("y[n] = (real)0 + ") == 1 and "BATCH_CLEAR_RUNS[][2] = {{0, " in source
+        runs = {}
+        for label in ("written", "added"):
+            monkeypatch.setattr(backward.Backward, "_overwrites",
+                                written if label == "written" else lambda self, mode, g: False)
+            for p, v in zip(model.parameters(), init):
+                p.data = v
+            net = codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler=compiler, dtype=dtype,
+                                  cache=seeded_cache(tmp_path / f"{name}-{label}", compiler, dtypes=(dtype,)))
+            losses = np.array([net.train(X, y, 0.1, batch_size=16, seed=epoch) for epoch in range(2)], dtype=np.float64)
+            runs[label] = (np.asarray(net.params).copy(), losses)
+        for got, expected in zip(runs["written"], runs["added"]):
+            np.testing.assert_array_equal(got.view(f"u{got.dtype.itemsize}"), expected.view(f"u{got.dtype.itemsize}"),
+                                          err_msg=name)
 
 
 def test_threads_option_checks_its_value():

@@ -37,8 +37,8 @@ void call_set(real *out, long out_j, const real *bias, long bias_j, const real *
               const real *x, long x_k, long J, long S, long K, const int32_t *rows, real *y)
 { matmul_set(out, out_j, bias, bias_j, w, w_j, w_k, x, x_k, J, S, K, rows, y ? relu_rows : 0, y, 128); }
 void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
-              long J, long S, long K, real *y, const real *o)
-{ matmul_acc(out, out_k, w, w_j, w_k, go, go_j, J, S, K, y ? relu_gradient_rows : 0, y, 128, 0, 0, o, 128); }
+              long J, long S, long K, real *y, const real *o, int overwrite)
+{ matmul_acc(out, out_k, w, w_j, w_k, go, go_j, J, S, K, y ? relu_gradient_rows : 0, y, 128, 0, 0, o, 128, overwrite); }
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
              const int32_t *rows, real *w, real rate)
 { matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S, rows, w, rate); }
@@ -51,7 +51,7 @@ DECLARATIONS = """
 void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
               const real *x, long x_k, long J, long S, long K, const int *rows, real *y);
 void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
-              long J, long S, long K, real *y, const real *o);
+              long J, long S, long K, real *y, const real *o, int overwrite);
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
              const int *rows, real *w, real rate);
 void call_scan(const real *x, long stride, long nb, long n, int *list);
@@ -146,13 +146,24 @@ def check(compiler, dtype, variant=None, depth=None, chunked=False):
         dy, relu_out = rng.standard_normal((K, 128)).astype(np_type), x.copy()
         dy_before = dy.copy()
         lib.call_acc(ptr(dx), 128, ptr(w), K + 1, 1, ptr(go), 128, J, S, K,
-                     *((ptr(dy), ptr(relu_out)) if sparse else (ffi.NULL, ffi.NULL)))
+                     *((ptr(dy), ptr(relu_out)) if sparse else (ffi.NULL, ffi.NULL)), 0)
         worst = max(worst, compare(dx[:, :S], start[:, :S] + W.T @ G, rtol, "matmul_acc", J, S, K, sparse))
         np.testing.assert_array_equal(dx[:, S:], start[:, S:])
         if sparse:  # exactly the loop's sums, from the finished inputs' gradients; nothing past the batch
             expected_dy = dy_before[:, :S] + (relu_out[:, :S] > 0) * dx[:, :S]
             np.testing.assert_array_equal(dy[:, :S], expected_dy)
             np.testing.assert_array_equal(dy[:, S:], dy_before[:, S:])
+        # overwriting: the sum from 0 whatever out held, the bits of adding it to a cleared out; and
+        # where no neuron's gradient row holds a nonzero, 0
+        cleared, written = np.zeros((K, 128), np_type), rng.standard_normal((K, 128)).astype(np_type)
+        held = written.copy()
+        for into, overwrite in ((cleared, 0), (written, 1)):
+            lib.call_acc(ptr(into), 128, ptr(w), K + 1, 1, ptr(go), 128, J, S, K, ffi.NULL, ffi.NULL, overwrite)
+        np.testing.assert_array_equal(bits(written[:, :S]), bits(cleared[:, :S]))
+        np.testing.assert_array_equal(written[:, S:], held[:, S:])
+        silent, off = rng.standard_normal((K, 128)).astype(np_type), np.zeros_like(go)
+        lib.call_acc(ptr(silent), 128, ptr(w), K + 1, 1, ptr(off), 128, J, S, K, ffi.NULL, ffi.NULL, 1)
+        assert not silent[:, :S].any() and not np.signbit(silent[:, :S]).any()
         dw = rng.standard_normal((J, K + 1)).astype(np_type)
         before = dw.copy()
         lib.call_nt(ptr(dw), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows, ffi.NULL, 0)
@@ -167,10 +178,15 @@ def check(compiler, dtype, variant=None, depth=None, chunked=False):
         worst = max(worst, compare(weights[:, :K], W - 0.25 * (G @ X.T), rtol, "matmul_nt stepping", J, S, K, sparse))
         np.testing.assert_array_equal(weights[:, K], w[:, K])
         assert not zero.any()
-        results += [out, relu, dx, dy, dw, weights]
+        results += [out, relu, dx, dy, written, dw, weights]
     print(f"{compiler} {dtype} {ran}, depth {depth or 'for the L2'}{', chunked' if chunked else ''}: "
           f"max relative difference {worst:.2e}")
     return results
+
+
+def bits(a):
+    """The array's bits (so that -0 and 0 differ), as unsigned integers of its width."""
+    return np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}")
 
 
 def compare(got, expected, rtol, what, *case):

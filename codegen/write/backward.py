@@ -11,6 +11,7 @@ A layer's inputs' gradients over a batch may finish the activation before it (it
 the product's epilogue): that group is then skipped (Backward.pass_).
 """
 
+import collections
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -21,8 +22,9 @@ from ..lower import ir
 from ..lower.types import OP, PARAM, BatchExtent, Bounded
 from .convolution import convolution
 from .kernels import Call, call
+from ..lower.vector import progression
 from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, at_start, data_at,
-                    fused_gradient, grad_at, guarded, loop_nest, placed, short, slot_index, unrolled)
+                    fused_gradient, grad_at, guarded, kernel_loops, loop_nest, placed, short, slot_index, unrolled)
 from .sides import TrackedRow
 from .statements import Statements
 from .tree import Assign, Block, ClearGradient, Copy, If, ReadGradient, nest
@@ -117,6 +119,8 @@ class Tracked:
 
 
 class Backward(Statements):
+    _reads = None  # {id(node): times the program's forward reads it}, counted once (_read_only_by)
+
     def pass_(self, groups, mode):
         """The statements of each group of `groups` (in backward order) in `mode` (Plain,
         SgdInBackward, Tracked); an activation's gradient, when the group just before it finishes
@@ -176,7 +180,8 @@ class Backward(Statements):
             contributions += self._terms(ops.terms, [node.args[i] for i in ops.term_positions], go, ops.out)
         if ops.a:
             for wrt, other, factors in ((ops.b, ops.a, node.b), (ops.a, ops.b, node.a)):
-                contributions += self._products(wrt, other, factors, go, ops.out, g.shape, activation)
+                contributions += self._products(wrt, other, factors, go, ops.out, g.shape, activation,
+                                                self._overwrites(mode, g))
         if isinstance(mode, Plain) and contributions and all(c.lanes for c in contributions):
             lanes = [c.lanes for c in contributions]  # (no innermost loop: no `go` read in it)
             calls = [nest(g.shape[:-1], lanes, braced=len(lanes) > 1)] if len(g.shape) > 1 else lanes
@@ -214,16 +219,50 @@ class Backward(Statements):
         return [Contribution(to_param, call("add_offsets", y=f"g + {slot_index(v.start, grad=True)}", oy=table, alpha=go, n=n),
                              call("add_offsets", y=f"d + {slot_index(v.start)}", oy=table, alpha=f"-(lr * {go})", n=n))]
 
-    def _products(self, wrt, other, factors, go, out, shape=(), activation=None):
-        """Factor list `wrt` of a dot gets go times the other list's values."""
+    def _overwrites(self, mode, g):
+        """Whether group g's products may write the gradients that only they add to, instead of
+        adding to them (Matmul's overwrite): the batched program's plain backward, whose gradients
+        the runtime clears before each batch but for the rows written so (sides' overwritten), of
+        a product in one call (no loops outside the kernel's)."""
+        return (isinstance(mode, Plain) and not mode.clears and self.tables.stepped is not None
+                and kernel_loops(g.shape) == len(g.shape) and len(g.shape) == 2)
+
+    def _read_only_by(self, nodes, readers):
+        """Whether each of the nodes is read `readers` times in the program (its forward's groups),
+        its gradient its own (their contributions are then the reading group's, when every
+        member of that group, `readers` of them, reads each once)."""
+        if self._reads is None:
+            self._reads = collections.Counter(id(x) for g in self.program.forward for n in g.members for x in n.reads())
+        return all(self._reads[id(x)] == readers and not x.shares_grad for x in nodes)
+
+    def _overwritten(self, wrt_rows, rows):
+        """The rows (an Affine over a product's rows: K inputs by the batch) that a product or its
+        epilogue writes, if they lie a batch buffer's row apart (the runtime's unit of clearing),
+        recorded in the side tables (the runtime then does not clear them); else None."""
+        capacity = self.program.capacity
+        if wrt_rows.strides[-2] != capacity or (wrt_rows.base - self.program.n_params) % capacity:
+            return None
+        self.tables.overwritten.append(((wrt_rows.base - self.program.n_params) // capacity, rows))
+        return True
+
+    def _products(self, wrt, other, factors, go, out, shape=(), activation=None, overwrites=False):
+        """Factor list `wrt` of a dot gets go times the other list's values (a product in one call
+        writes the gradients only it adds to, where `overwrites`: _overwrites)."""
         needs = [f.needs_grad for f in factors]
         if not any(needs):
             return []
         n = wrt.n
         if all(needs) and not any(f.sgd_fused for f in factors) and Matmul.fits(shape, wrt, other, out):
             laid = fused_gradient(wrt, shape, activation) if activation is not None else None
-            epilogue = None if laid is None else (self._epilogue(activation.first, gradient=True), *laid)
-            return [Contribution(False, Matmul(wrt, other, out, epilogue))]
+            members = shape[0] if len(shape) == 2 else 1
+            rows = type(wrt.start)(wrt.start.base + wrt.offsets[0], (progression(wrt.offsets), 1))
+            overwrite = (overwrites and wrt.start.grad_base is None and self._read_only_by(factors, members)
+                         and self._overwritten(rows, len(wrt.offsets)) is not None)
+            written = (overwrites and laid is not None
+                       and self._read_only_by([x for m in activation.members for x in m.args], 1)
+                       and self._overwritten(laid[0], len(wrt.offsets)) is not None)
+            epilogue = None if laid is None else (self._epilogue(activation.first, gradient=True, overwrite=written), *laid)
+            return [Contribution(False, Matmul(wrt, other, out, epilogue, overwrite))]
         # (a loop whose weights stay put over its innermost loop gives them several contributions:
         # batch-1 SGD never updates them in backward; the batched program steps them after the
         # sum over its batch when they have no other, train()'s rate permitting)

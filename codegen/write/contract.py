@@ -212,11 +212,20 @@ class BatchLayout:
     stepped_runs: tuple
     sequence: object = None
     backward_clears: bool = False  # backward_batch leaves every per-sample gradient 0
+    clear_runs: tuple = ()  # runs (first row, count) of the per-sample rows the runtime clears
 
     @classmethod
-    def of(cls, batched, stepped, backward_clears=False):
+    def of(cls, batched, stepped, backward_clears=False, overwritten=()):
+        """overwritten: (first row, count) of the per-sample rows (BATCH_CAPACITY slots each, from
+        N_PARAMS) that backward_batch writes rather than adds to (sides.SideTables' overwritten):
+        the runtime clears the others before each batch."""
+        rows = np.ones((batched.constants_base - batched.n_params) // batched.capacity, dtype=bool)
+        for first, count in overwritten:
+            rows[first:first + count] = False
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], rows.view(np.int8), [0]])))
+        runs = tuple((int(a), int(b - a)) for a, b in zip(edges[::2], edges[1::2]))
         return cls(batched.capacity, batched.n_slots, batched.input_base, batched.loss_slot, batched.constants_base,
-                   tuple(batched.output_slots), tuple(sorted(stepped)), batched.sequence, backward_clears)
+                   tuple(batched.output_slots), tuple(sorted(stepped)), batched.sequence, backward_clears, runs)
 
     @staticmethod
     def render_none():
@@ -225,7 +234,8 @@ class BatchLayout:
     def render(self):
         """HAVE_BATCH 1, BATCH_CAPACITY, N_BATCH_SLOTS, BATCH_INPUT_BASE, BATCH_LOSS_SLOT,
         BATCH_CONSTANTS_BASE, BATCH_OUTPUT_SLOTS, N_BATCH_STEPPED_RUNS and BATCH_STEPPED_RUNS
-        (ascending, then (N_PARAMS, 0)); BATCH_BACKWARD_CLEARS 1 as Layout's BACKWARD_CLEARS."""
+        (ascending, then (N_PARAMS, 0)), N_BATCH_CLEAR_RUNS and BATCH_CLEAR_RUNS (then (0, 0));
+        BATCH_BACKWARD_CLEARS 1 as Layout's BACKWARD_CLEARS."""
         runs = [*self.stepped_runs, ("N_PARAMS", 0)]
         return "\n".join([
             "#define HAVE_BATCH 1",
@@ -237,6 +247,8 @@ class BatchLayout:
             _table("BATCH_OUTPUT_SLOTS", list(self.output_slots) or [0]),
             f"#define N_BATCH_STEPPED_RUNS {len(runs) - 1}",
             _table("BATCH_STEPPED_RUNS", runs),
+            f"#define N_BATCH_CLEAR_RUNS {len(self.clear_runs)}",
+            _table("BATCH_CLEAR_RUNS", [*self.clear_runs, (0, 0)]),
             *_sequence("BATCH_", self.sequence),
             *(["#define BATCH_BACKWARD_CLEARS 1"] if self.backward_clears else []),
         ])

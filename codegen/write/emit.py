@@ -294,7 +294,7 @@ def _batch_layout(sides, dtype):
     if sides is None:
         return contract.BatchLayout.render_none()
     return "\n".join([
-        contract.BatchLayout.of(sides.program, sides.stepped, _clears(sides.program)).render(),
+        contract.BatchLayout.of(sides.program, sides.stepped, _clears(sides.program), sides.overwritten).render(),
         _constants(sides.program.constants, dtype, "init_batch_constants", "BATCH_CONSTANT_VALUES"),
         contract.Words("BATCH_LIST_WORDS", sides.row_list_words()).render(),
         _scan("scan_batch_rows", ["real *restrict d", "long nb"], sides.row_scans()),

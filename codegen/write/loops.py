@@ -218,6 +218,7 @@ class Matmul:
     weights: object  # Vector
     out: object      # Affine: the group's gradients (go)
     epilogue: tuple = None  # (the C function, Affines of its y, a, o over the rows: fused_gradient)
+    overwrite: bool = False  # the inputs' gradients are the sum from 0: no other contribution (Backward)
 
     def in_loops(self, shape):
         """Its kernel call in a loop nest over shape."""
@@ -237,7 +238,8 @@ class Matmul:
                        out_k=progression(wrt.offsets), w=loop_start(weights.start, last, weights.offsets[0]),
                        w_j=along_neurons(weights.start, shape), w_k=progression(weights.offsets),
                        go=loop_start(self.out, last, grad=True), go_j=along_neurons(self.out, shape),
-                       J=neurons(shape), S=samples(shape, joint), K=len(wrt.offsets), **epilogue)
+                       J=neurons(shape), S=samples(shape, joint), K=len(wrt.offsets), **epilogue,
+                       overwrite=int(self.overwrite))
         return per_pass(shape, product, joint)
 
     @staticmethod

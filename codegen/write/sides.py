@@ -57,6 +57,7 @@ class SideTables:
     nonzero_lists: dict = field(default_factory=dict)  # (first slot, length): the list's offset in words
     tracked_rows: list = field(default_factory=list)   # TrackedRow, in stamp order
     stepped: list | None = None       # the batched program's: runs (first slot, count) its backward steps
+    overwritten: list = field(default_factory=list)  # the batched program's: (first row, count) its backward writes
 
     @classmethod
     def batched(cls, program, shared, row_lists):

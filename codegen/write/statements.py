@@ -68,12 +68,16 @@ class Statements:
         offset = f"{table}[{i}]" if table else f"{step} * {i}" if step != 1 else i
         return f"{'g' if grad else 'd'}[{slot_index(first, grad=grad)} + {offset}]"
 
-    def _epilogue(self, node, gradient=False):
+    def _epilogue(self, node, gradient=False, overwrite=False):
         """The name of a C function (templates/epilogue.c, a templates/kernels/gemm.c Epilogue)
         applying node's op (one argument) to a row of values x: its value; or, with gradient, its
-        gradient x times its derivative, added to its argument's gradient."""
+        gradient x times its derivative, added to its argument's gradient (with overwrite, added
+        to 0 and written: the same bits as adding it to a cleared gradient, which nothing else
+        adds to)."""
         names = {"a": "a[n]", "out": "o[n]", **({"k": c_literal(node.k, self.dtype)} if node.k is not None else {})}
-        if gradient:
+        if gradient and overwrite:
+            statement = Assign("y[n]", f"(real)0 + {self._times_local(node, 0, names, 'x[n]')}")
+        elif gradient:
             statement = Assign("y[n]", self._times_local(node, 0, names, "x[n]"), "+=")
         else:
             statement = Assign("y[n]", self._op_c(node, node.op.value, dict(names, a="x[n]")))

@@ -6,7 +6,7 @@
  * (gemm_depth). The three products of a layer over a batch are this one kernel with other
  * strides (codegen/write/loops.py's layer_over_batch, Matmul and WeightGradient call them):
  *   forward             Y = W X:    matmul_set (C = Y from the bias, A = W, B = X)
- *   inputs' gradients   dX += W^T dY: matmul_acc (A = W read down its columns, B = dY)
+ *   inputs' gradients   dX += W^T dY: matmul_acc (A = W read down its columns, B = dY; or =)
  *   weights' gradients  dW += dY X^T: matmul_nt (A = dY, B = X^T, packed once per call)
  * C[i * c_i + n] = init + sum over p < P of A[i * a_i + p * a_p] * B[p * b_p + n], for i < M and
  * n < N, where init is C's own value (accumulate), the bias (bias[i * bias_i]) or 0. Every
@@ -24,8 +24,8 @@
 /* A function of each value of a row of the product, applied as soon as the row is done (while it
  * is in the cache, and on the thread that made it), for n < count: a layer's activation,
  * y[n] = f(x[n]) (after matmul_set), or the activation's gradient, y[n] += f'(a[n], o[n]) * x[n]
- * with a and o its argument's and its own values (after matmul_acc, which finished x, the
- * activation's gradient). codegen/write/statements.py's _epilogue writes the statement from the op
+ * (or y[n] = 0 + ..., where nothing else adds to y) with a and o its argument's and its own values
+ * (after matmul_acc, which finished x, the activation's gradient). codegen/write/statements.py's _epilogue writes the statement from the op
  * table, templates/epilogue.c the function around it. */
 typedef void (*Epilogue)(const real *restrict x, real *restrict y, const real *restrict a, const real *restrict o,
                          long count);
@@ -675,11 +675,13 @@ PRODUCT void matmul_set(real *restrict out, long out_j, const real *restrict bia
  * weights, K inputs each). Neurons whose gradient row is 0 over the whole batch (a ReLU that is
  * off, a hinge that is flat) are left out of the sums: what they would add is 0. With an
  * epilogue (else 0), the gradient of the activation whose results the inputs are, into
- * y[k * y_k + s], from a[k * a_k + s] and o[k * o_k + s] (see Epilogue). */
+ * y[k * y_k + s], from a[k * a_k + s] and o[k * o_k + s] (see Epilogue). With overwrite, out is
+ * the sum from 0 instead (the same bits as adding it to a cleared out: nothing else adds to it,
+ * and the runtime need not clear it first). */
 #define GEMM_ACC_LISTED 4096 /* neurons a list is kept for (on the stack); more run dense */
 PRODUCT void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
                        const real *restrict go, long go_j, long J, long S, long K, Epilogue epilogue, real *y,
-                       long y_k, const real *a, long a_k, const real *o, long o_k)
+                       long y_k, const real *a, long a_k, const real *o, long o_k, int overwrite)
 {
     int32_t active[GEMM_ACC_LISTED];
     long count = J;
@@ -696,13 +698,16 @@ PRODUCT void matmul_acc(real *restrict out, long out_k, const real *restrict w, 
         }
     }
     const GemmArgs g = {.C = out, .A = w, .B = go, .c_i = out_k, .a_i = w_k, .a_p = w_j, .b_p = go_j, .N = S,
-                        .P = count, .accumulate = 1, .p_list = count < J ? active : 0, .epilogue = epilogue,
+                        .P = count, .accumulate = !overwrite, .p_list = count < J ? active : 0, .epilogue = epilogue,
                         .y = y, .arg = a, .res = o, .y_i = y_k, .arg_i = a_k, .res_i = o_k};
     if (count > 0)
         gemm(&g, K);
-    else if (epilogue) /* the inputs' gradients are what they were: the epilogue still runs */
-        for (long k = 0; k < K; k++)
+    else { /* the inputs' gradients are what they were (0, overwritten): the epilogue still runs */
+        for (long k = 0; overwrite && k < K; k++)
+            memset(out + k * out_k, 0, (size_t)S * sizeof(real));
+        for (long k = 0; epilogue && k < K; k++)
             epilogue(out + k * out_k, y + k * y_k, a ? a + k * a_k : 0, o ? o + k * o_k : 0, S);
+    }
 }
 
 /* out[j * out_j + k] += sum over s < S of go[j * go_j + s] * x[k * x_k + s], for j < J and k < K:

@@ -47,7 +47,7 @@ KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias
                        long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j);
 KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
                        const real *restrict go, long go_j, long J, long S, long K, Epilogue epilogue, real *y,
-                       long y_k, const real *a, long a_k, const real *o, long o_k);
+                       long y_k, const real *a, long a_k, const real *o, long o_k, int overwrite);
 KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, long go_j,
                       const real *restrict x, long x_k, long J, long K, long S, const int32_t *rows, real *w,
                       real rate);
