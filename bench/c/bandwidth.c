@@ -215,14 +215,15 @@ static void *fma_thread(void *arg)
     return NULL;
 }
 
-static double fma_rate_all_cores(int float32, long steps, int threads, double *sink)
+/* body (fma_thread, fma_steps_thread) on `threads` threads at once: the sum of their rates */
+static double on_threads(void *(*body)(void *), int float32, long steps, int threads, double *sink)
 {
     pthread_t ids[64];
     FmaThread work[64];
     double total = 0;
     for (int i = 0; i < threads; i++) {
         work[i] = (FmaThread){float32, steps, 0, 0};
-        pthread_create(&ids[i], NULL, fma_thread, &work[i]);
+        pthread_create(&ids[i], NULL, body, &work[i]);
     }
     for (int i = 0; i < threads; i++) {
         pthread_join(ids[i], NULL);
@@ -230,6 +231,11 @@ static double fma_rate_all_cores(int float32, long steps, int threads, double *s
         *sink += work[i].sink;
     }
     return total;
+}
+
+static double fma_rate_all_cores(int float32, long steps, int threads, double *sink)
+{
+    return on_threads(fma_thread, float32, steps, threads, sink);
 }
 
 /* Served (bench/peak.py, bench/windows.py's protocol): "ready", then for each line read one
@@ -267,17 +273,8 @@ static int serve(int threads, int float32, double seconds)
     fflush(stdout);
     char line[256];
     while (fgets(line, sizeof line, stdin)) {
-        pthread_t ids[64];
-        FmaThread work[64];
         t = wall();
-        for (int i = 0; i < threads; i++) {
-            work[i] = (FmaThread){float32, steps, 0, 0};
-            pthread_create(&ids[i], NULL, fma_steps_thread, &work[i]);
-        }
-        for (int i = 0; i < threads; i++) {
-            pthread_join(ids[i], NULL);
-            sink += work[i].sink;
-        }
+        on_threads(fma_steps_thread, float32, steps, threads, &sink);
         t = wall() - t;
         printf("%.3f\n", threads * steps * per_step / t / 1e9);
         fflush(stdout);
