@@ -20,11 +20,11 @@ import numpy as np
 
 from ..lower import ir
 from ..lower.types import OP, PARAM, BatchExtent, Bounded
+from ..lower.vector import progression
 from .convolution import convolution
 from .kernels import Call, call
-from ..lower.vector import progression
 from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, at_start, data_at,
-                    fused_gradient, grad_at, guarded, kernel_loops, loop_nest, placed, short, slot_index, unrolled)
+                    fused_gradient, grad_at, guarded, loop_nest, placed, short, slot_index, unrolled)
 from .sides import TrackedRow
 from .statements import Statements
 from .tree import Assign, Block, ClearGradient, Copy, If, ReadGradient, nest
@@ -223,9 +223,9 @@ class Backward(Statements):
         """Whether group g's products may write the gradients that only they add to, instead of
         adding to them (Matmul's overwrite): the batched program's plain backward, whose gradients
         the runtime clears before each batch but for the rows written so (sides' overwritten), of
-        a product in one call (no loops outside the kernel's)."""
+        a product in one call (neurons by the batch: no loops outside the kernel's)."""
         return (isinstance(mode, Plain) and not mode.clears and self.tables.stepped is not None
-                and kernel_loops(g.shape) == len(g.shape) and len(g.shape) == 2)
+                and len(g.shape) == 2)
 
     def _read_only_by(self, nodes, readers):
         """Whether each of the nodes is read `readers` times in the program (its forward's groups),
@@ -235,14 +235,14 @@ class Backward(Statements):
             self._reads = collections.Counter(id(x) for g in self.program.forward for n in g.members for x in n.reads())
         return all(self._reads[id(x)] == readers and not x.shares_grad for x in nodes)
 
-    def _overwritten(self, wrt_rows, rows):
-        """The rows (an Affine over a product's rows: K inputs by the batch) that a product or its
-        epilogue writes, if they lie a batch buffer's row apart (the runtime's unit of clearing),
-        recorded in the side tables (the runtime then does not clear them); else None."""
+    def _overwritten(self, rows, count):
+        """Whether the `count` rows that a product or its epilogue writes (`rows`: an Affine over
+        them, by the batch) lie a batch buffer's row apart, the runtime's unit of clearing: then
+        recorded in the side tables (the runtime does not clear them)."""
         capacity = self.program.capacity
-        if wrt_rows.strides[-2] != capacity or (wrt_rows.base - self.program.n_params) % capacity:
-            return None
-        self.tables.overwritten.append(((wrt_rows.base - self.program.n_params) // capacity, rows))
+        if rows.strides[-2] != capacity or (rows.base - self.program.n_params) % capacity:
+            return False
+        self.tables.overwritten.append(((rows.base - self.program.n_params) // capacity, count))
         return True
 
     def _products(self, wrt, other, factors, go, out, shape=(), activation=None, overwrites=False):
@@ -254,13 +254,13 @@ class Backward(Statements):
         n = wrt.n
         if all(needs) and not any(f.sgd_fused for f in factors) and Matmul.fits(shape, wrt, other, out):
             laid = fused_gradient(wrt, shape, activation) if activation is not None else None
-            members = shape[0] if len(shape) == 2 else 1
-            rows = type(wrt.start)(wrt.start.base + wrt.offsets[0], (progression(wrt.offsets), 1))
-            overwrite = (overwrites and wrt.start.grad_base is None and self._read_only_by(factors, members)
-                         and self._overwritten(rows, len(wrt.offsets)) is not None)
-            written = (overwrites and laid is not None
-                       and self._read_only_by([x for m in activation.members for x in m.args], 1)
-                       and self._overwritten(laid[0], len(wrt.offsets)) is not None)
+            overwrite = written = False  # (the product's rows, the epilogue's)
+            if overwrites:  # (shape: the neurons, every one reading each input once, by the batch)
+                rows = type(wrt.start)(wrt.start.base + wrt.offsets[0], (progression(wrt.offsets), 1))
+                overwrite = (wrt.start.grad_base is None and self._read_only_by(factors, shape[0])
+                             and self._overwritten(rows, len(wrt.offsets)))
+                written = (laid is not None and self._read_only_by([x for m in activation.members for x in m.args], 1)
+                           and self._overwritten(laid[0], len(wrt.offsets)))
             epilogue = None if laid is None else (self._epilogue(activation.first, gradient=True, overwrite=written), *laid)
             return [Contribution(False, Matmul(wrt, other, out, epilogue, overwrite))]
         # (a loop whose weights stay put over its innermost loop gives them several contributions:
