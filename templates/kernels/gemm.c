@@ -25,8 +25,8 @@
  * is in the cache, and on the thread that made it), for n < count: a layer's activation,
  * y[n] = f(x[n]) (after matmul_set), or the activation's gradient, y[n] += f'(a[n], o[n]) * x[n]
  * (or y[n] = 0 + ..., where nothing else adds to y) with a and o its argument's and its own values
- * (after matmul_acc, which finished x, the activation's gradient). codegen/write/statements.py's _epilogue writes the statement from the op
- * table, templates/epilogue.c the function around it. */
+ * (after matmul_acc, which finished x, the activation's gradient). codegen/write/statements.py's
+ * _epilogue writes the statement from the op table, templates/epilogue.c the function around it. */
 typedef void (*Epilogue)(const real *restrict x, real *restrict y, const real *restrict a, const real *restrict o,
                          long count);
 
