@@ -128,9 +128,7 @@ static void clear_slots(void *args, long first, long last)
         const long run = MODEL.batch_clear_runs[r][0], count = MODEL.batch_clear_runs[r][1];
         const long from = first > at ? first - at : 0, to = last - at < count ? last - at : count;
         real *rows = a->g + MODEL.n_params + run * MODEL.batch_capacity;
-        if (from >= to)
-            ;
-        else if (a->nb == MODEL.batch_capacity)
+        if (a->nb == MODEL.batch_capacity && from < to)
             memset(rows + from * MODEL.batch_capacity, 0, (size_t)(to - from) * MODEL.batch_capacity * sizeof(real));
         else
             for (long row = from; row < to; row++)

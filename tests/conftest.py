@@ -193,3 +193,10 @@ def seeded_cache(path, compiler, opt=2, dtypes=('float64',)):
         for part in record.parent.glob(record.name.removesuffix('.build.json') + '.*'):
             shutil.copy2(part, path / part.name)
     return path
+
+
+def bits(a):
+    """An array's bits (so that -0 and 0 differ), as unsigned integers of its width: the same-bits
+    comparisons' form."""
+    import numpy as np
+    return np.ascontiguousarray(a).view(f'u{a.dtype.itemsize}')

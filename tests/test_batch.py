@@ -13,7 +13,7 @@ import codegen
 from bench.models import cnn
 from codegen.backend.toolchain import COMPILER_NAMES
 from codegen.lower.batch import NotBatchable, batch_program
-from conftest import compiler_diagonal, seeded_cache
+from conftest import bits, compiler_diagonal, seeded_cache
 from micrograd_c import MLP, Value, cross_entropy
 from tests.test_train import mnist_dir  # noqa: F401 (a fixture)
 
@@ -170,8 +170,7 @@ def test_products_write_the_gradients_only_they_add_to(compiler, dtype, tmp_path
             losses = np.array([net.train(X, y, 0.1, batch_size=16, seed=epoch) for epoch in range(2)], dtype=np.float64)
             runs[label] = (np.asarray(net.params).copy(), losses)
         for got, expected in zip(runs["written"], runs["added"]):
-            np.testing.assert_array_equal(got.view(f"u{got.dtype.itemsize}"), expected.view(f"u{got.dtype.itemsize}"),
-                                          err_msg=name)
+            np.testing.assert_array_equal(bits(got), bits(expected), err_msg=name)
 
 
 def test_threads_option_checks_its_value():

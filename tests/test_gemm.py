@@ -23,7 +23,7 @@ import pytest
 import templates
 from codegen.backend import toolchain
 from codegen.backend.toolchain import COMPILER_NAMES
-from conftest import compiler_diagonal, requires
+from conftest import bits, compiler_diagonal, requires
 from pathlib import Path
 
 HARNESS = """
@@ -182,11 +182,6 @@ def check(compiler, dtype, variant=None, depth=None, chunked=False):
     print(f"{compiler} {dtype} {ran}, depth {depth or 'for the L2'}{', chunked' if chunked else ''}: "
           f"max relative difference {worst:.2e}")
     return results
-
-
-def bits(a):
-    """The array's bits (so that -0 and 0 differ), as unsigned integers of its width."""
-    return np.ascontiguousarray(a).view(f"u{a.dtype.itemsize}")
 
 
 def compare(got, expected, rtol, what, *case):
