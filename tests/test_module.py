@@ -300,6 +300,11 @@ def test_bad_graphs_are_rejected():
         codegen.compile(x * p, [x], [p, x])
     with pytest.raises(TypeError, match="Value"):
         codegen.compile(3.0, [x], [p])
+    for fuse in (True, False):  # (scalar mode's walk as well: the fuzzer's compile(None, fuse=0) crashed it)
+        with pytest.raises(TypeError, match="needs Values to compute, got NoneType"):
+            codegen.compile(None, [], [], compiler="tcc", fuse=fuse)
+        with pytest.raises(TypeError, match="needs Values to compute, got str"):
+            codegen.compile(x * p, [x], [p], outputs=[x * p, "y"], compiler="tcc", fuse=fuse)
     with pytest.raises(ValueError, match="C identifier"):
         codegen.compile(x * p, [x], [p], name="not a name")
 

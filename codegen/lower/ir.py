@@ -73,6 +73,7 @@ def read_graph(loss, inputs, params, outputs, walker=None, fuse=True):
     one of its products has two constant factors (find_sums leaves such a product out of a dot);
     scalar mode reads its chain of Values."""
     roots = [loss] + outputs
+    _check_roots(roots)  # (before any walk: scalar mode's Python walk runs before the C walker's checks)
     if walker is None and not _leaves_are_values(inputs, params, roots):  # (the walker checks what is a Value)
         _check_leaves(inputs, params, roots)
     try:
@@ -593,12 +594,17 @@ def _leaves_are_values(inputs, params, roots):
             and not any(map(attrgetter("_prev"), leaves)))
 
 
-def _check_leaves(inputs, params, roots):
-    """Raises for the first root, input or param that is not a Value, input or param that is not
-    a leaf, or Value listed twice among them."""
+def _check_roots(roots):
+    """Raises for the first root (the loss, an output) that is not a Value."""
     for v in roots:
         if not isinstance(v, Value):
             raise TypeError(f"compile() needs Values to compute, got {type(v).__name__}")
+
+
+def _check_leaves(inputs, params, roots):
+    """Raises for the first root, input or param that is not a Value, input or param that is not
+    a leaf, or Value listed twice among them."""
+    _check_roots(roots)
     seen = set()
     for role, values in (("input", inputs), ("param", params)):
         for v in values:
