@@ -118,14 +118,13 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     intermediary process, which costs a few ms: benchmarks ask for it, users need not).
     batch: the most samples one pass of the batched program runs (codegen/lower/batch.py): train()
     with batch_size > 1 and predict() run whole batches at once, a layer over a batch being a
-    matrix product; a bigger batch_size runs in pieces of `batch`. A sequence model's pass holds
-    fewer: at most half of `batch` (up to 8), so that a batch of that size runs as pieces side by
-    side on the threads, and fewer when their slots would outgrow the caches
-    (codegen/lower/batch.py's pass_capacity: microgpt's default, at most 16 documents a pass in
-    float64, 32 in float32).
-    batch=1: sample by sample
-    only (a smaller module). A graph with no batched form (see codegen.explain) runs sample by
-    sample whatever `batch` says.
+    matrix product; a bigger batch_size runs in pieces of a pass. A pass holds fewer samples than
+    `batch` when their values would outgrow the caches (codegen/lower/batch.py's pass_capacity:
+    the zoo's CNN, 32 images a pass in float64, 64 in float32; microgpt's default, at most 16
+    documents in float64, 32 in float32), and a sequence model's at most half of `batch` (up to
+    8), so that a batch of that size runs as pieces side by side on the threads; codegen.explain
+    says how many. batch=1: sample by sample only (a smaller module). A graph with no batched form
+    (see codegen.explain) runs sample by sample whatever `batch` says.
     threads: the threads a batch's matrix products run on (module.set_threads; None: the module's
     default, $MICROGRAD_C_THREADS or every core the process may use). The results are the same
     bits with any number.

@@ -12,9 +12,9 @@ from micrograd_c.engine import value_count
 
 import templates
 
-from .lower import batch, ir
+from .lower import batch as batching, ir
 from .lower.types import OP, Bounded
-from .write import emit, optim
+from .write import dtypes, emit, optim
 from .write.convolution import convolution
 from .write import table as tables
 from .backend import targets
@@ -82,12 +82,13 @@ class Explanation:
 
 
 def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False, target=None, optimizer=None,
-            table=None):
+            table=None, batch=batching.DEFAULT_CAPACITY, dtype=dtypes.DEFAULT.name):
     """The lowered program of `loss` as compile() would build it, step by step; with target (a zig
     triple of codegen.backend.targets.TARGETS), also the vectors its exported loops get there; optimizer
     (compile()'s: None is plain SGD) decides how many copies of backward the module has, table
     (compile()'s) whether its single statements become rows of a table (codegen/write/table.py; None:
-    as compile() decides for an optimising compiler, and the summary says why)."""
+    as compile() decides for an optimising compiler, and the summary says why); batch and dtype
+    (compile()'s) how many samples a batched pass holds (codegen/lower/batch.py's pass_capacity)."""
     vectors = f"vectors on {target}: {targets.lookup(target).vectors}" if target is not None else ""
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
     step_of = {}
@@ -103,7 +104,8 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
     plan = tables.plan(program) if tables.chosen(program, tables.check(table)) else None
     c_lines = len(emit.standalone(program, plan=plan).splitlines()) - len(templates.read("prelude.c").splitlines())
     values = value_count(*outputs, loss)
-    batched, why_not = (None, "the table form") if plan else batch.batched_form(program)
+    batched, why_not = ((None, "the table form") if plan
+                        else batching.batched_form(program, batch, dtypes.lookup(dtype).numpy.itemsize))
     how = (f"batched over up to {batched.capacity} samples (train() with batch_size > 1, predict())"
            + _convolutions(batched) if batched
            else f"no batched form ({why_not}): train() and predict() run sample by sample")

@@ -12,7 +12,7 @@ import pytest
 import codegen
 from bench.models import cnn
 from codegen.backend.toolchain import COMPILER_NAMES
-from codegen.lower.batch import NotBatchable, batch_program
+from codegen.lower.batch import PASS_BYTES, NotBatchable, _Layout, batch_program, pass_capacity
 from conftest import bits, compiler_diagonal, seeded_cache
 from micrograd_c import MLP, Value, cross_entropy
 from tests.test_train import mnist_dir  # noqa: F401 (a fixture)
@@ -215,19 +215,42 @@ def test_backward_steps_the_weights_of_plain_sgd(compiler, dtype):
 
 def test_a_convolution_over_a_batch():
     """The zoo's CNN (a 3x3 convolution's windows, then a dense layer) batched: the same as one
-    image at a time, training and predicting."""
+    image at a time, training and predicting. Built for the default 128 samples, its passes hold
+    32 (their values fit PASS_BYTES), so that a batch of 40 runs as pieces of 32 and 8."""
     model = cnn()
     model.reset()
+    explained = codegen.explain(model.loss, model.inputs, model.params, model.outputs).summary()
+    assert "batched over up to 32 samples" in explained
     nets = []
-    for capacity in (32, 1):
+    for capacity in (128, 1):
         model.reset()
         nets.append(codegen.compile(model.loss, model.inputs, model.params, outputs=model.outputs,
                                     batch=capacity))
-    X, y = model.X[:40], model.Y[:40]
-    losses = [net.train(X, y, 0.02, scale=model.scale, batch_size=16) for net in nets]
+    X, y = model.X[:80], model.Y[:80]
+    losses = [net.train(X, y, 0.02, scale=model.scale, batch_size=40) for net in nets]
     assert_close(losses[0], losses[1], "float64")
     assert_close(nets[0].params, nets[1].params, "float64")
     assert_close(nets[0].predict(X, scale=model.scale), nets[1].predict(X, scale=model.scale), "float64")
+
+
+def test_a_pass_holds_what_fits_the_caches(monkeypatch):
+    """pass_capacity: the most samples a pass holds is the largest power of two (at least 8, at
+    most the module's batch) whose values fit PASS_BYTES; the zoo's CNN's 6,247 slots a sample
+    give 32 in float64 and 64 in float32, a small MLP keeps the batch it is built for."""
+    model = cnn()
+    cnn_program = codegen.lower.ir.lower(model.loss, model.inputs, model.params, model.outputs)
+    mlp, xs, ys, logits, loss = classifier()
+    mlp_program = codegen.lower.ir.lower(loss, xs + ys, mlp.parameters(), logits)
+    for program, itemsize, built, expected in ((cnn_program, 8, 128, 32), (cnn_program, 4, 128, 64),
+                                               (cnn_program, 8, 16, 16), (cnn_program, 8, 4, 4),
+                                               (mlp_program, 8, 128, 128), (mlp_program, 4, 1024, 1024)):
+        held = pass_capacity(program, built, itemsize)
+        per_sample = held * _Layout(program, built).per_sample * itemsize
+        assert held == expected and per_sample <= PASS_BYTES and (held == built or 2 * per_sample > PASS_BYTES)
+    monkeypatch.setattr(codegen.lower.batch, "PASS_BYTES", 1)
+    assert pass_capacity(cnn_program, 128, 8) == 8
+    summary = codegen.explain(model.loss, model.inputs, model.params, model.outputs, dtype="float32").summary()
+    assert "batched over up to 8 samples" in summary
 
 
 def test_no_batched_form_falls_back_and_explain_says_so():
