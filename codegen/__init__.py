@@ -37,7 +37,7 @@ def generate(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=Fals
     (big straight-line programs are split so that the files compile in parallel). `graph`: what
     read_graph returned for these arguments, when the caller has it already."""
     dtypes.lookup(dtype)  # before lowering: a bad name fails at once
-    batch = _check_batch(batch)
+    batch = batching.check_capacity(batch)
     tables.check(table)
     inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
     with ir.no_gc():  # (see read_graph)
@@ -72,12 +72,6 @@ def first_tier(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=Fa
 def _embedded(params, embed_params):
     """The params' values the C holds (embed_params), or None."""
     return [float(p.data) for p in params] if embed_params else None
-
-
-def _check_batch(batch):
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 4096:
-        raise ValueError(f"batch must be an int from 1 to 4096 (samples per batched pass), not {batch!r}")
-    return batch
 
 
 def _check_cache(cache):
@@ -157,7 +151,7 @@ def compile(loss, inputs=(), params=(), outputs=(), compiler=None, opt=2, native
     generated again (build.cached, and timings["codegen"] is the reading of the graph).
     """
     inputs, params, outputs = ir.as_sequence(inputs), ir.as_sequence(params), ir.as_list(outputs)
-    batch, cache = _check_batch(batch), _check_cache(cache)
+    batch, cache = batching.check_capacity(batch), _check_cache(cache)
     tiers.check(tiered)
     # the structural key records the table argument as given (None: the rule), as structural_key()
     # does; the compiler and -O that turn None into False for tcc and -O0 are the build key's
@@ -250,7 +244,7 @@ def structural_key(loss, inputs=(), params=(), outputs=(), fuse=True, input_grad
     with ir.no_gc():  # (see read_graph)
         key = _structural_key(read_graph(loss, inputs, params, outputs, fuse), params, fuse=fuse, input_grads=input_grads,
                               name=name, optimizer=optimizer, embed_params=embed_params, dtype=dtype,
-                              sparse_inputs=sparse_inputs, batch=_check_batch(batch), table=tables.key(tables.check(table)))
+                              sparse_inputs=sparse_inputs, batch=batching.check_capacity(batch), table=tables.key(tables.check(table)))
     return key
 
 

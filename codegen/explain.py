@@ -90,6 +90,7 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
     as compile() decides for an optimising compiler, and the summary says why); batch and dtype
     (compile()'s) how many samples a batched pass holds (codegen/lower/batch.py's pass_capacity)."""
     vectors = f"vectors on {target}: {targets.lookup(target).vectors}" if target is not None else ""
+    batch, itemsize = batching.check_capacity(batch), dtypes.lookup(dtype).numpy.itemsize
     program = ir.lower(loss, inputs, params, outputs, fuse=fuse, input_grads=input_grads)
     step_of = {}
     for i, g in enumerate(program.forward):
@@ -105,7 +106,7 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
     c_lines = len(emit.standalone(program, plan=plan).splitlines()) - len(templates.read("prelude.c").splitlines())
     values = value_count(*outputs, loss)
     batched, why_not = ((None, "the table form") if plan
-                        else batching.batched_form(program, batch, dtypes.lookup(dtype).numpy.itemsize))
+                        else batching.batched_form(program, batch, itemsize))
     how = (f"batched over up to {batched.capacity} samples (train() with batch_size > 1, predict())"
            + _convolutions(batched) if batched
            else f"no batched form ({why_not}): train() and predict() run sample by sample")

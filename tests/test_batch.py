@@ -247,6 +247,10 @@ def test_a_pass_holds_what_fits_the_caches(monkeypatch):
         held = pass_capacity(program, built, itemsize)
         per_sample = held * _Layout(program, built).per_sample * itemsize
         assert held == expected and per_sample <= PASS_BYTES and (held == built or 2 * per_sample > PASS_BYTES)
+    with pytest.raises(ValueError, match="batch must be an int from 1 to 4096"):
+        codegen.explain(model.loss, model.inputs, model.params, model.outputs, batch=0)
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        codegen.explain(model.loss, model.inputs, model.params, model.outputs, dtype="float16")
     monkeypatch.setattr(codegen.lower.batch, "PASS_BYTES", 1)
     assert pass_capacity(cnn_program, 128, 8) == 8
     summary = codegen.explain(model.loss, model.inputs, model.params, model.outputs, dtype="float32").summary()

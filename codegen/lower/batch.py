@@ -56,6 +56,13 @@ SEQUENCE_PASS_BYTES = 2 << 20
 PASS_BYTES = 3 << 20
 
 
+def check_capacity(batch):
+    """compile()'s and explain()'s `batch`, checked: an int from 1 to 4096."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 4096:
+        raise ValueError(f"batch must be an int from 1 to 4096 (samples per batched pass), not {batch!r}")
+    return batch
+
+
 def pass_capacity(program, capacity, itemsize):
     """The samples a pass of the batched program holds: `capacity`, or fewer when their slots
     outgrow PASS_BYTES (SEQUENCE_PASS_BYTES for a sequence program), at least 8; for a sequence
