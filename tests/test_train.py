@@ -253,12 +253,15 @@ def test_module_dir_build_is_used_only_for_the_same_build(tmp_path, capsys, monk
     hows, lowerings = [], []
     lower = codegen.lower.ir.lower
     monkeypatch.setattr(codegen.lower.ir, "lower", lambda *a, **k: lowerings.append(1) or lower(*a, **k))
-    for options in (["--compiler", "tcc"], ["--compiler", "tcc", "--seed", "1"], ["--compiler", "tcc", "--opt", "1"]):
+    for options in (["--compiler", "tcc"], ["--compiler", "tcc", "--seed", "1"], ["--compiler", "tcc", "--opt", "1"],
+                    ["--compiler", "tcc", "--batch-size", "32"]):
         args = train.parse_args([*options, "--module-dir", str(module_dir)])
         optimizer = train.resolve_model_options(args, None)
         graph = train.build_graph(args.seed, hidden=args.hidden, init=args.init, activation=args.activation)
         hows.append(train.compiled_module(graph, args, optimizer)[1].how)
     assert hows[0].startswith(f"prebuilt {module_dir}")
-    assert hows[1:] == ["compiled", "compiled"]  # other initial weights in the C; other flags
-    assert len(lowerings) == 2  # the C generated for the two others only: the prebuilt is found by structure
+    # other initial weights in the C; other flags; batched passes of 32 (the prebuilt's are 128)
+    assert hows[1:] == ["compiled", "compiled", "compiled"]
+    assert len(lowerings) == 3  # the C generated for the others only: the prebuilt is found by structure
+    assert [train.built_batch(n) for n in (1, 32, 100, 5000)] == [128, 32, 100, 4096]
     assert "structure" in toolchain.export_record(module_dir, "nn")
