@@ -5,6 +5,7 @@ float32, each kind of optimizer, a last short batch, batches bigger than the buf
 bits with any number of threads; a graph without a batched form falls back and says so."""
 
 import random
+import types
 
 import numpy as np
 import pytest
@@ -251,6 +252,8 @@ def test_a_pass_holds_what_fits_the_caches(monkeypatch):
         codegen.explain(model.loss, model.inputs, model.params, model.outputs, batch=0)
     with pytest.raises(ValueError, match="dtype must be one of"):
         codegen.explain(model.loss, model.inputs, model.params, model.outputs, dtype="float16")
+    no_sample_slots = types.SimpleNamespace(sequence=None, n_params=3, constants=[], n_slots=3)
+    assert pass_capacity(no_sample_slots, 128, 8) == 128  # (found by test_fuzz: it looped for ever)
     monkeypatch.setattr(codegen.lower.batch, "PASS_BYTES", 1)
     assert pass_capacity(cnn_program, 128, 8) == 8
     summary = codegen.explain(model.loss, model.inputs, model.params, model.outputs, dtype="float32").summary()

@@ -69,8 +69,9 @@ def pass_capacity(program, capacity, itemsize):
     program at most half of `capacity` rounded up to 8 (train()'s larger batches run in pieces)."""
     per_sample = _Layout(program, capacity).per_sample
     fit = 8
-    while fit * 2 * per_sample * itemsize <= (SEQUENCE_PASS_BYTES if program.sequence else PASS_BYTES):
-        fit *= 2
+    while fit < capacity and fit * 2 * per_sample * itemsize <= (SEQUENCE_PASS_BYTES if program.sequence
+                                                                 else PASS_BYTES):
+        fit *= 2  # (a program with no per-sample slot: up to capacity)
     if program.sequence:
         return min(capacity, fit, -(-capacity // 16) * 8)
     return min(capacity, fit)
