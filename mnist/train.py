@@ -188,7 +188,7 @@ def built_batch(batch_size):
     rows are `batch` values apart whatever the batch: MNIST's MLP(784, [50, 10]) built for 32 trained
     batches of 32 in 0.83x the time of the default 128, and predicted in 0.80x, docs/batches.md); for
     batch-1 training the default, whose passes predict() runs."""
-    return min(batch_size, 4096) if batch_size > 1 else codegen.lower.batch.DEFAULT_CAPACITY
+    return min(batch_size, codegen.lower.batch.MAX_CAPACITY) if batch_size > 1 else codegen.lower.batch.DEFAULT_CAPACITY
 
 
 def compiled_module(graph, args, optimizer):

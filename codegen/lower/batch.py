@@ -56,10 +56,13 @@ SEQUENCE_PASS_BYTES = 2 << 20
 PASS_BYTES = 3 << 20
 
 
+MAX_CAPACITY = 4096
+
+
 def check_capacity(batch):
-    """compile()'s and explain()'s `batch`, checked: an int from 1 to 4096."""
-    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 4096:
-        raise ValueError(f"batch must be an int from 1 to 4096 (samples per batched pass), not {batch!r}")
+    """compile()'s and explain()'s `batch`, checked: an int from 1 to MAX_CAPACITY."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_CAPACITY:
+        raise ValueError(f"batch must be an int from 1 to {MAX_CAPACITY} (samples per batched pass), not {batch!r}")
     return batch
 
 
@@ -68,13 +71,12 @@ def pass_capacity(program, capacity, itemsize):
     outgrow PASS_BYTES (SEQUENCE_PASS_BYTES for a sequence program), at least 8; for a sequence
     program at most half of `capacity` rounded up to 8 (train()'s larger batches run in pieces)."""
     per_sample = _Layout(program, capacity).per_sample
+    bound = SEQUENCE_PASS_BYTES if program.sequence else PASS_BYTES
     fit = 8
-    while fit < capacity and fit * 2 * per_sample * itemsize <= (SEQUENCE_PASS_BYTES if program.sequence
-                                                                 else PASS_BYTES):
-        fit *= 2  # (a program with no per-sample slot: up to capacity)
-    if program.sequence:
-        return min(capacity, fit, -(-capacity // 16) * 8)
-    return min(capacity, fit)
+    while fit < capacity and 2 * fit * per_sample * itemsize <= bound:  # (no per-sample slot: capacity)
+        fit *= 2
+    held = min(capacity, fit)
+    return min(held, -(-capacity // 16) * 8) if program.sequence else held
 
 
 class _Layout:
