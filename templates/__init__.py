@@ -20,7 +20,7 @@ generated C gets into a template.
     pool.c      the threads a batch's matrix products (and codegen.jit's rows) run on
     prelude.c   element type and portability macros, then the kernels by family:
       kernels/dot.c     dot products and sums (fused sums of one sample)
-      kernels/rows.c    a neuron's gradient row over a batch against its inputs' rows (dot_rows: short layers)
+      kernels/rows.c    a layer's weights' gradients over a batch built into the graph (dot_rows)
       kernels/gemm.c    the matrix products of a layer over a batch: one register-blocked micro-kernel
       kernels/conv.c    a convolution over a batch: its forward and both gradients (conv_set, conv_nt, conv_acc)
       kernels/axpy.c    updates: axpy, SGD steps, lists at offsets (a convolution's window)

@@ -1,9 +1,8 @@
 /* ---- a layer over a batch: the batch's gradients against rows -------------------------------
  * A layer applied to a batch (the batch innermost in memory) gets, in backward, its weights'
- * gradients as a product (matmul_nt, templates/kernels/gemm.c) or, a short layer over a run-time
- * batch, as dots of each neuron's gradient row against its inputs' rows (dot_rows), and its
+ * gradients as dots of each neuron's gradient row against its inputs' rows (dot_rows) and its
  * inputs' gradients as a product of the weights with the neurons' gradient rows (matmul_acc).
- * They skip the chunks of ROW_LANES samples whose gradients are all 0 (a hinge that is flat, a
+ * Both skip the chunks of ROW_LANES samples whose gradients are all 0 (a hinge that is flat, a
  * ReLU that is off): their terms are exact zeros (unless a value they multiply is inf or NaN),
  * so the sums are those of the dense loops, but for the sign of a zero. */
 #if REAL_IS_FLOAT
