@@ -208,16 +208,16 @@ def batch_layer_case(loss):
 def test_layer_over_a_batch_kernels(compiler, case):
     """A layer over a batch of 37 constant samples: forward, one matmul_set call (the matrix
     product of templates/kernels/gemm.c: six neurons by two vectors of samples, then the tails);
-    its weights' gradients one matmul_nt call each (dY X^T: the neurons' gradient rows against
-    their inputs' rows; with the hinge, samples 8-23 are flat whatever the weights: whole chunks
-    of zero gradients), its inputs' gradients one matmul_acc call, the last layer's one too (one
-    neuron). All equal to the interpreter."""
+    its weights' gradients are dot_rows calls (each neuron's gradient row against its 6 inputs'
+    rows, four rows at a time, then the rest; with the hinge, samples 8-23 are flat whatever the
+    weights: whole chunks of zero gradients that dot_rows skips), its inputs' gradients one
+    matmul_acc call, the last layer's one too (one neuron). All equal to the interpreter."""
     mode, loss = case
     build, init, rows = batch_layer_case(loss)
     assert_equivalent(build, init, rows, mode, compiler=compiler, opt=2)
     params, inputs = [Value(v) for v in init], [Value(0.0)]
     source = "\n".join(codegen.generate(build(params, inputs), inputs, params))
-    assert "matmul_nt(g + " in source and ", 37, 5, 6, 37, NULL, NULL, 0);" in source  # the second layer's 5 x 6
+    assert "dot_rows(g + " in source and ", 37, 6, g + " in source  # the second layer: 6 rows of 37
     assert "matmul_acc(g + " in source and ", 5, 37, 6, epilogue_" in source and ", 1, 37, 5, epilogue_" in source
     # forward: the hidden layers one matmul_set each (6 neurons of 3 inputs, 5 of 6) over 37
     # samples, their ReLU its epilogue (the last neuron, with two loose terms, is a loop)

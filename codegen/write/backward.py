@@ -266,13 +266,11 @@ class Backward(Statements):
         # (a loop whose weights stay put over its innermost loop gives them several contributions:
         # batch-1 SGD never updates them in backward; the batched program steps them after the
         # sum over its batch when they have no other, train()'s rate permitting)
-        # (over a run-time batch, short lists written out are summed in registers, and rows of 16
-        # and more make a product worth its call; over a loop of a fixed count (a batch built into
-        # the graph, the zoo's demo) the product skips the samples whose gradients are 0, a flat
-        # hinge's: the demo's step 0.89x the time of dot_rows' sums, Zen 3)
-        if (all(needs) and WeightGradient.fits(shape, wrt, other, out)
-                and (not unrolled(wrt, other) or not isinstance(shape[-1], (BatchExtent, Bounded))
-                     or len(wrt.offsets) >= UNROLL_MAX_CONTIGUOUS)):
+        # (lists written out are summed in registers over a loop of a fixed count (the zoo's demo:
+        # measured faster); over a run-time batch, rows of 16 and more make a product worth its call)
+        if (all(needs) and (not unrolled(wrt, other) or (shape and isinstance(shape[-1], (BatchExtent, Bounded))
+                                                         and len(wrt.offsets) >= UNROLL_MAX_CONTIGUOUS))
+                and WeightGradient.fits(shape, wrt, other, out)):
             stepped = self.tables.stepped
             step = stepped is not None and all(f.kind == PARAM and f.sgd_fused for f in factors)
             product = WeightGradient(wrt, other, out, self.tables.row_list(other), step)

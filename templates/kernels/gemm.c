@@ -64,8 +64,6 @@ typedef struct {
     int clear;             /* with step: C (which held part of the sums) back to 0 */
     unsigned long product; /* gemm()'s call, for the threads' packed B (gemm_packed); 0: not packed */
     long rows;             /* and its rows (M) */
-    const uint64_t *columns; /* 0, or the chunks of columns whose terms are not all 0 (gemm_sample_chunks; not
-                              * with step): a whole tile of columns in clear chunks is left as it is, or its init */
 } GemmArgs;
 
 /* rows [i, i + count) of C done: their epilogue */
@@ -77,50 +75,6 @@ typedef struct {
 
 /* the initial value of row i's sums */
 #define GEMM_INIT(g, i) ((g)->accumulate ? 0 : (g)->bias ? (g)->bias[(i) * (g)->bias_i] : (real)0)
-
-/* The chunks of ROW_LANES samples (templates/kernels/rows.c) at which some of the J rows of S
- * values at go (go_j apart) is not 0: bit c of mask (ROW_MASK_WORDS words) for chunk c, the
- * samples after the last whole chunk one more. Returns whether a chunk is clear (the mask then
- * says which); 0 when none is, or when S has more chunks than the mask. A chunk's rows are read
- * until four of them hold a nonzero (a dense gradient: the first four). matmul_acc and matmul_nt
- * leave the clear chunks' samples out of their sums (a hinge that is flat, ReLUs that are off:
- * micrograd's demo, whose points mostly stop adding to the loss as it trains), for products of
- * GEMM_SCREEN_MIN inputs or more: the screen's pass over go costs about one multiply-add of the
- * product a value, so that over fewer inputs it could cost more than it saves. */
-#define GEMM_SCREEN_MIN 8
-static int gemm_sample_chunks(const real *go, long go_j, long J, long S, uint64_t *mask)
-{
-    const long whole = S / ROW_LANES, chunks = (S + ROW_LANES - 1) / ROW_LANES;
-    if (chunks > 64 * ROW_MASK_WORDS)
-        return 0;
-    memset(mask, 0, (size_t)(chunks + 63) / 64 * sizeof *mask);
-    long set = 0;
-    for (long c = 0; c < chunks; c++) {
-        const real *x = go + c * ROW_LANES;
-        int on = 0;
-        if (c < whole)
-            for (long j = 0; j < J && !on; j += 4) { /* (four rows a test: an OR of their bits) */
-                on = lanes_nonzero(x + j * go_j);
-                for (long r = j + 1; r < j + 4 && r < J; r++)
-                    on |= lanes_nonzero(x + r * go_j);
-            }
-        else
-            for (long j = 0; j < J && !on; j++)
-                on = any_nonzero(x + j * go_j, (int)(S - whole * ROW_LANES));
-        mask[c / 64] |= (uint64_t)on << (c % 64);
-        set += on;
-    }
-    return set < chunks;
-}
-
-/* Whether a chunk of columns [n, n + width) is set in mask (n a multiple of ROW_LANES) */
-static inline int gemm_chunks_set(const uint64_t *mask, long n, long width)
-{
-    for (long c = n / ROW_LANES; c * ROW_LANES < n + width; c++)
-        if (mask[c / 64] >> (c % 64) & 1)
-            return 1;
-    return 0;
-}
 
 /* rows [first, last) of a product, one element at a time in plain C (TCC) */
 static void gemm_rows_plain(const GemmArgs *g, long first, long last)
@@ -275,12 +229,11 @@ static real *gemm_packed_panels(const GemmArgs *g, int *fill)
         const real *restrict a = pack ? panel : A + i * a_i;                                       \
         const long a_r = pack ? 1 : a_i, a_q = pack ? (count) : a_p;                               \
         long n = 0;                                                                                \
-        for (; n + (vectors) * V <= N; n += (vectors) * V)                                         \
-            if (g->columns && !gemm_chunks_set(g->columns, n, (vectors) * V))                      \
-                GEMM_SKIPPED(count, (vectors) * V)                                                 \
-            else if (pack_b)                                                                       \
+        if (pack_b)                                                                                \
+            for (; n + (vectors) * V <= N; n += (vectors) * V)                                     \
                 GEMM_COLUMNS_WITH(ROWS, VECS, GEMM_LOAD_B_PANEL)                                   \
-            else                                                                                   \
+        else                                                                                       \
+            for (; n + (vectors) * V <= N; n += (vectors) * V)                                     \
                 GEMM_COLUMNS(ROWS, VECS)                                                           \
         if (tail && n < N)                                                                         \
             GEMM_TAIL(ROWS, vectors)                                                               \
@@ -294,13 +247,6 @@ static real *gemm_packed_panels(const GemmArgs *g, int *fill)
             ROWS(GEMM_STORE_SCALAR, _)                                                             \
         }                                                                                          \
         GEMM_EPILOGUE(g, i, count)                                                                 \
-    }
-/* columns [n, n + width) of the tile's rows, whose terms are all 0: left as they are, or their init */
-#define GEMM_SKIPPED(count, width)                                                                 \
-    {                                                                                              \
-        for (long r_ = 0; !g->accumulate && r_ < (count); r_++)                                    \
-            for (long n_ = n; n_ < n + (width); n_++)                                              \
-                c[r_ * c_i + n_] = GEMM_INIT(g, i + r_);                                           \
     }
 /* the tile's columns [n, n + VECS vectors), B's vectors loaded by LOAD */
 #define GEMM_COLUMNS(ROWS, VECS) GEMM_COLUMNS_WITH(ROWS, VECS, GEMM_LOAD_B)
@@ -727,9 +673,7 @@ PRODUCT void matmul_set(real *restrict out, long out_j, const real *restrict bia
 /* out[k * out_k + s] += sum over j < J of w[j * w_j + k * w_k] * go[j * go_j + s], for k < K and
  * s < S: a layer's inputs' gradients over a batch of S (go: its J neurons' gradient rows, w: its
  * weights, K inputs each). Neurons whose gradient row is 0 over the whole batch (a ReLU that is
- * off, a hinge that is flat) are left out of the sums: what they would add is 0; and so are the
- * samples at which every neuron's gradient is 0 (gemm_sample_chunks: whole tiles of columns in
- * such chunks are not computed), the same sums but for the sign of a zero. With an
+ * off, a hinge that is flat) are left out of the sums: what they would add is 0. With an
  * epilogue (else 0), the gradient of the activation whose results the inputs are, into
  * y[k * y_k + s], from a[k * a_k + s] and o[k * o_k + s] (see Epilogue). With overwrite, out is
  * the sum from 0 instead (the same bits as adding it to a cleared out: nothing else adds to it,
@@ -753,12 +697,9 @@ PRODUCT void matmul_acc(real *restrict out, long out_k, const real *restrict w, 
                 active[count++] = (int32_t)j;
         }
     }
-    uint64_t columns[ROW_MASK_WORDS];
-    const int screened = count > 0 && K >= GEMM_SCREEN_MIN && gemm_sample_chunks(go, go_j, J, S, columns);
     const GemmArgs g = {.C = out, .A = w, .B = go, .c_i = out_k, .a_i = w_k, .a_p = w_j, .b_p = go_j, .N = S,
                         .P = count, .accumulate = !overwrite, .p_list = count < J ? active : 0, .epilogue = epilogue,
-                        .y = y, .arg = a, .res = o, .y_i = y_k, .arg_i = a_k, .res_i = o_k,
-                        .columns = screened ? columns : 0};
+                        .y = y, .arg = a, .res = o, .y_i = y_k, .arg_i = a_k, .res_i = o_k};
     if (count > 0)
         gemm(&g, K);
     else { /* the inputs' gradients are what they were (0, overwritten): the epilogue still runs */
@@ -776,8 +717,7 @@ PRODUCT void matmul_acc(real *restrict out, long out_k, const real *restrict w, 
  * the value it stored, so the same bits as in one go). With a list of the input rows that hold a
  * nonzero (rows: see above), a block that holds none is skipped: what it would add is 0 (gathering
  * the listed columns of the others cost more than it saved, measured on MNIST's first layer).
- * The samples at which every neuron's gradient is 0 (gemm_sample_chunks) are left out of the
- * sums, and of the copy when they are most of the block. Each weight's sum runs whole in one thread, the same way for any thread count. With w (else
+ * Each weight's sum runs whole in one thread, the same way for any thread count. With w (else
  * 0; out's gradients must then be 0), the batch's SGD step on the weights w (laid out as out)
  * instead: w[j * out_j + k] -= rate * that sum, as the step after the batch would, bit for bit;
  * out is left 0. The weights' gradients never go through memory, and the step's pass over
@@ -796,7 +736,6 @@ typedef struct {
     const int32_t *rows; /* the list of nonzero rows (rows[0] of them), or 0 */
     real *w;             /* 0, or the weights, stepped instead (see matmul_nt) */
     real rate;
-    const uint64_t *samples; /* 0, or the chunks of samples at which go is not 0 (gemm_sample_chunks) */
 } WeightGradientArgs;
 
 /* Whether the list holds a row in [first, last) (binary search: the list is increasing). */
@@ -898,33 +837,17 @@ static void matmul_nt_part(const WeightGradientArgs *a, long first_block, long l
 {
     const GemmRows kernel = gemm_variant()->rows;
     real xt[GEMM_NT_SAMPLES * GEMM_NT_COLUMNS];
-    int32_t samples[GEMM_NT_SAMPLES];
     for (long block = first_block; block < last_block; block++) {
         const long k0 = block * GEMM_NT_COLUMNS, n = a->K - k0 < GEMM_NT_COLUMNS ? a->K - k0 : GEMM_NT_COLUMNS;
         if (a->rows && !listed_between(a->rows, k0, k0 + n))
             continue;
         for (long s0 = 0; s0 < a->S; s0 += GEMM_NT_SAMPLES) {
             const long p = a->S - s0 < GEMM_NT_SAMPLES ? a->S - s0 : GEMM_NT_SAMPLES;
+            gemm_transpose(a->x + k0 * a->x_k + s0, a->x_k, n, p, xt);
             /* stepping: the sums start from 0 (the gradients are 0) and step the weights at the end */
             const int first_part = s0 == 0, last_part = s0 + p >= a->S;
-            /* the block's samples whose terms are not all 0 (the others add nothing), in order; none
-             * and nothing to step: the block adds nothing */
-            long listed = 0;
-            for (long s = 0; a->samples && s < p; s += ROW_LANES)
-                if (gemm_chunks_set(a->samples, s0 + s, 1))
-                    for (long t = s; t < s + ROW_LANES && t < p; t++)
-                        samples[listed++] = (int32_t)t;
-            if (a->samples && !listed && !(a->w && last_part))
-                continue;
-            if (a->samples && 2 * listed < p)
-                for (long t = 0; t < listed; t++) /* (only their rows of xt are read) */
-                    for (long k = 0; k < n; k++)
-                        xt[samples[t] * n + k] = a->x[(k0 + k) * a->x_k + s0 + samples[t]];
-            else
-                gemm_transpose(a->x + k0 * a->x_k + s0, a->x_k, n, p, xt);
             const GemmArgs g = {.C = a->out + k0, .A = a->go + s0, .B = xt, .c_i = a->out_j, .a_i = a->go_j,
-                                .a_p = 1, .b_p = n, .N = n, .P = a->samples ? listed : p,
-                                .p_list = a->samples ? samples : 0, .accumulate = !(a->w && first_part),
+                                .a_p = 1, .b_p = n, .N = n, .P = p, .accumulate = !(a->w && first_part),
                                 .step = a->w && last_part ? a->w + k0 : 0, .rate = a->rate, .clear = !first_part};
             kernel(&g, first, last); /* not sliced: the packed block is its cache blocking (slicing it measured slower) */
         }
@@ -958,9 +881,6 @@ PRODUCT void matmul_nt(real *restrict out, long out_j, const real *restrict go, 
                                .K = K, .S = S, .rows = rows, .w = w, .rate = rate};
     if (J <= 0 || K <= 0 || S <= 0)
         return;
-    uint64_t chunks[ROW_MASK_WORDS];
-    if (K >= GEMM_SCREEN_MIN && gemm_sample_chunks(go, go_j, J, S, chunks))
-        args.samples = chunks;
     const long blocks = matmul_nt_blocks(&args), threads = pool_parts(), tile = gemm_variant()->tile_rows;
     if ((double)J * (double)K * (double)S < GEMM_PARALLEL_MIN)
         matmul_nt_part(&args, 0, blocks, 0, J);
