@@ -59,30 +59,49 @@ static int chunk_mask(const real *x, long n, uint64_t *mask)
  * extension): left to vectorise scalar lanes, GCC groups lane l of the four rows into one
  * vector instead and gathers every element. TCC sums the same lanes in scalars. */
 #if defined(__GNUC__) && !defined(__TINYC__)
-typedef real row_lanes __attribute__((vector_size(ROW_LANES * sizeof(real)), aligned(sizeof(real)), may_alias));
-#define ROW_LOAD(p) (*(const row_lanes *)(p))
-#define ROW_ADD(p, v) (*(row_lanes *)(p) += (v))
+/* A row's lanes are ROW_PARTS vectors of the CPU's width, each its own variable: GCC 12 kept one
+ * vector of 64 bytes a row on the stack where the CPU's are 32 bytes (AVX2), a load and a store
+ * around every multiply-add (Clang split it into registers) */
+#if defined(__AVX512F__)
+#define ROW_PART_BYTES 64
+#elif defined(__AVX__)
+#define ROW_PART_BYTES 32
+#else
+#define ROW_PART_BYTES 16
+#endif
+typedef real row_part __attribute__((vector_size(ROW_PART_BYTES), aligned(sizeof(real)), may_alias));
+enum { ROW_PART_LANES = ROW_PART_BYTES / (int)sizeof(real), ROW_PARTS = ROW_LANES / ROW_PART_LANES };
+#define ROW_PART(p, h) (*(const row_part *)((p) + (h) * ROW_PART_LANES))
+#define DOT4_DECLARE(h) row_part p##h = {0}, q##h = {0}, r##h = {0}, t##h = {0};
+#define DOT4_PART(h)                                                                               \
+    if ((h) < ROW_PARTS) {                                                                         \
+        const row_part x = ROW_PART(a, h);                                                         \
+        p##h += x * ROW_PART(b0, h);                                                               \
+        q##h += x * ROW_PART(b1, h);                                                               \
+        r##h += x * ROW_PART(b2, h);                                                               \
+        t##h += x * ROW_PART(b3, h);                                                               \
+    }
+#define DOT4_LANES(h)                                                                              \
+    if ((h) < ROW_PARTS) {                                                                         \
+        memcpy(sp + (h) * ROW_PART_LANES, &p##h, sizeof p##h);                                     \
+        memcpy(sq + (h) * ROW_PART_LANES, &q##h, sizeof q##h);                                     \
+        memcpy(sr + (h) * ROW_PART_LANES, &r##h, sizeof r##h);                                     \
+        memcpy(st + (h) * ROW_PART_LANES, &t##h, sizeof t##h);                                     \
+    }
 KERNEL void dot4(const real *restrict a, const real *restrict b0, const real *restrict b1,
                  const real *restrict b2, const real *restrict b3, long n, const uint64_t *mask,
                  real *restrict out)
 {
-    row_lanes p = {0}, q = {0}, r = {0}, t = {0};
+    DOT4_DECLARE(0) DOT4_DECLARE(1) DOT4_DECLARE(2) DOT4_DECLARE(3)
     long chunks = n / ROW_LANES;
     for (long c = 0; c < chunks; c++, a += ROW_LANES, b0 += ROW_LANES, b1 += ROW_LANES, b2 += ROW_LANES,
                                       b3 += ROW_LANES) {
         if (!CHUNK_SET(mask, c))
             continue;
-        row_lanes x = ROW_LOAD(a);
-        p += x * ROW_LOAD(b0);
-        q += x * ROW_LOAD(b1);
-        r += x * ROW_LOAD(b2);
-        t += x * ROW_LOAD(b3);
+        DOT4_PART(0) DOT4_PART(1) DOT4_PART(2) DOT4_PART(3)
     }
     real sp[ROW_LANES], sq[ROW_LANES], sr[ROW_LANES], st[ROW_LANES];
-    memcpy(sp, &p, sizeof sp);
-    memcpy(sq, &q, sizeof sq);
-    memcpy(sr, &r, sizeof sr);
-    memcpy(st, &t, sizeof st);
+    DOT4_LANES(0) DOT4_LANES(1) DOT4_LANES(2) DOT4_LANES(3)
 #else
 KERNEL void dot4(const real *restrict a, const real *restrict b0, const real *restrict b1,
                  const real *restrict b2, const real *restrict b3, long n, const uint64_t *mask,
