@@ -55,9 +55,10 @@ static int chunk_mask(const real *x, long n, uint64_t *mask)
 #define CHUNK_SET(mask, c) ((c) >= 64 * ROW_MASK_WORDS || ((mask)[(c) / 64] >> ((c) % 64) & 1))
 
 /* Four rows against a, each in ROW_LANES lanes (eight in float64, sixteen in float32) summed
- * pairwise, into out[0..3]; chunks whose mask bit is clear are skipped. GCC and Clang get the lanes as one vector per row (their vector
- * extension): left to vectorise scalar lanes, GCC groups lane l of the four rows into one
- * vector instead and gathers every element. TCC sums the same lanes in scalars. */
+ * pairwise, into out[0..3]; chunks whose mask bit is clear are skipped. GCC and Clang get the
+ * lanes as vectors (their vector extension): left to vectorise scalar lanes, GCC groups lane l
+ * of the four rows into one vector instead and gathers every element. TCC sums the same lanes
+ * in scalars. */
 #if defined(__GNUC__) && !defined(__TINYC__)
 /* A row's lanes are ROW_PARTS vectors of the CPU's width, each its own variable: GCC 12 kept one
  * vector of 64 bytes a row on the stack where the CPU's are 32 bytes (AVX2), a load and a store
