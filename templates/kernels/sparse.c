@@ -32,19 +32,35 @@
  * -ffp-contract=off would rule that out, but it made the CNN 1.3x slower with Clang. Otherwise
  * dot() a row at a time: dense rows stream faster so (0.85x the time of four at a time). */
 #if defined(__GNUC__) && !defined(__TINYC__)
-typedef real chunk_lanes __attribute__((vector_size(NZ_LANES * sizeof(real)), aligned(sizeof(real)), may_alias));
-#define CHUNK_LOAD(p) (*(const chunk_lanes *)(p))
-#define ROWS4_DECLARE(group) chunk_lanes group##0 = {0}, group##1 = {0}, group##2 = {0}, group##3 = {0};
+/* (a chunk's lanes as vectors of the CPU's width at most, each its own variable: rows.c's
+ * row_part, for the same reason) */
+#define CHUNK_PART_BYTES (NZ_LANES * (int)sizeof(real) < ROW_PART_BYTES ? NZ_LANES * (int)sizeof(real) : ROW_PART_BYTES)
+typedef real chunk_part __attribute__((vector_size(CHUNK_PART_BYTES), aligned(sizeof(real)), may_alias));
+enum { CHUNK_PART_LANES = CHUNK_PART_BYTES / (int)sizeof(real), CHUNK_PARTS = NZ_LANES / CHUNK_PART_LANES };
+#define CHUNK_PART(p, h) (*(const chunk_part *)((p) + (h) * CHUNK_PART_LANES))
+#define ROWS4_DECLARE_PART(group, h) chunk_part group##0_##h = {0}, group##1_##h = {0}, group##2_##h = {0}, group##3_##h = {0};
+#define ROWS4_DECLARE(group)                                                                    \
+    ROWS4_DECLARE_PART(group, 0) ROWS4_DECLARE_PART(group, 1) ROWS4_DECLARE_PART(group, 2) ROWS4_DECLARE_PART(group, 3)
+#define ROWS4_CHUNK_PART(o, group, h)                                                           \
+    if ((h) < CHUNK_PARTS) {                                                                    \
+        const chunk_part v_ = CHUNK_PART(x + (o), h);                                           \
+        group##0_##h += CHUNK_PART(w0 + (o), h) * v_;                                           \
+        group##1_##h += CHUNK_PART(w1 + (o), h) * v_;                                           \
+        group##2_##h += CHUNK_PART(w2 + (o), h) * v_;                                           \
+        group##3_##h += CHUNK_PART(w3 + (o), h) * v_;                                           \
+    }
 #define ROWS4_CHUNK(c, group)                                                                   \
     {                                                                                           \
         long o_ = NZ_LANES * (long)(c);                                                         \
-        chunk_lanes v_ = CHUNK_LOAD(x + o_);                                                    \
-        group##0 += CHUNK_LOAD(w0 + o_) * v_;                                                   \
-        group##1 += CHUNK_LOAD(w1 + o_) * v_;                                                   \
-        group##2 += CHUNK_LOAD(w2 + o_) * v_;                                                   \
-        group##3 += CHUNK_LOAD(w3 + o_) * v_;                                                   \
+        ROWS4_CHUNK_PART(o_, group, 0) ROWS4_CHUNK_PART(o_, group, 1)                           \
+        ROWS4_CHUNK_PART(o_, group, 2) ROWS4_CHUNK_PART(o_, group, 3)                           \
     }
-#define ROWS4_LANES(group, r, s) memcpy(s, &group##r, sizeof group##r);
+#define ROWS4_LANES_PART(group, r, s, h)                                                        \
+    if ((h) < CHUNK_PARTS)                                                                      \
+        memcpy((s) + (h) * CHUNK_PART_LANES, &group##r##_##h, sizeof group##r##_##h);
+#define ROWS4_LANES(group, r, s)                                                                \
+    ROWS4_LANES_PART(group, r, s, 0) ROWS4_LANES_PART(group, r, s, 1)                           \
+    ROWS4_LANES_PART(group, r, s, 2) ROWS4_LANES_PART(group, r, s, 3)
 #else
 #define ROWS4_DECLARE(group) real group[4][NZ_LANES] = {{0}};
 #define ROWS4_CHUNK(c, group)                                                                   \
