@@ -62,6 +62,9 @@ enum { CHUNK_PART_LANES = CHUNK_PART_BYTES / (int)sizeof(real), CHUNK_PARTS = NZ
     ROWS4_LANES_PART(group, r, s, 0) ROWS4_LANES_PART(group, r, s, 1)                           \
     ROWS4_LANES_PART(group, r, s, 2) ROWS4_LANES_PART(group, r, s, 3)
 #else
+typedef real chunk_part; /* (a part a lane) */
+enum { CHUNK_PART_LANES = 1, CHUNK_PARTS = NZ_LANES };
+#define CHUNK_PART(p, h) ((p)[h])
 #define ROWS4_DECLARE(group) real group[4][NZ_LANES] = {{0}};
 #define ROWS4_CHUNK(c, group)                                                                   \
     for (long o_ = NZ_LANES * (long)(c), l_ = 0; l_ < NZ_LANES; l_++) {                         \
@@ -146,7 +149,15 @@ KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const
     for (long i = NZ_CHUNKS(n) * NZ_LANES; i < (n); i++) {                                      \
         value_stmt                                                                              \
     }
-#define EACH_LANE(c, l) for (long l = NZ_LANES * (c); l < NZ_LANES * ((c) + 1); l++)
+/* stmt for each part of chunk c: y_part points at y's lanes of it, x_part holds x's (vectors of
+ * the CPU's width at most, as the dots take them: GCC 12 stepped the chunk's lanes one at a time,
+ * scalar, and clang as vectors, 2.3x faster for MNIST's batch-1 step) */
+#define EACH_CHUNK_PART(c, y, x, y_part, x_part, stmt)                                          \
+    for (int h_ = 0; h_ < CHUNK_PARTS; h_++) {                                                  \
+        chunk_part *y_part = (chunk_part *)((y) + NZ_LANES * (c) + h_ * CHUNK_PART_LANES);      \
+        const chunk_part x_part = CHUNK_PART((x) + NZ_LANES * (c), h_);                         \
+        stmt                                                                                    \
+    }
 
 /* y[i] += alpha * x[i] over the listed chunks */
 KERNEL void axpy_nz(real *restrict y, real alpha, const real *restrict x, long n, const int32_t *restrict nz)
@@ -157,7 +168,7 @@ KERNEL void axpy_nz(real *restrict y, real alpha, const real *restrict x, long n
     }
     if (alpha == 0)
         return;
-    EACH_NONZERO(nz, n, c, EACH_LANE(c, l) y[l] += alpha * x[l];, i, y[i] += alpha * x[i];)
+    EACH_NONZERO(nz, n, c, EACH_CHUNK_PART(c, y, x, y_c, x_c, *y_c += alpha * x_c;), i, y[i] += alpha * x[i];)
 }
 
 /* sgd_axpy over the listed chunks: w[i] -= lr * (alpha * x[i]) */
@@ -170,7 +181,8 @@ KERNEL void sgd_axpy_nz(real *restrict w, real lr, real alpha, const real *restr
     }
     if (alpha == 0)
         return;
-    EACH_NONZERO(nz, n, c, EACH_LANE(c, l) w[l] -= lr * (alpha * x[l]);, i, w[i] -= lr * (alpha * x[i]);)
+    EACH_NONZERO(nz, n, c, EACH_CHUNK_PART(c, w, x, w_c, x_c, *w_c -= lr * (alpha * x_c);), i,
+                 w[i] -= lr * (alpha * x[i]);)
 }
 
 /* The chunk lists of the n values x[0..n) into nz (branch-free: the scan runs every sample) */
