@@ -33,7 +33,7 @@ typedef struct {
     unsigned long birth;   /* the generation before the one a new worker is started for */
     RowTask task;
     void *args;
-    long rows, align, chunks;
+    long rows, align, chunks, cut; /* chunks taken; the chunks of POOL_CHUNKS a thread they cover (see pool_run) */
     long first[POOL_MAX], end[POOL_MAX]; /* the chunks [first, end) of each thread's share not yet taken */
     volatile long finished; /* and its chunks done */
 } Pool;
@@ -76,15 +76,18 @@ static long pool_next_chunk(unsigned long generation, int part)
     return pool.first[most] < pool.end[most] ? --pool.end[most] : -1;
 }
 
-/* Runs chunks of product `generation` until none is left. */
+/* Runs chunks of product `generation` until none is left: chunk c of `chunks` covers the cut's
+ * pieces [cut * c / chunks, cut * (c + 1) / chunks), a piece p of `cut` the blocks from
+ * blocks * p / cut. */
 static void pool_run_chunks(unsigned long generation, int part, RowTask task, void *args, long rows, long align,
-                            long chunks)
+                            long chunks, long cut)
 {
     const long blocks = (rows + align - 1) / align;
     pthread_mutex_lock(&pool.lock);
     for (long chunk; (chunk = pool_next_chunk(generation, part)) >= 0;) {
         pthread_mutex_unlock(&pool.lock);
-        const long first = blocks * chunk / chunks * align, last = blocks * (chunk + 1) / chunks * align;
+        const long from = cut * chunk / chunks, to = cut * (chunk + 1) / chunks;
+        const long first = blocks * from / cut * align, last = blocks * to / cut * align;
         task(args, first, last < rows ? last : rows);
         pthread_mutex_lock(&pool.lock);
         if (++pool.finished == chunks)
@@ -118,10 +121,10 @@ static void *pool_worker(void *arg)
         const int parts = pool.parts;
         RowTask task = pool.task;
         void *args = pool.args;
-        const long rows = pool.rows, align = pool.align, chunks = pool.chunks;
+        const long rows = pool.rows, align = pool.align, chunks = pool.chunks, cut = pool.cut;
         pthread_mutex_unlock(&pool.lock);
         if (part < parts)
-            pool_run_chunks(seen, part, task, args, rows, align, chunks);
+            pool_run_chunks(seen, part, task, args, rows, align, chunks, cut);
         pthread_mutex_lock(&pool.lock);
     }
     pthread_mutex_unlock(&pool.lock);
@@ -165,8 +168,9 @@ SHARED int pool_parts(void)
     return pool_threads < 1 ? 1 : pool_threads > POOL_MAX ? POOL_MAX : pool_threads;
 }
 
-/* parallel_rows and parallel_pass: `product` says which (see pool_hold). */
-static void pool_run(RowTask task, void *args, long rows, long align, int product)
+/* parallel_rows and parallel_pass: `product` says which (see pool_hold); with `shares`, each
+ * thread's share as one chunk (parallel_shares). */
+static void pool_run(RowTask task, void *args, long rows, long align, int product, int shares)
 {
     int threads = pool_parts();
     if (threads > (rows + align - 1) / align)
@@ -178,8 +182,9 @@ static void pool_run(RowTask task, void *args, long rows, long align, int produc
     pthread_mutex_lock(&pool.lock);
     const int parts = pool_start(threads) < threads ? pool.started : threads;
     const long blocks = (rows + align - 1) / align;
-    const long chunks = blocks < (long)parts * POOL_CHUNKS ? blocks : (long)parts * POOL_CHUNKS;
-    pool.task = task, pool.args = args, pool.rows = rows, pool.align = align, pool.chunks = chunks;
+    const long cut = blocks < (long)parts * POOL_CHUNKS ? blocks : (long)parts * POOL_CHUNKS;
+    const long chunks = shares ? parts : cut;
+    pool.task = task, pool.args = args, pool.rows = rows, pool.align = align, pool.chunks = chunks, pool.cut = cut;
     pool.parts = parts;
     for (int part = 0; part < parts; part++) {
         pool.first[part] = chunks * part / parts;
@@ -191,7 +196,7 @@ static void pool_run(RowTask task, void *args, long rows, long align, int produc
     const unsigned long generation = ++pool.generation;
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
-    pool_run_chunks(generation, 0, task, args, rows, align, chunks);
+    pool_run_chunks(generation, 0, task, args, rows, align, chunks, cut);
     /* the chunks the workers took end within microseconds of this thread's last */
     for (long spin = 0; pool.finished < chunks; spin++)
         if (spin < POOL_SPIN)
@@ -207,7 +212,16 @@ static void pool_run(RowTask task, void *args, long rows, long align, int produc
 
 SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
 {
-    pool_run(task, args, rows, align, 1);
+    pool_run(task, args, rows, align, 1, 0);
+}
+
+/* parallel_rows with each thread's share of the rows in one call, task(args, first, last) over
+ * the rows parallel_rows gives that thread first: a product whose rows go with another's (a
+ * layer's weights' gradients with its forward product) finds their data in its core's cache; no
+ * chunk is taken by another thread unless a thread is late to its whole share. */
+SHARED void parallel_shares(RowTask task, void *args, long rows, long align)
+{
+    pool_run(task, args, rows, align, 1, 1);
 }
 
 /* The default thread count: $MICROGRAD_C_THREADS if set (as OMP_NUM_THREADS for OpenMP), else

@@ -181,6 +181,7 @@ static inline void add_short(real *y, real alpha, long n)
 typedef void (*RowTask)(void *args, long first, long last);
 #if HAVE_THREAD_POOL
 SHARED void parallel_rows(RowTask task, void *args, long rows, long align);
+SHARED void parallel_shares(RowTask task, void *args, long rows, long align);
 SHARED int pool_parts(void); /* the threads a product runs on */
 #else
 static int pool_parts(void)
@@ -193,6 +194,7 @@ static void parallel_rows(RowTask task, void *args, long rows, long align)
     (void)align;
     task(args, 0, rows);
 }
+#define parallel_shares parallel_rows
 #endif
 
 /* The vector instructions this CPU runs, asked once (CPUID, and XGETBV for the OS saving the

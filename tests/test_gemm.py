@@ -74,7 +74,8 @@ ONE_PIECE = 1 << 30  # a depth that no sum is sliced at
 # chunk first, on the caller's thread: each product shared (GEMM_PARALLEL_MIN 0) and B packed
 # (templates/kernels/gemm.c's gemm_packed) where a slice fits 4,096 values and the product has
 # 6 rows, so that some sizes are packed and others not, and the chunks after the first read the
-# panels the first packed.
+# panels the first packed; the weights' gradients (parallel_shares) in two shares of rows, the
+# second first.
 CHUNKED = """#define HAVE_THREAD_POOL 1
 #define GEMM_PARALLEL_MIN 0
 #define GEMM_PACK_B 4096
@@ -83,6 +84,8 @@ CHUNKED = """#define HAVE_THREAD_POOL 1
 CHUNKS = """
 SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
 { for (long first = (rows - 1) / align * align; first >= 0; first -= align) task(args, first, first + align < rows ? first + align : rows); }
+SHARED void parallel_shares(RowTask task, void *args, long rows, long align)
+{ long half = (rows + 2 * align - 1) / (2 * align) * align; half = half < rows ? half : rows; task(args, half, rows); task(args, 0, half); }
 SHARED int pool_parts(void) { return 1; }
 """
 

@@ -282,6 +282,46 @@ static int serve(int threads, int float32, double seconds)
     return sink == 12345.678 + calibrate.sink;
 }
 
+/* A cache line's round trip between two threads (the first two cores, wherever the OS puts
+ * them): one writes it, the other waits for that and writes it back. A product shared between
+ * the module's threads reads what the other core wrote at this cost a line (templates/kernels/
+ * gemm.c's matmul_nt shares rows for it). ns a round trip, the best of REPEATS passes. */
+static long ping_flag __attribute__((aligned(64)));
+enum { PING_TRIPS = 100000 };
+static void *ping_other(void *arg)
+{
+    const long base = *(const long *)arg;
+    for (long i = 0; i < PING_TRIPS; i++) {
+        while (__atomic_load_n(&ping_flag, __ATOMIC_ACQUIRE) != base + 2 * i + 1)
+            ;
+        __atomic_store_n(&ping_flag, base + 2 * i + 2, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static double round_trip_ns(void)
+{
+    double best = 1e30;
+    for (int r = 0; r < REPEATS; r++) {
+        long base = 2L * PING_TRIPS * r + 1;
+        __atomic_store_n(&ping_flag, base, __ATOMIC_RELEASE);
+        pthread_t other;
+        if (pthread_create(&other, NULL, ping_other, &base) != 0)
+            return 0;
+        const double t0 = wall();
+        for (long i = 0; i < PING_TRIPS; i++) {
+            __atomic_store_n(&ping_flag, base + 2 * i + 1, __ATOMIC_RELEASE);
+            while (__atomic_load_n(&ping_flag, __ATOMIC_ACQUIRE) != base + 2 * i + 2)
+                ;
+        }
+        const double t = wall() - t0;
+        pthread_join(other, NULL);
+        if (t / PING_TRIPS * 1e9 < best)
+            best = t / PING_TRIPS * 1e9;
+    }
+    return best;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 5 && strcmp(argv[1], "--serve") == 0) { /* --serve THREADS float32|float64 SECONDS */
@@ -318,6 +358,8 @@ int main(int argc, char **argv)
            fma_rate_all_cores(0, steps, threads, &sink) / 1e9, threads, CHAINS);
     printf("multiply-adds  float32: %.1f G/s on %d threads (%d chains each)\n",
            fma_rate_all_cores(1, steps, threads, &sink) / 1e9, threads, CHAINS);
+    if (threads > 1)
+        printf("a cache line between two threads: %.0f ns a round trip\n", round_trip_ns());
     free(buf);
     return sink == 12345.678; /* keeps every result alive */
 }
