@@ -235,9 +235,10 @@ def test_a_convolution_over_a_batch():
 
 
 def test_a_pass_holds_what_fits_the_caches(monkeypatch):
-    """pass_capacity: the most samples a pass holds is the largest power of two (at least 8, at
-    most the module's batch) whose values fit PASS_BYTES; the zoo's CNN's 6,247 slots a sample
-    give 32 in float64 and 64 in float32, a small MLP keeps the batch it is built for."""
+    """pass_capacity: the most samples a pass holds is the largest power of two (at least a
+    cache line of each slot: 8 in float64, 16 in float32; at most the module's batch) whose
+    values fit PASS_BYTES; the zoo's CNN's 6,247 slots a sample give 32 in float64 and 64 in
+    float32, a small MLP keeps the batch it is built for."""
     model = cnn()
     cnn_program = codegen.lower.ir.lower(model.loss, model.inputs, model.params, model.outputs)
     mlp, xs, ys, logits, loss = classifier()
@@ -255,9 +256,10 @@ def test_a_pass_holds_what_fits_the_caches(monkeypatch):
     no_sample_slots = types.SimpleNamespace(sequence=None, n_params=3, constants=[], n_slots=3)
     assert pass_capacity(no_sample_slots, 128, 8) == 128  # (found by test_fuzz: it looped for ever)
     monkeypatch.setattr(codegen.lower.batch, "PASS_BYTES", 1)
-    assert pass_capacity(cnn_program, 128, 8) == 8
+    assert pass_capacity(cnn_program, 128, 8) == 8 and pass_capacity(cnn_program, 128, 4) == 16
+    assert pass_capacity(cnn_program, 12, 4) == 12  # (never more than the module's batch)
     summary = codegen.explain(model.loss, model.inputs, model.params, model.outputs, dtype="float32").summary()
-    assert "batched over up to 8 samples" in summary
+    assert "batched over up to 16 samples" in summary
 
 
 def test_no_batched_form_falls_back_and_explain_says_so():

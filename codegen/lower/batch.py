@@ -45,6 +45,13 @@ MAX_GROUPS = 2_000
 # as two halves (piece_samples), on 2 threads, and 0.86-0.89x on one (Zen 3, one process
 # alternating, 25 rounds).
 SEQUENCE_PASS_BYTES = 2 << 20
+# The fewest samples a pass holds: a cache line of each slot (8 in float64, 16 in float32: a
+# 64-byte vector of the products' AVX-512 tiles), whatever the bounds above. The bigger GPT of
+# docs/gpt.md (102,745 slots a document: 8 documents' values alone are 3.3 MB in float32, past
+# every bound) with passes of 16 documents instead of 8, built for 32 (Intel Xeon with AVX-512,
+# one process alternating, 15 rounds): float32 0.93x the time on one thread, 0.92-0.97x on 2;
+# float64 at 16 took 1.15x (so its 8, a cache line of doubles, stays).
+PASS_LINE_BYTES = 64
 # Any other program's passes hold at most the samples whose values fit in this many bytes (a
 # power of two, at least 8): the zoo's CNN (6,247 slots a sample) built for 128 samples had 6.4 MB
 # of values a pass in float64 and as much of gradients, and every layer's loop and product missed
@@ -68,11 +75,12 @@ def check_capacity(batch):
 
 def pass_capacity(program, capacity, itemsize):
     """The samples a pass of the batched program holds: `capacity`, or fewer when their slots
-    outgrow PASS_BYTES (SEQUENCE_PASS_BYTES for a sequence program), at least 8; for a sequence
-    program at most half of `capacity` rounded up to 8 (train()'s larger batches run in pieces)."""
+    outgrow PASS_BYTES (SEQUENCE_PASS_BYTES for a sequence program), at least a cache line of
+    each slot (PASS_LINE_BYTES: 8 in float64, 16 in float32); for a sequence program at most half
+    of `capacity` rounded up to 8 (train()'s larger batches run in pieces)."""
     per_sample = _Layout(program, capacity).per_sample
     bound = SEQUENCE_PASS_BYTES if program.sequence else PASS_BYTES
-    fit = 8
+    fit = max(8, PASS_LINE_BYTES // itemsize)
     while fit < capacity and 2 * fit * per_sample * itemsize <= bound:  # (no per-sample slot: capacity)
         fit *= 2
     held = min(capacity, fit)
