@@ -4,7 +4,9 @@
  * the workers take in turn until none is left: the matrix products of a batch
  * (templates/kernels/gemm.c) run on every core, and a thread that is slower (a core busy with
  * another process, data in the other core's cache, a late wake-up) takes fewer chunks instead of
- * holding the others up. Which thread takes a chunk varies, but no row's result does (each row
+ * holding the others up; parallel_shares(task, args, M, align) calls task once a thread, over
+ * the chunks that thread takes first (its share: the rows it had in the products before).
+ * Which thread takes a chunk varies, but no row's result does (each row
  * is computed whole, in one chunk), so the numbers are the same with any count. The workers are
  * started on first use and wait on a condition variable between products, spinning a little
  * first, and only spin while train() or predict() holds them (pool_hold) and a product has run
@@ -33,7 +35,7 @@ typedef struct {
     unsigned long birth;   /* the generation before the one a new worker is started for */
     RowTask task;
     void *args;
-    long rows, align, chunks, cut; /* chunks taken; the chunks of POOL_CHUNKS a thread they cover (see pool_run) */
+    long rows, align, chunks, cut; /* the chunks taken, and the pieces they are cut from (pool_run_chunks) */
     long first[POOL_MAX], end[POOL_MAX]; /* the chunks [first, end) of each thread's share not yet taken */
     volatile long finished; /* and its chunks done */
 } Pool;

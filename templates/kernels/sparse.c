@@ -150,8 +150,9 @@ KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const
         value_stmt                                                                              \
     }
 /* stmt for each part of chunk c: y_part points at y's lanes of it, x_part holds x's (vectors of
- * the CPU's width at most, as the dots take them: GCC 12 stepped the chunk's lanes one at a time,
- * scalar, and clang as vectors, 2.3x faster for MNIST's batch-1 step) */
+ * the CPU's width at most, as the dots take them: GCC 12 stepped a chunk's lanes one at a time,
+ * scalar, where clang took vectors; MNIST's batch-1 step, gcc -O2 -march=native, Intel Xeon with
+ * AVX-512: 0.86x the time in float64, 0.79x in float32, the same bits) */
 #define EACH_CHUNK_PART(c, y, x, y_part, x_part, stmt)                                          \
     for (int h_ = 0; h_ < CHUNK_PARTS; h_++) {                                                  \
         chunk_part *y_part = (chunk_part *)((y) + NZ_LANES * (c) + h_ * CHUNK_PART_LANES);      \
