@@ -1,8 +1,9 @@
 """The sparse-input kernels of templates/kernels/sparse.c called directly, against dot() and the dense
 updates as the reference (llm.c's way: every kernel checked, its max difference printed):
 matvec, four rows at a time over short nonzero chunk lists and a row at a time otherwise, and
-dot_nz, axpy_nz and sgd_axpy_nz. Each promises the reference's numbers exactly, for every
-compiler and dtype."""
+dot_nz, axpy_nz and sgd_axpy_nz; and axpy_offsets_lanes (a batch's lanes side by side) against
+axpy_offsets lane by lane. Each promises the reference's numbers exactly, for every compiler and
+dtype."""
 
 import math
 
@@ -30,6 +31,14 @@ void call_axpy(real *y, real alpha, const real *x, long n, const int32_t *nz)
 void call_sgd_axpy(real *w, real lr, real alpha, const real *x, long n, const int32_t *nz)
 { if (nz) sgd_axpy_nz(w, lr, alpha, x, n, nz); else sgd_axpy(w, lr, alpha, x, n); }
 void call_exp(real *y, const real *x, long n) { exp_range(y, x, n); }
+void call_axpy_lanes(real *y, const int32_t *oy, const real *alpha, const real *x, const int32_t *ox, long n,
+                     long lanes, int by_lane)
+{
+    if (!by_lane)
+        axpy_offsets_lanes(y, oy, alpha, x, ox, n, lanes);
+    for (long l = 0; by_lane && l < lanes; l++)
+        axpy_offsets(y + l, oy, alpha[l], x + l, ox, n);
+}
 void call_exp_one_by_one(real *y, const real *x, long n) { for (long i = 0; i < n; i++) y[i] = (real)exp_value(x[i]); }
 """
 DECLARATIONS = """
@@ -41,6 +50,8 @@ real call_dot_nz(const real *a, const real *x, long n, const int32_t *nz);
 void call_axpy(real *y, real alpha, const real *x, long n, const int32_t *nz);
 void call_sgd_axpy(real *w, real lr, real alpha, const real *x, long n, const int32_t *nz);
 void call_exp(real *y, const real *x, long n);
+void call_axpy_lanes(real *y, const int32_t *oy, const real *alpha, const real *x, const int32_t *ox, long n,
+                     long lanes, int by_lane);
 void call_exp_one_by_one(real *y, const real *x, long n);
 """
 CHUNK = 8  # values per chunk of the nonzero lists
@@ -137,6 +148,37 @@ def test_sparse_updates_are_the_dense_ones_exactly(compiler, dtype, n):
             np.testing.assert_array_equal(sparse, dense)
             assert np.array_equal(sparse, start) == (not np.any(x))  # an update happened where due
     print(f"sparse vs dense updates, {compiler} {dtype} n={n}: max difference {worst:g}")
+
+
+@pytest.mark.parametrize("lanes", [1, 3, 4, 8, 13, 16])
+def test_axpy_over_lanes_is_its_calls_bits(compiler, dtype, lanes):
+    """axpy_offsets_lanes (templates/kernels/axpy.c: the batch's lanes side by side) against
+    axpy_offsets lane by lane, bit for bit: lanes whose alpha is 0 (or -0) keep their y, even a y
+    of -0 beside an x that is inf or NaN, in blocks that have such a lane and blocks that do not."""
+    ffi, lib = kernels(compiler, dtype)
+    real = DTYPES[dtype].numpy.type
+    rng = np.random.default_rng(lanes)
+    n, stride = 5, 16  # terms, and lanes a term apart (a batch's capacity)
+    oy = (np.arange(n, dtype=np.int32) * stride)[::-1].copy()  # (y's terms in another order than x's)
+    ox = np.arange(n, dtype=np.int32) * stride
+    x = rng.uniform(-1, 1, n * stride).astype(real)
+    x[ox[1]] = np.inf  # (lane 0: with a zero alpha below, skipped; with a nonzero one, inf)
+    x[ox[2] + lanes - 1] = np.nan
+    y = rng.uniform(-1, 1, n * stride).astype(real)
+    y[oy[3]:oy[3] + lanes] = -0.0
+    for zeros in ([], [0], [lanes - 1], list(range(0, lanes, 2))):
+        alpha = rng.uniform(-1, 1, lanes).astype(real)
+        alpha[zeros] = 0
+        if zeros and lanes > 1:
+            alpha[zeros[0]] = -0.0
+        by_calls, by_lanes = y.copy(), y.copy()
+        for out, by_lane in ((by_calls, 1), (by_lanes, 0)):
+            lib.call_axpy_lanes(pointer(ffi, out), pointer(ffi, oy), pointer(ffi, alpha), pointer(ffi, x),
+                                pointer(ffi, ox), n, lanes, by_lane)
+        bits = np.uint64 if real == np.float64 else np.uint32
+        assert np.array_equal(by_lanes.view(bits), by_calls.view(bits)), (zeros, by_lanes - by_calls)
+        assert all(np.array_equal(by_lanes[oy + l].view(bits), y[oy + l].view(bits)) for l in zeros)
+    print(f"axpy_offsets_lanes vs calls, {compiler} {dtype} lanes={lanes}: the same bits")
 
 
 def test_exp_range_is_the_libraries_exp_within_an_ulp(compiler, dtype):
