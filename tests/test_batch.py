@@ -343,3 +343,23 @@ def test_a_program_of_too_many_groups_has_no_batched_form():
     assert len(program.forward) > batch.MAX_GROUPS
     with pytest.raises(NotBatchable, match="groups"):
         batch_program(program)
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(DTYPES)), indirect=["compiler"])
+def test_uint8_rows_load_as_their_float_values(compiler, dtype):
+    """A batch's uint8 X (images) loads into its columns 16 samples by 16 columns at a time where
+    the compiler has SSE2 (templates/batch.c's load_byte_tiles: a transpose of bytes, then each
+    column converted as one vector), the rest a value at a time: train() and predict() give the
+    same bits as the same X in float64, whose values load one at a time. 40 inputs (two tiles of
+    columns and 8 after) and 37 samples (two tiles and 5), shuffled."""
+    case = classifier(n_in=40)
+    batched, _ = twins(compiler, batch=64, case=case, dtype=dtype)
+    twin, _ = twins(compiler, batch=64, case=case, dtype=dtype)
+    rng = np.random.default_rng(3)
+    X, y = rng.integers(0, 256, (37, 40), dtype=np.uint8), rng.integers(0, 4, 37)
+    predicted = [np.asarray(net.predict(rows, scale=1 / 255)) for net, rows in ((batched, X), (twin, X.astype(float)))]
+    np.testing.assert_array_equal(bits(predicted[0]), bits(predicted[1]))
+    for epoch in range(2):
+        assert (batched.train(X, y, 0.05, scale=1 / 255, batch_size=32, seed=epoch)
+                == twin.train(X.astype(np.float64), y, 0.05, scale=1 / 255, batch_size=32, seed=epoch))
+    np.testing.assert_array_equal(bits(np.asarray(batched.params)), bits(np.asarray(twin.params)))
