@@ -9,7 +9,9 @@ a ``method`` is also that method of Value (engine.py's op_method makes it: ``x.r
 
 Primitives: ``exp``, ``log``, ``tanh``, ``pow`` (the C library's; Python's math module calls the
 same libm), ``powk`` (``**`` by a number: the exponents micrograd's own code uses written out, C's
-in templates/prelude.c) and ``where(cond, x, y)`` (C: a ``?:`` macro in templates/prelude.c).
+in templates/prelude.c), ``where(cond, x, y)`` (C: a ``?:`` macro in templates/prelude.c) and
+``positive(x)`` (1 where x > 0, else 0: ReLU's derivative, a real in C where ``x > 0`` would be an
+int, which Clang converted lane by lane: micrograd's demo 0.81x the time with clang, Intel AVX-512).
 """
 
 import math
@@ -71,7 +73,12 @@ def _where(cond, if_true, if_false):
     return if_true if cond else if_false
 
 
-PRIMITIVES = {"exp": _exp, "log": _log, "tanh": math.tanh, "pow": _pow, "powk": _powk, "where": _where}
+def _positive(x):
+    return 1.0 if x > 0 else 0.0
+
+
+PRIMITIVES = {"exp": _exp, "log": _log, "tanh": math.tanh, "pow": _pow, "powk": _powk, "where": _where,
+              "positive": _positive}
 
 # Names the formulas bind; the same names are the placeholders.
 _ARGS = ("a", "b", "out", "k")
@@ -126,7 +133,7 @@ _TABLE = [
     Op("pow", "**{k}", 1, "powk({a}, {k})", ("{k} * powk({a}, {k} - 1)",)),
     # a ** b with b a Value too (a > 0 for the gradient in b: log a)
     Op("vpow", "**", 2, "pow({a}, {b})", ("{b} * pow({a}, {b} - 1)", "{out} * log({a})")),
-    Op("relu", "ReLU", 1, "where({a} < 0, 0, {a})", ("({out} > 0)",), method="relu"),
+    Op("relu", "ReLU", 1, "where({a} < 0, 0, {a})", ("positive({out})",), method="relu"),
     Op("tanh", "tanh", 1, "tanh({a})", ("1 - {out} * {out}",), method="tanh"),
     Op("sigmoid", "sigmoid", 1, "1 / (1 + exp(-{a}))", ("{out} * (1 - {out})",), method="sigmoid"),
     Op("exp", "exp", 1, "exp({a})", ("{out}",), method="exp", row_kernel="exp_range"),

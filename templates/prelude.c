@@ -93,6 +93,9 @@ static inline real powk(real a, real k)
 
 /* The op table's `where(cond, x, y)` primitive. */
 #define where(c, x, y) ((c) ? (x) : (y))
+/* and `positive(x)`, 1 where x > 0 else 0, as a real: (x > 0) would be an int, which Clang turned
+ * into a real lane by lane through integer conversions in ReLU's gradient */
+#define positive(x) ((x) > 0 ? (real)1 : (real)0)
 
 /* A loop over a sequence's positions first, first + 1, ... (first + n at most) cut where the sample
  * ends: `bound` is the sample's count of positions (codegen/lower/positions.py). */
