@@ -51,7 +51,7 @@ from .kernels import call
 from .loops import UNROLL_MAX_CONTIGUOUS, tree_sum, unrolled
 from .tree import Invoke
 
-# The kinds of row (the `case`s of templates/table.c): forward, CHEAP, the ops that cost a few
+# The kinds of row (the labelled loops of templates/table.c): forward, CHEAP, the ops that cost a few
 # instructions (CHEAP_OPS, and a maximum of two), one kind whose rows say which op, each row
 # computing all of them and keeping its own, so that the many short runs of each become fewer,
 # longer ones; a dot of DOT_SIZES[i] parts forward; backward, EDGE; then each op of the op table
@@ -596,9 +596,10 @@ def _has_k(op):
 # ---- the runtime's loops (templates/table.c), generated from the op table once per dtype ----------
 
 def runtime_cases(dtype):
-    """The C of the placeholder TABLE_CASES in templates/table.c for the dtype: a `case` per kind, the
-    op table's formulas rendered as the emitter renders them, over a row's slots; FORWARD (1 or
-    0) says which pass's loops."""
+    """The C of the placeholders in templates/table.c for the dtype: per pass (TABLE_FORWARD,
+    TABLE_BACKWARD) a labelled loop per kind, the op table's formulas rendered as the emitter
+    renders them, over a row's slots, and (TABLE_FORWARD_LABELS, TABLE_BACKWARD_LABELS) the
+    labels by kind, `unknown` for a kind the pass has no loop for."""
     dtype = dtypes.lookup(dtype)
     cases = {}
     for forward in (True, False):
@@ -612,7 +613,11 @@ def runtime_cases(dtype):
             elif any(_computed(op, i) for i in range(op.arity)):
                 out.append(_coefficient_case(op, code, dtype))
         out += [_cheap_case(dtype)] + [_dot_case(size) for size in DOT_SIZES] if forward else [_edge_case()]
-        cases["TABLE_FORWARD" if forward else "TABLE_BACKWARD"] = "\n".join(out)
+        name = "TABLE_FORWARD" if forward else "TABLE_BACKWARD"
+        cases[name] = "\n".join(code for _, code in out)
+        present = {kind for kind, _ in out}
+        cases[name + "_LABELS"] = ", ".join(f"&&kind_{k}" if k in present else "&&unknown"
+                                            for k in range(OP_BASE + len(ops.OPS)))
     return cases
 
 
@@ -621,11 +626,12 @@ def _render(op, dtype, formula, **names):
 
 
 def _case(code, name, step, body):
-    """A kind's loop: its rows, `step` words each (or the body moves w itself: step None)."""
+    """(kind, its loop): its rows, `step` words each (or the body moves w itself: step None), then
+    the next run (NEXT_RUN)."""
     advance = f", w += {step}" if step else ""
     lines = "".join(f"                {line}\n" for line in body)
-    return (f"        case {code}: /* {name} */\n            for (long r = 0; r < count; r++{advance}) {{\n"
-            f"{lines}            }}\n            break;")
+    return code, (f"    kind_{code}: /* {name} */\n        for (long r = 0; r < count; r++{advance}) {{\n"
+            f"{lines}        }}\n        NEXT_RUN;")
 
 
 def _op_names(op):
@@ -654,12 +660,12 @@ def _edge_case():
     """The edges backward: [coefficient, out, target], two by two (one loop test for two edges:
     0.92-0.97x the backward's time on random 20,000- and 100,000-Value graphs), in order."""
     edge = "g[w[{2}]] += d[w[{0}]] * g[w[{1}]];"
-    return (f"        case {EDGE}: /* edge */\n"
-            "            for (long r = count; r > 1; r -= 2, w += 6) {\n"
-            f"                {edge.format(0, 1, 2)}\n                {edge.format(3, 4, 5)}\n"
-            "            }\n"
-            f"            if (count & 1) {{\n                {edge.format(0, 1, 2)}\n                w += 3;\n            }}\n"
-            "            break;")
+    return EDGE, (f"    kind_{EDGE}: /* edge */\n"
+            "        for (long r = count; r > 1; r -= 2, w += 6) {\n"
+            f"            {edge.format(0, 1, 2)}\n            {edge.format(3, 4, 5)}\n"
+            "        }\n"
+            f"        if (count & 1) {{\n            {edge.format(0, 1, 2)}\n            w += 3;\n        }}\n"
+            "        NEXT_RUN;")
 
 
 def _cheap_case(dtype):
