@@ -127,10 +127,13 @@ static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, cons
         *loss_sum += loss;
         step_sum += loss;
         if (!steps_zero_gradients(batch)) { /* (batch 1) */
-            seed_gradients(g);
+            if (st->grads_clean)
+                g[MODEL.loss_slot] = 1.0;
+            else
+                seed_gradients(g);
             MODEL.backward_sgd_body(d, g, lr);
             MODEL.sgd_after_backward(d, g, lr);
-            st->grads_clean = 0;
+            st->grads_clean = MODEL.backward_clears;
             record_loss(q, step, step_sum, 1);
             step_sum = 0.0;
         } else {

@@ -71,6 +71,40 @@ def test_train_equals_the_single_step_functions(compiler, batch_size, fuse):
     np.testing.assert_allclose(np.asarray(b.params), np.asarray(a.params), rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_backward_leaves_the_gradients_it_wrote_zero(compiler, batch_size):
+    """A fused module's backward sets each gradient back to 0 once read (codegen/write/emit.py's
+    clears), so train() clears none before the next row; with the inputs' gradients, which no
+    group reads, the runtime clears them all before each backward as before: after train(),
+    they are the last row's (the next train() call's too)."""
+    X, labels = data(n=9)
+    net, _ = compile_classifier(compiler=compiler)
+    assert "#define BACKWARD_CLEARS 1" in codegen.generate(*_classifier_graph())[0]
+    net.train(X, labels, 0.05, scale=1 / 255, batch_size=batch_size)
+    grads = np.asarray(net.grad)
+    assert np.count_nonzero(grads[net.n_params:]) == 0
+    model, xs, ys, logits, loss = small_classifier()
+    assert "#define BACKWARD_CLEARS 1" not in codegen.generate(loss, xs + ys, model.parameters(), input_grads=True)[0]
+    with_inputs = codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler=compiler, input_grads=True)
+    stepped = codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler=compiler, input_grads=True)
+    with_inputs.train(X[:-1], labels[:-1], 0.05, scale=1 / 255, batch_size=batch_size)
+    stepped.set_params(with_inputs.params)
+    with_inputs.train(X[-1:], labels[-1:], 0.05, scale=1 / 255)
+    row = np.zeros(N_IN + N_CLASSES)
+    row[:N_IN], row[N_IN + labels[-1]] = X[-1] / 255, 1.0
+    stepped.set_input(row)
+    stepped.forward()
+    stepped.backward()
+    inputs = slice(with_inputs.n_params, with_inputs.n_params + N_IN)
+    assert np.count_nonzero(np.asarray(stepped.grad)[inputs]) > 0
+    np.testing.assert_array_equal(np.asarray(with_inputs.grad)[inputs], np.asarray(stepped.grad)[inputs])
+
+
+def _classifier_graph():
+    model, xs, ys, logits, loss = small_classifier()
+    return loss, xs + ys, model.parameters(), logits
+
+
 def test_train_with_float_targets_and_shuffle(net):
     X, labels = data()
     Y = np.eye(N_CLASSES)[labels]

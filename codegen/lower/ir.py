@@ -114,7 +114,7 @@ def _lower(graph, inputs, params, fuse, input_grads):
     program = Program(
         n_params=len(params), n_inputs=len(inputs), n_slots=n_slots, loss=roots[-1], outputs=roots[:-1],
         forward=groups, n_output_groups=sum(g.first.for_outputs for g in groups), backward=backward,
-        constants=constants, fused=fuse)
+        constants=constants, fused=fuse, input_grads=input_grads)
     program.index_inputs = index_inputs(compute, len(params))
     if fuse:
         program.unbounded = positions.bound_positions(program, input_grads)

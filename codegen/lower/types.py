@@ -308,6 +308,7 @@ class Program:
     sgd_in_backward: bool = False  # a batch-1 SGD step updates parameters in backward (see the pass)
     sgd_after_backward: list = field(default_factory=list)  # (slot, count) runs of the others
     index_inputs: list = field(default_factory=list)  # (input position, n): inputs gathers read (see index_inputs)
+    input_grads: bool = False  # the inputs' gradients are computed too
     sequence: object = None  # Sequence: the loops stop at the sample's length (positions.py)
     unbounded: str = None    # why not, when they do not
 

@@ -56,8 +56,8 @@ class Body:
 class Plain:
     """Every contribution added into its gradient; with `clears`, each group's gradient is set
     back to 0 once its statements have read it, so that the pass leaves every gradient it wrote 0
-    (Backward.pass_): the runtime then need not clear them before the next (a sequence's module:
-    microgpt's 90 KB of gradients were 8% of its step, Zen 3; templates/driver.c)."""
+    (Backward.pass_): the runtime then need not clear them before the next (templates/driver.c;
+    microgpt's 90 KB of gradients were 8% of its step, Zen 3; emit.py says which programs)."""
 
     def __init__(self, clears=False):
         self.clears = clears
@@ -68,8 +68,10 @@ class Plain:
 
 class SgdInBackward:
     """A contribution to a parameter marked sgd_fused (ir.sgd_in_backward) applies
-    `param -= lr * contribution` instead."""
-    clears = False
+    `param -= lr * contribution` instead; `clears` as Plain's."""
+
+    def __init__(self, clears=False):
+        self.clears = clears
 
     def place(self, c, shape, body):
         if c.to_fused_param:
