@@ -78,13 +78,12 @@ def test_backward_leaves_the_gradients_it_wrote_zero(compiler, batch_size):
     group reads, the runtime clears them all before each backward as before: after train(),
     they are the last row's (the next train() call's too)."""
     X, labels = data(n=9)
-    net, _ = compile_classifier(compiler=compiler)
-    assert "#define BACKWARD_CLEARS 1" in codegen.generate(*_classifier_graph())[0]
-    net.train(X, labels, 0.05, scale=1 / 255, batch_size=batch_size)
-    grads = np.asarray(net.grad)
-    assert np.count_nonzero(grads[net.n_params:]) == 0
     model, xs, ys, logits, loss = small_classifier()
+    assert "#define BACKWARD_CLEARS 1" in codegen.generate(loss, xs + ys, model.parameters(), logits)[0]
     assert "#define BACKWARD_CLEARS 1" not in codegen.generate(loss, xs + ys, model.parameters(), input_grads=True)[0]
+    net = codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler=compiler)
+    net.train(X, labels, 0.05, scale=1 / 255, batch_size=batch_size)
+    assert np.count_nonzero(np.asarray(net.grad)[net.n_params:]) == 0
     with_inputs = codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler=compiler, input_grads=True)
     stepped = codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler=compiler, input_grads=True)
     with_inputs.train(X[:-1], labels[:-1], 0.05, scale=1 / 255, batch_size=batch_size)
@@ -98,11 +97,6 @@ def test_backward_leaves_the_gradients_it_wrote_zero(compiler, batch_size):
     inputs = slice(with_inputs.n_params, with_inputs.n_params + N_IN)
     assert np.count_nonzero(np.asarray(stepped.grad)[inputs]) > 0
     np.testing.assert_array_equal(np.asarray(with_inputs.grad)[inputs], np.asarray(stepped.grad)[inputs])
-
-
-def _classifier_graph():
-    model, xs, ys, logits, loss = small_classifier()
-    return loss, xs + ys, model.parameters(), logits
 
 
 def test_train_with_float_targets_and_shuffle(net):
