@@ -18,8 +18,9 @@
 #if !defined(N_OUTPUTS) || !defined(SGD_IN_BACKWARD) || !defined(N_CONSTANTS) || !defined(NONZERO_WORDS)
 #error "N_OUTPUTS, SGD_IN_BACKWARD, N_CONSTANTS and NONZERO_WORDS must be defined: codegen/write/contract.py"
 #endif
-#if !defined(N_TRACKED_ROWS) || !defined(N_SNAPSHOT) || !defined(N_SWEPT_RUNS) || !defined(N_SGD_AFTER_RUNS)
-#error "N_TRACKED_ROWS, N_SNAPSHOT, N_SWEPT_RUNS and N_SGD_AFTER_RUNS must be defined: codegen/write/contract.py's StepTables"
+#if !defined(N_TRACKED_ROWS) || !defined(N_SNAPSHOT) || !defined(N_SWEPT_RUNS) || !defined(N_SGD_AFTER_RUNS) \
+    || !defined(STEP_OWN_BACKWARD)
+#error "N_TRACKED_ROWS, STEP_OWN_BACKWARD, N_SNAPSHOT, N_SWEPT_RUNS and N_SGD_AFTER_RUNS must be defined: codegen/write/contract.py's StepTables"
 #endif
 #if !defined(HAVE_BATCH) || !defined(MODULE_NAME_STR) || !defined(MODULE_INIT)
 #error "HAVE_BATCH, MODULE_NAME_STR and MODULE_INIT must be defined: codegen/write/contract.py"
@@ -77,7 +78,7 @@ static void write_rows(real *restrict g, uint64_t *restrict stamp, const real *r
     }
 }
 
-#if N_TRACKED_ROWS == 0 /* no tracked rows: the step's backward is the ordinary one */
+#if N_TRACKED_ROWS == 0 && !STEP_OWN_BACKWARD /* the step's backward is the ordinary one */
 #define backward_tracked_body(d, g, stamp, rank1, snap, live, gen)                                  \
     ((void)(stamp), (void)(rank1), (void)(snap), (void)(live), (void)(gen), backward_body(d, g))
 #endif

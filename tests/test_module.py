@@ -16,12 +16,14 @@ from micrograd_c import MLP, Value, cross_entropy
 N_IN, N_CLASSES = 6, 3
 
 
-def small_classifier(seed=0, hidden=8):
-    """An MLP classifier as a compiled graph: inputs are N_IN features then a one-hot target."""
+def small_classifier(seed=0, hidden=8, row=None):
+    """An MLP classifier as a compiled graph: inputs are N_IN features then a one-hot target (their
+    values: row's, else 0)."""
     random.seed(seed)
     model = MLP(N_IN, [hidden, N_CLASSES])
-    xs = [Value(0.0) for _ in range(N_IN)]
-    ys = [Value(0.0) for _ in range(N_CLASSES)]
+    row = np.zeros(N_IN + N_CLASSES) if row is None else row
+    xs = [Value(float(x)) for x in row[:N_IN]]
+    ys = [Value(float(y)) for y in row[N_IN:]]
     logits = model(xs)
     return model, xs, ys, logits, cross_entropy(logits, ys)
 
@@ -97,6 +99,33 @@ def test_backward_leaves_the_gradients_it_wrote_zero(compiler, batch_size):
     inputs = slice(with_inputs.n_params, with_inputs.n_params + N_IN)
     assert np.count_nonzero(np.asarray(stepped.grad)[inputs]) > 0
     np.testing.assert_array_equal(np.asarray(with_inputs.grad)[inputs], np.asarray(stepped.grad)[inputs])
+
+
+def test_step_backward_leaves_every_gradient_where_train_clears_them(compiler):
+    """Where backward_body clears what it read, the step API's backward() is one that does not
+    (STEP_OWN_BACKWARD, when no row is tracked: here Adam's): afterwards `grad` holds every node's
+    gradient, as micrograd's Values do; train() after it still clears."""
+    model, xs, ys, logits, loss = small_classifier()
+    options = dict(outputs=logits, optimizer=codegen.Adam())
+    unit = codegen.generate(loss, xs + ys, model.parameters(), **options)[0]
+    assert "#define BACKWARD_CLEARS 1" in unit and "#define STEP_OWN_BACKWARD 1" in unit
+    net = codegen.compile(loss, xs + ys, model.parameters(), compiler=compiler, **options)
+    program = codegen.explain(loss, xs + ys, model.parameters(), outputs=logits).program
+    X, labels = data(n=3)
+    row = np.zeros(N_IN + N_CLASSES)
+    row[:N_IN], row[N_IN + labels[0]] = X[0] / 255, 1.0
+    *_, interpreted, interpreted_loss = small_classifier(row=row)  # (the interpreter's, at the row)
+    interpreted_loss.backward()
+    net.set_input(row)
+    net.forward()
+    net.zero_grad()
+    net.backward()
+    grads = np.asarray(net.grad)
+    for node, value in zip(program.outputs, interpreted):
+        assert value.grad != 0 and grads[node.grad_slot] == pytest.approx(value.grad, rel=1e-12)
+    del grads
+    net.train(X, labels, 0.05, scale=1 / 255)
+    assert np.count_nonzero(np.asarray(net.grad)[net.n_params:]) == 0
 
 
 def test_train_with_float_targets_and_shuffle(net):

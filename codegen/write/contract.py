@@ -279,7 +279,9 @@ class StepTables:
     """What a module's SGD steps read besides the layout: the runs (first slot, count) of the
     parameters that backward does not step itself (sgd_after_backward steps them), and the
     step-by-step API's tracked rows (sides.TrackedRow, in stamp order: one row per pass of each
-    one's loop nest), the runs of the other parameters (zeroed and stepped every time: swept)."""
+    one's loop nest), the runs of the other parameters (zeroed and stepped every time: swept);
+    whether the step API's backward is a function of its own without tracked rows (own_backward:
+    where backward_body clears the gradients it read)."""
 
     sgd_after_runs: tuple
     row_starts: tuple
@@ -287,9 +289,10 @@ class StepTables:
     row_snapshots: tuple
     n_snapshot: int
     swept_runs: tuple
+    own_backward: bool = False
 
     @classmethod
-    def of(cls, program, tracked_rows):
+    def of(cls, program, tracked_rows, own_backward=False):
         tracked = np.zeros(program.n_params, dtype=bool)
         starts, lengths, snapshots = [], [], []
         snapshot = 0
@@ -302,15 +305,17 @@ class StepTables:
             snapshots += [snapshot] * math.prod(row.shape)
             snapshot += row.n if row.other is not None else 0
         return cls(tuple(program.sgd_after_backward), tuple(starts), tuple(lengths), tuple(snapshots), snapshot,
-                   tuple(ir.slot_runs(np.flatnonzero(~tracked)) or [(0, 0)]))
+                   tuple(ir.slot_runs(np.flatnonzero(~tracked)) or [(0, 0)]), own_backward)
 
     def render(self):
-        """N_SGD_AFTER_RUNS, SGD_AFTER_RUNS; N_TRACKED_ROWS, N_SNAPSHOT (reals), N_SWEPT_RUNS,
-        SWEPT_RUNS, and by row: ROW_START, ROW_LENGTH, ROW_SNAPSHOT (its snapshot's first real)."""
+        """N_SGD_AFTER_RUNS, SGD_AFTER_RUNS; N_TRACKED_ROWS, STEP_OWN_BACKWARD (0 or 1), N_SNAPSHOT
+        (reals), N_SWEPT_RUNS, SWEPT_RUNS, and by row: ROW_START, ROW_LENGTH, ROW_SNAPSHOT (its
+        snapshot's first real)."""
         return "\n".join([
             f"#define N_SGD_AFTER_RUNS {len(self.sgd_after_runs)}",
             _table("SGD_AFTER_RUNS", list(self.sgd_after_runs) or [(0, 0)]),
             f"#define N_TRACKED_ROWS {len(self.row_starts)}",
+            f"#define STEP_OWN_BACKWARD {int(self.own_backward)}",
             f"#define N_SNAPSHOT {self.n_snapshot}",
             f"#define N_SWEPT_RUNS {len(self.swept_runs)}",
             _table("SWEPT_RUNS", list(self.swept_runs)),

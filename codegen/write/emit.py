@@ -207,16 +207,20 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
                                          for name in ("forward_outputs", "forward_rest"))
         backward = _with_table(plan.passes["backward"], lambda groups: backward_of.pass_(groups, Plain()))
     backward_sgd = backward_of.pass_(program.backward, SgdInBackward(clears)) if program.sgd_in_backward else []
-    # The step-by-step API's backward (modules only; the same as backward_body when no row is tracked)
+    # The step-by-step API's backward (modules only): the tracked rows' (sgd_in_backward); and
+    # where backward_body clears, one that does not, so that after backward() `grad` holds every
+    # gradient, as micrograd's Values do (but a sequence's, whose step cleared them before);
+    # otherwise backward_body itself
+    step_backward = module and clears and program.sequence is None
     backward_tracked = backward_of.pass_(program.backward, Tracked(sides)) \
-        if module and program.sgd_in_backward else []
+        if module and (program.sgd_in_backward or step_backward) else []
     d, dg = ["real *restrict d"], ["real *restrict d", "real *restrict g"]
     tracking = ["uint64_t *restrict stamp", "real *restrict rank1", "real *restrict snap", "uint32_t *restrict live",
                 "uint64_t gen"]
     pieces, drivers = [], []
     passes = [("forward_outputs", d, forward_outputs), ("forward_rest", d, forward_rest),
               ("backward_body", dg, backward), ("backward_sgd_body", dg + ["real lr"], backward_sgd),
-              *([("backward_tracked_body", dg + tracking, backward_tracked)] if sides.tracked_rows else [])]
+              *([("backward_tracked_body", dg + tracking, backward_tracked)] if sides.tracked_rows or step_backward else [])]
     batched_passes = _batched_functions(batch_sides, dtype)
     for name, params, statements in passes + batched_passes:
         functions, driver = _functions(name, params, statements, chunk)
@@ -234,7 +238,7 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
         *([contract.TableForm.of(plan).render()] if plan is not None else []),
         *([contract.Words("NONZERO_WORDS", sides.nonzero_words()).render(),
            _scan("scan_nonzeros", ["real *restrict d"], sides.nonzero_scans()),
-           contract.StepTables.of(program, sides.tracked_rows).render()] if module else []),
+           contract.StepTables.of(program, sides.tracked_rows, step_backward).render()] if module else []),
         *([_batch_layout(batch_sides, dtype)] if module else []),
     ])
     epilogues = _epilogue_definitions(shared.epilogues)
