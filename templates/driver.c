@@ -10,14 +10,19 @@ static void seed_gradients(real *restrict g)
     g[MODEL.loss_slot] = 1.0;
 }
 
-/* backward_body after the seed: the loss's alone where the other gradients are known to be 0
+/* The seed before a backward: the loss's alone where the other gradients are known to be 0
  * (st->grads_clean: the last backward set back what it wrote, MODEL.backward_clears) */
-static void backward_all(State *st)
+static void seed_before_backward(State *st)
 {
     if (st->grads_clean)
         st->g[MODEL.loss_slot] = 1.0;
     else
         seed_gradients(st->g);
+}
+
+static void backward_all(State *st)
+{
+    seed_before_backward(st);
     MODEL.backward_body(st->d, st->g);
     st->grads_clean = MODEL.backward_clears;
 }
@@ -127,10 +132,7 @@ static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, cons
         *loss_sum += loss;
         step_sum += loss;
         if (!steps_zero_gradients(batch)) { /* (batch 1) */
-            if (st->grads_clean)
-                g[MODEL.loss_slot] = 1.0;
-            else
-                seed_gradients(g);
+            seed_before_backward(st);
             MODEL.backward_sgd_body(d, g, lr);
             MODEL.sgd_after_backward(d, g, lr);
             st->grads_clean = MODEL.backward_clears;

@@ -43,6 +43,13 @@ def data(n=40, seed=0):
     return rng.integers(0, 256, size=(n, N_IN), dtype=np.uint8), rng.integers(0, N_CLASSES, size=n)
 
 
+def input_row(x, label, scale=1 / 255):
+    """A sample as the module's inputs: the features times scale, then the one-hot target."""
+    row = np.zeros(N_IN + N_CLASSES)
+    row[:N_IN], row[N_IN + label] = x * scale, 1.0
+    return row
+
+
 def manual_epoch(net, X, labels, lr, scale, batch_size):
     """train() spelled out with the single-step functions."""
     losses = []
@@ -50,10 +57,7 @@ def manual_epoch(net, X, labels, lr, scale, batch_size):
     for start in range(0, len(X), batch_size):
         rows = range(start, min(start + batch_size, len(X)))
         for i in rows:
-            row = np.zeros(N_IN + N_CLASSES)
-            row[:N_IN] = X[i] * scale
-            row[N_IN + labels[i]] = 1.0
-            net.set_input(row)
+            net.set_input(input_row(X[i], labels[i], scale))
             losses.append(net.forward())
             net.backward()
         net.update(lr / len(rows))
@@ -91,9 +95,7 @@ def test_backward_leaves_the_gradients_it_wrote_zero(compiler, batch_size):
     with_inputs.train(X[:-1], labels[:-1], 0.05, scale=1 / 255, batch_size=batch_size)
     stepped.set_params(with_inputs.params)
     with_inputs.train(X[-1:], labels[-1:], 0.05, scale=1 / 255)
-    row = np.zeros(N_IN + N_CLASSES)
-    row[:N_IN], row[N_IN + labels[-1]] = X[-1] / 255, 1.0
-    stepped.set_input(row)
+    stepped.set_input(input_row(X[-1], labels[-1]))
     stepped.forward()
     stepped.backward()
     inputs = slice(with_inputs.n_params, with_inputs.n_params + N_IN)
@@ -112,8 +114,7 @@ def test_step_backward_leaves_every_gradient_where_train_clears_them(compiler):
     net = codegen.compile(loss, xs + ys, model.parameters(), compiler=compiler, **options)
     program = codegen.explain(loss, xs + ys, model.parameters(), outputs=logits).program
     X, labels = data(n=3)
-    row = np.zeros(N_IN + N_CLASSES)
-    row[:N_IN], row[N_IN + labels[0]] = X[0] / 255, 1.0
+    row = input_row(X[0], labels[0])
     *_, interpreted, interpreted_loss = small_classifier(row=row)  # (the interpreter's, at the row)
     interpreted_loss.backward()
     net.set_input(row)
