@@ -6,6 +6,7 @@ Fused-mode tolerance as in test_compile: loops sum dots and reductions in other 
 import functools
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import pytest
 import codegen
 import templates
 from codegen.lower import ir, vector
-from micrograd_c import MLP, Value, cross_entropy, dot
+from micrograd_c import MLP, Layer, Value, cross_entropy, dot
 from conftest import compiler_diagonal
 from test_compile import assert_equivalent
 
@@ -222,7 +223,71 @@ def test_layer_over_a_batch_kernels(compiler, case):
     # forward: the hidden layers one matmul_set each (6 neurons of 3 inputs, 5 of 6) over 37
     # samples, their ReLU its epilogue (the last neuron, with two loose terms, is a loop)
     assert all(f", {shape}, NULL, epilogue_0, d + " in source for shape in ("6, 37, 3", "5, 37, 6"))
-    assert "y[n] = where(x[n] < 0, 0, x[n]);" in source
+    assert "y[n] = where(y[n] < 0, 0, y[n]);" in source  # (in place: test_activations_in_place)
+
+
+IN_PLACE_CASES = ("relu", "tanh", "output", "read twice", "square")
+
+
+@functools.cache
+def in_place_case(case):
+    """test_activations_in_place's model: (build, initial parameters, input rows). A first layer's
+    sums over 37 constant samples, then an activation (`case`'s: ReLU, tanh, or x ** 2), a ReLU
+    layer and a linear one; a hinge loss over the samples times an input, plus another input times
+    sample 0's score. "output": the first layer's sums and their activations are outputs too
+    (build's `outputs` list gets them); "read twice": the loss reads the sums too."""
+    X = np.random.default_rng(5).normal(size=(37, 3))
+    random.seed(11)
+    model = MLP(3, [6, 5, 1])
+    model.layers[0] = Layer(3, 6, nonlin=False)  # (its activation applied below)
+    init = [p.data for p in model.parameters()]
+
+    def build(params, inputs, outputs=None):
+        first, second, last = assign(model, params).layers
+        sums = [first(list(map(Value, x))) for x in X]
+        act = {"tanh": lambda v: v.tanh(), "square": lambda v: v ** 2}.get(case, lambda v: v.relu())
+        acts = [[act(v) for v in s] for s in sums]
+        scores = [last(second(a)) for a in acts]
+        hinge = [(1.0 + float((-1) ** k) * s * inputs[0]).relu() for k, s in enumerate(scores)]
+        loss = sum(hinge, Value(0.0)) * (1.0 / len(X)) + inputs[1] * scores[0]
+        if case == "read twice":
+            loss = loss + 0.01 * sum((v * v for s in sums for v in s), Value(0.0))
+        if outputs is not None and case == "output":
+            outputs += [v for s in sums + acts for v in s]
+        return loss
+    return build, init, [[0.5, 0.1], [-0.3, 0.2], [0.8, -0.4]]
+
+
+@pytest.mark.parametrize("compiler, case", list(compiler_diagonal(IN_PLACE_CASES)), indirect=["compiler"])
+def test_activations_in_place(compiler, case):
+    """A layer over a batch whose activation alone reads its sums, and whose derivative reads the
+    activation's results, not its argument (ReLU, tanh), writes its sums where the activation's
+    results go and applies it there (Forward._in_place); in train()'s backward, which clears, the
+    product of the next layer's inputs' gradients goes where the activation's argument's do, its
+    epilogue multiplying there (Backward._in_place; for x ** 2 and an output too). Not in the forward where the
+    sums are an output too, are read by the loss too, or the derivative reads them (x ** 2). Each
+    equals the interpreter (the step API), and train() equals the step API's loop, bit for bit."""
+    build, init, rows = in_place_case(case)
+    assert_equivalent(build, init, rows, "fused", compiler=compiler, opt=2)
+    params, inputs, outputs = [Value(v) for v in init], [Value(x) for x in rows[0]], []
+    loss = build(params, inputs, outputs)
+    source = "\n".join(codegen.generate(loss, inputs, params, outputs=outputs))
+    # (the first layer's product, 6 neurons by 37 samples of 3 inputs; the second's inputs' gradients)
+    in_place = [re.search(r"matmul_set\((d \+ \d+), .*, 6, 37, 3, NULL, epilogue_\d+, \1, ", source) is not None,
+                re.search(r"matmul_acc\((g \+ \d+), .*, 5, 37, 6, epilogue_\d+, \1, ", source) is not None]
+    assert in_place == [case in ("relu", "tanh"), case != "read twice"], (case, in_place)
+    nets = [codegen.compile(loss, inputs, params, outputs=outputs, compiler=compiler) for _ in range(2)]
+    nets[1].forward()  # (rows[0]'s inputs, as the graph was built)
+    np.testing.assert_allclose(nets[1].outputs(), [v.data for v in outputs], rtol=1e-12)
+    X, Y = (np.ascontiguousarray(np.array(rows)[:, k:k + 1]) for k in (0, 1))
+    nets[0].train(X, Y, 0.05)
+    for row in rows:  # (the step API's backward does not clear: not in place)
+        nets[1].set_input(np.array(row))
+        nets[1].forward()
+        nets[1].zero_grad()
+        nets[1].backward()
+        nets[1].update(0.05)
+    np.testing.assert_array_equal(np.asarray(nets[0].params), np.asarray(nets[1].params))
 
 
 def test_shared_constant_in_a_moving_list(compiler):

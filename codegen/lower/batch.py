@@ -259,7 +259,8 @@ def batch_program(program, capacity=DEFAULT_CAPACITY):
         n_output_groups=program.n_output_groups, backward=[by_id[id(g)] for g in program.backward],
         constants=[(layout.slot(slot), value) for slot, value in program.constants],
         sequence=sequence and Sequence(layout.slot(sequence.slot), tuple(layout.slot(w) for w in sequence.weights),
-                                       active))
+                                       active),
+        read_after=program.read_after)
 
 
 def batched_form(program, capacity=DEFAULT_CAPACITY, itemsize=8):

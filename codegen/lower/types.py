@@ -317,6 +317,11 @@ class Program:
         return self.n_params
 
     @property
+    def read_after(self):
+        """The nodes whose values are read after the forward: the outputs, the loss."""
+        return (*self.outputs, self.loss)
+
+    @property
     def nodes(self):
         return [n for g in self.forward for n in g.members]
 
@@ -339,6 +344,7 @@ class BatchedProgram:
     backward: list
     constants: list        # (slot, value)
     sequence: object = None  # Sequence in the batched slots (sample b's weights at + b)
+    read_after: tuple = ()   # the Program's (the nodes whose values are read after the forward)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,6 @@ A layer's inputs' gradients over a batch may finish the activation before it (it
 the product's epilogue): that group is then skipped (Backward.pass_).
 """
 
-import collections
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from ..lower.vector import progression
 from .convolution import convolution
 from .kernels import Call, call
 from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, at_start, data_at,
-                    fused_gradient, grad_at, guarded, loop_nest, placed, short, slot_index, unrolled)
+                    fused_gradient, grad_at, guarded, loop_nest, neurons, placed, short, slot_index, unrolled)
 from .sides import TrackedRow
 from .statements import Statements
 from .tree import Assign, Block, ClearGradient, Copy, If, ReadGradient, nest
@@ -121,8 +120,6 @@ class Tracked:
 
 
 class Backward(Statements):
-    _reads = None  # {id(node): times the program's forward reads it}, counted once (_read_only_by)
-
     def pass_(self, groups, mode):
         """The statements of each group of `groups` (in backward order) in `mode` (Plain,
         SgdInBackward, Tracked); an activation's gradient, when the group just before it finishes
@@ -137,10 +134,10 @@ class Backward(Statements):
                 continue
             after = groups[i + 1] if i + 1 < len(groups) and groups[i + 1].guard == g.guard else None
             group, folded = self.group(g, mode, after)
-            if folded:
+            if folded is not None and not folded.in_place:  # (in place, its gradient is never written)
                 group = group + self._cleared(after, mode)
             statements += guarded(g, group)
-            skip = after if folded else None
+            skip = after if folded is not None else None
         return statements
 
     @staticmethod
@@ -154,9 +151,8 @@ class Backward(Statements):
         return loop_nest(g.shape, clear, independent=True) if clear else []
 
     def group(self, g, mode, activation=None):
-        """(the statements adding group g's gradients into its operands', whether they finish
-        `activation`'s: the group after g in backward order, whose gradient g's product may
-        finish as its epilogue)."""
+        """(the statements adding group g's gradients into its operands', the Matmul finishing
+        `activation`'s gradient as its epilogue, or None: the group after g in backward order)."""
         ops, node = g.operands, g.first
         out_grad = grad_at(ops.out)
         if node.kind == OP and node.op.selects:  # the gradient goes to the operand picked only
@@ -164,7 +160,7 @@ class Backward(Statements):
             grads = []
             if any(x.needs_grad for x in node.args[node.op.first_choice:]):
                 grads.append(Assign(self._picked(node.op, ops, grad=True), self._times_local(node, 0, names, out_grad), "+="))
-            return loop_nest(g.shape, grads + self._clear(g, mode)), False
+            return loop_nest(g.shape, grads + self._clear(g, mode)), None
         body = Body()
         if node.kind == OP:
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
@@ -173,24 +169,25 @@ class Backward(Statements):
                     term = self._times_local(node, i, names, out_grad)
                     mode.place(Contribution(arg.sgd_fused, Accumulate(where, 0, term),
                                             Assign(data_at(where), f"lr * ({term})", "-=")), g.shape, body)
-            return loop_nest(g.shape, body.grads + body.updates + self._clear(g, mode)), False
+            return loop_nest(g.shape, body.grads + body.updates + self._clear(g, mode)), None
         conv = convolution(g) if isinstance(mode, Plain) else None
         if conv:
-            return conv.backward(node, self.tables.offsets) + self._cleared(g, mode), False
+            return conv.backward(node, self.tables.offsets) + self._cleared(g, mode), None
         go, contributions = "go", []
         if ops.terms:
             contributions += self._terms(ops.terms, [node.args[i] for i in ops.term_positions], go, ops.out)
         if ops.a:
             for wrt, other, factors in ((ops.b, ops.a, node.b), (ops.a, ops.b, node.a)):
                 contributions += self._products(wrt, other, factors, go, ops.out, g.shape, activation,
-                                                self._overwrites(mode, g))
+                                                self._overwrites(mode, g), mode.clears)
         if isinstance(mode, Plain) and contributions and all(c.lanes for c in contributions):
             lanes = [c.lanes for c in contributions]  # (no innermost loop: no `go` read in it)
             calls = [nest(g.shape[:-1], lanes, braced=len(lanes) > 1)] if len(g.shape) > 1 else lanes
-            return calls + self._cleared(g, mode), False
+            return calls + self._cleared(g, mode), None
         for c in contributions:
             mode.place(c, g.shape, body)
-        folded = any(isinstance(c.accumulate, Matmul) and c.accumulate.epilogue is not None for c in contributions)
+        folded = next((c.accumulate for c in contributions
+                       if isinstance(c.accumulate, Matmul) and c.accumulate.epilogue is not None), None)
         grads, updates = body.grads, body.updates
         if not grads and not updates:
             return self._cleared(g, mode), folded
@@ -229,13 +226,16 @@ class Backward(Statements):
         return (isinstance(mode, Plain) and not mode.clears and self.tables.stepped is not None
                 and len(g.shape) == 2)
 
-    def _read_only_by(self, nodes, readers):
-        """Whether each of the nodes is read `readers` times in the program (its forward's groups),
-        its gradient its own (their contributions are then the reading group's, when every
-        member of that group, `readers` of them, reads each once)."""
-        if self._reads is None:
-            self._reads = collections.Counter(id(x) for g in self.program.forward for n in g.members for x in n.reads())
-        return all(self._reads[id(x)] == readers and not x.shares_grad for x in nodes)
+    def _in_place(self, inputs, shape, activation):
+        """Whether a layer's inputs' gradients (the product's sums), the activation's results'
+        whose gradient it finishes as its epilogue, need not be written: in a backward that
+        clears (every gradient 0 before it), when only the product adds to them (each input read
+        by the layer's neurons alone) and only the epilogue to its argument's (read by the
+        activation alone), the sums go into the argument's gradient and the epilogue multiplies
+        them there by the derivative: the same bits, without a store and a clear of the inputs'
+        gradients and a load of the argument's."""
+        return (self._read_only_by(inputs, neurons(shape))
+                and self._read_only_by([x for m in activation.members for x in m.args], 1))
 
     def _overwritten(self, rows, count):
         """Whether the `count` rows that a product or its epilogue writes (`rows`: an Affine over
@@ -247,9 +247,10 @@ class Backward(Statements):
         self.tables.overwritten.append(((rows.base - self.program.n_params) // capacity, count))
         return True
 
-    def _products(self, wrt, other, factors, go, out, shape=(), activation=None, overwrites=False):
+    def _products(self, wrt, other, factors, go, out, shape=(), activation=None, overwrites=False, clears=False):
         """Factor list `wrt` of a dot gets go times the other list's values (a product in one call
-        writes the gradients only it adds to, where `overwrites`: _overwrites)."""
+        writes the gradients only it adds to, where `overwrites`: _overwrites; or, in a backward
+        that `clears`, the activation's argument's gradient at once: _in_place)."""
         needs = [f.needs_grad for f in factors]
         if not any(needs):
             return []
@@ -263,8 +264,10 @@ class Backward(Statements):
                              and self._overwritten(rows, len(wrt.offsets)))
                 written = (laid is not None and self._read_only_by([x for m in activation.members for x in m.args], 1)
                            and self._overwritten(laid[0], len(wrt.offsets)))
-            epilogue = None if laid is None else (self._epilogue(activation.first, gradient=True, overwrite=written), *laid)
-            return [Contribution(False, Matmul(wrt, other, out, epilogue, overwrite))]
+            in_place = clears and laid is not None and self._in_place(factors, shape, activation)
+            epilogue = None if laid is None else (self._epilogue(activation.first, gradient=True, overwrite=written,
+                                                                 in_place=in_place), *laid)
+            return [Contribution(False, Matmul(wrt, other, out, epilogue, overwrite, in_place))]
         # (a loop whose weights stay put over its innermost loop gives them several contributions:
         # batch-1 SGD never updates them in backward; the batched program steps them after the
         # sum over its batch when they have no other, train()'s rate permitting)

@@ -55,11 +55,11 @@ class Convolution:
 
     def forward(self, offsets, epilogue=None):
         """conv_set's call (offsets: the program's offset tables); epilogue: (the C function, the
-        Affine over the convolution's loops of its results) of an activation of the results that
-        the kernel applies as it finishes each position (fused_activation)."""
+        Affine over the convolution's loops of its results, never in place) of an activation of
+        the results that the kernel applies as it finishes each position (fused_activation)."""
         F, P, Q, along = self._sizes()
         if epilogue:
-            function, y = epilogue
+            function, y, _ = epilogue  # (never in place)
             y_f, y_p, y_q = along(y)
             applied = dict(epilogue=function, y=self._start(y), y_f=y_f, y_p=y_p, y_q=y_q)
         else:

@@ -85,18 +85,28 @@ def _chunks(statements, chunk):
 
 
 def _units(pieces, unit):
-    """The chunk functions packed in order into groups of about equal compile time (_compile_cost):
-    one per `unit` lines, at most MAX_UNITS unless groups of UNIT_MAX_LINES need more (they compile
-    side by side)."""
+    """The chunk functions packed in order into groups whose largest compile time (_compile_cost)
+    is the least it can be: one per `unit` lines, at most MAX_UNITS unless groups of
+    UNIT_MAX_LINES need more (they compile side by side, so the largest is the build's time)."""
     lines = sum(piece[0].count("\n") for piece in pieces)
     count = min(-(-lines // unit), max(MAX_UNITS, -(-lines // UNIT_MAX_LINES)))
     costs = [_compile_cost(piece[0]) for piece in pieces]
-    share = max(1, sum(costs)) / max(1, count)
-    units, before = [[] for _ in range(max(1, count))], 0
-    for piece, n in zip(pieces, costs):  # each in the unit its middle falls in
-        units[min(len(units) - 1, int((before + n / 2) // share))].append(piece)
-        before += n
-    return [unit for unit in units if unit]
+
+    def packed(most):  # (in order, each unit filled up to `most`)
+        units, cost = [[]], 0
+        for piece, n in zip(pieces, costs):
+            if units[-1] and cost + n > most:
+                units.append([])
+                cost = 0
+            units[-1].append(piece)
+            cost += n
+        return units
+
+    low, high = max(costs, default=0), sum(costs)  # the least `most` that needs no more than count units
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if len(packed(middle)) <= max(1, count) else (middle + 1, high)
+    return packed(low)
 
 
 def _compile_cost(definition):

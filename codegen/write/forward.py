@@ -29,10 +29,21 @@ class Forward(Statements):
                          else None)
                     if y is not None:
                         folded.add(id(h))
-                        epilogue = (self._epilogue(h.first), y)
+                        in_place = not conv and self._in_place(g, h)
+                        epilogue = (self._epilogue(h.first, in_place=in_place), y, in_place)
                         break
             statements += guarded(g, self.group(g, epilogue))
         return statements
+
+    def _in_place(self, g, h):
+        """Whether layer g's product may write its sums where activation h's results go, h then
+        applied there (its epilogue in place): when h alone reads g's results (each once), none
+        is read after the forward (an output, the loss), and h's derivative reads its results,
+        not its argument. g's results are then never stored: a store and a load less per value,
+        and their slots hold nothing (`data` shows them 0)."""
+        kept = {id(n) for n in self.program.read_after}
+        return ("{a}" not in h.first.op.grads[0]
+                and self._read_only_by(g.members, 1) and not any(id(n) in kept for n in g.members))
 
     def group(self, g, epilogue=None):
         """The statements computing group g's values (epilogue: see loops.layer, and a

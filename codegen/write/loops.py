@@ -219,6 +219,7 @@ class Matmul:
     out: object      # Affine: the group's gradients (go)
     epilogue: tuple = None  # (the C function, Affines of its y, a, o over the rows: fused_gradient)
     overwrite: bool = False  # the inputs' gradients are the sum from 0: no other contribution (Backward)
+    in_place: bool = False  # the sums go into the epilogue's y, which it finishes there (Backward._in_place)
 
     def in_loops(self, shape):
         """Its kernel call in a loop nest over shape."""
@@ -234,12 +235,13 @@ class Matmul:
         else:
             epilogue = dict(epilogue="NULL", y="NULL", y_k=0, a="NULL", a_k=0, o="NULL", o_k=0)
         joint = full_passes(shape, (wrt.start, weights.start, self.out, *laid))
-        product = call("matmul_acc", out=loop_start(wrt.start, last, wrt.offsets[0], grad=True),
-                       out_k=progression(wrt.offsets), w=loop_start(weights.start, last, weights.offsets[0]),
+        out = (dict(out=epilogue["y"], out_k=epilogue["y_k"]) if self.in_place else
+               dict(out=loop_start(wrt.start, last, wrt.offsets[0], grad=True), out_k=progression(wrt.offsets)))
+        product = call("matmul_acc", **out, w=loop_start(weights.start, last, weights.offsets[0]),
                        w_j=along_neurons(weights.start, shape), w_k=progression(weights.offsets),
                        go=loop_start(self.out, last, grad=True), go_j=along_neurons(self.out, shape),
                        J=neurons(shape), S=samples(shape, joint), K=len(wrt.offsets), **epilogue,
-                       overwrite=int(self.overwrite))
+                       overwrite=int(self.overwrite or self.in_place))
         return per_pass(shape, product, joint)
 
     @staticmethod
@@ -299,9 +301,10 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
     rows) moves with it and stays put over the neurons, each at a constant step along the list;
     at most one loose term: the bias, which stays put over the batch, or one that moves with it
     (a residual: `x + W h`, of 8 products or more: not a subtraction's `a + b * -1`), added
-    after the product. Else None. epilogue: (the C function, the
-    Affine of its results) of an activation the kernel applies to each row as it finishes it
-    (see fused_activation; not after a residual, which is added later: takes_epilogue)."""
+    after the product. Else None. epilogue: (the C function, the Affine of its results, whether
+    in place) of an activation the kernel applies to each row as it finishes it (see
+    fused_activation; not after a residual, which is added later: takes_epilogue); in place, the
+    product's sums go where the activation's results do (Forward._in_place)."""
     ops, shape = g.operands, g.shape
     if (g.first.kind != DOT or not shape or g.family or shape[-1] < LAYER_MIN_SAMPLES or not ops.a
             or ops.constants or ops.out.strides[-1] != 1 or (ops.terms and len(ops.terms.offsets) != 1)
@@ -322,7 +325,8 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
     joint = None if listed != "NULL" else full_passes(
         shape, (ops.out, weights.start, rows.start, *([] if residual or not ops.terms else [ops.terms.start]),
                 *([] if epilogue is None else [epilogue[1]])))
-    product = call("matmul_set", out=loop_start(ops.out, last), out_j=along_neurons(ops.out, shape), **bias,
+    out = epilogue[1] if epilogue is not None and epilogue[2] else ops.out  # (in place: Forward._in_place)
+    product = call("matmul_set", out=loop_start(out, last), out_j=along_neurons(out, shape), **bias,
                    w=loop_start(weights.start, last, weights.offsets[0]), w_j=along_neurons(weights.start, shape),
                    w_k=progression(weights.offsets), x=loop_start(rows.start, last, rows.offsets[0]),
                    x_k=progression(rows.offsets), J=neurons(shape), S=samples(shape, joint), K=len(weights.offsets),
@@ -380,7 +384,7 @@ def takes_epilogue(g):
 def _epilogue_arguments(epilogue, shape):
     if epilogue is None:
         return dict(epilogue="NULL", y="NULL", y_j=0)
-    function, y = epilogue
+    function, y, _ = epilogue
     return dict(epilogue=function, y=loop_start(y, kernel_loops(shape)), y_j=along_neurons(y, shape))
 
 

@@ -5,6 +5,8 @@ formula's placeholders, the operand an op that selects picks, a derivative times
 epilogues a layer kernel applies to its rows.
 """
 
+import collections
+
 from . import dtypes
 from .dtypes import c_literal
 from .kernels import call
@@ -13,12 +15,22 @@ from .tree import Assign
 
 
 class Statements:
+    _reads = None  # {id(node): times the program's forward reads it}, counted once (_read_only_by)
+
     def __init__(self, program, tables, dtype=dtypes.DEFAULT):
         """program: a types.Program or BatchedProgram; tables: its sides.SideTables; dtype: a
         dtypes.Dtype."""
         self.program = program
         self.tables = tables
         self.dtype = dtype
+
+    def _read_only_by(self, nodes, readers):
+        """Whether each of the nodes is read `readers` times in the program (its forward's groups),
+        its gradient its own (their contributions are then the reading group's, when every
+        member of that group, `readers` of them, reads each once)."""
+        if self._reads is None:
+            self._reads = collections.Counter(id(x) for g in self.program.forward for n in g.members for x in n.reads())
+        return all(self._reads[id(x)] == readers and not x.shares_grad for x in nodes)
 
     def _op_c(self, node, formula, names):
         """An op-table formula with its placeholders replaced by C expressions."""
@@ -68,17 +80,18 @@ class Statements:
         offset = f"{table}[{i}]" if table else f"{step} * {i}" if step != 1 else i
         return f"{'g' if grad else 'd'}[{slot_index(first, grad=grad)} + {offset}]"
 
-    def _epilogue(self, node, gradient=False, overwrite=False):
+    def _epilogue(self, node, gradient=False, overwrite=False, in_place=False):
         """The name of a C function (templates/epilogue.c, a templates/kernels/gemm.c Epilogue)
         applying node's op (one argument) to a row of values x: its value; or, with gradient, its
         gradient x times its derivative, added to its argument's gradient (with overwrite, added
         to 0 and written: the same bits as adding it to a cleared gradient, which nothing else
-        adds to)."""
+        adds to; with in_place, the row is y's own: its value, or its gradient times the
+        derivative, written there)."""
         names = {"a": "a[n]", "out": "o[n]", **({"k": c_literal(node.k, self.dtype)} if node.k is not None else {})}
-        if gradient and overwrite:
-            statement = Assign("y[n]", f"(real)0 + {self._times_local(node, 0, names, 'x[n]')}")
+        if gradient and (overwrite or in_place):
+            statement = Assign("y[n]", f"(real)0 + {self._times_local(node, 0, names, 'y[n]' if in_place else 'x[n]')}")
         elif gradient:
             statement = Assign("y[n]", self._times_local(node, 0, names, "x[n]"), "+=")
         else:
-            statement = Assign("y[n]", self._op_c(node, node.op.value, dict(names, a="x[n]")))
+            statement = Assign("y[n]", self._op_c(node, node.op.value, dict(names, a="y[n]" if in_place else "x[n]")))
         return self.tables.shared.epilogue(statement)
