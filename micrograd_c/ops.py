@@ -95,6 +95,7 @@ class Op:
     method: str = ""          # the Value method that applies it (x.relu(), x.max(y)): engine.py makes it from the row
     doc: str = ""             # that method's docstring
     row_kernel: str = ""      # a kernel of templates/kernels/kernels.h computing the value over a row (compiled loops)
+    in_products: str = ""     # matmul_set's parameter that applies it to a layer's sums as they are stored (in place)
     value_fn: object = field(init=False, repr=False, compare=False)
     grad_fns: tuple = field(init=False, repr=False, compare=False)
     pair_fn: object = field(init=False, repr=False, compare=False)  # value_fn of (a, b) alone, or None
@@ -133,7 +134,7 @@ _TABLE = [
     Op("pow", "**{k}", 1, "powk({a}, {k})", ("{k} * powk({a}, {k} - 1)",)),
     # a ** b with b a Value too (a > 0 for the gradient in b: log a)
     Op("vpow", "**", 2, "pow({a}, {b})", ("{b} * pow({a}, {b} - 1)", "{out} * log({a})")),
-    Op("relu", "ReLU", 1, "where({a} < 0, 0, {a})", ("positive({out})",), method="relu"),
+    Op("relu", "ReLU", 1, "where({a} < 0, 0, {a})", ("positive({out})",), method="relu", in_products="relu"),
     Op("tanh", "tanh", 1, "tanh({a})", ("1 - {out} * {out}",), method="tanh"),
     Op("sigmoid", "sigmoid", 1, "1 / (1 + exp(-{a}))", ("{out} * (1 - {out})",), method="sigmoid"),
     Op("exp", "exp", 1, "exp({a})", ("{out}",), method="exp", row_kernel="exp_range"),

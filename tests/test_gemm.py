@@ -5,7 +5,8 @@ gradients), at sizes that leave tails in every direction (rows after the last bl
 columns after the last pair of vectors and the last vector), with strides as the generated code
 passes them, over all input rows and over the list scan_rows makes of those that hold a nonzero
 (sparse inputs, a third of the rows zero; and a quarter of the gradient rows 0, which matmul_acc
-leaves out; matmul_set and matmul_acc with an epilogue, a ReLU and its gradient; matmul_nt
+leaves out; matmul_set and matmul_acc with an epilogue, a ReLU and its gradient, and matmul_set
+with relu, the ReLU of its sums as they are stored; matmul_nt
 stepping the weights); each variant of the micro-kernel built (the plain loops, AVX2's tile,
 AVX-512's: every build holds them all), those this CPU has run, forced in turn
 (gemm_forced_variant), with the sums in slices (gemm_forced_depth: 7 terms, the depth chosen for
@@ -34,8 +35,8 @@ static void relu_gradient_rows(const real *restrict x, real *restrict y, const r
                                const real *restrict o, long count)
 { (void)a; for (long n = 0; n < count; n++) y[n] += (o[n] > 0) * x[n]; }
 void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
-              const real *x, long x_k, long J, long S, long K, const int32_t *rows, real *y)
-{ matmul_set(out, out_j, bias, bias_j, w, w_j, w_k, x, x_k, J, S, K, rows, y ? relu_rows : 0, y, 128); }
+              const real *x, long x_k, long J, long S, long K, const int32_t *rows, real *y, int relu)
+{ matmul_set(out, out_j, bias, bias_j, w, w_j, w_k, x, x_k, J, S, K, rows, y ? relu_rows : 0, y, 128, relu); }
 void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
               long J, long S, long K, real *y, const real *o, int overwrite)
 { matmul_acc(out, out_k, w, w_j, w_k, go, go_j, J, S, K, y ? relu_gradient_rows : 0, y, 128, 0, 0, o, 128, overwrite); }
@@ -49,7 +50,7 @@ void call_force(int variant, long depth) { gemm_forced_variant = variant, gemm_f
 """
 DECLARATIONS = """
 void call_set(real *out, long out_j, const real *bias, long bias_j, const real *w, long w_j, long w_k,
-              const real *x, long x_k, long J, long S, long K, const int *rows, real *y);
+              const real *x, long x_k, long J, long S, long K, const int *rows, real *y, int relu);
 void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
               long J, long S, long K, real *y, const real *o, int overwrite);
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
@@ -136,13 +137,17 @@ def check(compiler, dtype, variant=None, depth=None, chunked=False):
         out, relu = np.zeros((J, 128), np_type), np.zeros((J, 128), np_type)
         bias_column = w[:, K:].copy()  # kept alive through the call (a temporary's memory could be reused)
         lib.call_set(ptr(out), 128, ptr(bias_column), 1, ptr(w), K + 1, 1, ptr(x), 128, J, S, K, rows,
-                     ptr(relu) if sparse else ffi.NULL)
+                     ptr(relu) if sparse else ffi.NULL, 0)
         expected = W @ X + bias[:, None]
         worst = max(worst, compare(out[:, :S], expected, rtol, "matmul_set", J, S, K, sparse))
         assert not out[:, S:].any()  # nothing past the batch
         if sparse:  # with an epilogue (a ReLU): applied to every row, exactly, and nothing past the batch
             np.testing.assert_array_equal(relu[:, :S], np.where(out[:, :S] < 0, 0, out[:, :S]))
             assert not relu[:, S:].any()
+        in_place = np.zeros((J, 128), np_type)  # with relu: the sums' ReLU, stored as such, exactly
+        lib.call_set(ptr(in_place), 128, ptr(bias_column), 1, ptr(w), K + 1, 1, ptr(x), 128, J, S, K, rows,
+                     ffi.NULL, 1)
+        np.testing.assert_array_equal(in_place, np.where(out < 0, 0, out))
         start = rng.standard_normal((K, 128)).astype(np_type)
         dx = start.copy()
         # with an epilogue (sparse cases): a ReLU's gradient, from its results x (a third of them 0)

@@ -221,9 +221,9 @@ def test_layer_over_a_batch_kernels(compiler, case):
     assert "dot_rows(g + " in source and ", 37, 6, g + " in source  # the second layer: 6 rows of 37
     assert "matmul_acc(g + " in source and ", 5, 37, 6, epilogue_" in source and ", 1, 37, 5, epilogue_" in source
     # forward: the hidden layers one matmul_set each (6 neurons of 3 inputs, 5 of 6) over 37
-    # samples, their ReLU its epilogue (the last neuron, with two loose terms, is a loop)
-    assert all(f", {shape}, NULL, epilogue_0, d + " in source for shape in ("6, 37, 3", "5, 37, 6"))
-    assert "y[n] = where(y[n] < 0, 0, y[n]);" in source  # (in place: test_activations_in_place)
+    # samples, their ReLU applied by the product as it stores the sums (matmul_set's relu: in
+    # place, test_activations_in_place; the last neuron, with two loose terms, is a loop)
+    assert all(f", {shape}, NULL, NULL, NULL, 0, 1);" in source for shape in ("6, 37, 3", "5, 37, 6"))
 
 
 IN_PLACE_CASES = ("relu", "tanh", "output", "read twice", "square")
@@ -262,7 +262,8 @@ def in_place_case(case):
 def test_activations_in_place(compiler, case):
     """A layer over a batch whose activation alone reads its sums, and whose derivative reads the
     activation's results, not its argument (ReLU, tanh), writes its sums where the activation's
-    results go and applies it there (Forward._in_place); in train()'s backward, which clears, the
+    results go and applies it there (Forward._in_place; a ReLU as matmul_set stores them, its
+    `relu`, tanh by its epilogue); in train()'s backward, which clears, the
     product of the next layer's inputs' gradients goes where the activation's argument's do, its
     epilogue multiplying there (Backward._in_place; for x ** 2 and an output too). Not in the forward where the
     sums are an output too, are read by the loss too, or the derivative reads them (x ** 2). Each
@@ -273,7 +274,8 @@ def test_activations_in_place(compiler, case):
     loss = build(params, inputs, outputs)
     source = "\n".join(codegen.generate(loss, inputs, params, outputs=outputs))
     # (the first layer's product, 6 neurons by 37 samples of 3 inputs; the second's inputs' gradients)
-    in_place = [re.search(r"matmul_set\((d \+ \d+), .*, 6, 37, 3, NULL, epilogue_\d+, \1, ", source) is not None,
+    in_place = [re.search(r"matmul_set\((d \+ \d+), .*, 6, 37, 3, NULL, (NULL, NULL, 0, 1|epilogue_\d+, \1, 37, 0)\);",
+                          source) is not None,
                 re.search(r"matmul_acc\((g \+ \d+), .*, 5, 37, 6, epilogue_\d+, \1, ", source) is not None]
     assert in_place == [case in ("relu", "tanh"), case != "read twice"], (case, in_place)
     nets = [codegen.compile(loss, inputs, params, outputs=outputs, compiler=compiler) for _ in range(2)]

@@ -30,7 +30,10 @@ class Forward(Statements):
                     if y is not None:
                         folded.add(id(h))
                         in_place = not conv and self._in_place(g, h)
-                        epilogue = (self._epilogue(h.first, in_place=in_place), y, in_place)
+                        if in_place and h.first.op.in_products:  # (the product applies it as it stores them)
+                            epilogue = (h.first.op.in_products, y, True)
+                        else:
+                            epilogue = (self._epilogue(h.first, in_place=in_place), y, in_place)
                         break
             statements += guarded(g, self.group(g, epilogue))
         return statements

@@ -304,7 +304,9 @@ def layer_over_batch(g, row_list=lambda rows: "NULL", epilogue=None):
     after the product. Else None. epilogue: (the C function, the Affine of its results, whether
     in place) of an activation the kernel applies to each row as it finishes it (see
     fused_activation; not after a residual, which is added later: takes_epilogue); in place, the
-    product's sums go where the activation's results do (Forward._in_place)."""
+    product's sums go where the activation's results do (Forward._in_place), and the function
+    may be matmul_set's own parameter instead (the op table's in_products: the kernel applies it
+    as it stores the sums)."""
     ops, shape = g.operands, g.shape
     if (g.first.kind != DOT or not shape or g.family or shape[-1] < LAYER_MIN_SAMPLES or not ops.a
             or ops.constants or ops.out.strides[-1] != 1 or (ops.terms and len(ops.terms.offsets) != 1)
@@ -382,10 +384,13 @@ def takes_epilogue(g):
 
 
 def _epilogue_arguments(epilogue, shape):
+    none = dict(epilogue="NULL", y="NULL", y_j=0, relu=0)
     if epilogue is None:
-        return dict(epilogue="NULL", y="NULL", y_j=0)
-    function, y, _ = epilogue
-    return dict(epilogue=function, y=loop_start(y, kernel_loops(shape)), y_j=along_neurons(y, shape))
+        return none
+    function, y, in_place = epilogue
+    if in_place and function in none:  # (an op's in_products: matmul_set's own parameter)
+        return dict(none, **{function: 1})
+    return dict(none, epilogue=function, y=loop_start(y, kernel_loops(shape)), y_j=along_neurons(y, shape))
 
 
 def fused_activation(g, h):

@@ -62,6 +62,7 @@ typedef struct {
     real *step;            /* 0, or parameters laid out as C: step[...] -= rate * sum instead of C = sum */
     real rate;
     int clear;             /* with step: C (which held part of the sums) back to 0 */
+    int relu;              /* C's final sums stored as their ReLU (GEMM_RELU), in the registers that hold them */
     unsigned long product; /* gemm()'s call, for the threads' packed B (gemm_packed); 0: not packed */
     long rows;             /* and its rows (M) */
 } GemmArgs;
@@ -72,6 +73,13 @@ typedef struct {
         for (long r_ = (i); r_ < (i) + (count); r_++)                                              \
             (g)->epilogue((g)->C + r_ * (g)->c_i, (g)->y + r_ * (g)->y_i,                          \
                           (g)->arg ? (g)->arg + r_ * (g)->arg_i : 0, (g)->res ? (g)->res + r_ * (g)->res_i : 0, (g)->N);
+
+/* The op table's ReLU, where(x < 0, 0, x) (micrograd_c/ops.py), of a sum as it is stored: the
+ * same bits as the epilogue's pass over the stored row (-0 and NaN kept), without that pass;
+ * GEMM_RELU_VECTOR for each lane of a vector of GCC's and Clang's extension (a comparison's lanes
+ * are all ones where true). matmul_set's `relu`. */
+#define GEMM_RELU(x) ((x) < 0 ? 0 : (x))
+#define GEMM_RELU_VECTOR(x) ((__typeof__(x))((__typeof__((x) < (x)))(x) & ~((x) < (__typeof__(x)){0})))
 
 /* the initial value of row i's sums */
 #define GEMM_INIT(g, i) ((g)->accumulate ? 0 : (g)->bias ? (g)->bias[(i) * (g)->bias_i] : (real)0)
@@ -97,6 +105,8 @@ static void gemm_rows_plain(const GemmArgs *g, long first, long last)
                 c[n] = 0;
             }
         }
+        for (long n = 0; g->relu && n < g->N; n++)
+            c[n] = GEMM_RELU(c[n]);
         GEMM_EPILOGUE(g, i, 1)
     }
 }
@@ -292,7 +302,10 @@ static real *gemm_packed_panels(const GemmArgs *g, int *fill)
 #define GEMM_LOAD_C_PART(r, v) s##r##_##v = GEMM_PART_LOAD(c + r * c_i + n + v * V, rest - v * V);
 #define GEMM_LOAD_B_PART(_, v) const vec b##v = GEMM_PART_LOAD(B + p * b_p + n + v * V, rest - v * V);
 #define GEMM_STORE_PART(r, VECS) VECS(GEMM_STORE_PART_VECTOR, r)
-#define GEMM_STORE_PART_VECTOR(r, v) GEMM_PART_STORE(c + r * c_i + n + v * V, rest - v * V, s##r##_##v);
+#define GEMM_STORE_PART_VECTOR(r, v)                                                               \
+    if (g->relu)                                                                                   \
+        s##r##_##v = GEMM_RELU_VECTOR(s##r##_##v);                                                 \
+    GEMM_PART_STORE(c + r * c_i + n + v * V, rest - v * V, s##r##_##v);
 /* the sum's loop over p, written twice: the dense one counts, the listed one reads the list (t
  * counts its terms, q is A's: t in the panel, p in A) */
 #define GEMM_OVER_P(...)                                                                           \
@@ -363,6 +376,8 @@ static real *gemm_packed_panels(const GemmArgs *g, int *fill)
         if (g->clear)                                                                              \
             memset(c + (at), 0, sizeof w0);                                                        \
     } else {                                                                                       \
+        if (g->relu)                                                                               \
+            (sum) = GEMM_RELU_VECTOR(sum);                                                         \
         memcpy(c + (at), &(sum), sizeof(sum));                                                     \
     }
 #define GEMM_STORE_SCALAR(r, _)                                                                    \
@@ -371,7 +386,7 @@ static real *gemm_packed_panels(const GemmArgs *g, int *fill)
         if (g->clear)                                                                              \
             c[r * c_i + n] = 0;                                                                    \
     } else {                                                                                       \
-        c[r * c_i + n] = t##r;                                                                     \
+        c[r * c_i + n] = g->relu ? GEMM_RELU(t##r) : t##r;                                         \
     }
 
 /* The tiles: as many accumulators as the registers hold with B's vectors and A's broadcast
@@ -593,7 +608,7 @@ static void gemm_sliced(GemmRows kernel, const GemmArgs *g, long first, long las
         slice.accumulate = first_slice ? g->accumulate : 1;
         slice.clear = g->clear || !first_slice;
         if (!last_slice)
-            slice.step = 0, slice.epilogue = 0;
+            slice.step = 0, slice.epilogue = 0, slice.relu = 0;
         kernel(&slice, first, last);
     }
 }
@@ -661,14 +676,15 @@ KERNEL void scan_rows(const real *restrict x, long stride, long nb, long n, int3
 /* out[j * out_j + s] = bias[j * bias_j] + sum over k < K of w[j * w_j + k * w_k] * x[k * x_k + s],
  * for j < J and s < S (bias 0: no bias), over the listed k only (rows: see above): a layer's J
  * neurons over a batch of S (x: its K inputs' rows); with an epilogue f (else 0), also
- * y[j * y_j + s] = f(out[j * out_j + s]): the layer's activation. */
+ * y[j * y_j + s] = f(out[j * out_j + s]): the layer's activation; with relu, out is the sums'
+ * ReLU instead (an activation in place, applied as they are stored). */
 PRODUCT void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
                        const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
-                       long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j)
+                       long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j, int relu)
 {
     const GemmArgs g = {.C = out, .A = w, .B = x, .bias = bias, .c_i = out_j, .a_i = w_j, .a_p = w_k, .b_p = x_k,
                         .bias_i = bias_j, .N = S, .P = LISTED_COUNT(rows, K), .p_list = LISTED_INDEX(rows),
-                        .epilogue = epilogue, .y = y, .y_i = y_j};
+                        .epilogue = epilogue, .y = y, .y_i = y_j, .relu = relu};
     gemm(&g, J);
 }
 

@@ -44,7 +44,7 @@ KERNEL void matvec(real *restrict out, long out_j, const real *restrict bias, lo
                    const int32_t *restrict nz);
 KERNEL void matmul_set(real *restrict out, long out_j, const real *restrict bias, long bias_j,
                        const real *restrict w, long w_j, long w_k, const real *restrict x, long x_k,
-                       long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j);
+                       long J, long S, long K, const int32_t *rows, Epilogue epilogue, real *y, long y_j, int relu);
 KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
                        const real *restrict go, long go_j, long J, long S, long K, Epilogue epilogue, real *y,
                        long y_k, const real *a, long a_k, const real *o, long o_k, int overwrite);
