@@ -265,7 +265,7 @@ def test_activations_in_place(compiler, case):
     results go and applies it there (Forward._in_place; a ReLU as matmul_set stores them, its
     `relu`, tanh by its epilogue); in train()'s backward, which clears, the
     product of the next layer's inputs' gradients goes where the activation's argument's do, its
-    epilogue multiplying there (Backward._in_place; for x ** 2 and an output too). Not in the forward where the
+    epilogue multiplying there (Backward._products; for x ** 2 and an output too). Not in the forward where the
     sums are an output too, are read by the loss too, or the derivative reads them (x ** 2). Each
     equals the interpreter (the step API), and train() equals the step API's loop, bit for bit."""
     build, init, rows = in_place_case(case)

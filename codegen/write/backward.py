@@ -226,17 +226,6 @@ class Backward(Statements):
         return (isinstance(mode, Plain) and not mode.clears and self.tables.stepped is not None
                 and len(g.shape) == 2)
 
-    def _in_place(self, inputs, shape, activation):
-        """Whether a layer's inputs' gradients (the product's sums), the activation's results'
-        whose gradient it finishes as its epilogue, need not be written: in a backward that
-        clears (every gradient 0 before it), when only the product adds to them (each input read
-        by the layer's neurons alone) and only the epilogue to its argument's (read by the
-        activation alone), the sums go into the argument's gradient and the epilogue multiplies
-        them there by the derivative: the same bits, without a store and a clear of the inputs'
-        gradients and a load of the argument's."""
-        return (self._read_only_by(inputs, neurons(shape))
-                and self._read_only_by([x for m in activation.members for x in m.args], 1))
-
     def _overwritten(self, rows, count):
         """Whether the `count` rows that a product or its epilogue writes (`rows`: an Affine over
         them, by the batch) lie a batch buffer's row apart, the runtime's unit of clearing: then
@@ -250,21 +239,28 @@ class Backward(Statements):
     def _products(self, wrt, other, factors, go, out, shape=(), activation=None, overwrites=False, clears=False):
         """Factor list `wrt` of a dot gets go times the other list's values (a product in one call
         writes the gradients only it adds to, where `overwrites`: _overwrites; or, in a backward
-        that `clears`, the activation's argument's gradient at once: _in_place)."""
+        that `clears`, the activation's argument's gradient at once: in_place below)."""
         needs = [f.needs_grad for f in factors]
         if not any(needs):
             return []
         n = wrt.n
         if all(needs) and not any(f.sgd_fused for f in factors) and Matmul.fits(shape, wrt, other, out):
             laid = fused_gradient(wrt, shape, activation) if activation is not None else None
+            # (only the epilogue adds to the activation's argument's gradient: it reads nothing else)
+            alone = laid is not None and self._read_only_by([x for m in activation.members for x in m.args], 1)
             overwrite = written = False  # (the product's rows, the epilogue's)
             if overwrites:  # (shape: the neurons, every one reading each input once, by the batch)
                 rows = type(wrt.start)(wrt.start.base + wrt.offsets[0], (progression(wrt.offsets), 1))
                 overwrite = (wrt.start.grad_base is None and self._read_only_by(factors, shape[0])
                              and self._overwritten(rows, len(wrt.offsets)))
-                written = (laid is not None and self._read_only_by([x for m in activation.members for x in m.args], 1)
-                           and self._overwritten(laid[0], len(wrt.offsets)))
-            in_place = clears and laid is not None and self._in_place(factors, shape, activation)
+                written = alone and self._overwritten(laid[0], len(wrt.offsets))
+            # In a backward that clears (every gradient 0 before it), where only the product adds
+            # to the inputs' gradients (the activation's results', each read by the layer's
+            # neurons alone) and only the epilogue to its argument's, the sums go into the
+            # argument's gradient and the epilogue multiplies them there by the derivative: the
+            # same bits, without a store and a clear of the inputs' gradients and a load of the
+            # argument's.
+            in_place = clears and alone and self._read_only_by(factors, neurons(shape))
             epilogue = None if laid is None else (self._epilogue(activation.first, gradient=True, overwrite=written,
                                                                  in_place=in_place), *laid)
             return [Contribution(False, Matmul(wrt, other, out, epilogue, overwrite, in_place))]

@@ -219,7 +219,7 @@ class Matmul:
     out: object      # Affine: the group's gradients (go)
     epilogue: tuple = None  # (the C function, Affines of its y, a, o over the rows: fused_gradient)
     overwrite: bool = False  # the inputs' gradients are the sum from 0: no other contribution (Backward)
-    in_place: bool = False  # the sums go into the epilogue's y, which it finishes there (Backward._in_place)
+    in_place: bool = False  # the sums go into the epilogue's y, which it finishes there (Backward._products)
 
     def in_loops(self, shape):
         """Its kernel call in a loop nest over shape."""
