@@ -182,9 +182,13 @@ static inline void add_short(real *y, real alpha, long n)
 /* A product's rows run on the module's threads (templates/pool.c, defined in the module's own
  * unit); exported C (codegen.export: no Python, perhaps no libc) runs them in the caller. */
 typedef void (*RowTask)(void *args, long first, long last);
+/* rows [first, last) of a product's part `part` of `parts` (parallel_pipeline) */
+typedef void (*PartTask)(void *args, long first, long last, int part, int parts);
 #if HAVE_THREAD_POOL
 SHARED void parallel_rows(RowTask task, void *args, long rows, long align);
 SHARED void parallel_shares(RowTask task, void *args, long rows, long align);
+SHARED void parallel_pipeline(PartTask task, void *args, long rows, long align, long terms, long terms_align);
+SHARED void parallel_share(long rows, long align, int part, int parts, long *first, long *last);
 SHARED int pool_parts(void); /* the threads a product runs on */
 #else
 static int pool_parts(void)
@@ -198,6 +202,18 @@ static void parallel_rows(RowTask task, void *args, long rows, long align)
     task(args, 0, rows);
 }
 #define parallel_shares parallel_rows
+
+static void parallel_pipeline(PartTask task, void *args, long rows, long align, long terms, long terms_align)
+{
+    (void)align, (void)terms, (void)terms_align;
+    task(args, 0, rows, 0, 1);
+}
+
+static void parallel_share(long rows, long align, int part, int parts, long *first, long *last)
+{
+    (void)align, (void)part, (void)parts;
+    *first = 0, *last = rows;
+}
 #endif
 
 /* The vector instructions this CPU runs, asked once (CPUID, and XGETBV for the OS saving the

@@ -108,17 +108,21 @@ def test_batches_bigger_than_the_buffers_and_predict(compiler):
         assert_close(np.asarray(batched.predict(X))[i], single.outputs(), "float64")
 
 
-def test_the_same_bits_with_any_number_of_threads():
-    """The products split their rows between threads, never a sum: 1, 2 and 3 threads give the
-    same parameters and predictions bit for bit (a model big enough for the products to be split:
-    the first layer's 1.3 M multiply-adds a batch, over gemm.c's GEMM_PARALLEL_MIN)."""
-    case = classifier(n_in=128, hidden=(160, 40), n_classes=10)
-    X, y = data(300, 128, 10)
+@pytest.mark.parametrize("n_in, hidden, batch_size", [(128, (160, 40), 64), (64, (96, 384), 32)])
+def test_the_same_bits_with_any_number_of_threads(n_in, hidden, batch_size):
+    """The products split their rows between threads, or a sum in parts continued in order: 1, 2
+    and 3 threads give the same parameters and predictions bit for bit (models big enough for
+    the products to be split, over gemm.c's GEMM_PARALLEL_MIN: the first layer's 1.3 M
+    multiply-adds a batch; and a second layer of 384 neurons over batches of 32, whose inputs'
+    gradients sum over the neurons in parts, one a thread (gemm.c's GEMM_PIPELINE_COLUMNS), the
+    last batch of 12)."""
+    case = classifier(n_in=n_in, hidden=hidden, n_classes=10)
+    X, y = data(300, n_in, 10)
     results = []
     for threads in (1, 2, 3):
         net = twins(case=case, threads=threads)[0]
         assert net.threads() == threads
-        net.train(X, y, 0.05, batch_size=64, seed=1)
+        net.train(X, y, 0.05, batch_size=batch_size, seed=1)
         results.append((np.asarray(net.params).copy(), np.asarray(net.predict(X, threads=threads)).copy()))
     for params, predictions in results[1:]:
         np.testing.assert_array_equal(params, results[0][0])

@@ -63,7 +63,8 @@ void call_force(int variant, long depth);
 DTYPES = {"float64": ("double", np.float64, 1e-12), "float32": ("float", np.float32, 2e-5)}
 # (neurons J, samples S, inputs K): tails of rows, vectors and columns (the last vector loaded
 # and stored in part); one of each size 1; a projection over 7 positions (microgpt)
-SIZES = [(13, 37, 29), (6, 64, 8), (1, 1, 1), (7, 5, 3), (25, 128, 70), (100, 33, 150), (140, 40, 9), (48, 7, 16)]
+SIZES = [(13, 37, 29), (6, 64, 8), (1, 1, 1), (7, 5, 3), (25, 128, 70), (100, 33, 150), (140, 40, 9), (48, 7, 16),
+         (150, 9, 40)]
 
 
 # gemm.c's table of variants when built without -march=native (each width, chosen when it runs)
@@ -76,7 +77,8 @@ ONE_PIECE = 1 << 30  # a depth that no sum is sliced at
 # (templates/kernels/gemm.c's gemm_packed) where a slice fits 4,096 values and the product has
 # 6 rows, so that some sizes are packed and others not, and the chunks after the first read the
 # panels the first packed; the weights' gradients (parallel_shares) in two shares of rows, the
-# second first.
+# second first; the inputs' gradients of a batch of at most J / 8 (parallel_pipeline) in three
+# parts of the neurons' rows on each chunk, the last chunk first.
 CHUNKED = """#define HAVE_THREAD_POOL 1
 #define GEMM_PARALLEL_MIN 0
 #define GEMM_PACK_B 4096
@@ -88,6 +90,12 @@ SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
 SHARED void parallel_shares(RowTask task, void *args, long rows, long align)
 { long half = (rows + 2 * align - 1) / (2 * align) * align; half = half < rows ? half : rows; task(args, half, rows); task(args, 0, half); }
 SHARED int pool_parts(void) { return 1; }
+SHARED void parallel_share(long rows, long align, int part, int parts, long *first, long *last)
+{ long blocks = (rows + align - 1) / align; *first = blocks * part / parts * align; *last = blocks * (part + 1) / parts * align;
+  *first = *first < rows ? *first : rows; *last = *last < rows ? *last : rows; }
+SHARED void parallel_pipeline(PartTask task, void *args, long rows, long align, long terms, long terms_align)
+{ (void)terms, (void)terms_align; for (long first = (rows - 1) / align * align; first >= 0; first -= align)
+  for (int part = 0; part < 3; part++) task(args, first, first + align < rows ? first + align : rows, part, 3); }
 """
 
 
