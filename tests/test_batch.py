@@ -5,6 +5,7 @@ float32, each kind of optimizer, a last short batch, batches bigger than the buf
 bits with any number of threads; a graph without a batched form falls back and says so."""
 
 import random
+import re
 import types
 
 import numpy as np
@@ -176,6 +177,37 @@ def test_products_write_the_gradients_only_they_add_to(compiler, dtype, tmp_path
             runs[label] = (np.asarray(net.params).copy(), losses)
         for got, expected in zip(runs["written"], runs["added"]):
             np.testing.assert_array_equal(bits(got), bits(expected), err_msg=name)
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(DTYPES)), indirect=["compiler"])
+def test_biases_gradients_in_the_weights_product(compiler, dtype, tmp_path, monkeypatch):
+    """A layer's biases' gradients over a batch (each a sum of its neuron's gradient row) are
+    summed by the layer's weights' gradients' product (matmul_nt's bias, on the thread that reads
+    those rows) instead of in a loop of their own: each layer's call names its biases' gradients
+    (the slot after its weights' row), no sum of a gradient row is left in the code, and training
+    gives the bits of the loop's form (backward.Backward._bias_in_product off)."""
+    from codegen.write import backward
+    folded = backward.Backward.__dict__["_bias_in_product"]  # (the staticmethod)
+    model, xs, ys, logits, loss = classifier(n_in=20, hidden=(24, 16))  # (layers of 16 inputs and more)
+    init = [p.data for p in model.parameters()]
+    source = "\n".join(codegen.generate(loss, xs + ys, model.parameters(), outputs=logits, dtype=dtype))
+    calls = [c.split(", ") for c in re.findall(r"matmul_nt\((g \+ .*)\);", source)]
+    assert len(calls) == 3 and "sum_range(g + " not in source
+    for out, out_j, *_, K, S, rows, w, rate, bias, bias_j in calls:  # (out is "g + <the weights' row>")
+        assert (bias, bias_j) == (f"g + {int(out.split(' + ')[1]) + int(K)}", out_j)
+    X, y = data(70, n_in=20)
+    runs = {}
+    for label in ("folded", "loop"):
+        monkeypatch.setattr(backward.Backward, "_bias_in_product", folded if label == "folded"
+                            else staticmethod(lambda terms, products, shape, mode: terms + products))
+        for p, v in zip(model.parameters(), init):
+            p.data = v
+        net = codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler=compiler, dtype=dtype,
+                              cache=seeded_cache(tmp_path / label, compiler, dtypes=(dtype,)))
+        losses = np.array([net.train(X, y, 0.1, batch_size=16, seed=epoch) for epoch in range(2)], dtype=np.float64)
+        runs[label] = (np.asarray(net.params).copy(), losses)
+    for got, expected in zip(runs["folded"], runs["loop"]):
+        np.testing.assert_array_equal(bits(got), bits(expected))
 
 
 def test_threads_option_checks_its_value():

@@ -6,7 +6,7 @@ columns after the last pair of vectors and the last vector), with strides as the
 passes them, over all input rows and over the list scan_rows makes of those that hold a nonzero
 (sparse inputs, a third of the rows zero; and a quarter of the gradient rows 0, which matmul_acc
 leaves out; matmul_set and matmul_acc with an epilogue, a ReLU and its gradient, and matmul_set
-with relu, the ReLU of its sums as they are stored; matmul_nt
+with relu, the ReLU of its sums as they are stored; matmul_nt with the biases' gradients, and
 stepping the weights); each variant of the micro-kernel built (the plain loops, AVX2's tile,
 AVX-512's: every build holds them all), those this CPU has run, forced in turn
 (gemm_forced_variant), with the sums in slices (gemm_forced_depth: 7 terms, the depth chosen for
@@ -41,8 +41,9 @@ void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const re
               long J, long S, long K, real *y, const real *o, int overwrite)
 { matmul_acc(out, out_k, w, w_j, w_k, go, go_j, J, S, K, y ? relu_gradient_rows : 0, y, 128, 0, 0, o, 128, overwrite); }
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
-             const int32_t *rows, real *w, real rate)
-{ matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S, rows, w, rate); }
+             const int32_t *rows, real *w, real rate, real *bias)
+{ matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S, rows, w, rate, bias, out_j); }
+real call_sum(const real *x, long n) { return sum_range(x, n); }
 void call_scan(const real *x, long stride, long nb, long n, int32_t *list) { scan_rows(x, stride, nb, n, list); }
 void call_transpose(const real *x, long x_k, long n, long p, real *xt) { gemm_transpose(x, x_k, n, p, xt); }
 const char *call_variant(void) { return gemm_variant()->name; }
@@ -54,7 +55,8 @@ void call_set(real *out, long out_j, const real *bias, long bias_j, const real *
 void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const real *go, long go_j,
               long J, long S, long K, real *y, const real *o, int overwrite);
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
-             const int *rows, real *w, real rate);
+             const int *rows, real *w, real rate, real *bias);
+real call_sum(const real *x, long n);
 void call_scan(const real *x, long stride, long nb, long n, int *list);
 void call_transpose(const real *x, long x_k, long n, long p, real *xt);
 const char *call_variant(void);
@@ -182,15 +184,18 @@ def check(compiler, dtype, variant=None, depth=None, chunked=False):
         assert not silent[:, :S].any() and not np.signbit(silent[:, :S]).any()
         dw = rng.standard_normal((J, K + 1)).astype(np_type)
         before = dw.copy()
-        lib.call_nt(ptr(dw), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows, ffi.NULL, 0)
+        # with the biases' gradients (the column after the weights'): each row's sum_range added
+        lib.call_nt(ptr(dw), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows, ffi.NULL, 0, ptr(dw[:, K:]))
         worst = max(worst, compare(dw[:, :K], before[:, :K] + G @ X.T, rtol, "matmul_nt", J, S, K, sparse))
-        np.testing.assert_array_equal(dw[:, K], before[:, K])  # the bias column untouched
+        worst = max(worst, compare(dw[:, K], before[:, K] + G.sum(axis=1), rtol, "matmul_nt's bias", J, S, K, sparse))
+        sums = np.array([lib.call_sum(ptr(go[j]), S) for j in range(J)], np_type)
+        np.testing.assert_array_equal(dw[:, K], before[:, K] + sums)
         if sparse:  # an unlisted row adds nothing to its weights' gradients
             np.testing.assert_array_equal(dw[:, :K:3], before[:, :K:3])
         # stepping the weights instead (SGD after a batch, from zero gradients), in pieces of 32
         # samples (HAVE_THREAD_POOL 0; 128 chunked): the gradients stay (or end) 0
         weights, zero = w.copy(), np.zeros((J, K + 1), np_type)
-        lib.call_nt(ptr(zero), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows, ptr(weights), 0.25)
+        lib.call_nt(ptr(zero), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows, ptr(weights), 0.25, ffi.NULL)
         worst = max(worst, compare(weights[:, :K], W - 0.25 * (G @ X.T), rtol, "matmul_nt stepping", J, S, K, sparse))
         np.testing.assert_array_equal(weights[:, K], w[:, K])
         assert not zero.any()

@@ -173,13 +173,14 @@ class Backward(Statements):
         conv = convolution(g) if isinstance(mode, Plain) else None
         if conv:
             return conv.backward(node, self.tables.offsets) + self._cleared(g, mode), None
-        go, contributions = "go", []
+        go, terms, products = "go", [], []
         if ops.terms:
-            contributions += self._terms(ops.terms, [node.args[i] for i in ops.term_positions], go, ops.out)
+            terms = self._terms(ops.terms, [node.args[i] for i in ops.term_positions], go, ops.out)
         if ops.a:
             for wrt, other, factors in ((ops.b, ops.a, node.b), (ops.a, ops.b, node.a)):
-                contributions += self._products(wrt, other, factors, go, ops.out, g.shape, activation,
-                                                self._overwrites(mode, g), mode.clears)
+                products += self._products(wrt, other, factors, go, ops.out, g.shape, activation,
+                                           self._overwrites(mode, g), mode.clears)
+        contributions = self._bias_in_product(terms, products, g.shape, mode)
         if isinstance(mode, Plain) and contributions and all(c.lanes for c in contributions):
             lanes = [c.lanes for c in contributions]  # (no innermost loop: no `go` read in it)
             calls = [nest(g.shape[:-1], lanes, braced=len(lanes) > 1)] if len(g.shape) > 1 else lanes
@@ -197,6 +198,22 @@ class Backward(Statements):
         statements = loop_nest(g.shape, [ReadGradient(out_grad), *grads, *updates, *self._clear(g, mode)], dots=not updates,
                                unless_zero=unless_zero)
         return body.snapshots + (statements if g.shape else [Block(tuple(statements), inline=True)]), folded
+
+    @staticmethod
+    def _bias_in_product(terms, products, shape, mode):
+        """The contributions of a group's loose terms and products, a layer's bias's (one term a
+        neuron, its gradient summed over the batch) given to the layer's weights' gradients'
+        product (matmul_nt's bias): summed there by the thread that reads those gradient rows,
+        instead of in a loop on the caller's (the same sum_range, the same bits)."""
+        weights = [c for c in products if isinstance(c.accumulate, WeightGradient)]
+        if not (isinstance(mode, Plain) and len(shape) == 2 and len(terms) == 1 and len(weights) == 1):
+            return terms + products
+        term, product = terms[0].accumulate, weights[0].accumulate
+        if not (isinstance(term, Accumulate) and term.product == (product.out, None, 0)
+                and term.target.strides[-1] == 0):
+            return terms + products
+        folded = Contribution(False, dataclasses.replace(product, bias=term))
+        return [folded if c is weights[0] else c for c in products]
 
     def _terms(self, v, nodes, go, out):
         """Loose terms of a sum: each gets the sum's gradient."""

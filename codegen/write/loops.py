@@ -265,6 +265,7 @@ class WeightGradient:
     out: object     # Affine: the group's gradients (go)
     rows: str = "NULL"  # C: the list of the inputs' rows that hold a nonzero (sparse inputs), or NULL
     step: bool = False  # the batched program's SGD step on these weights, when `rate` is not 0
+    bias: object = None  # Accumulate: the layer's biases' gradients, `g[bias] += go` over the batch, or None
 
     def in_loops(self, shape):
         """Its kernel call in a loop nest over shape."""
@@ -272,12 +273,14 @@ class WeightGradient:
         wrt, x = self.wrt, self.inputs
         step = (dict(w=f"rate ? {loop_start(wrt.start, last, wrt.offsets[0])} : NULL", rate="rate") if self.step
                 else dict(w="NULL", rate=0))
+        bias = (dict(bias=loop_start(self.bias.target, last, self.bias.offset, grad=True),
+                     bias_j=along_neurons(self.bias.target, shape)) if self.bias else dict(bias="NULL", bias_j=0))
         joint = None if self.step or self.rows != "NULL" else full_passes(shape, (wrt.start, x.start, self.out))
         product = call("matmul_nt", out=loop_start(wrt.start, last, wrt.offsets[0], grad=True),
                        out_j=along_neurons(wrt.start, shape), go=loop_start(self.out, last, grad=True),
                        go_j=along_neurons(self.out, shape), x=loop_start(x.start, last, x.offsets[0]),
                        x_k=progression(x.offsets), J=neurons(shape), K=len(wrt.offsets), S=samples(shape, joint),
-                       rows=self.rows, **step)
+                       rows=self.rows, **step, **bias)
         return per_pass(shape, product, joint)
 
     def weights(self, shape):
