@@ -597,27 +597,89 @@ static void gradient_batches(State *st, const Samples *s, double *loss_sum)
     memcpy(st->g, st->bg, MODEL.n_params * sizeof(real));
 }
 
-/* predict_rows over pieces of BATCH_CAPACITY rows. */
-static int predict_batches(State *st, const Samples *s, real *restrict out, PyThreadState **save)
+/* predict_rows's passes side by side: each of the module's threads runs whole passes of
+ * BATCH_CAPACITY rows (every product of a pass on that thread) on a set of batch buffers of its
+ * own, instead of every pass's products split between the threads by their rows. A layer's
+ * results are the next one's inputs: split by rows, each thread read the half the other core
+ * had written (a cache line between the cores takes ~120 ns on an Intel Xeon VM), and the
+ * second layer of MNIST's MLP(784, [512, 256, 10]) ran 1.68x faster on 2 threads than on 1.
+ * The weights, read only, are in both cores' caches. The passes are the same rows whichever
+ * thread runs them, so the outputs are the same bits with any count. */
+typedef struct {
+    State *st;
+    const Samples *s;
+    real *out;
+    Py_ssize_t first, count; /* this round's rows */
+    pthread_mutex_t lock;    /* guards the fields below */
+    int busy[POOL_MAX], fresh[POOL_MAX]; /* a set in use; its parameters copied in for this call */
+} PredictArgs;
+
+/* Passes [first, last) of a round, on a set of batch buffers of this thread's. */
+static void predict_passes(void *args, long first, long last)
 {
-    real *d = st->bd;
-    double next_check = now_ms() + SIGNAL_CHECK_MS;
+    PredictArgs *a = (PredictArgs *)args;
+    State *st = a->st;
+    pthread_mutex_lock(&a->lock);
+    int set = 0;
+    while (a->busy[set]) /* (as many sets as threads run this) */
+        set++;
+    a->busy[set] = 1;
+    pthread_mutex_unlock(&a->lock);
+    real *d = set ? st->piece_d[set] : st->bd;
+    if (!a->fresh[set]) {
+        memcpy(d, st->bd, MODEL.n_params * sizeof(real));
+        a->fresh[set] = 1;
+    }
     Py_ssize_t rows[MODEL.batch_capacity];
-    int interrupted = 0;
-    memcpy(d, st->d, MODEL.n_params * sizeof(real));
-    pool_hold(1);
-    for (Py_ssize_t first = 0; first < s->n && !interrupted; first += MODEL.batch_capacity) {
-        const long nb = s->n - first < MODEL.batch_capacity ? (long)(s->n - first) : MODEL.batch_capacity;
+    for (long pass = first; pass < last; pass++) {
+        const Py_ssize_t at = a->first + pass * MODEL.batch_capacity;
+        const long nb = a->first + a->count - at < MODEL.batch_capacity ? (long)(a->first + a->count - at)
+                                                                         : MODEL.batch_capacity;
         for (long b = 0; b < nb; b++)
-            rows[b] = first + b;
-        load_batch(s, rows, nb, st->d + MODEL.input_base, d);
+            rows[b] = at + b;
+        load_batch(a->s, rows, nb, st->d + MODEL.input_base, d);
         all_positions(d, MODEL.batch_positions_slot);
         all_active(d, nb);
         MODEL.scan_batch_rows(d, nb);
         MODEL.forward_outputs_batch(d, nb);
         for (long b = 0; b < nb; b++)
             for (int j = 0; j < MODEL.n_outputs; j++)
-                out[(first + b) * MODEL.n_outputs + j] = d[MODEL.batch_output_slots[j] + b];
+                a->out[(at + b) * MODEL.n_outputs + j] = d[MODEL.batch_output_slots[j] + b];
+    }
+    pthread_mutex_lock(&a->lock);
+    a->busy[set] = 0;
+    pthread_mutex_unlock(&a->lock);
+}
+
+/* passes a round of predict_batches takes a thread (between two checks for a signal) */
+#define PREDICT_ROUND_PASSES 8
+
+/* predict_rows over passes of BATCH_CAPACITY rows, side by side on the module's threads
+ * (predict_passes; one after another, each pass's products on every thread, when there is one
+ * pass, one thread, or no memory for the threads' buffers). */
+static int predict_batches(State *st, const Samples *s, real *restrict out, PyThreadState **save)
+{
+    double next_check = now_ms() + SIGNAL_CHECK_MS;
+    int interrupted = 0;
+    memcpy(st->bd, st->d, MODEL.n_params * sizeof(real));
+    const long passes = (long)((s->n + MODEL.batch_capacity - 1) / MODEL.batch_capacity);
+    const int threads = pool_parts() < passes ? pool_parts() : (int)passes;
+    int sets = 1; /* a set for each thread that runs them */
+    while (sets < threads && (st->piece_d[sets] || new_batch_set(&st->piece_d[sets], &st->piece_g[sets]) == 0))
+        sets++;
+    const int side_by_side = threads > 1 && sets == threads;
+    const Py_ssize_t round = (Py_ssize_t)MODEL.batch_capacity * (side_by_side ? PREDICT_ROUND_PASSES * threads : 1);
+    PredictArgs a = {st, s, out, 0, 0, PTHREAD_MUTEX_INITIALIZER};
+    a.fresh[0] = 1;
+    pool_hold(1);
+    for (Py_ssize_t first = 0; first < s->n && !interrupted; first += round) {
+        a.first = first;
+        a.count = s->n - first < round ? s->n - first : round;
+        const long count = (long)((a.count + MODEL.batch_capacity - 1) / MODEL.batch_capacity);
+        if (side_by_side)
+            parallel_pass(predict_passes, &a, count, 1);
+        else
+            predict_passes(&a, 0, count);
         interrupted = interrupted_now(&next_check, save);
     }
     pool_hold(0);
