@@ -276,12 +276,23 @@ static real sgd_rate(double lr, long long n)
     return (real)(lr / (double)n);
 }
 
+/* Whether backward_batch steps every parameter when it steps (BATCH_STEPPED_RUNS cover them). */
+static int all_stepped_in_backward(void)
+{
+    long count = 0;
+    for (int r = 0; r < MODEL.n_batch_stepped_runs; r++)
+        count += MODEL.batch_stepped_runs[r][1];
+    return count == MODEL.n_params;
+}
+
 static void step_after_batch(State *st, real *d, real *g, double lr, long long n, int stepped)
 {
     if (!MODEL.optimizer.plain_sgd) {
         batch_step(st, d, g, lr, n);
         return;
     }
+    if (stepped && all_stepped_in_backward()) /* (no pass over the threads for nothing) */
+        return;
     SgdArgs args = {d, g, sgd_rate(lr, n), stepped};
     if (MODEL.n_params < 65536)
         sgd_rows(&args, 0, MODEL.n_params);

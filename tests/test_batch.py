@@ -183,23 +183,26 @@ def test_products_write_the_gradients_only_they_add_to(compiler, dtype, tmp_path
 def test_biases_gradients_in_the_weights_product(compiler, dtype, tmp_path, monkeypatch):
     """A layer's biases' gradients over a batch (each a sum of its neuron's gradient row) are
     summed by the layer's weights' gradients' product (matmul_nt's bias, on the thread that reads
-    those rows) instead of in a loop of their own: each layer's call names its biases' gradients
-    (the slot after its weights' row), no sum of a gradient row is left in the code, and training
-    gives the bits of the loop's form (backward.Backward._bias_in_product off)."""
+    those rows) instead of in a loop of their own, and stepped there when the weights are: each
+    layer's call names its biases and their gradients (the slot after its weights' row), no sum
+    of a gradient row is left in the code, and training (plain SGD, batches of one piece: stepped
+    in backward) gives the bits of the loop's form (backward.Backward._bias_in_product off: the
+    biases stepped after the batch)."""
     from codegen.write import backward
-    folded = backward.Backward.__dict__["_bias_in_product"]  # (the staticmethod)
+    folded = backward.Backward._bias_in_product
     model, xs, ys, logits, loss = classifier(n_in=20, hidden=(24, 16))  # (layers of 16 inputs and more)
     init = [p.data for p in model.parameters()]
     source = "\n".join(codegen.generate(loss, xs + ys, model.parameters(), outputs=logits, dtype=dtype))
     calls = [c.split(", ") for c in re.findall(r"matmul_nt\((g \+ .*)\);", source)]
     assert len(calls) == 3 and "sum_range(g + " not in source
     for out, out_j, *_, K, S, rows, w, rate, bias, bias_j in calls:  # (out is "g + <the weights' row>")
-        assert (bias, bias_j) == (f"g + {int(out.split(' + ')[1]) + int(K)}", out_j)
+        at = int(out.split(" + ")[1]) + int(K)  # (stepped with the weights when train() steps in backward)
+        assert (bias, bias_j) == (f"rate ? d + {at} : g + {at}", out_j)
     X, y = data(70, n_in=20)
     runs = {}
     for label in ("folded", "loop"):
         monkeypatch.setattr(backward.Backward, "_bias_in_product", folded if label == "folded"
-                            else staticmethod(lambda terms, products, shape, mode: terms + products))
+                            else lambda self, terms, products, shape, mode: terms + products)
         for p, v in zip(model.parameters(), init):
             p.data = v
         net = codegen.compile(loss, xs + ys, model.parameters(), outputs=logits, compiler=compiler, dtype=dtype,

@@ -7,7 +7,7 @@ passes them, over all input rows and over the list scan_rows makes of those that
 (sparse inputs, a third of the rows zero; and a quarter of the gradient rows 0, which matmul_acc
 leaves out; matmul_set and matmul_acc with an epilogue, a ReLU and its gradient, and matmul_set
 with relu, the ReLU of its sums as they are stored; matmul_nt with the biases' gradients, and
-stepping the weights); each variant of the micro-kernel built (the plain loops, AVX2's tile,
+stepping the weights and the biases); each variant of the micro-kernel built (the plain loops, AVX2's tile,
 AVX-512's: every build holds them all), those this CPU has run, forced in turn
 (gemm_forced_variant), with the sums in slices (gemm_forced_depth: 7 terms, the depth chosen for
 the L2) and in one piece, the vector variants and depths giving the same bits; and as a module
@@ -195,9 +195,11 @@ def check(compiler, dtype, variant=None, depth=None, chunked=False):
         # stepping the weights instead (SGD after a batch, from zero gradients), in pieces of 32
         # samples (HAVE_THREAD_POOL 0; 128 chunked): the gradients stay (or end) 0
         weights, zero = w.copy(), np.zeros((J, K + 1), np_type)
-        lib.call_nt(ptr(zero), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows, ptr(weights), 0.25, ffi.NULL)
+        lib.call_nt(ptr(zero), K + 1, ptr(go), 128, ptr(x), 128, J, K, S, rows, ptr(weights), 0.25,
+                    ptr(weights[:, K:]) if sparse else ffi.NULL)
         worst = max(worst, compare(weights[:, :K], W - 0.25 * (G @ X.T), rtol, "matmul_nt stepping", J, S, K, sparse))
-        np.testing.assert_array_equal(weights[:, K], w[:, K])
+        # the biases (the column after the weights) stepped too, when given: by the sums' step, exactly
+        np.testing.assert_array_equal(weights[:, K], w[:, K] - np_type(0.25) * sums if sparse else w[:, K])
         assert not zero.any()
         results += [out, relu, dx, dy, written, dw, weights]
     print(f"{compiler} {dtype} {ran}, depth {depth or 'for the L2'}{', chunked' if chunked else ''}: "

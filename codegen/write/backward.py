@@ -199,12 +199,13 @@ class Backward(Statements):
                                unless_zero=unless_zero)
         return body.snapshots + (statements if g.shape else [Block(tuple(statements), inline=True)]), folded
 
-    @staticmethod
-    def _bias_in_product(terms, products, shape, mode):
+    def _bias_in_product(self, terms, products, shape, mode):
         """The contributions of a group's loose terms and products, a layer's bias's (one term a
         neuron, its gradient summed over the batch) given to the layer's weights' gradients'
         product (matmul_nt's bias): summed there by the thread that reads those gradient rows,
-        instead of in a loop on the caller's (the same sum_range, the same bits)."""
+        instead of in a loop on the caller's (the same sum_range, the same bits); and stepped
+        there with the weights when they are (biases with no other gradient), which leaves
+        MNIST's MLPs no parameter for the step after the batch, a pass over the threads."""
         weights = [c for c in products if isinstance(c.accumulate, WeightGradient)]
         if not (isinstance(mode, Plain) and len(shape) == 2 and len(terms) == 1 and len(weights) == 1):
             return terms + products
@@ -212,7 +213,10 @@ class Backward(Statements):
         if not (isinstance(term, Accumulate) and term.product == (product.out, None, 0)
                 and term.target.strides[-1] == 0):
             return terms + products
-        folded = Contribution(False, dataclasses.replace(product, bias=term))
+        step = product.step and terms[0].to_fused_param
+        folded = Contribution(False, dataclasses.replace(product, bias=term, bias_step=step))
+        if step:
+            self.tables.stepped += ir.slot_runs(np.sort(folded.accumulate.biases(shape)))
         return [folded if c is weights[0] else c for c in products]
 
     def _terms(self, v, nodes, go, out):

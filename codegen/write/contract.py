@@ -224,8 +224,14 @@ class BatchLayout:
             rows[first:first + count] = False
         edges = np.flatnonzero(np.diff(np.concatenate([[0], rows.view(np.int8), [0]])))
         runs = tuple((int(a), int(b - a)) for a, b in zip(edges[::2], edges[1::2]))
+        merged = []  # (the stepped runs, those that touch joined: a layer's weights' rows and biases)
+        for first, count in sorted(stepped):
+            if merged and merged[-1][0] + merged[-1][1] == first:
+                merged[-1] = (merged[-1][0], merged[-1][1] + count)
+            else:
+                merged.append((first, count))
         return cls(batched.capacity, batched.n_slots, batched.input_base, batched.loss_slot, batched.constants_base,
-                   tuple(batched.output_slots), tuple(sorted(stepped)), batched.sequence, backward_clears, runs)
+                   tuple(batched.output_slots), tuple(merged), batched.sequence, backward_clears, runs)
 
     @staticmethod
     def render_none():

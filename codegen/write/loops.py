@@ -266,6 +266,7 @@ class WeightGradient:
     rows: str = "NULL"  # C: the list of the inputs' rows that hold a nonzero (sparse inputs), or NULL
     step: bool = False  # the batched program's SGD step on these weights, when `rate` is not 0
     bias: object = None  # Accumulate: the layer's biases' gradients, `g[bias] += go` over the batch, or None
+    bias_step: bool = False  # and the batched program's SGD step on the biases with the weights'
 
     def in_loops(self, shape):
         """Its kernel call in a loop nest over shape."""
@@ -273,8 +274,12 @@ class WeightGradient:
         wrt, x = self.wrt, self.inputs
         step = (dict(w=f"rate ? {loop_start(wrt.start, last, wrt.offsets[0])} : NULL", rate="rate") if self.step
                 else dict(w="NULL", rate=0))
-        bias = (dict(bias=loop_start(self.bias.target, last, self.bias.offset, grad=True),
-                     bias_j=along_neurons(self.bias.target, shape)) if self.bias else dict(bias="NULL", bias_j=0))
+        bias = dict(bias="NULL", bias_j=0)
+        if self.bias:
+            at = dict(affine=self.bias.target, last=last, offset=self.bias.offset)
+            gradients = loop_start(**at, grad=True)
+            bias = dict(bias=f"rate ? {loop_start(**at)} : {gradients}" if self.bias_step else gradients,
+                        bias_j=along_neurons(self.bias.target, shape))
         joint = None if self.step or self.rows != "NULL" else full_passes(shape, (wrt.start, x.start, self.out))
         product = call("matmul_nt", out=loop_start(wrt.start, last, wrt.offsets[0], grad=True),
                        out_j=along_neurons(wrt.start, shape), go=loop_start(self.out, last, grad=True),
@@ -288,6 +293,11 @@ class WeightGradient:
         start = self.wrt.start
         rows = _positions(type(start)(start.base, start.strides[:-1]), shape[:-1])
         return (rows[:, None] + np.array(self.wrt.offsets)).ravel()
+
+    def biases(self, shape):
+        """The slots of the biases (bias's target, all passes of the loops outside the batch's)."""
+        start = self.bias.target
+        return _positions(type(start)(start.base, start.strides[:-1]), shape[:-1]) + self.bias.offset
 
     @staticmethod
     def fits(shape, wrt, other, out):

@@ -799,7 +799,8 @@ PRODUCT void matmul_acc(real *restrict out, long out_k, const real *restrict w, 
  * bias[j * bias_j] += sum_range(go + j * go_j, S): the layer's biases' gradients, summed by the
  * thread that reads those gradient rows for the product (on the caller's thread, after the
  * layer's inputs' gradients had been summed in parts on the other core, they took 5% of MNIST's
- * B = 32 step on 2 threads). */
+ * B = 32 step on 2 threads); with w, bias are the biases instead, stepped as the weights are:
+ * bias[j * bias_j] -= rate * (0 + that sum), the step's bits from a gradient of 0 plus the sum. */
 #if HAVE_THREAD_POOL
 #define GEMM_NT_COLUMNS 64
 #define GEMM_NT_SAMPLES 128
@@ -814,7 +815,7 @@ typedef struct {
     const int32_t *rows; /* the list of nonzero rows (rows[0] of them), or 0 */
     real *w;             /* 0, or the weights, stepped instead (see matmul_nt) */
     real rate;
-    real *bias;          /* 0, or the biases' gradients (see matmul_nt) */
+    real *bias;          /* 0, or the biases' gradients (with w: the biases, stepped; see matmul_nt) */
     long bias_j;
 } WeightGradientArgs;
 
@@ -951,7 +952,10 @@ static void matmul_nt_rows(void *args, long first, long last)
 {
     const WeightGradientArgs *a = (const WeightGradientArgs *)args;
     for (long j = first; a->bias && j < last; j++)
-        a->bias[j * a->bias_j] += sum_range(a->go + j * a->go_j, a->S);
+        if (a->w)
+            a->bias[j * a->bias_j] -= a->rate * ((real)0 + sum_range(a->go + j * a->go_j, a->S));
+        else
+            a->bias[j * a->bias_j] += sum_range(a->go + j * a->go_j, a->S);
     matmul_nt_part(a, 0, matmul_nt_blocks(a), first, last);
 }
 
