@@ -70,7 +70,7 @@ static void free_batch_buffers(State *st)
  * after it only if a product has run on them (templates/pool.c's pool_hold). */
 static void parallel_pass(RowTask task, void *args, long rows, long align)
 {
-    pool_run(task, NULL, args, rows, align, POOL_MAX, 0, 0);
+    pool_run(task, NULL, NULL, args, rows, align, POOL_MAX, 0, 0);
 }
 
 /* The nb samples rows[0..nb) into the batch's input slots, converted as load_sample does: X's

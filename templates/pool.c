@@ -11,7 +11,9 @@
  * the layer's other two products share out) in parts: part t sums the terms of thread t's share
  * of those J rows (parallel_share), on every chunk of the M rows in turn, after part t - 1 did
  * that chunk, so that each core reads only the weights' rows it owns and a chunk's partial sums
- * are what moves between the cores (see gemm.c's gemm). Which thread takes a chunk varies, but no
+ * are what moves between the cores (see gemm.c's gemm); with `then`, then(args, 0, 0, t, parts)
+ * once part t is done on every chunk (the layer's weights' gradients on thread t's share of their
+ * rows, which the parts after t no longer read: matmul_acc_nt). Which thread takes a chunk varies, but no
  * row's result does (each row is computed whole, in one chunk, or its sum continued part after
  * part in the terms' order), so the numbers are the same with any count. The workers are
  * started on first use and wait on a condition variable between products, spinning a little
@@ -44,12 +46,13 @@ typedef struct {
     volatile unsigned long generation;
     unsigned long birth;   /* the generation before the one a new worker is started for */
     RowTask task;
-    PartTask part_task;    /* parallel_pipeline's (task 0) */
+    PartTask part_task, part_then; /* parallel_pipeline's (task 0) */
     void *args;
     long rows, align, chunks, cut; /* the chunks taken, and the pieces they are cut from (pool_run_chunks) */
     long first[POOL_MAX], end[POOL_MAX]; /* the chunks [first, end) of each thread's share not yet taken */
     volatile long finished; /* and its chunks done (a pipeline's chunks' parts) */
     volatile long stage[POOL_MAX * POOL_CHUNKS]; /* a pipeline's chunks' parts done */
+    long part_done[POOL_MAX];                     /* and each part's chunks done */
 } Pool;
 
 static Pool pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
@@ -168,7 +171,14 @@ static void pool_run_parts(unsigned long generation, int me, PartTask task, void
         task(args, first, last, part, pool.parts);
         pthread_mutex_lock(&pool.lock);
         pool.stage[chunk] = part + 1;
-        if (++pool.finished == chunks * pool.parts)
+        const long total = chunks * pool.parts + (pool.part_then ? pool.parts : 0);
+        if (++pool.part_done[part] == chunks && pool.part_then) { /* (its last chunk: the part's then) */
+            pthread_mutex_unlock(&pool.lock);
+            pool.part_then(args, 0, 0, part, pool.parts);
+            pthread_mutex_lock(&pool.lock);
+            ++pool.finished;
+        }
+        if (++pool.finished == total)
             pthread_cond_signal(&pool.done);
     }
     pthread_mutex_unlock(&pool.lock);
@@ -252,8 +262,8 @@ SHARED int pool_parts(void)
 /* parallel_rows, parallel_pass and parallel_pipeline: `product` says which of the first two (see
  * pool_hold); with `shares`, each thread's share as one chunk (parallel_shares); with a
  * part_task, a pipeline over `threads` parts (at most), each part every chunk. */
-static void pool_run(RowTask task, PartTask part_task, void *args, long rows, long align, int threads, int product,
-                     int shares)
+static void pool_run(RowTask task, PartTask part_task, PartTask part_then, void *args, long rows, long align,
+                     int threads, int product, int shares)
 {
     if (threads > pool_parts())
         threads = pool_parts();
@@ -264,13 +274,16 @@ static void pool_run(RowTask task, PartTask part_task, void *args, long rows, lo
             part_task(args, 0, rows, 0, 1);
         else
             task(args, 0, rows);
+        if (part_then)
+            part_then(args, 0, 0, 0, 1);
         return;
     }
     pthread_mutex_lock(&pool.lock);
     const int parts = pool_start(threads) < threads ? pool.started : threads;
     const long cut = pool_cut(rows, align, parts);
     const long chunks = shares ? parts : cut;
-    pool.task = task, pool.part_task = part_task, pool.args = args, pool.rows = rows, pool.align = align;
+    pool.task = task, pool.part_task = part_task, pool.part_then = part_then, pool.args = args, pool.rows = rows;
+    pool.align = align;
     pool.chunks = chunks, pool.cut = cut, pool.parts = parts;
     for (int part = 0; part < parts; part++) {
         pool.first[part] = part_task ? 0 : chunks * part / parts;
@@ -278,13 +291,15 @@ static void pool_run(RowTask task, PartTask part_task, void *args, long rows, lo
     }
     for (long chunk = 0; part_task && chunk < chunks; chunk++)
         pool.stage[chunk] = 0;
+    for (int part = 0; part < parts; part++)
+        pool.part_done[part] = 0;
     pool.finished = 0;
     if (product)
         pool.products = pool.holding;
     const unsigned long generation = ++pool.generation;
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
-    const long total = part_task ? chunks * parts : chunks;
+    const long total = part_task ? chunks * parts + (part_then ? parts : 0) : chunks;
     if (part_task)
         pool_run_parts(generation, 0, part_task, args, rows, align, chunks, cut);
     else
@@ -304,7 +319,7 @@ static void pool_run(RowTask task, PartTask part_task, void *args, long rows, lo
 
 SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
 {
-    pool_run(task, NULL, args, rows, align, POOL_MAX, 1, 0);
+    pool_run(task, NULL, NULL, args, rows, align, POOL_MAX, 1, 0);
 }
 
 /* parallel_rows with each thread's share of the rows in one call, task(args, first, last) over
@@ -313,16 +328,18 @@ SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
  * chunk is taken by another thread unless a thread is late to its whole share. */
 SHARED void parallel_shares(RowTask task, void *args, long rows, long align)
 {
-    pool_run(task, NULL, args, rows, align, POOL_MAX, 1, 1);
+    pool_run(task, NULL, NULL, args, rows, align, POOL_MAX, 1, 1);
 }
 
 /* rows [0, M) of a product over J terms, in parts (see the top): task(args, first, last, t,
  * parts) adds to rows [first, last) the terms of thread t's share of J rows cut in blocks of
  * j_align (parallel_share), in order of t; the same sums as one pass over all terms, when the
- * task continues each from where the part before left it. */
-SHARED void parallel_pipeline(PartTask task, void *args, long rows, long align, long terms, long terms_align)
+ * task continues each from where the part before left it. then (or NULL): then(args, 0, 0, t,
+ * parts) once part t is done on every row. */
+SHARED void parallel_pipeline(PartTask task, PartTask then, void *args, long rows, long align, long terms,
+                              long terms_align)
 {
-    pool_run(NULL, task, args, rows, align, (int)((terms + terms_align - 1) / terms_align), 1, 0);
+    pool_run(NULL, task, then, args, rows, align, (int)((terms + terms_align - 1) / terms_align), 1, 0);
 }
 
 /* The default thread count: $MICROGRAD_C_THREADS if set (as OMP_NUM_THREADS for OpenMP), else

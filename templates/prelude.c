@@ -187,7 +187,8 @@ typedef void (*PartTask)(void *args, long first, long last, int part, int parts)
 #if HAVE_THREAD_POOL
 SHARED void parallel_rows(RowTask task, void *args, long rows, long align);
 SHARED void parallel_shares(RowTask task, void *args, long rows, long align);
-SHARED void parallel_pipeline(PartTask task, void *args, long rows, long align, long terms, long terms_align);
+SHARED void parallel_pipeline(PartTask task, PartTask then, void *args, long rows, long align, long terms,
+                              long terms_align);
 SHARED void parallel_share(long rows, long align, int part, int parts, long *first, long *last);
 SHARED int pool_parts(void); /* the threads a product runs on */
 #else
@@ -203,10 +204,13 @@ static void parallel_rows(RowTask task, void *args, long rows, long align)
 }
 #define parallel_shares parallel_rows
 
-static void parallel_pipeline(PartTask task, void *args, long rows, long align, long terms, long terms_align)
+static void parallel_pipeline(PartTask task, PartTask then, void *args, long rows, long align, long terms,
+                              long terms_align)
 {
     (void)align, (void)terms, (void)terms_align;
     task(args, 0, rows, 0, 1);
+    if (then)
+        then(args, 0, 0, 0, 1);
 }
 
 static void parallel_share(long rows, long align, int part, int parts, long *first, long *last)

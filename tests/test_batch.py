@@ -161,9 +161,9 @@ def test_products_write_the_gradients_only_they_add_to(compiler, dtype, tmp_path
         init = [p.data for p in model.parameters()]
         monkeypatch.setattr(backward.Backward, "_overwrites", written)
         source = "\n".join(codegen.generate(loss, xs + ys, model.parameters(), outputs=logits, dtype=dtype))
-        calls = [line.strip() for line in source.splitlines()  # (the layers': their ReLUs' epilogues)
-                 if line.strip().startswith("matmul_acc(g + ") and "epilogue_" in line]
-        assert [int(c.rsplit(", ", 1)[1].rstrip(");")) for c in calls] == overwrites, (name, calls)
+        calls = [a for a in _calls(source, "matmul_acc(?:_nt)?")  # (the layers': their ReLUs' epilogues)
+                 if a[10].startswith("epilogue_")]
+        assert [int(a[17]) for a in calls] == overwrites, (name, calls)  # (overwrite)
         assert source.count("y[n] = (real)0 + ") == 1 and "BATCH_CLEAR_RUNS[][2] = {{0, " in source
         runs = {}
         for label in ("written", "added"):
@@ -193,9 +193,11 @@ def test_biases_gradients_in_the_weights_product(compiler, dtype, tmp_path, monk
     model, xs, ys, logits, loss = classifier(n_in=20, hidden=(24, 16))  # (layers of 16 inputs and more)
     init = [p.data for p in model.parameters()]
     source = "\n".join(codegen.generate(loss, xs + ys, model.parameters(), outputs=logits, dtype=dtype))
-    calls = [c.split(", ") for c in re.findall(r"matmul_nt\((g \+ .*)\);", source)]
+    # (matmul_nt's out, out_j, K and bias, bias_j; matmul_acc_nt's grad, grad_j, K and bias, bias_j)
+    calls = [(a[0], a[1], a[7], *a[-2:]) for a in _calls(source, "matmul_nt")]
+    calls += [(a[18], a[19], a[9], *a[-2:]) for a in _calls(source, "matmul_acc_nt")]
     assert len(calls) == 3 and "sum_range(g + " not in source
-    for out, out_j, *_, K, S, rows, w, rate, bias, bias_j in calls:  # (out is "g + <the weights' row>")
+    for out, out_j, K, bias, bias_j in calls:  # (out is "g + <the weights' row>")
         at = int(out.split(" + ")[1]) + int(K)  # (stepped with the weights when train() steps in backward)
         assert (bias, bias_j) == (f"rate ? d + {at} : g + {at}", out_j)
     X, y = data(70, n_in=20)
@@ -211,6 +213,12 @@ def test_biases_gradients_in_the_weights_product(compiler, dtype, tmp_path, monk
         runs[label] = (np.asarray(net.params).copy(), losses)
     for got, expected in zip(runs["folded"], runs["loop"]):
         np.testing.assert_array_equal(bits(got), bits(expected))
+
+
+def _calls(source, kernel):
+    """The arguments of each call of `kernel` (a regular expression) on a line of its own in the
+    generated C, in order."""
+    return [c.split(", ") for c in re.findall(rf"^\s*{kernel}\((g \+ .*)\);$", source, re.M)]
 
 
 def test_threads_option_checks_its_value():

@@ -7,9 +7,9 @@ passes them, over all input rows and over the list scan_rows makes of those that
 (sparse inputs, a third of the rows zero; and a quarter of the gradient rows 0, which matmul_acc
 leaves out; matmul_set and matmul_acc with an epilogue, a ReLU and its gradient, and matmul_set
 with relu, the ReLU of its sums as they are stored; matmul_nt with the biases' gradients, and
-stepping the weights and the biases); each variant of the micro-kernel built (the plain loops, AVX2's tile,
-AVX-512's: every build holds them all), those this CPU has run, forced in turn
-(gemm_forced_variant), with the sums in slices (gemm_forced_depth: 7 terms, the depth chosen for
+stepping the weights and the biases; both in one call, matmul_acc_nt, the bits of the two); each
+variant of the micro-kernel built (the plain loops, AVX2's tile, AVX-512's: every build holds
+them all), those this CPU has run, forced in turn (gemm_forced_variant), with the sums in slices (gemm_forced_depth: 7 terms, the depth chosen for
 the L2) and in one piece, the vector variants and depths giving the same bits; and as a module
 builds them, in chunks of rows with B packed once for the chunks (gemm_packed), the same bits
 as unpacked."""
@@ -44,6 +44,10 @@ void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, lo
              const int32_t *rows, real *w, real rate, real *bias)
 { matmul_nt(out, out_j, go, go_j, x, x_k, J, K, S, rows, w, rate, bias, out_j); }
 real call_sum(const real *x, long n) { return sum_range(x, n); }
+void call_acc_nt(real *out, real *w, long w_j, const real *go, long J, long S, long K, real *y, const real *o,
+                 real *grad, const real *x, const int32_t *rows, real rate, real *bias)
+{ matmul_acc_nt(out, 128, w, w_j, 1, go, 128, J, S, K, y ? relu_gradient_rows : 0, y, 128, 0, 0, o, 128, 0,
+                grad, w_j, x, 128, rows, w, rate, bias, w_j); }
 void call_scan(const real *x, long stride, long nb, long n, int32_t *list) { scan_rows(x, stride, nb, n, list); }
 void call_transpose(const real *x, long x_k, long n, long p, real *xt) { gemm_transpose(x, x_k, n, p, xt); }
 const char *call_variant(void) { return gemm_variant()->name; }
@@ -57,6 +61,8 @@ void call_acc(real *out, long out_k, const real *w, long w_j, long w_k, const re
 void call_nt(real *out, long out_j, const real *go, long go_j, const real *x, long x_k, long J, long K, long S,
              const int *rows, real *w, real rate, real *bias);
 real call_sum(const real *x, long n);
+void call_acc_nt(real *out, real *w, long w_j, const real *go, long J, long S, long K, real *y, const real *o,
+                 real *grad, const real *x, const int *rows, real rate, real *bias);
 void call_scan(const real *x, long stride, long nb, long n, int *list);
 void call_transpose(const real *x, long x_k, long n, long p, real *xt);
 const char *call_variant(void);
@@ -80,7 +86,8 @@ ONE_PIECE = 1 << 30  # a depth that no sum is sliced at
 # 6 rows, so that some sizes are packed and others not, and the chunks after the first read the
 # panels the first packed; the weights' gradients (parallel_shares) in two shares of rows, the
 # second first; the inputs' gradients of a batch of at most J / 8 (parallel_pipeline) in three
-# parts of the neurons' rows on each chunk, the last chunk first.
+# parts of the neurons' rows on each chunk, the last chunk first, then the parts' `then` (the
+# weights' gradients of matmul_acc_nt), the last part's first.
 CHUNKED = """#define HAVE_THREAD_POOL 1
 #define GEMM_PARALLEL_MIN 0
 #define GEMM_PACK_B 4096
@@ -95,9 +102,11 @@ SHARED int pool_parts(void) { return 1; }
 SHARED void parallel_share(long rows, long align, int part, int parts, long *first, long *last)
 { long blocks = (rows + align - 1) / align; *first = blocks * part / parts * align; *last = blocks * (part + 1) / parts * align;
   *first = *first < rows ? *first : rows; *last = *last < rows ? *last : rows; }
-SHARED void parallel_pipeline(PartTask task, void *args, long rows, long align, long terms, long terms_align)
+SHARED void parallel_pipeline(PartTask task, PartTask then, void *args, long rows, long align, long terms,
+                              long terms_align)
 { (void)terms, (void)terms_align; for (long first = (rows - 1) / align * align; first >= 0; first -= align)
-  for (int part = 0; part < 3; part++) task(args, first, first + align < rows ? first + align : rows, part, 3); }
+  for (int part = 0; part < 3; part++) task(args, first, first + align < rows ? first + align : rows, part, 3);
+  for (int part = 2; then && part >= 0; part--) then(args, 0, 0, part, 3); }
 """
 
 
@@ -201,6 +210,13 @@ def check(compiler, dtype, variant=None, depth=None, chunked=False):
         # the biases (the column after the weights) stepped too, when given: by the sums' step, exactly
         np.testing.assert_array_equal(weights[:, K], w[:, K] - np_type(0.25) * sums if sparse else w[:, K])
         assert not zero.any()
+        # both in one call (matmul_acc_nt: the weights read, then stepped): the two calls' bits
+        fused_dx, fused_dy, fused_w, fused_zero = start.copy(), dy_before.copy(), w.copy(), np.zeros_like(zero)
+        lib.call_acc_nt(ptr(fused_dx), ptr(fused_w), K + 1, ptr(go), J, S, K,
+                        *((ptr(fused_dy), ptr(relu_out)) if sparse else (ffi.NULL, ffi.NULL)), ptr(fused_zero),
+                        ptr(x), rows, 0.25, ptr(fused_w[:, K:]) if sparse else ffi.NULL)
+        for got, expected in ((fused_dx, dx), (fused_dy, dy), (fused_w, weights), (fused_zero, zero)):
+            np.testing.assert_array_equal(bits(got), bits(expected))
         results += [out, relu, dx, dy, written, dw, weights]
     print(f"{compiler} {dtype} {ran}, depth {depth or 'for the L2'}{', chunked' if chunked else ''}: "
           f"max relative difference {worst:.2e}")

@@ -36,7 +36,7 @@ KERNELS = parse(templates.read(HEADER))
 
 # The kernels the module runtime's unit of products defines (templates/products.c: the matrix
 # products, the convolutions, exp_range) and the other units of a module only declare
-PRODUCTS = ("matmul_set", "matmul_acc", "matmul_nt", "conv_set", "conv_nt", "conv_acc", "exp_range")
+PRODUCTS = ("matmul_set", "matmul_acc", "matmul_nt", "matmul_acc_nt", "conv_set", "conv_nt", "conv_acc", "exp_range")
 
 
 def product_declarations():

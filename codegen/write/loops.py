@@ -223,6 +223,11 @@ class Matmul:
 
     def in_loops(self, shape):
         """Its kernel call in a loop nest over shape."""
+        arguments, joint = self.arguments(shape)
+        return per_pass(shape, call("matmul_acc", **arguments), joint)
+
+    def arguments(self, shape):
+        """matmul_acc's arguments in a loop nest over shape, and full_passes'."""
         last = kernel_loops(shape)
         wrt, weights = self.wrt, self.weights
         laid = ()  # (the epilogue's operands' Affines)
@@ -237,12 +242,11 @@ class Matmul:
         joint = full_passes(shape, (wrt.start, weights.start, self.out, *laid))
         out = (dict(out=epilogue["y"], out_k=epilogue["y_k"]) if self.in_place else
                dict(out=loop_start(wrt.start, last, wrt.offsets[0], grad=True), out_k=progression(wrt.offsets)))
-        product = call("matmul_acc", **out, w=loop_start(weights.start, last, weights.offsets[0]),
-                       w_j=along_neurons(weights.start, shape), w_k=progression(weights.offsets),
-                       go=loop_start(self.out, last, grad=True), go_j=along_neurons(self.out, shape),
-                       J=neurons(shape), S=samples(shape, joint), K=len(wrt.offsets), **epilogue,
-                       overwrite=int(self.overwrite or self.in_place))
-        return per_pass(shape, product, joint)
+        return dict(**out, w=loop_start(weights.start, last, weights.offsets[0]),
+                    w_j=along_neurons(weights.start, shape), w_k=progression(weights.offsets),
+                    go=loop_start(self.out, last, grad=True), go_j=along_neurons(self.out, shape),
+                    J=neurons(shape), S=samples(shape, joint), K=len(wrt.offsets), **epilogue,
+                    overwrite=int(self.overwrite or self.in_place)), joint
 
     @staticmethod
     def fits(shape, wrt, other, out):
@@ -270,6 +274,11 @@ class WeightGradient:
 
     def in_loops(self, shape):
         """Its kernel call in a loop nest over shape."""
+        arguments, joint = self.arguments(shape)
+        return per_pass(shape, call("matmul_nt", **arguments), joint)
+
+    def arguments(self, shape):
+        """matmul_nt's arguments in a loop nest over shape, and full_passes'."""
         last = kernel_loops(shape)
         wrt, x = self.wrt, self.inputs
         step = (dict(w=f"rate ? {loop_start(wrt.start, last, wrt.offsets[0])} : NULL", rate="rate") if self.step
@@ -281,12 +290,11 @@ class WeightGradient:
             bias = dict(bias=f"rate ? {loop_start(**at)} : {gradients}" if self.bias_step else gradients,
                         bias_j=along_neurons(self.bias.target, shape))
         joint = None if self.step or self.rows != "NULL" else full_passes(shape, (wrt.start, x.start, self.out))
-        product = call("matmul_nt", out=loop_start(wrt.start, last, wrt.offsets[0], grad=True),
-                       out_j=along_neurons(wrt.start, shape), go=loop_start(self.out, last, grad=True),
-                       go_j=along_neurons(self.out, shape), x=loop_start(x.start, last, x.offsets[0]),
-                       x_k=progression(x.offsets), J=neurons(shape), K=len(wrt.offsets), S=samples(shape, joint),
-                       rows=self.rows, **step, **bias)
-        return per_pass(shape, product, joint)
+        return dict(out=loop_start(wrt.start, last, wrt.offsets[0], grad=True),
+                    out_j=along_neurons(wrt.start, shape), go=loop_start(self.out, last, grad=True),
+                    go_j=along_neurons(self.out, shape), x=loop_start(x.start, last, x.offsets[0]),
+                    x_k=progression(x.offsets), J=neurons(shape), K=len(wrt.offsets), S=samples(shape, joint),
+                    rows=self.rows, **step, **bias), joint
 
     def weights(self, shape):
         """The slots of the weights (all passes of the loops outside the batch's)."""
@@ -497,6 +505,24 @@ def _positions(affine, shape):
     return positions.ravel()
 
 
+def _layer_backward(shape, products):
+    """A layer's inputs' and weights' gradients (a Matmul, then a WeightGradient over the same
+    neurons' gradient rows and weights, one call each) as one matmul_acc_nt call, whose threads
+    each start their share of the second as soon as their part of the first is done; else None."""
+    if len(products) != 2 or len(shape) != 2 or not isinstance(products[1], WeightGradient):
+        return None
+    inputs, weights = products
+    if (inputs.out != weights.out or inputs.weights.start != weights.wrt.start
+            or inputs.weights.offsets != weights.wrt.offsets):
+        return None
+    (acc, acc_joint), (nt, nt_joint) = inputs.arguments(shape), weights.arguments(shape)
+    if acc_joint is not None or nt_joint is not None or any(acc[k] != nt[k] for k in ("go", "go_j", "J", "S", "K")):
+        return None
+    rest = dict(grad=nt["out"], grad_j=nt["out_j"], x=nt["x"], x_k=nt["x_k"], rows=nt["rows"], step=nt["w"],
+                rate=nt["rate"], bias=nt["bias"], bias_j=nt["bias_j"])
+    return [per_pass(shape, call("matmul_acc_nt", **acc, **rest))]
+
+
 def loop_nest(shape, body, dots=True, independent=False, unless_zero=False):
     """The typed statements `body` (Accumulate, Matmul, WeightGradient, ReadGradient and the
     statements of codegen/write/tree.py) inside one loop nest over `shape` (none for a single
@@ -516,8 +542,9 @@ def loop_nest(shape, body, dots=True, independent=False, unless_zero=False):
         rest = [s for s in body if not isinstance(s, ClearGradient)]
         return loop_nest(shape, rest, dots, independent, unless_zero) + loop_nest(shape, clears, independent=True)
     # the inputs' gradients first: they read the weights, which a weights' gradient may step
-    matmuls = [s.in_loops(shape) for s in sorted((s for s in body if isinstance(s, (Matmul, WeightGradient))),
-                                                   key=lambda s: isinstance(s, WeightGradient))]
+    products = sorted((s for s in body if isinstance(s, (Matmul, WeightGradient))),
+                      key=lambda s: isinstance(s, WeightGradient))
+    matmuls = _layer_backward(shape, products) or [s.in_loops(shape) for s in products]
     if matmuls:
         body = [s for s in body if not isinstance(s, (Matmul, WeightGradient))]
         rest = (loop_nest(shape, body, dots, unless_zero=unless_zero)

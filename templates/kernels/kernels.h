@@ -51,6 +51,11 @@ KERNEL void matmul_acc(real *restrict out, long out_k, const real *restrict w, l
 KERNEL void matmul_nt(real *restrict out, long out_j, const real *restrict go, long go_j,
                       const real *restrict x, long x_k, long J, long K, long S, const int32_t *rows, real *w,
                       real rate, real *restrict bias, long bias_j);
+KERNEL void matmul_acc_nt(real *restrict out, long out_k, const real *restrict w, long w_j, long w_k,
+                          const real *restrict go, long go_j, long J, long S, long K, Epilogue epilogue, real *y,
+                          long y_k, const real *a, long a_k, const real *o, long o_k, int overwrite,
+                          real *restrict grad, long grad_j, const real *restrict x, long x_k, const int32_t *rows,
+                          real *step, real rate, real *restrict bias, long bias_j);
 
 /* a convolution over a batch (templates/kernels/conv.c) */
 KERNEL void conv_set(real *restrict out, long out_f, long out_p, long out_q, const real *restrict bias,
