@@ -435,6 +435,37 @@ static void run_piece(const Samples *s, const Py_ssize_t *rows, long nb, const r
     MODEL.backward_batch(d, g, nb, rate);
 }
 
+/* The sets of batch buffers of work run side by side on the module's threads (run_pieces,
+ * predict_passes): one a thread, the caller's st->bd, st->bg (set 0) or one of st->piece_d,
+ * piece_g, the parameters copied in from st->bd once a call. */
+typedef struct {
+    pthread_mutex_t lock;                /* guards the fields below */
+    int busy[POOL_MAX], fresh[POOL_MAX]; /* a set in use; its parameters copied in for this call */
+} SideSets;
+
+/* A set no thread uses, now this one's, its parameters copied in. */
+static int take_set(State *st, SideSets *sets)
+{
+    pthread_mutex_lock(&sets->lock);
+    int set = 0;
+    while (sets->busy[set]) /* (as many sets as threads run this) */
+        set++;
+    sets->busy[set] = 1;
+    pthread_mutex_unlock(&sets->lock);
+    if (!sets->fresh[set]) {
+        memcpy(set ? st->piece_d[set] : st->bd, st->bd, MODEL.n_params * sizeof(real));
+        sets->fresh[set] = 1;
+    }
+    return set;
+}
+
+static void give_back_set(SideSets *sets, int set)
+{
+    pthread_mutex_lock(&sets->lock);
+    sets->busy[set] = 0;
+    pthread_mutex_unlock(&sets->lock);
+}
+
 /* A sequence's pieces side by side: each runs whole on one of the module's threads, on a set of
  * batch buffers of its own (the caller's st->bd, st->bg or one of st->piece_d, piece_g), from
  * zero parameter gradients, which it leaves in grads[piece]; the caller adds them up in the
@@ -449,8 +480,7 @@ typedef struct {
     long piece;   /* samples a piece (piece_samples) */
     real *grads;  /* a round's pieces x N_PARAMS */
     real *losses; /* count */
-    pthread_mutex_t lock; /* guards the fields below */
-    int busy[POOL_MAX], fresh[POOL_MAX]; /* a set in use; its parameters copied in for this batch */
+    SideSets sets;
 } PiecesArgs;
 
 /* pieces run side by side at most (a round, whose gradients are then added up): the memory of
@@ -461,17 +491,8 @@ static void run_pieces(void *args, long first, long last)
 {
     PiecesArgs *a = (PiecesArgs *)args;
     State *st = a->st;
-    pthread_mutex_lock(&a->lock);
-    int set = 0;
-    while (a->busy[set]) /* (as many sets as threads run this) */
-        set++;
-    a->busy[set] = 1;
-    pthread_mutex_unlock(&a->lock);
+    const int set = take_set(st, &a->sets);
     real *d = set ? st->piece_d[set] : st->bd, *g = set ? st->piece_g[set] : st->bg;
-    if (!a->fresh[set]) {
-        memcpy(d, st->bd, MODEL.n_params * sizeof(real));
-        a->fresh[set] = 1;
-    }
     const long pieces = (long)((a->count + a->piece - 1) / a->piece);
     for (long chunk = first; chunk < last; chunk++) {
         /* chunks 0, 1, 2, 3, ... are pieces 0, n - 1, 1, n - 2, ...: the pieces run longest first
@@ -483,9 +504,7 @@ static void run_pieces(void *args, long first, long last)
         run_piece(a->s, a->order + at, nb, st->d + MODEL.input_base, d, g, a->losses + at, 0);
         memcpy(a->grads + piece * MODEL.n_params, g, MODEL.n_params * sizeof(real));
     }
-    pthread_mutex_lock(&a->lock);
-    a->busy[set] = 0;
-    pthread_mutex_unlock(&a->lock);
+    give_back_set(&a->sets, set);
 }
 
 /* The pieces of `piece` samples of order[0..count) side by side (run_pieces), PIECES_AT_ONCE at a
@@ -498,12 +517,12 @@ static int add_pieces_side_by_side(State *st, const Samples *s, const Py_ssize_t
     const long at_once = all < PIECES_AT_ONCE ? all : PIECES_AT_ONCE;
     const Py_ssize_t round = (Py_ssize_t)at_once * piece;
     PiecesArgs a = {st, s, order, 0, piece, malloc((size_t)(at_once + 1) * MODEL.n_params * sizeof(real)),
-                    malloc((size_t)round * sizeof(real)), PTHREAD_MUTEX_INITIALIZER};
+                    malloc((size_t)round * sizeof(real)), {PTHREAD_MUTEX_INITIALIZER}};
     if (!a.grads || !a.losses) {
         free(a.grads), free(a.losses);
         return -1;
     }
-    a.fresh[0] = 1;
+    a.sets.fresh[0] = 1;
     real *sum = a.grads + at_once * MODEL.n_params; /* the gradients so far, each piece's added */
     memcpy(sum, st->bg, MODEL.n_params * sizeof(real));
     for (Py_ssize_t done = 0; done < count; done += round) {
@@ -621,8 +640,7 @@ typedef struct {
     const Samples *s;
     real *out;
     Py_ssize_t first, count; /* this round's rows */
-    pthread_mutex_t lock;    /* guards the fields below */
-    int busy[POOL_MAX], fresh[POOL_MAX]; /* a set in use; its parameters copied in for this call */
+    SideSets sets;
 } PredictArgs;
 
 /* Passes [first, last) of a round, on a set of batch buffers of this thread's. */
@@ -630,17 +648,8 @@ static void predict_passes(void *args, long first, long last)
 {
     PredictArgs *a = (PredictArgs *)args;
     State *st = a->st;
-    pthread_mutex_lock(&a->lock);
-    int set = 0;
-    while (a->busy[set]) /* (as many sets as threads run this) */
-        set++;
-    a->busy[set] = 1;
-    pthread_mutex_unlock(&a->lock);
+    const int set = take_set(st, &a->sets);
     real *d = set ? st->piece_d[set] : st->bd;
-    if (!a->fresh[set]) {
-        memcpy(d, st->bd, MODEL.n_params * sizeof(real));
-        a->fresh[set] = 1;
-    }
     Py_ssize_t rows[MODEL.batch_capacity];
     for (long pass = first; pass < last; pass++) {
         const Py_ssize_t at = a->first + pass * MODEL.batch_capacity;
@@ -657,9 +666,7 @@ static void predict_passes(void *args, long first, long last)
             for (int j = 0; j < MODEL.n_outputs; j++)
                 a->out[(at + b) * MODEL.n_outputs + j] = d[MODEL.batch_output_slots[j] + b];
     }
-    pthread_mutex_lock(&a->lock);
-    a->busy[set] = 0;
-    pthread_mutex_unlock(&a->lock);
+    give_back_set(&a->sets, set);
 }
 
 /* passes a round of predict_batches takes a thread (between two checks for a signal) */
@@ -680,8 +687,8 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, PyTh
         sets++;
     const int side_by_side = threads > 1 && sets == threads;
     const Py_ssize_t round = (Py_ssize_t)MODEL.batch_capacity * (side_by_side ? PREDICT_ROUND_PASSES * threads : 1);
-    PredictArgs a = {st, s, out, 0, 0, PTHREAD_MUTEX_INITIALIZER};
-    a.fresh[0] = 1;
+    PredictArgs a = {st, s, out, 0, 0, {PTHREAD_MUTEX_INITIALIZER}};
+    a.sets.fresh[0] = 1;
     pool_hold(1);
     for (Py_ssize_t first = 0; first < s->n && !interrupted; first += round) {
         a.first = first;
