@@ -509,7 +509,8 @@ def _layer_backward(shape, products):
     """A layer's inputs' and weights' gradients (a Matmul, then a WeightGradient over the same
     neurons' gradient rows and weights, one call each) as one matmul_acc_nt call, whose threads
     each start their share of the second as soon as their part of the first is done; else None."""
-    if len(products) != 2 or len(shape) != 2 or not isinstance(products[1], WeightGradient):
+    if (len(products) != 2 or len(shape) != 2 or not isinstance(products[0], Matmul)
+            or not isinstance(products[1], WeightGradient)):
         return None
     inputs, weights = products
     if (inputs.out != weights.out or inputs.weights.start != weights.wrt.start
