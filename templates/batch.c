@@ -466,6 +466,17 @@ static void give_back_set(SideSets *sets, int set)
     pthread_mutex_unlock(&sets->lock);
 }
 
+/* Whether `count` pieces of work run side by side: more than one thread takes them, and each has
+ * a set of batch buffers (made here if need be; short of memory, they run on one thread). */
+static int side_by_side(State *st, long count)
+{
+    const int threads = pool_parts() < count ? pool_parts() : (int)count;
+    int sets = 1;
+    while (sets < threads && (st->piece_d[sets] || new_batch_set(&st->piece_d[sets], &st->piece_g[sets]) == 0))
+        sets++;
+    return threads > 1 && sets == threads;
+}
+
 /* A sequence's pieces side by side: each runs whole on one of the module's threads, on a set of
  * batch buffers of its own (the caller's st->bd, st->bg or one of st->piece_d, piece_g), from
  * zero parameter gradients, which it leaves in grads[piece]; the caller adds them up in the
@@ -529,13 +540,9 @@ static int add_pieces_side_by_side(State *st, const Samples *s, const Py_ssize_t
         a.order = order + done;
         a.count = count - done < round ? count - done : round;
         const long pieces = (long)((a.count + piece - 1) / piece);
-        const int threads = pool_parts() < pieces ? pool_parts() : (int)pieces;
-        int sets = 1; /* a set for each thread that runs them (else, short of memory, one thread) */
-        while (sets < threads && (st->piece_d[sets] || new_batch_set(&st->piece_d[sets], &st->piece_g[sets]) == 0))
-            sets++;
         /* (a pass, not a product: the workers sleep between batches, as a piece takes far longer
          * than their waking, and polling would take a core that other processes may want) */
-        if (sets == threads && threads > 1)
+        if (side_by_side(st, pieces))
             parallel_pass(run_pieces, &a, pieces, 1);
         else
             run_pieces(&a, 0, pieces);
@@ -681,12 +688,8 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, PyTh
     int interrupted = 0;
     memcpy(st->bd, st->d, MODEL.n_params * sizeof(real));
     const long passes = (long)((s->n + MODEL.batch_capacity - 1) / MODEL.batch_capacity);
-    const int threads = pool_parts() < passes ? pool_parts() : (int)passes;
-    int sets = 1; /* a set for each thread that runs them */
-    while (sets < threads && (st->piece_d[sets] || new_batch_set(&st->piece_d[sets], &st->piece_g[sets]) == 0))
-        sets++;
-    const int side_by_side = threads > 1 && sets == threads;
-    const Py_ssize_t round = (Py_ssize_t)MODEL.batch_capacity * (side_by_side ? PREDICT_ROUND_PASSES * threads : 1);
+    const int together = side_by_side(st, passes);
+    const Py_ssize_t round = (Py_ssize_t)MODEL.batch_capacity * (together ? PREDICT_ROUND_PASSES * pool_parts() : 1);
     PredictArgs a = {st, s, out, 0, 0, {PTHREAD_MUTEX_INITIALIZER}};
     a.sets.fresh[0] = 1;
     pool_hold(1);
@@ -694,7 +697,7 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, PyTh
         a.first = first;
         a.count = s->n - first < round ? s->n - first : round;
         const long count = (long)((a.count + MODEL.batch_capacity - 1) / MODEL.batch_capacity);
-        if (side_by_side)
+        if (together)
             parallel_pass(predict_passes, &a, count, 1);
         else
             predict_passes(&a, 0, count);

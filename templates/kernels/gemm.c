@@ -633,20 +633,26 @@ typedef struct {
     void *then_args;
 } GemmParts;
 
-/* The first of the sum's terms (p_list's, else 0..P-1) at or after term row j. */
-static long gemm_term_from(const GemmArgs *g, long j)
+/* The first of the n increasing values list[0..n) that is at least j (n if none). */
+static long gemm_first_at_least(const int32_t *list, long n, long j)
 {
-    if (!g->p_list)
-        return j < g->P ? j : g->P;
-    long lo = 0, hi = g->P;
+    long lo = 0, hi = n;
     while (lo < hi) {
         const long mid = (lo + hi) / 2;
-        if (g->p_list[mid] < j)
+        if (list[mid] < j)
             lo = mid + 1;
         else
             hi = mid;
     }
     return lo;
+}
+
+/* The first of the sum's terms (p_list's, else 0..P-1) at or after term row j. */
+static long gemm_term_from(const GemmArgs *g, long j)
+{
+    if (!g->p_list)
+        return j < g->P ? j : g->P;
+    return gemm_first_at_least(g->p_list, g->P, j);
 }
 
 /* Rows [first, last), the terms of thread part's share of the J rows (after the parts before it:
@@ -850,15 +856,8 @@ typedef struct {
 /* Whether the list holds a row in [first, last) (binary search: the list is increasing). */
 static int listed_between(const int32_t *rows, long first, long last)
 {
-    long lo = 0, hi = rows[0];
-    while (lo < hi) {
-        const long mid = (lo + hi) / 2;
-        if (rows[1 + mid] < first)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo < rows[0] && rows[1 + lo] < last;
+    const long at = gemm_first_at_least(rows + 1, rows[0], first);
+    return at < rows[0] && rows[1 + at] < last;
 }
 
 /* xt[s * xt_s + k] = x[k * x_k + s] for k < n and s < p: a block of inputs transposed, in plain C. */
