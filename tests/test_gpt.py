@@ -35,11 +35,12 @@ def tiny():
     return tokenizer, state, params
 
 
-def compiled(tiny, compiler="tcc", dtype="float64", batch=1):
+def compiled(tiny, compiler="tcc", dtype="float64", batch=1, **options):
     tokenizer, state, params = tiny
     doc = model.document(state, TINY)
     return codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, compiler=compiler,
-                           dtype=dtype, batch=batch, optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS))
+                           dtype=dtype, batch=batch, optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS),
+                           **options)
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float64", "float32"])), indirect=["compiler"])

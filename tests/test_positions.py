@@ -228,7 +228,9 @@ def test_backward_leaves_the_gradients_it_reads_zero(tiny, compiler):
     written into the gradients through `grad`, take the steps forward(), backward() and update()
     take (which clear every gradient first), bit for bit; after train() every gradient is 0."""
     tokenizer, state, params = tiny
-    trained, stepped = _compile(tiny, compiler), _compile(tiny, compiler)
+    # (the optimised build throughout: a first tier's TCC rounds some sums 1 ulp apart from GCC's and
+    # Clang's, and under load one module's calls could run on each; seen once in a full run)
+    trained, stepped = _compile(tiny, compiler, tiered=False), _compile(tiny, compiler, tiered=False)
     docs = ["edcbaab", "a", "abcde", "", "ab", "edcbaab", "dee", "a"]
     rows = np.stack([data.row(tokenizer.encode(doc), CONFIG.block_size) for doc in docs])
     trained.train(*_split(rows[:4]), 0.01)  # (one call)
