@@ -94,7 +94,8 @@ class Op:
     selects: str = ""         # "index" or "largest": {a} is the operand picked (GATHER, MAXIMUM below)
     method: str = ""          # the Value method that applies it (x.relu(), x.max(y)): engine.py makes it from the row
     doc: str = ""             # that method's docstring
-    row_kernel: str = ""      # a kernel of templates/kernels/kernels.h computing the value over a row (compiled loops)
+    row_kernel: str = ""      # a kernel of templates/kernels/kernels.h computing the value over a row (compiled
+                              # loops; the table form's rows through its _gather twin), to the fused bound
     in_products: str = ""     # matmul_set's parameter that applies it to a layer's sums as they are stored (in place)
     value_fn: object = field(init=False, repr=False, compare=False)
     grad_fns: tuple = field(init=False, repr=False, compare=False)
@@ -135,8 +136,9 @@ _TABLE = [
     # a ** b with b a Value too (a > 0 for the gradient in b: log a)
     Op("vpow", "**", 2, "pow({a}, {b})", ("{b} * pow({a}, {b} - 1)", "{out} * log({a})")),
     Op("relu", "ReLU", 1, "where({a} < 0, 0, {a})", ("positive({out})",), method="relu", in_products="relu"),
-    Op("tanh", "tanh", 1, "tanh({a})", ("1 - {out} * {out}",), method="tanh"),
-    Op("sigmoid", "sigmoid", 1, "1 / (1 + exp(-{a}))", ("{out} * (1 - {out})",), method="sigmoid"),
+    Op("tanh", "tanh", 1, "tanh({a})", ("1 - {out} * {out}",), method="tanh", row_kernel="tanh_range"),
+    Op("sigmoid", "sigmoid", 1, "1 / (1 + exp(-{a}))", ("{out} * (1 - {out})",), method="sigmoid",
+       row_kernel="sigmoid_range"),
     Op("exp", "exp", 1, "exp({a})", ("{out}",), method="exp", row_kernel="exp_range"),
     Op("log", "log", 1, "log({a})", ("1 / {a}",), method="log"),
     Op("max", "max", 2, "where({a} < {b}, {b}, {a})", ("({a} >= {b})", "({a} < {b})"), method="max",

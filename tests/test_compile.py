@@ -19,6 +19,7 @@ anything wrong, is told apart (its errors are ~1e-7 or ~1).
 import functools
 import math
 import random
+import re
 from array import array
 
 import numpy as np
@@ -262,6 +263,18 @@ def test_each_op(compiler, column):
 def test_xor_mlp(compiler, column):
     mode, opt = column
     check_shared([name for name, *_ in XOR_CASES], compiler, mode, opt)
+
+
+def test_the_fused_columns_run_the_row_kernels():
+    """The shared module's fused columns (test_each_op, test_xor_mlp, test_random_graphs, every
+    compiler) hold loops of tanh and sigmoid, which call tanh_range and sigmoid_range (the op
+    table's row_kernel, templates/kernels/exp.c): the kernels are held to the interpreter there."""
+    build, param_values, rows = side_by_side(shared_cases())
+    params, inputs = [Value(v) for v in param_values], [Value(x) for x in rows[0]]
+    loss, parts = loss_and_parts(build(params, inputs))
+    source = "\n".join(codegen.generate(loss, inputs, params, outputs=parts, input_grads=True, fuse=True))
+    for kernel in ("tanh_range", "sigmoid_range"):
+        assert re.search(rf"\b{kernel}\(d \+", source), kernel
 
 
 def test_fused_dot_with_scattered_and_repeated_factors(compiler, opt):

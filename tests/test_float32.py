@@ -95,11 +95,12 @@ def test_optimizers_in_float32(optimizer, compiler):
 def test_float32_source():
     """float literals, float primitives, one element type; dtype checked."""
     model, xs, ys, logits, loss = small_classifier(0)
-    source = "\n".join(codegen.generate((loss * 0.1).tanh(), xs + ys, model.parameters(), dtype="float32"))
+    top = (loss * 0.1).tanh() + (loss * 0.05).exp()  # (single statements: the layers' loops call row kernels)
+    source = "\n".join(codegen.generate(top, xs + ys, model.parameters(), dtype="float32"))
     assert "#define REAL_IS_FLOAT 1" in source and "0.1f" in source
     assert "real_tanh(" in source and "real_exp(" in source and "real_log(" in source
     assert " tanh(" not in source and "double *restrict d" not in source
-    wide = "\n".join(codegen.generate((loss * 0.1).tanh(), xs + ys, model.parameters()))
+    wide = "\n".join(codegen.generate(top, xs + ys, model.parameters()))
     assert "#define REAL_IS_FLOAT 0" in wide and "0.1f" not in wide
     with pytest.raises(ValueError, match="dtype must be one of 'float64', 'float32', got 'float16'"):
         codegen.generate(loss, xs + ys, model.parameters(), dtype="float16")

@@ -3,7 +3,8 @@ updates as the reference (llm.c's way: every kernel checked, its max difference 
 matvec, four rows at a time over short nonzero chunk lists and a row at a time otherwise, and
 dot_nz, axpy_nz and sgd_axpy_nz; and axpy_offsets_lanes (a batch's lanes side by side) against
 axpy_offsets lane by lane. Each promises the reference's numbers exactly, for every compiler and
-dtype."""
+dtype. And the row kernels of exp, tanh and sigmoid against the C library's functions, to their
+bounds."""
 
 import math
 
@@ -30,7 +31,10 @@ void call_axpy(real *y, real alpha, const real *x, long n, const int32_t *nz)
 { if (nz) axpy_nz(y, alpha, x, n, nz); else axpy(y, alpha, x, n); }
 void call_sgd_axpy(real *w, real lr, real alpha, const real *x, long n, const int32_t *nz)
 { if (nz) sgd_axpy_nz(w, lr, alpha, x, n, nz); else sgd_axpy(w, lr, alpha, x, n); }
-void call_exp(real *y, const real *x, long n) { exp_range(y, x, n); }
+void call_row(int f, real *y, const real *x, long n)
+{ if (f == 2) sigmoid_range(y, x, n); else if (f) tanh_range(y, x, n); else exp_range(y, x, n); }
+void call_gather(int f, real *d, const int32_t *rows, long n)
+{ if (f == 2) sigmoid_gather(d, rows, n); else if (f) tanh_gather(d, rows, n); else exp_gather(d, rows, n); }
 void call_axpy_lanes(real *y, const int32_t *oy, const real *alpha, const real *x, const int32_t *ox, long n,
                      long lanes, int by_lane)
 {
@@ -39,7 +43,8 @@ void call_axpy_lanes(real *y, const int32_t *oy, const real *alpha, const real *
     for (long l = 0; by_lane && l < lanes; l++)
         axpy_offsets(y + l, oy, alpha[l], x + l, ox, n);
 }
-void call_exp_one_by_one(real *y, const real *x, long n) { for (long i = 0; i < n; i++) y[i] = (real)exp_value(x[i]); }
+void call_row_one_by_one(int f, real *y, const real *x, long n)
+{ for (long i = 0; i < n; i++) y[i] = (real)(f == 2 ? sigmoid_value(x[i]) : f ? tanh_value(x[i]) : exp_value(x[i])); }
 """
 DECLARATIONS = """
 void call_dot_rows(real *out, const real *w, long w_j, const real *x, long n, long J);
@@ -49,10 +54,11 @@ void call_scan(const real *x, long n, int32_t *nz);
 real call_dot_nz(const real *a, const real *x, long n, const int32_t *nz);
 void call_axpy(real *y, real alpha, const real *x, long n, const int32_t *nz);
 void call_sgd_axpy(real *w, real lr, real alpha, const real *x, long n, const int32_t *nz);
-void call_exp(real *y, const real *x, long n);
+void call_row(int f, real *y, const real *x, long n);
+void call_gather(int f, real *d, const int32_t *rows, long n);
 void call_axpy_lanes(real *y, const int32_t *oy, const real *alpha, const real *x, const int32_t *ox, long n,
                      long lanes, int by_lane);
-void call_exp_one_by_one(real *y, const real *x, long n);
+void call_row_one_by_one(int f, real *y, const real *x, long n);
 """
 CHUNK = 8  # values per chunk of the nonzero lists
 
@@ -181,48 +187,88 @@ def test_axpy_over_lanes_is_its_calls_bits(compiler, dtype, lanes):
     print(f"axpy_offsets_lanes vs calls, {compiler} {dtype} lanes={lanes}: the same bits")
 
 
-def test_exp_range_is_the_libraries_exp_within_an_ulp(compiler, dtype):
-    """exp_range (templates/kernels/exp.c) against the C library's exp (Python's math.exp; in
-    float32 its value rounded), to an ulp of it, its max difference in ulps printed: a softmax's
-    range, the whole range with overflow to inf and results under the normal numbers, the special
-    values; the same bits one value at a time (TCC's way, and any CPU's without AVX2) and with
-    TCC; each value the same wherever it sits in a row, and nothing written past n."""
+def _special(name, info):
+    """Each function's hard values: its edges, its range's ends, the special values."""
+    if name != "tanh":
+        top, bottom = np.log(info.max), np.log(info.smallest_subnormal)
+        return [0.5 * np.log(2), -0.5 * np.log(2), top, top * (1 - 1e-7), top * (1 + 1e-7), bottom, bottom - 0.1,
+                bottom + 0.3, np.log(info.tiny), -1000.0, 1000.0]
+    return [20.0, -20.0, 20.000001, 19.999999, 0.5493061443340549, 0.17, 0.1733, 0.35, 5e-324, 1e-30, -1e-30,
+            0.5 * np.log(2), 40.0, -40.0, -1e300, 1e300]
+
+
+ROW_FUNCTIONS = {"exp": 0, "tanh": 1, "sigmoid": 2}  # (the harness's f)
+
+
+@pytest.mark.parametrize("name", list(ROW_FUNCTIONS))
+def test_row_kernels_are_the_libraries_functions_within_a_bound(compiler, dtype, name):
+    """exp_range, tanh_range and sigmoid_range (templates/kernels/exp.c) against the C library's
+    exp and tanh (Python's math.exp and math.tanh) and the op table's sigmoid with that exp (in
+    float32 their values rounded), to 1, TANH_ULPS (4) and 2 ulps of them, the max difference in
+    ulps printed: the whole range, with overflow to inf and
+    results under the normal numbers, the special values (-0 stays -0); the same bits one value at
+    a time (TCC's way, and any CPU's without AVX2) and with TCC; each value the same wherever it
+    sits in a row, and nothing written past n; the gathered forms over the table form's rows
+    (exp_gather, tanh_gather, sigmoid_gather) the same bits as the rows', nothing else written."""
     ffi, lib = kernels(compiler, dtype)
+    which = ROW_FUNCTIONS[name]
+    library, bound = {"exp": (exp_or_inf, 1), "tanh": (math.tanh, 4), "sigmoid": (sigmoid, 2)}[name]  # (TANH_ULPS)
     real = DTYPES[dtype].numpy.type
     info = np.finfo(real)
-    top, bottom = np.log(info.max), np.log(info.smallest_subnormal)
     rng = np.random.default_rng(7)
-    special = [0.0, -0.0, 1.0, -1.0, 1e-300, -1e-300, 0.5 * np.log(2), -0.5 * np.log(2), top, top * (1 - 1e-7),
-               top * (1 + 1e-7), bottom, bottom - 0.1, bottom + 0.3, np.log(info.tiny), -1000.0, 1000.0,
-               np.inf, -np.inf, np.nan]
-    x = np.concatenate([rng.uniform(-30, 5, 3000), rng.uniform(bottom - 2, top + 2, 3000), special]).astype(real)
+    wide = (np.log(info.smallest_subnormal) - 2, np.log(info.max) + 2) if name != "tanh" else (-25, 25)
+    special = [0.0, -0.0, 1.0, -1.0, 1e-300, -1e-300, *_special(name, info), np.inf, -np.inf, np.nan]
+    with np.errstate(over="ignore"):  # (float32: 1e300 is inf)
+        x = np.concatenate([rng.uniform(-30, 5, 3000), rng.uniform(*wide, 3000), rng.uniform(-1, 1, 2000) ** 5,
+                            special]).astype(real)
     with np.errstate(over="ignore", under="ignore"):
         y = np.full(len(x) + 3, 7, real)
-        lib.call_exp(pointer(ffi, y), pointer(ffi, x), len(x))
-        expected = np.array([library_exp(v) for v in x.astype(np.float64)]).astype(real)
+        lib.call_row(which, pointer(ffi, y), pointer(ffi, x), len(x))
+        expected = np.array([library(v) for v in x.astype(np.float64)]).astype(real)
     assert (y[len(x):] == 7).all()  # nothing past n
     y = y[:len(x)]
     np.testing.assert_array_equal(np.isnan(y), np.isnan(x))
+    np.testing.assert_array_equal(np.signbit(y[~np.isnan(x)]), np.signbit(expected[~np.isnan(x)]))
     same = (y == expected) | np.isnan(x)  # (inf against inf too)
     ulps = np.abs(y[~same].astype(np.float64) - expected[~same]) / np.spacing(expected[~same]).astype(np.float64)
     ulps = np.append(ulps, 0)
     print(f"{compiler} {dtype}: {(~same).sum()} of {len(x)} values differ from the library's")
-    print(f"exp_range vs the C library's exp, {compiler} {dtype}: max difference {ulps.max():g} ulp")
-    assert ulps.max() <= 1
+    print(f"{name}_range vs the C library's {name}, {compiler} {dtype}: max difference {ulps.max():g} ulp")
+    assert ulps.max() <= bound
     for other_ffi, other in ((ffi, lib), kernels(requires("tcc"), dtype)):
-        for call in (other.call_exp, other.call_exp_one_by_one):
-            again = np.zeros(len(x), real)
-            call(pointer(other_ffi, again), pointer(other_ffi, x), len(x))
-            np.testing.assert_array_equal(again, y)
+        again = np.zeros(len(x), real)
+        other.call_row_one_by_one(which, pointer(other_ffi, again), pointer(other_ffi, x), len(x))
+        assert same_bits(again, y)
+        for n in (1, 2, 3, 4, 5, 7, 9, 64, len(x)):  # the table's rows: operands and results anywhere in d
+            d = np.full(2 * len(x) + 5, 7, real)
+            picked = rng.permutation(len(x))[:n]
+            d[:len(x)] = x
+            rows = np.stack([picked, len(x) + 5 + rng.permutation(len(x))[:n]], axis=1).astype(np.int32)
+            other.call_gather(which, pointer(other_ffi, d), pointer(other_ffi, rows), n)
+            assert same_bits(d[rows[:, 1]], y[picked])
+            written = np.ones(len(d), bool)
+            written[rows[:, 1]] = False
+            written[:len(x)] = False
+            assert (d[written] == 7).all()
     for offset in range(4):  # a row starting at any lane, of any length: the same values
         for n in range(1, 10):
             part = np.full(n + 1, 7, real)
-            lib.call_exp(pointer(ffi, part), pointer(ffi, x[offset:]), n)
+            lib.call_row(which, pointer(ffi, part), pointer(ffi, x[offset:]), n)
             np.testing.assert_array_equal(part[:n], y[offset:offset + n])
             assert part[n] == 7
 
 
-def library_exp(v):
+def same_bits(a, b):
+    """The same values bit for bit, -0 apart from 0; a NaN anywhere the other has one (its sign no value's)."""
+    nan = np.isnan(a)
+    return np.array_equal(nan, np.isnan(b)) and np.array_equal(a[~nan].view(np.uint8), b[~nan].view(np.uint8))
+
+
+def sigmoid(v):
+    return 1 / (1 + exp_or_inf(-v))
+
+
+def exp_or_inf(v):
     try:
         return math.exp(v)
     except OverflowError:  # (the C library's is inf)

@@ -2,8 +2,10 @@
 rows that the module runtime's loops run. It computes the straight-line C's numbers bit for bit
 (the same formulas, sums and gradient orders: forward, gradients, train() with SGD and Adam,
 predict) on random irregular graphs and on a graph holding every op the fused mode lowers to, with
-TCC, GCC, Clang and zig, float64 and float32; it equals the interpreter on test_compile's random
-graphs; it is the default for big irregular graphs with an optimising compiler; bad options are clear errors."""
+TCC, GCC, Clang and zig, float64 and float32, but for the ops with a row kernel (exp, tanh), whose
+rows run the kernel (within its bound of the C library's function; the bits with the formulas
+instead, table.ROW_KERNELS); it equals the interpreter on test_compile's random graphs; it is the
+default for big irregular graphs with an optimising compiler; bad options are clear errors."""
 import random
 
 import numpy as np
@@ -60,6 +62,12 @@ CASES = {"every op": every_op_graph, "irregular": irregular_case}
 
 
 @pytest.fixture
+def formulas(monkeypatch):
+    """Every row computes the op table's formula (no row kernel: the straight-line statement's bits)."""
+    monkeypatch.setattr(tables, "ROW_KERNELS", False)
+
+
+@pytest.fixture
 def loops_compiled(monkeypatch):
     """Loop nests stay compiled (the table takes single statements only): a loop nest sums a shared
     operand's gradient in a register, where rows would add to it one by one."""
@@ -99,7 +107,7 @@ def assert_same(a, b):
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float64", "float32"])), indirect=["compiler"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_the_table_form_computes_the_straight_line_bits(compiler, dtype, name, loops_compiled):
+def test_the_table_form_computes_the_straight_line_bits(compiler, dtype, name, loops_compiled, formulas):
     case = CASES[name]()
     optimizer = codegen.Adam() if name == "irregular" else None
     _, table = results(case, True, compiler=compiler, dtype=dtype, optimizer=optimizer)
@@ -109,6 +117,24 @@ def test_the_table_form_computes_the_straight_line_bits(compiler, dtype, name, l
     for form in (True, False):
         sources = codegen.generate(loss, inputs, params, outputs, batch=1, table=form)
         assert ("table_forward(table +" in sources[0]) is form
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float64", "float32"])), indirect=["compiler"])
+def test_rows_with_a_row_kernel_run_it(compiler, dtype, loops_compiled):
+    """By default the rows of exp and tanh go through exp_gather and tanh_gather: every figure within
+    the fused bound of the straight-line C's (libm's exp and tanh), and not all of them its bits."""
+    case = every_op_graph()
+    runtime = tables.runtime_cases(dtype)["TABLE_FORWARD"]
+    assert "tanh_gather(d, w, count)" in runtime and "exp_gather(d, w, count)" in runtime
+    net, table = results(case, True, compiler=compiler, dtype=dtype)
+    _, straight = results(case, False, compiler=compiler, dtype=dtype)
+    rtol = 1e-12 if dtype == "float64" else 1e-5
+    differ = []
+    for key in table:
+        np.testing.assert_allclose(np.asarray(table[key], dtype=float), np.asarray(straight[key], dtype=float),
+                                   rtol=rtol, atol=rtol, err_msg=key)
+        differ.append(not np.array_equal(np.asarray(table[key]), np.asarray(straight[key])))
+    assert any(differ)  # (the kernels' values are not libm's bits: the rows do run them)
 
 
 def test_every_op_the_fused_mode_keeps_is_in_the_rows(loops_compiled):

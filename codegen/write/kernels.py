@@ -35,8 +35,9 @@ def parse(text):
 KERNELS = parse(templates.read(HEADER))
 
 # The kernels the module runtime's unit of products defines (templates/products.c: the matrix
-# products, the convolutions, exp_range) and the other units of a module only declare
-PRODUCTS = ("matmul_set", "matmul_acc", "matmul_nt", "matmul_acc_nt", "conv_set", "conv_nt", "conv_acc", "exp_range")
+# products, the convolutions, the rows' exp, tanh and sigmoid) and the other units of a module only declare
+PRODUCTS = ("matmul_set", "matmul_acc", "matmul_nt", "matmul_acc_nt", "conv_set", "conv_nt", "conv_acc",
+            "exp_range", "tanh_range", "sigmoid_range", "exp_gather", "tanh_gather", "sigmoid_gather")
 
 
 def product_declarations():

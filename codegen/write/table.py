@@ -22,8 +22,9 @@ gradient sums its contributions in the same order as the straight-line C. The ta
 same formulas (the op table's, rendered as the emitter renders them), the same products and sums
 (a dot's parts in the emitter's tree, loops.tree_sum; a contribution as the local derivative
 times the gradient), the same bits (tests/test_table.py; an FMA contraction by the compiler, with
-native=True, could change one). Within a run, rows go by their depth in the graph (_by_depth): a
-row far from the rows it waits for, so that the processor overlaps their latencies.
+native=True, could change one), but for the ops with a row kernel (ROW_KERNELS). Within a run,
+rows go by their depth in the graph (_by_depth): a row far from the rows it waits for, so that
+the processor overlaps their latencies.
 
 A row's layout (int32 words) by kind:
     op, forward     a, [b], [k], out                  (k: the op's constant, from a slot)
@@ -80,6 +81,14 @@ OP_BASE = EDGE + 1
 # A loop nest of at most this many nodes becomes rows too (an irregular graph's few alike nodes,
 # whose tiny loops would each cut the rows around them into segments of their own)
 LOOP_MAX_MEMBERS = 8
+
+# An op with a kernel over a row (the op table's row_kernel: exp, tanh, sigmoid) runs a run of its
+# rows through the kernel's gathered twin (`gathered`), as a loop of the fused mode runs the
+# kernel: four rows' operands a vector (a random 20,000-Value graph's 1,596 tanh rows: libm's
+# tanh took 12-15 ns a value, on an Intel Xeon). Their results are then the kernel's (within its
+# bound of the C library's function), not the straight-line statement's bits; False runs the op
+# table's formula instead (tests/test_table.py compares everything else bit for bit).
+ROW_KERNELS = True
 # base64 characters per line of the table's text in the C: long lines, so that the rows do not
 # count as the many lines of C that tiers.TIERED_MIN_LINES takes for a long optimising build
 TEXT_LINE = 2_000
@@ -185,8 +194,9 @@ def reason(program, table):
 
 def key(table):
     """The table argument as the build cache's structural key records it: None as the rule that
-    decides (so that a change of the rule is a new key)."""
-    return ("by default", TABLE_MIN_STATEMENTS, MOSTLY) if table is None else table
+    decides (so that a change of the rule is a new key), and whether the rows run the row kernels."""
+    rule = ("by default", TABLE_MIN_STATEMENTS, MOSTLY) if table is None else table
+    return rule if table is False else (rule, "row kernels" if ROW_KERNELS else "formulas")
 
 
 def rowable(g):
@@ -319,6 +329,7 @@ class OpFacts:
     has_k: bool = False
     coefficient: tuple = ()
     computed: tuple = ()
+    kernel: str = ""  # the row kernel its forward rows go through (ROW_KERNELS)
 
     @staticmethod
     def table():
@@ -331,8 +342,13 @@ class OpFacts:
                                 else op.grads[i].strip()[1:-1] if not _computed(op, i) else None
                                 for i in range(op.arity))
             facts[op.name] = OpFacts(OP_BASE + position, cheap, op.name in CHEAP_AS_MAX, _has_k(op), coefficient,
-                                      tuple(i for i in range(op.arity) if _computed(op, i)))
+                                      tuple(i for i in range(op.arity) if _computed(op, i)), _kernel(op))
         return facts
+
+
+def _kernel(op):
+    """The row kernel an op's forward rows go through, or ""."""
+    return op.row_kernel if ROW_KERNELS and op.arity == 1 and not op.selects and not _has_k(op) else ""
 
 
 def op_kind(op):
@@ -374,7 +390,8 @@ def _forward_segment(nodes, slots, facts):
         kind, row = _row(n, slots, facts)
         kinds.append(kind)
         rows.append(row)
-    return _encode(_schedule(preds, kinds), kinds, rows, [])
+    kernel_kinds = {f.kind for f in facts.values() if f.kernel}
+    return _encode(_schedule(preds, kinds, kernel_kinds), kinds, rows, [])
 
 
 def _encode(order, kinds, rows, first):
@@ -491,14 +508,16 @@ def _computed(op, i):
     return not op.grad_is_one(i) and op.grads[i].strip() not in ("{a}", "{b}", "{out}", "{k}")
 
 
-def _schedule(preds, kinds):
+def _schedule(preds, kinds, gathered=frozenset()):
     """An order of the rows (a topological order of preds; preds[v] < v) in few runs of one kind,
-    each run's rows by their depth in the graph (_by_depth)."""
+    each run's rows by their depth in the graph (_by_depth); a run of a kind in `gathered` reads
+    none of its own rows' results (_runs)."""
     depths = [0] * len(kinds)
     for v, ps in enumerate(preds):
         if ps:
             depths[v] = 1 + max(map(depths.__getitem__, ps))
-    return _by_depth(np.array(_runs(preds, kinds), dtype=np.int64), depths, np.asarray(kinds, dtype=np.int64))
+    return _by_depth(np.array(_runs(preds, kinds, gathered), dtype=np.int64), depths,
+                     np.asarray(kinds, dtype=np.int64))
 
 
 def _by_depth(order, depths, kinds):
@@ -510,10 +529,11 @@ def _by_depth(order, depths, kinds):
     return order[np.lexsort((np.asarray(depths, dtype=np.int64)[order], run))]
 
 
-def _runs(preds, kinds):
+def _runs(preds, kinds, gathered=frozenset()):
     """A topological order of the rows in few runs of one kind: repeatedly, the kind of the ready
     row with the longest path after it, and every row of that kind ready or made ready by the run
-    itself."""
+    itself; for a kind in `gathered` (a row kernel's: its run reads every operand before it writes)
+    only the rows ready before the run."""
     n = len(kinds)
     succs = [[] for _ in range(n)]
     waiting = [0] * n
@@ -538,13 +558,19 @@ def _runs(preds, kinds):
     while len(order) < n:
         kind = min((heap[0] // n, k) for k, heap in ready.items() if heap)[1]
         heap = ready[kind]
+        later = [] if kind in gathered else None  # (made ready by this run: for the next one)
         while heap:
             v = pop(heap) % n
             order.append(v)
             for s in succs[v]:
                 waiting[s] -= 1
                 if not waiting[s]:
-                    push(ready.setdefault(kinds[s], []), s - height[s] * n)
+                    if later is not None and kinds[s] == kind:
+                        later.append(s)
+                    else:
+                        push(ready.setdefault(kinds[s], []), s - height[s] * n)
+        for s in later or ():
+            push(heap, s - height[s] * n)
     return order
 
 
@@ -609,7 +635,7 @@ def runtime_cases(dtype):
             if op.selects:
                 out.append(_select_case(op, code, dtype, forward))
             elif forward:
-                out.append(_op_case(op, code, dtype))
+                out.append(_kernel_case(op, code) if _kernel(op) else _op_case(op, code, dtype))
             elif any(_computed(op, i) for i in range(op.arity)):
                 out.append(_coefficient_case(op, code, dtype))
         out += [_cheap_case(dtype)] + [_dot_case(size) for size in DOT_SIZES] if forward else [_edge_case()]
@@ -644,6 +670,20 @@ def _op_case(op, code, dtype):
     """An op's rows forward: [a, (b), (k), out]."""
     width, names = _op_names(op)
     return _case(code, op.name, width + 1, [f"d[w[{width}]] = {_render(op, dtype, op.value, **names)};"])
+
+
+def _kernel_case(op, code):
+    """An op's rows forward through its row kernel's gathered form (`gathered`): [a, out], the
+    run's rows in one call (none reads another's result: _runs)."""
+    kernel = gathered(op.row_kernel)
+    return code, (f"    kind_{code}: /* {op.name}: {kernel} */\n"
+                  f"        {call(kernel, d='d', rows='w', n='count')};\n"
+                  "        w += 2 * count;\n        NEXT_RUN;")
+
+
+def gathered(kernel):
+    """A row kernel's form over the table's rows (exp_range: exp_gather, in templates/kernels/kernels.h)."""
+    return kernel.removesuffix("_range") + "_gather"
 
 
 def _coefficient_case(op, code, dtype):

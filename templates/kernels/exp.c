@@ -1,24 +1,30 @@
-/* ---- exp over a row ----------------------------------------------------------------------
+/* ---- exp, tanh and sigmoid over a row ----------------------------------------------------
  * exp_range(y, x, n): y[i] = exp(x[i]) for i < n, the innermost loop of a group of exponentials
  * whose values and arguments lie side by side (codegen/write/forward.py): a softmax's over a
- * batch's lanes, a document's positions, an attention's keys. The C library's exp is a call per
- * value that no compiler vectorises (microgpt: 6-9% of a step); this is four values a vector on
- * x86-64 with AVX2, within an ulp of the library's (to the fused bound, not its bits). Every
- * value goes through the same operations, correctly rounded each and none fused, in vectors or
- * one by one (TCC, other CPUs, the freestanding exports): the same bits with every compiler,
- * tier and CPU, wherever a value sits in a row (a row's last values are loaded and stored in
- * part). float32 computes in double and rounds once.
+ * batch's lanes, a document's positions, an attention's keys; tanh_range and sigmoid_range the
+ * same for tanh and the op table's sigmoid (a layer's activations over a batch); exp_gather,
+ * tanh_gather and sigmoid_gather over the table form's rows (codegen/write/table.py). The C
+ * library's exp and tanh are a call per value that no compiler vectorises (microgpt: 6-9% of a
+ * step; tanh 12-15 ns a value on an Intel Xeon); these are four values a vector on x86-64 with
+ * AVX2, exp within an ulp of the library's, tanh within TANH_ULPS, sigmoid within 2 ulps of the
+ * op table's formula with the library's exp (to the fused bound, not its bits). Every value goes through the same operations, correctly
+ * rounded each and none fused, in vectors or one by one (TCC, other CPUs, the freestanding
+ * exports): the same bits with every compiler, tier and CPU, wherever a value sits in a row (a
+ * row's last values are loaded and stored in part). float32 computes in double and rounds once.
  * The method (fdlibm's reduction): k = round(x / ln 2) (by adding and taking away 1.5 * 2^52),
  * r = x - k ln 2 with ln 2 in two parts, the first's 32 bits making k times it exact (|r| <= ln 2
- * / 2), exp(r) = 1 + (r + r^2 P(r)) with P Taylor's to r^11 / 13! (its remainder under 1e-17
- * relative; Estrin's scheme, for a short row's latency), then times 2^k in two halves of k, so
- * that overflow gives inf and a result under the normal numbers rounds once (to 0 below
- * exp(-745.13)); NaN stays NaN. */
+ * / 2), exp(r) - 1 = r + r^2 P(r) with P Taylor's to r^11 / 13! (its remainder under 1e-17
+ * relative; Estrin's scheme, for a short row's latency); exp(x) = (1 + that) times 2^k in two
+ * halves of k, so that overflow gives inf and a result under the normal numbers rounds once (to
+ * 0 below exp(-745.13)); NaN stays NaN. tanh |x| = -m / (m + 2) with m = exp(-2|x|) - 1 =
+ * 2^k (exp(r) - 1) + (2^k - 1), which has no cancellation (k = 0 near 0, where m is exp(r) - 1
+ * itself, and m + 2 lies in (1, 2]); 1 beyond |x| = 20 (tanh 20 is 1 - 8e-18: 1 in double);
+ * the sign of x put back. */
 #if RUNTIME_PRODUCTS != 1
 #define EXP_SHIFT 6755399441055744.0 /* 1.5 * 2^52: z + it - it rounds z to an integer */
 #define EXP_SHIFT_BITS 0x4338000000000000ULL
-/* e = exp(c) / 2^k and z = k + EXP_SHIFT, for c clamped to [-746, 710]: double or a vector of them */
-#define EXP_REDUCED(T, c, z, e)                                                                    \
+/* m = exp(c) / 2^k - 1 and z = k + EXP_SHIFT, for c clamped to [-746, 710]: double or a vector of them */
+#define EXP_REDUCED(T, c, z, m)                                                                    \
     do {                                                                                           \
         z = c * 1.4426950408889634 + EXP_SHIFT;                                                    \
         const T k_ = z - EXP_SHIFT;                                                                \
@@ -30,7 +36,7 @@
         const T q4 = 2.755731922398589e-07 + r * 2.505210838544172e-08;                            \
         const T q5 = 2.08767569878681e-09 + r * 1.6059043836821613e-10;                            \
         const T p = (q0 + r2 * q1) + r4 * ((q2 + r2 * q3) + r4 * (q4 + r2 * q5));                 \
-        e = 1.0 + (r + r2 * p);                                                                    \
+        m = r + r2 * p;                                                                            \
     } while (0)
 /* 2^k as two factors 2^h and 2^(k - h), h = floor(k / 2) (k + 2048 > 0: a logical shift halves
  * it), from the bits of z (its last ones are k's): their bits b1, b2 */
@@ -60,8 +66,9 @@ static EXP_UNFUSED_FUNCTION inline double exp_value(double x)
     if (x != x)
         return x + x;
     const double c = x < -746.0 ? -746.0 : x > 710.0 ? 710.0 : x;
-    double z, e, s1, s2;
-    EXP_REDUCED(double, c, z, e);
+    double z, m, s1, s2;
+    EXP_REDUCED(double, c, z, m);
+    const double e = 1.0 + m;
     uint64_t k, b1, b2;
     memcpy(&k, &z, sizeof k);
     k -= EXP_SHIFT_BITS;
@@ -69,6 +76,45 @@ static EXP_UNFUSED_FUNCTION inline double exp_value(double x)
     memcpy(&s1, &b1, sizeof s1);
     memcpy(&s2, &b2, sizeof s2);
     return e * s1 * s2;
+}
+
+/* tanh |x| for a = |x| in [0, 20]: -m / (m + 2), m = exp(-2a) - 1 = 2^k (exp(r) - 1) + (2^k - 1)
+ * (k in [-58, 0]: 2^k from z's bits at once); T double or a vector, B its bits */
+#define TANH_ABSOLUTE(T, B, a, t)                                                                  \
+    do {                                                                                           \
+        const T c_ = -2.0 * a;                                                                     \
+        T z_, m_, s_;                                                                              \
+        EXP_REDUCED(T, c_, z_, m_);                                                                \
+        B k_;                                                                                      \
+        memcpy(&k_, &z_, sizeof k_);                                                               \
+        k_ = (k_ - EXP_SHIFT_BITS + 1023) << 52;                                                   \
+        memcpy(&s_, &k_, sizeof s_);                                                               \
+        const T e_ = s_ * m_ + (s_ - 1.0);                                                         \
+        t = -e_ / (e_ + 2.0);                                                                      \
+    } while (0)
+#define TANH_ULPS 4 /* from the C library's tanh (tests/test_kernels.py measures it: 2.2 on glibc's) */
+
+static EXP_UNFUSED_FUNCTION inline double tanh_value(double x)
+{
+    EXP_UNFUSED
+    const double a = x < 0 ? -x : x;
+    if (!(a <= 20.0))
+        return x != x ? x + x : x < 0 ? -1.0 : 1.0;
+    double t;
+    TANH_ABSOLUTE(double, uint64_t, a, t);
+    uint64_t bits, sign; /* |t| with the sign of x (t is -0 at x = 0) */
+    memcpy(&bits, &t, sizeof bits);
+    memcpy(&sign, &x, sizeof sign);
+    bits = (bits & ~(1ULL << 63)) | (sign & 1ULL << 63);
+    memcpy(&t, &bits, sizeof t);
+    return t;
+}
+
+/* the op table's sigmoid, 1 / (1 + exp(-x)), with exp_value */
+static EXP_UNFUSED_FUNCTION inline double sigmoid_value(double x)
+{
+    EXP_UNFUSED
+    return 1.0 / (1.0 + exp_value(-x));
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__) /* GCC, Clang */
@@ -80,12 +126,31 @@ static EXP_AVX2 inline exp_vec exp_avx2(exp_vec x)
 {
     EXP_UNFUSED
     const exp_vec c = (exp_vec)_mm256_min_pd(_mm256_max_pd((__m256d)x, _mm256_set1_pd(-746.0)), _mm256_set1_pd(710.0));
-    exp_vec z, e;
-    EXP_REDUCED(exp_vec, c, z, e);
+    exp_vec z, m;
+    EXP_REDUCED(exp_vec, c, z, m);
+    const exp_vec e = 1.0 + m;
     exp_bits b1, b2, k = (exp_bits)z - EXP_SHIFT_BITS;
     EXP_HALVES(exp_bits, k, b1, b2);
     const __m256d y = (__m256d)(e * (exp_vec)b1 * (exp_vec)b2);
     return (exp_vec)_mm256_blendv_pd(y, (__m256d)(x + x), _mm256_cmp_pd((__m256d)x, (__m256d)x, _CMP_UNORD_Q));
+}
+
+static EXP_AVX2 inline exp_vec tanh_avx2(exp_vec x)
+{
+    EXP_UNFUSED
+    const __m256d sign = _mm256_set1_pd(-0.0), a = _mm256_andnot_pd(sign, (__m256d)x);
+    const exp_vec clamped = (exp_vec)_mm256_min_pd(a, _mm256_set1_pd(20.0));
+    exp_vec t;
+    TANH_ABSOLUTE(exp_vec, exp_bits, clamped, t);
+    const __m256d one = _mm256_blendv_pd((__m256d)t, _mm256_set1_pd(1.0), _mm256_cmp_pd(a, _mm256_set1_pd(20.0), _CMP_GT_OQ));
+    const __m256d y = _mm256_or_pd(_mm256_andnot_pd(sign, one), _mm256_and_pd(sign, (__m256d)x));
+    return (exp_vec)_mm256_blendv_pd(y, (__m256d)(x + x), _mm256_cmp_pd((__m256d)x, (__m256d)x, _CMP_UNORD_Q));
+}
+
+static EXP_AVX2 inline exp_vec sigmoid_avx2(exp_vec x)
+{
+    EXP_UNFUSED
+    return 1.0 / (1.0 + exp_avx2(-x));
 }
 
 /* whole vectors loaded and stored plainly, the last one in part (gemm.c's: lanes past n neither
@@ -101,14 +166,42 @@ static EXP_AVX2 inline exp_vec exp_avx2(exp_vec x)
 #define EXP_LOAD_PART(p, n) (exp_vec)gemm_part_load_avx2((p), (n))
 #define EXP_STORE_PART(p, n, v) gemm_part_store_avx2((p), (n), (gemm_vec32)(v))
 #endif
-static EXP_AVX2 void exp_range_avx2(real *restrict y, const real *restrict x, long n)
-{
-    long i = 0;
-    for (; i + 4 <= n; i += 4)
-        EXP_STORE(y + i, exp_avx2(EXP_LOAD(x + i)));
-    if (i < n)
-        EXP_STORE_PART(y + i, n - i, exp_avx2(EXP_LOAD_PART(x + i, n - i)));
-}
+/* f's AVX2 forms: f_range_avx2 over a row; f_gather_avx2 over the table's rows, four rows'
+ * operands loaded into a vector and its lanes stored to the rows' results (no array between: four
+ * stores then a vector load of them would wait for the stores) */
+#define EXP_AVX2_FORMS(f)                                                                          \
+    static EXP_AVX2 void f##_range_avx2(real *restrict y, const real *restrict x, long n)          \
+    {                                                                                              \
+        long i = 0;                                                                                \
+        for (; i + 4 <= n; i += 4)                                                                 \
+            EXP_STORE(y + i, f##_avx2(EXP_LOAD(x + i)));                                           \
+        if (i < n)                                                                                 \
+            EXP_STORE_PART(y + i, n - i, f##_avx2(EXP_LOAD_PART(x + i, n - i)));                   \
+        _mm256_zeroupper(); /* (GCC left it out after the part's store, which takes a vector: \
+                             * the C library's SSE code after it, its tanh, took 20x its time) */ \
+    }                                                                                              \
+    static EXP_AVX2 void f##_gather_avx2(real *d, const int32_t *w, long n)                        \
+    {                                                                                              \
+        long i = 0;                                                                                \
+        for (; i + 4 <= n; i += 4, w += 8) {                                                       \
+            const exp_vec y = f##_avx2((exp_vec){d[w[0]], d[w[2]], d[w[4]], d[w[6]]});             \
+            d[w[1]] = (real)y[0], d[w[3]] = (real)y[1], d[w[5]] = (real)y[2], d[w[7]] = (real)y[3]; \
+        }                                                                                          \
+        if (i < n) {                                                                               \
+            const long m = n - i;                                                                  \
+            const exp_vec y = f##_avx2((exp_vec){d[w[0]], m > 1 ? d[w[2]] : 0, m > 2 ? d[w[4]] : 0, 0}); \
+            d[w[1]] = (real)y[0];                                                                  \
+            if (m > 1)                                                                             \
+                d[w[3]] = (real)y[1];                                                              \
+            if (m > 2)                                                                             \
+                d[w[5]] = (real)y[2];                                                              \
+        }                                                                                          \
+        _mm256_zeroupper();                                                                        \
+    }
+EXP_AVX2_FORMS(exp)
+EXP_AVX2_FORMS(tanh)
+EXP_AVX2_FORMS(sigmoid)
+#undef EXP_AVX2_FORMS
 #undef EXP_LOAD
 #undef EXP_STORE
 #undef EXP_LOAD_PART
@@ -116,15 +209,33 @@ static EXP_AVX2 void exp_range_avx2(real *restrict y, const real *restrict x, lo
 #define EXP_VECTORS 1
 #endif
 
-PRODUCT void exp_range(real *restrict y, const real *restrict x, long n)
-{
+/* f_range(y, x, n): y[i] = f(x[i]) for i < n; f_gather(d, rows, n): d[rows[2i + 1]] =
+ * f(d[rows[2i]]) for i < n, the table form's rows of the op (codegen/write/table.py), none reading
+ * another's result. Each on the vectors where the CPU has them, else value by value (the same bits). */
 #if defined(EXP_VECTORS)
-    if (cpu_features() & CPU_AVX2_FMA) {
-        exp_range_avx2(y, x, n);
-        return;
+#define EXP_VECTORS_RUN(call)                                                                      \
+    if (cpu_features() & CPU_AVX2_FMA) {                                                           \
+        call;                                                                                      \
+        return;                                                                                    \
     }
+#else
+#define EXP_VECTORS_RUN(call)
 #endif
-    for (long i = 0; i < n; i++)
-        y[i] = (real)exp_value((double)x[i]);
-}
+#define EXP_RANGE(f)                                                                               \
+    EXP_VECTORS_RUN(f##_range_avx2(y, x, n))                                                       \
+    for (long i = 0; i < n; i++)                                                                   \
+        y[i] = (real)f##_value((double)x[i]);
+#define EXP_GATHER(f)                                                                              \
+    EXP_VECTORS_RUN(f##_gather_avx2(d, rows, n))                                                   \
+    for (long i = 0; i < n; i++)                                                                   \
+        d[rows[2 * i + 1]] = (real)f##_value((double)d[rows[2 * i]]);
+PRODUCT void exp_range(real *restrict y, const real *restrict x, long n) { EXP_RANGE(exp) }
+PRODUCT void tanh_range(real *restrict y, const real *restrict x, long n) { EXP_RANGE(tanh) }
+PRODUCT void sigmoid_range(real *restrict y, const real *restrict x, long n) { EXP_RANGE(sigmoid) }
+PRODUCT void exp_gather(real *d, const int32_t *rows, long n) { EXP_GATHER(exp) }
+PRODUCT void tanh_gather(real *d, const int32_t *rows, long n) { EXP_GATHER(tanh) }
+PRODUCT void sigmoid_gather(real *d, const int32_t *rows, long n) { EXP_GATHER(sigmoid) }
+#undef EXP_RANGE
+#undef EXP_GATHER
+#undef EXP_VECTORS_RUN
 #endif

@@ -69,8 +69,14 @@ KERNEL void conv_acc(real *restrict out, long out_p, long out_q, const int32_t *
                      long w_f, long w_k, const real *restrict go, long go_f, long go_p, long go_q, long F, long P,
                      long Q, long S, long K);
 
-/* a row's exponentials (templates/kernels/exp.c) */
+/* a row's exp, tanh, sigmoid (templates/kernels/exp.c) */
 KERNEL void exp_range(real *restrict y, const real *restrict x, long n);
+KERNEL void tanh_range(real *restrict y, const real *restrict x, long n);
+KERNEL void sigmoid_range(real *restrict y, const real *restrict x, long n);
+/* the same over the table form's rows [operand, result] (d[rows[2i + 1]] = f(d[rows[2i]])) */
+KERNEL void exp_gather(real *d, const int32_t *rows, long n);
+KERNEL void tanh_gather(real *d, const int32_t *rows, long n);
+KERNEL void sigmoid_gather(real *d, const int32_t *rows, long n);
 
 /* the sparse inputs' lists (templates/kernels/sparse.c, gemm.c) */
 static void scan_range(const real *restrict x, long n, int32_t *restrict nz);
