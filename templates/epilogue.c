@@ -3,6 +3,5 @@ EPILOGUE void @NAME@(const real *restrict x, real *restrict y, const real *restr
 {
     (void)a;
     (void)o;
-    INDEPENDENT for (long n = 0; n < count; n++)
-        @STATEMENT@
+@BODY@
 }

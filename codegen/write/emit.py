@@ -18,6 +18,7 @@ from ..lower import ir
 from .backward import Backward, Plain, SgdInBackward, Tracked
 from .dtypes import c_literals
 from .forward import Forward
+from .kernels import Call
 from .sides import Shared, SideTables
 
 # Statements per generated function: gcc/clang -O1 take superlinear time in a function's size.
@@ -327,6 +328,11 @@ def _scan(name, params, calls):
 
 
 def _epilogue_definitions(epilogues):
-    """The epilogues' C (templates/epilogue.c; static: each unit that calls one defines it)."""
-    return "\n".join(templates.fill("epilogue.c", NAME=name, STATEMENT=tree.render(statement)).rstrip("\n")
+    """The epilogues' C (templates/epilogue.c; static: each unit that calls one defines it): a
+    statement over element n in a loop, or a row kernel's call over the row."""
+    def body(statement):
+        if isinstance(statement, Call):
+            return f"    {statement.render()}"
+        return f"    INDEPENDENT for (long n = 0; n < count; n++)\n        {tree.render(statement)}"
+    return "\n".join(templates.fill("epilogue.c", NAME=name, BODY=body(statement)).rstrip("\n")
                      for statement, name in epilogues.items())

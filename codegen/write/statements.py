@@ -82,7 +82,8 @@ class Statements:
 
     def _epilogue(self, node, gradient=False, overwrite=False, in_place=False):
         """The name of a C function (templates/epilogue.c, a templates/kernels/gemm.c Epilogue)
-        applying node's op (one argument) to a row of values x: its value; or, with gradient, its
+        applying node's op (one argument) to a row of values x: its value (its row kernel's call
+        where the op table names one); or, with gradient, its
         gradient x times its derivative, added to its argument's gradient (with overwrite, added
         to 0 and written: the same bits as adding it to a cleared gradient, which nothing else
         adds to; with in_place, the row is y's own: its value, or its gradient times the
@@ -92,6 +93,8 @@ class Statements:
             statement = Assign("y[n]", f"(real)0 + {self._times_local(node, 0, names, 'y[n]' if in_place else 'x[n]')}")
         elif gradient:
             statement = Assign("y[n]", self._times_local(node, 0, names, "x[n]"), "+=")
+        elif node.op.row_kernel:  # (its kernel over the row: exp_range, tanh_range, sigmoid_range)
+            statement = call(node.op.row_kernel, y="y", x="y" if in_place else "x", n="count")
         else:
             statement = Assign("y[n]", self._op_c(node, node.op.value, dict(names, a="y[n]" if in_place else "x[n]")))
         return self.tables.shared.epilogue(statement)

@@ -1,8 +1,9 @@
 /* ---- exp, tanh and sigmoid over a row ----------------------------------------------------
- * exp_range(y, x, n): y[i] = exp(x[i]) for i < n, the innermost loop of a group of exponentials
+ * exp_range(y, x, n): y[i] = exp(x[i]) for i < n (y may be x), the innermost loop of a group of exponentials
  * whose values and arguments lie side by side (codegen/write/forward.py): a softmax's over a
  * batch's lanes, a document's positions, an attention's keys; tanh_range and sigmoid_range the
- * same for tanh and the op table's sigmoid (a layer's activations over a batch); exp_gather,
+ * same for tanh and the op table's sigmoid (a layer's activations over a batch, in its product's
+ * epilogue: codegen/write/statements.py); exp_gather,
  * tanh_gather and sigmoid_gather over the table form's rows (codegen/write/table.py). The C
  * library's exp and tanh are a call per value that no compiler vectorises (microgpt: 6-9% of a
  * step; tanh 12-15 ns a value on an Intel Xeon); these are four values a vector on x86-64 with
@@ -170,7 +171,7 @@ static EXP_AVX2 inline exp_vec sigmoid_avx2(exp_vec x)
  * operands loaded into a vector and its lanes stored to the rows' results (no array between: four
  * stores then a vector load of them would wait for the stores) */
 #define EXP_AVX2_FORMS(f)                                                                          \
-    static EXP_AVX2 void f##_range_avx2(real *restrict y, const real *restrict x, long n)          \
+    static EXP_AVX2 void f##_range_avx2(real *y, const real *x, long n)          \
     {                                                                                              \
         long i = 0;                                                                                \
         for (; i + 4 <= n; i += 4)                                                                 \
@@ -229,9 +230,9 @@ EXP_AVX2_FORMS(sigmoid)
     EXP_VECTORS_RUN(f##_gather_avx2(d, rows, n))                                                   \
     for (long i = 0; i < n; i++)                                                                   \
         d[rows[2 * i + 1]] = (real)f##_value((double)d[rows[2 * i]]);
-PRODUCT void exp_range(real *restrict y, const real *restrict x, long n) { EXP_RANGE(exp) }
-PRODUCT void tanh_range(real *restrict y, const real *restrict x, long n) { EXP_RANGE(tanh) }
-PRODUCT void sigmoid_range(real *restrict y, const real *restrict x, long n) { EXP_RANGE(sigmoid) }
+PRODUCT void exp_range(real *y, const real *x, long n) { EXP_RANGE(exp) }
+PRODUCT void tanh_range(real *y, const real *x, long n) { EXP_RANGE(tanh) }
+PRODUCT void sigmoid_range(real *y, const real *x, long n) { EXP_RANGE(sigmoid) }
 PRODUCT void exp_gather(real *d, const int32_t *rows, long n) { EXP_GATHER(exp) }
 PRODUCT void tanh_gather(real *d, const int32_t *rows, long n) { EXP_GATHER(tanh) }
 PRODUCT void sigmoid_gather(real *d, const int32_t *rows, long n) { EXP_GATHER(sigmoid) }

@@ -70,9 +70,9 @@ KERNEL void conv_acc(real *restrict out, long out_p, long out_q, const int32_t *
                      long Q, long S, long K);
 
 /* a row's exp, tanh, sigmoid (templates/kernels/exp.c) */
-KERNEL void exp_range(real *restrict y, const real *restrict x, long n);
-KERNEL void tanh_range(real *restrict y, const real *restrict x, long n);
-KERNEL void sigmoid_range(real *restrict y, const real *restrict x, long n);
+KERNEL void exp_range(real *y, const real *x, long n);
+KERNEL void tanh_range(real *y, const real *x, long n);
+KERNEL void sigmoid_range(real *y, const real *x, long n);
 /* the same over the table form's rows [operand, result] (d[rows[2i + 1]] = f(d[rows[2i]])) */
 KERNEL void exp_gather(real *d, const int32_t *rows, long n);
 KERNEL void tanh_gather(real *d, const int32_t *rows, long n);
