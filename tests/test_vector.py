@@ -226,13 +226,13 @@ def test_layer_over_a_batch_kernels(compiler, case):
     assert all(f", {shape}, NULL, NULL, NULL, 0, 1);" in source for shape in ("6, 37, 3", "5, 37, 6"))
 
 
-IN_PLACE_CASES = ("relu", "tanh", "output", "read twice", "square")
+IN_PLACE_CASES = ("relu", "tanh", "sigmoid", "output", "read twice", "square")
 
 
 @functools.cache
 def in_place_case(case):
     """test_activations_in_place's model: (build, initial parameters, input rows). A first layer's
-    sums over 37 constant samples, then an activation (`case`'s: ReLU, tanh, or x ** 2), a ReLU
+    sums over 37 constant samples, then an activation (`case`'s: ReLU, tanh, sigmoid or x ** 2), a ReLU
     layer and a linear one; a hinge loss over the samples times an input, plus another input times
     sample 0's score. "output": the first layer's sums and their activations are outputs too
     (build's `outputs` list gets them); "read twice": the loss reads the sums too."""
@@ -245,7 +245,8 @@ def in_place_case(case):
     def build(params, inputs, outputs=None):
         first, second, last = assign(model, params).layers
         sums = [first(list(map(Value, x))) for x in X]
-        act = {"tanh": lambda v: v.tanh(), "square": lambda v: v ** 2}.get(case, lambda v: v.relu())
+        act = {"tanh": lambda v: v.tanh(), "sigmoid": lambda v: v.sigmoid(), "square": lambda v: v ** 2}.get(
+            case, lambda v: v.relu())
         acts = [[act(v) for v in s] for s in sums]
         scores = [last(second(a)) for a in acts]
         hinge = [(1.0 + float((-1) ** k) * s * inputs[0]).relu() for k, s in enumerate(scores)]
@@ -261,9 +262,10 @@ def in_place_case(case):
 @pytest.mark.parametrize("compiler, case", list(compiler_diagonal(IN_PLACE_CASES)), indirect=["compiler"])
 def test_activations_in_place(compiler, case):
     """A layer over a batch whose activation alone reads its sums, and whose derivative reads the
-    activation's results, not its argument (ReLU, tanh), writes its sums where the activation's
-    results go and applies it there (Forward._in_place; a ReLU as matmul_set stores them, its
-    `relu`, tanh by its epilogue); in train()'s backward, which clears, the
+    activation's results, not its argument (ReLU, tanh, sigmoid), writes its sums where the
+    activation's results go and applies it there (Forward._in_place; a ReLU as matmul_set stores
+    them, its `relu`, tanh and sigmoid by an epilogue calling their row kernels, tanh_range and
+    sigmoid_range); in train()'s backward, which clears, the
     product of the next layer's inputs' gradients goes where the activation's argument's do, its
     epilogue multiplying there (Backward._products; for x ** 2 and an output too). Not in the forward where the
     sums are an output too, are read by the loss too, or the derivative reads them (x ** 2). Each
@@ -277,7 +279,9 @@ def test_activations_in_place(compiler, case):
     in_place = [re.search(r"matmul_set\((d \+ \d+), .*, 6, 37, 3, NULL, (NULL, NULL, 0, 1|epilogue_\d+, \1, 37, 0)\);",
                           source) is not None,
                 re.search(r"matmul_acc\((g \+ \d+), .*, 5, 37, 6, epilogue_\d+, \1, ", source) is not None]
-    assert in_place == [case in ("relu", "tanh"), case != "read twice"], (case, in_place)
+    assert in_place == [case in ("relu", "tanh", "sigmoid"), case != "read twice"], (case, in_place)
+    if case in ("tanh", "sigmoid"):
+        assert f"{case}_range(y, y, count);" in source
     nets = [codegen.compile(loss, inputs, params, outputs=outputs, compiler=compiler) for _ in range(2)]
     nets[1].forward()  # (rows[0]'s inputs, as the graph was built)
     np.testing.assert_allclose(nets[1].outputs(), [v.data for v in outputs], rtol=1e-12)
