@@ -1,17 +1,18 @@
 /* ---- exp, tanh and sigmoid over a row ----------------------------------------------------
- * exp_range(y, x, n): y[i] = exp(x[i]) for i < n (y may be x), the innermost loop of a group of exponentials
- * whose values and arguments lie side by side (codegen/write/forward.py): a softmax's over a
- * batch's lanes, a document's positions, an attention's keys; tanh_range and sigmoid_range the
- * same for tanh and the op table's sigmoid (a layer's activations over a batch, in its product's
- * epilogue: codegen/write/statements.py); exp_gather,
- * tanh_gather and sigmoid_gather over the table form's rows (codegen/write/table.py). The C
- * library's exp and tanh are a call per value that no compiler vectorises (microgpt: 6-9% of a
- * step; tanh 12-15 ns a value on an Intel Xeon); these are four values a vector on x86-64 with
- * AVX2, exp within an ulp of the library's, tanh within TANH_ULPS, sigmoid within 2 ulps of the
- * op table's formula with the library's exp (to the fused bound, not its bits). Every value goes through the same operations, correctly
- * rounded each and none fused, in vectors or one by one (TCC, other CPUs, the freestanding
- * exports): the same bits with every compiler, tier and CPU, wherever a value sits in a row (a
- * row's last values are loaded and stored in part). float32 computes in double and rounds once.
+ * exp_range(y, x, n): y[i] = exp(x[i]) for i < n (y may be x), the innermost loop of a group of
+ * exponentials whose values and arguments lie side by side (codegen/write/forward.py): a
+ * softmax's over a batch's lanes, a document's positions, an attention's keys; tanh_range and
+ * sigmoid_range the same for tanh and the op table's sigmoid (also a layer's activations over a
+ * batch, in its product's epilogue: codegen/write/statements.py); exp_gather, tanh_gather and
+ * sigmoid_gather over the table form's rows (codegen/write/table.py). The C library's exp and
+ * tanh are a call per value that no compiler vectorises (microgpt: 6-9% of a step; tanh 12-15 ns
+ * a value on an Intel Xeon); these are four values a vector on x86-64 with AVX2: exp within an
+ * ulp of the library's, tanh within TANH_ULPS, sigmoid within 2 ulps of the op table's formula
+ * with the library's exp (to the fused bound, not their bits). Every value goes through the same
+ * operations, correctly rounded each and none fused, in vectors or one by one (TCC, other CPUs,
+ * the freestanding exports): the same bits with every compiler, tier and CPU, wherever a value
+ * sits in a row (a row's last values are loaded and stored in part). float32 computes in double
+ * and rounds once.
  * The method (fdlibm's reduction): k = round(x / ln 2) (by adding and taking away 1.5 * 2^52),
  * r = x - k ln 2 with ln 2 in two parts, the first's 32 bits making k times it exact (|r| <= ln 2
  * / 2), exp(r) - 1 = r + r^2 P(r) with P Taylor's to r^11 / 13! (its remainder under 1e-17
@@ -93,7 +94,7 @@ static EXP_UNFUSED_FUNCTION inline double exp_value(double x)
         const T e_ = s_ * m_ + (s_ - 1.0);                                                         \
         t = -e_ / (e_ + 2.0);                                                                      \
     } while (0)
-#define TANH_ULPS 4 /* from the C library's tanh (tests/test_kernels.py measures it: 2.2 on glibc's) */
+#define TANH_ULPS 4 /* from the C library's tanh (tests/test_kernels.py: 3 from glibc's; 2.5 from the exact value) */
 
 static EXP_UNFUSED_FUNCTION inline double tanh_value(double x)
 {
@@ -171,7 +172,7 @@ static EXP_AVX2 inline exp_vec sigmoid_avx2(exp_vec x)
  * operands loaded into a vector and its lanes stored to the rows' results (no array between: four
  * stores then a vector load of them would wait for the stores) */
 #define EXP_AVX2_FORMS(f)                                                                          \
-    static EXP_AVX2 void f##_range_avx2(real *y, const real *x, long n)          \
+    static EXP_AVX2 void f##_range_avx2(real *y, const real *x, long n)                            \
     {                                                                                              \
         long i = 0;                                                                                \
         for (; i + 4 <= n; i += 4)                                                                 \
