@@ -200,3 +200,12 @@ def bits(a):
     comparisons' form."""
     import numpy as np
     return np.ascontiguousarray(a).view(f'u{a.dtype.itemsize}')
+
+
+def same_bits(a, b):
+    """Whether two arrays (or sequences of floats) hold the same numbers bit for bit, but for a
+    NaN's sign and payload (which operand's NaN an operation keeps: the compiler's choice)."""
+    import numpy as np
+    a, b = np.asarray(a), np.asarray(b)
+    nan = np.isnan(a)
+    return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(bits(a[~nan]), bits(b[~nan])))

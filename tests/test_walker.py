@@ -14,7 +14,7 @@ from codegen import walker
 from codegen.backend import toolchain
 from micrograd_c import Value, dot
 from micrograd_c.engine import _PREV, Dot, compact_children, topological_order
-from conftest import requires
+from conftest import requires, same_bits
 
 
 @pytest.fixture(scope="module")
@@ -185,14 +185,6 @@ def _chain_terms(rng, n, kinds):
     return [Value(x) for x in out]
 
 
-def _same_bits(x, y):
-    """Whether two float64 sequences hold the same numbers, bit for bit but for a NaN's sign and
-    payload (which operand's NaN an operation keeps, the compiler's choice where it may commute)."""
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    nan = np.isnan(x)
-    return bool(np.array_equal(nan, np.isnan(y)) and np.array_equal(x[~nan].view(np.uint64), y[~nan].view(np.uint64)))
-
-
 def test_a_dot_made_in_c_has_pythons_bits(compiler):
     """templates/walk.c's float_chain (engine.Dot's chain over floats, as each compiler builds it)
     gives the value and steps of Dot's own Python, bit for bit (a NaN as a NaN): floats of every magnitude and the
@@ -219,8 +211,8 @@ def _check_chains(walk, compiler):
         made = walk.float_chain(Value, start, a, b)
         value, steps = engine._chain_values(start, [v.data for v in a], [v.data for v in b])
         assert made is not None
-        assert _same_bits([made[0]], [value]), (case, made[0], value)
-        assert _same_bits(np.frombuffer(made[1]), np.frombuffer(steps.tobytes())), case
+        assert same_bits([made[0]], [value]), (case, made[0], value)
+        assert same_bits(np.frombuffer(made[1]), np.frombuffer(steps.tobytes())), case
         checked += 1
     ints = [Value(2), Value(3)]
     assert walk.float_chain(Value, 0.0, ints, ints) is None  # (int * int is an int: Python keeps it)
