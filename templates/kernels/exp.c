@@ -27,7 +27,7 @@
 #define EXP_SHIFT_BITS 0x4338000000000000ULL
 /* m = exp(c) / 2^k - 1 and z = k + EXP_SHIFT, for c clamped to [-746, 710] (c_log2e: c times log2 e,
  * which a caller may have a step sooner): double or a vector of them. The polynomial summed over
- * r's powers to r^8 (28 cycles after r, where Horner's scheme over r^2 took 40): a table form's run
+ * r's powers to r^8 (28 cycles after r, where the nested sum before took 40): a table form's run
  * of tanh rows is one call, whose latency the rows after it wait for (a random 20,000-Value
  * graph's step: 0.97x the time with tanh's select at its clamp left out too) */
 #define EXP_REDUCED(T, c, c_log2e, z, m)                                                           \
