@@ -9,13 +9,14 @@
  * parallel_pipeline(task, args, M, align, J, j_align) runs a product whose sum's terms are
  * another product's rows (a layer's inputs' gradients sum over its neurons, whose weights' rows
  * the layer's other two products share out) in parts: part t sums the terms of thread t's share
- * of those J rows (parallel_share), on every chunk of the M rows in turn, after part t - 1 did
- * that chunk, so that each core reads only the weights' rows it owns and a chunk's partial sums
- * are what moves between the cores (see gemm.c's gemm); with `then`, then(args, 0, 0, t, parts)
- * once part t is done on every chunk (the layer's weights' gradients on thread t's share of their
- * rows, which the parts after t no longer read: matmul_acc_nt). Which thread takes a chunk varies, but no
- * row's result does (each row is computed whole, in one chunk, or its sum continued part after
- * part in the terms' order), so the numbers are the same with any count. The workers are
+ * of those J rows (gemm.c's gemm_pipeline_share), on every chunk of the M rows in turn, after
+ * part t - 1 did that chunk, so that each core reads only the weights' rows it owns and a
+ * chunk's partial sums are what moves between the cores (see gemm.c's gemm); with `then`,
+ * then(args, 0, 0, t, parts) once part t is done on every chunk (the layer's weights' gradients
+ * on thread t's share of their rows, which the parts after t no longer read: matmul_acc_nt).
+ * Which thread takes a chunk varies, but no row's result does (each row is computed whole, in
+ * one chunk, or its sum continued part after part in the terms' order), so the numbers are the
+ * same with any count. The workers are
  * started on first use and wait on a condition variable between products, spinning a little
  * first, and only spin while train() or predict() holds them (pool_hold) and a product has run
  * on them since (parallel_rows; not the batch's memory passes, templates/batch.c's
@@ -333,9 +334,9 @@ SHARED void parallel_shares(RowTask task, void *args, long rows, long align)
 
 /* rows [0, M) of a product over J terms, in parts (see the top): task(args, first, last, t,
  * parts) adds to rows [first, last) the terms of thread t's share of J rows cut in blocks of
- * j_align (parallel_share), in order of t; the same sums as one pass over all terms, when the
- * task continues each from where the part before left it. then (or NULL): then(args, 0, 0, t,
- * parts) once part t is done on every row. */
+ * j_align (the task's cut: gemm_pipeline_share), in order of t; the same sums as one pass over
+ * all terms, when the task continues each from where the part before left it. then (or NULL):
+ * then(args, 0, 0, t, parts) once part t is done on every row. */
 SHARED void parallel_pipeline(PartTask task, PartTask then, void *args, long rows, long align, long terms,
                               long terms_align)
 {

@@ -85,9 +85,10 @@ ONE_PIECE = 1 << 30  # a depth that no sum is sliced at
 # (templates/kernels/gemm.c's gemm_packed) where a slice fits 4,096 values and the product has
 # 6 rows, so that some sizes are packed and others not, and the chunks after the first read the
 # panels the first packed; the weights' gradients (parallel_shares) in two shares of rows, the
-# second first; the inputs' gradients of a batch of at most J / 8 (parallel_pipeline) in three
-# parts of the neurons' rows on each chunk, the last chunk first, then the parts' `then` (the
-# weights' gradients of matmul_acc_nt), the last part's first.
+# second first; the inputs' gradients of a batch of at most J / 8 (parallel_pipeline) in
+# PIPELINE_PARTS parts of the neurons' rows (two: gemm_pipeline_share's uneven cut; three: even)
+# on each chunk, the last chunk first, then the parts' `then` (the weights' gradients of
+# matmul_acc_nt), the last part's first.
 CHUNKED = """#define HAVE_THREAD_POOL 1
 #define GEMM_PARALLEL_MIN 0
 #define GEMM_PACK_B 4096
@@ -105,25 +106,26 @@ SHARED void parallel_share(long rows, long align, int part, int parts, long *fir
 SHARED void parallel_pipeline(PartTask task, PartTask then, void *args, long rows, long align, long terms,
                               long terms_align)
 { (void)terms, (void)terms_align; for (long first = (rows - 1) / align * align; first >= 0; first -= align)
-  for (int part = 0; part < 3; part++) task(args, first, first + align < rows ? first + align : rows, part, 3);
-  for (int part = 2; then && part >= 0; part--) then(args, 0, 0, part, 3); }
+  for (int part = 0; part < PIPELINE_PARTS; part++) task(args, first, first + align < rows ? first + align : rows, part, PIPELINE_PARTS);
+  for (int part = PIPELINE_PARTS - 1; then && part >= 0; part--) then(args, 0, 0, part, PIPELINE_PARTS); }
 """
 
 
 @functools.cache
-def kernels(compiler, dtype, chunked=False):
+def kernels(compiler, dtype, chunked=0):
     """The kernels built into a library with the harness (every variant, each forced in turn):
-    as exported C builds them (no threads), or `chunked` (CHUNKED)."""
+    as exported C builds them (no threads), or in chunks (CHUNKED), a pipeline in `chunked` parts."""
     ctype = DTYPES[dtype][0]
-    defines = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n" + (CHUNKED if chunked else "#define HAVE_THREAD_POOL 0\n")
+    defines = f"#define REAL_IS_FLOAT {int(dtype == 'float32')}\n" + (
+        CHUNKED + f"#define PIPELINE_PARTS {chunked}\n" if chunked else "#define HAVE_THREAD_POOL 0\n")
     source = defines + templates.read("prelude.c") + (CHUNKS if chunked else "") + HARNESS
-    build = toolchain.build_library(source, "gemm_chunked" if chunked else "gemm", compiler, opt=2)
+    build = toolchain.build_library(source, f"gemm_chunked{chunked}" if chunked else "gemm", compiler, opt=2)
     ffi = cffi.FFI()
     ffi.cdef(f"typedef {ctype} real;\n" + DECLARATIONS)
     return ffi, ffi.dlopen(str(build.path))
 
 
-def check(compiler, dtype, variant=None, depth=None, chunked=False):
+def check(compiler, dtype, variant=None, depth=None, chunked=0):
     """The products at every size against NumPy, asserting the bound; the results, in order.
     variant and depth: forced (None: the machine's choice); chunked: kernels()'s."""
     ffi, lib = kernels(compiler, dtype, chunked)
@@ -218,7 +220,7 @@ def check(compiler, dtype, variant=None, depth=None, chunked=False):
         for got, expected in ((fused_dx, dx), (fused_dy, dy), (fused_w, weights), (fused_zero, zero)):
             np.testing.assert_array_equal(bits(got), bits(expected))
         results += [out, relu, dx, dy, written, dw, weights]
-    print(f"{compiler} {dtype} {ran}, depth {depth or 'for the L2'}{', chunked' if chunked else ''}: "
+    print(f"{compiler} {dtype} {ran}, depth {depth or 'for the L2'}{f', chunked, a pipeline in {chunked} parts' if chunked else ''}: "
           f"max relative difference {worst:.2e}")
     return results
 
@@ -290,11 +292,13 @@ def test_packed_b_has_the_same_bits(compiler, dtype):
     """A module's products in chunks, B packed once for the chunks that read it (gemm_packed), at
     the sizes kernels() packs and those it does not, in one piece and in slices: NumPy's within the
     bound, and the bits of the products unpacked (exported C's build: no threads, no packing);
-    TCC's plain loops pack nothing and are the same build either way."""
+    TCC's plain loops pack nothing and are the same build either way. The inputs' gradients in
+    two parts (the first part's share bigger: gemm_pipeline_share) and in three."""
     native = toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native
     for depth in (3, ONE_PIECE):
-        for a, b in zip(check(compiler, dtype, None, depth), check(compiler, dtype, None, depth, chunked=True)):
-            np.testing.assert_array_equal(a, b, err_msg=f"depth {depth}, native {native}")
+        for parts in (2, 3):
+            for a, b in zip(check(compiler, dtype, None, depth), check(compiler, dtype, None, depth, chunked=parts)):
+                np.testing.assert_array_equal(a, b, err_msg=f"depth {depth}, native {native}, {parts} parts")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
