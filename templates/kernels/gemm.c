@@ -660,7 +660,8 @@ static long gemm_term_from(const GemmArgs *g, long j)
  * epilogue. MLP(784, [512, 256, 10]) float32 at B = 32 (the second layer's inputs' gradients,
  * then its weights' gradients and step), Intel Xeon with AVX-512, 2 vCPUs, cycles a batch counted
  * around the pass: even shares 213 K, the caller then waiting 44 K for the worker; 560 of 1,000:
- * 200 K, waiting 3 K (train() 0.976-0.981x the time on 2 threads, one process alternating the builds) */
+ * 200-213 K, waiting 2-4 K (train() 0.976-0.981x the time on 2 threads, one process alternating
+ * the builds); the `then` cut even instead (the worker stepping rows the caller read): 234 K */
 #define GEMM_PIPELINE_FIRST 560
 
 /* Thread part's share [*j0, *j1) of a sum's J terms cut in blocks of align (parallel_share's, but
