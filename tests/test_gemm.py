@@ -220,8 +220,8 @@ def check(compiler, dtype, variant=None, depth=None, chunked=0):
         for got, expected in ((fused_dx, dx), (fused_dy, dy), (fused_w, weights), (fused_zero, zero)):
             np.testing.assert_array_equal(bits(got), bits(expected))
         results += [out, relu, dx, dy, written, dw, weights]
-    print(f"{compiler} {dtype} {ran}, depth {depth or 'for the L2'}{f', chunked, a pipeline in {chunked} parts' if chunked else ''}: "
-          f"max relative difference {worst:.2e}")
+    chunks = f", chunked, a pipeline in {chunked} parts" if chunked else ""
+    print(f"{compiler} {dtype} {ran}, depth {depth or 'for the L2'}{chunks}: max relative difference {worst:.2e}")
     return results
 
 
