@@ -20,6 +20,7 @@ printed, since the machine may be shared and noisy.
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import statistics
 import shutil
@@ -71,7 +72,9 @@ def _cpu():
 
 def seeded_runtime(compiler, opt, directory):
     """A cache in `directory` holding the module runtime of the compiler and flags (what a model's
-    build links; tcc and libtcc compile it with the model): the seconds of its build (a tiny model's)."""
+    build links; tcc and libtcc compile it with the model, and libtcc, building in memory, leaves
+    the directory empty): the seconds of its build (a tiny model's)."""
+    os.makedirs(directory, exist_ok=True)
     small = irregular.graph(50, seed=1)
     net = codegen.compile(small.loss, small.inputs, small.params, compiler=compiler, opt=opt, batch=1,
                           cache=directory, tiered=False, table=False)

@@ -16,16 +16,15 @@
  * on thread t's share of their rows, which the parts after t no longer read: matmul_acc_nt).
  * Which thread takes a chunk varies, but no row's result does (each row is computed whole, in
  * one chunk, or its sum continued part after part in the terms' order), so the numbers are the
- * same with any count. The workers are
- * started on first use and wait on a condition variable between products, spinning a little
- * first, and only spin while train() or predict() holds them (pool_hold) and a product has run
- * on them since (parallel_rows; not the batch's memory passes, templates/batch.c's
- * parallel_pass): a batch's products follow each other within microseconds, and waking a
- * sleeping thread takes tens of them, but a program whose products are all too small to share
- * (microgpt's at 16 documents a pass) would keep a core spinning for nothing from one step's
- * clearing of its gradients to the next. One
- * pool serves every load of this code: a caller that finds it busy (another module of the same
- * build on another thread) runs its rows alone. */
+ * same with any count. The workers are started on first use and wait on a condition variable
+ * between products, spinning a little first, and only spin while train() or predict() holds them
+ * (pool_hold) and a product has run on them since (parallel_rows; not the batch's memory passes,
+ * templates/batch.c's parallel_pass): a batch's products follow each other within microseconds,
+ * and waking a sleeping thread takes tens of them, but a program whose products are all too
+ * small to share (microgpt's at 16 documents a pass) would keep a core spinning for nothing from
+ * one step's clearing of its gradients to the next. One pool serves every load of this code: a
+ * caller that finds it busy (another module of the same build on another thread) runs its rows
+ * alone. */
 #define POOL_MAX 64
 #define POOL_SPIN 256 /* pauses (~10 us) before a waiting thread yields or sleeps */
 #define POOL_HOLD_YIELDS 2000 /* then, while held, sched_yield()s (~2 ms) before it sleeps */

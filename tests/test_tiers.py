@@ -14,6 +14,7 @@ from test_compile import check_random_graphs
 import codegen
 import templates
 from bench import irregular
+from bench import tiers as bench_tiers
 from codegen import tiers
 from codegen.backend import toolchain
 from codegen.lower import ir
@@ -247,3 +248,19 @@ def test_a_first_tier_that_does_not_build_leaves_the_optimised_build(tmp_path, m
     with pytest.warns(tiers.TierWarning, match="no such builtin"):
         net = compile_graph(graph, compiler="gcc", tiered=True, cache=seeded_cache(tmp_path, "gcc"))
     assert net.tier is None and not net.build.cached
+
+
+@pytest.mark.parametrize("label", ["tcc", "libtcc"])
+def test_the_tiers_bench_measures_every_config(label, tmp_path):
+    """`make bench`'s irregular graphs (bench/tiers.py): a config's module runtime seeded into a
+    directory once, then each form built into a copy of it and timed; libtcc, which builds in
+    memory, leaves that directory empty (a missing one stopped the bench)."""
+    compiler, opt = bench_tiers.CONFIGS[label]
+    requires(compiler)
+    seeded = tmp_path / label
+    assert bench_tiers.seeded_runtime(compiler, opt, seeded) > 0
+    graph = irregular.graph(60, seed=2)
+    figures = [bench_tiers.measure(graph, compiler, opt, seeded, **bench_tiers.FORMS[form])
+               for form in ("table", "straight")]
+    steps, ratios = bench_tiers.step_seconds([f["net"] for f in figures], graph, repeats=1)
+    assert all(s > 0 for s in steps) and ratios[0] == 1.0
