@@ -600,7 +600,7 @@ def _row(node, slots, facts):
         a = of(args[0])
         return CHEAP, (fact.cheap, a, of(args[1]), node.slot)
     if op.selects:
-        if op.selects == "largest" and len(args) == 2:  # a maximum of two: max's row
+        if _max_of_two(node):  # max's row
             a = of(args[0])
             return CHEAP, (_MAX, a, of(args[1]), node.slot)
         return fact.kind, _select_row(node, slots)
