@@ -321,6 +321,33 @@ def test_shared_constant_in_a_moving_list(compiler):
     assert len(scores) == 1 and scores[0].shape == (20,)
 
 
+def test_heads_read_as_one_list_keep_their_order(compiler):
+    """microgpt's first position: each head's weight times its values, 4 heads x 5 values with no
+    parameter operand, then the output projection reads the 20 as one list. The loop over heads
+    stays outermost (moved inside, as a batch moves, the list would sit at two strides: a table of
+    offsets, the projection not a product), and the projection reads it at a constant stride."""
+    random.seed(3)
+    n_in, heads, hd, n_out = 6, 4, 5, 3
+    init = [random.gauss(0, 0.5) for _ in range((heads * hd + heads) * n_in + n_out * heads * hd)]
+
+    def build(params, inputs):
+        at = (heads * hd + heads) * n_in
+        rows = [params[i:i + n_in] for i in range(0, at, n_in)]
+        wo = [params[i:i + heads * hd] for i in range(at, len(params), heads * hd)]
+        x = inputs[:n_in]
+        v = [dot(w, x) for w in rows[:heads * hd]]
+        weight = [dot(w, x).sigmoid() for w in rows[heads * hd:]]
+        head_out = [weight[h] * v[h * hd + j] for h in range(heads) for j in range(hd)]
+        return sum((y * y for y in (dot(w, head_out) for w in wo)), Value(0.0))
+    rows = [list(np.random.default_rng(6).normal(size=n_in))]
+    assert_equivalent(build, init, rows, "fused", compiler=compiler, opt=2)
+    program = lowered(build, len(init), n_in)
+    [products] = [g for g in program.forward if g.first.kind == "op" and g.first.op.name == "mul"]
+    assert products.shape == (heads, hd)
+    [projection] = [g for g in program.forward if g.first.kind == "dot" and len(g.first.a) == heads * hd]
+    assert projection.operands.a.contiguous and projection.operands.b.contiguous
+
+
 # ---- structure -------------------------------------------------------------------------------
 
 def test_mnist_mlp_structure():

@@ -236,19 +236,41 @@ def batch_innermost(groups, moved):
     micrograd's demo: every parameter operand the same along it) so that this loop becomes the
     innermost, and with it the results' layout: the samples of a value then sit side by side,
     and a loop over them (a layer applied to the whole batch) is one the C compiler vectorises.
-    Each group moves once (`moved`: their ids). Returns whether any group
-    changed; `layout` and `vectorize` must then run again."""
-    changed = False
+    Not a nest that a dot reads as one factor list at a constant stride that the move would
+    scatter (microgpt's first position: its heads' outputs, one list of the output projection,
+    which then reads them at a constant stride, as a product, not through a table of offsets).
+    Each group moves once (`moved`: their ids). Returns whether any group changed; `layout` and
+    `vectorize` must then run again."""
+    movable = [g for g in groups if len(g.shape) >= 2 and g.shape[0] >= 4 and not g.family and id(g) not in moved
+               and _params_constant_along_outer(g)]
+    orders = {id(g): np.arange(len(g.members)).reshape(g.shape).transpose([*range(1, len(g.shape)), 0]).ravel()
+              for g in movable}
+    scattered = _lists_scattered(groups, movable, orders)
+    for g in movable:
+        if id(g) not in scattered:
+            g.members = [g.members[i] for i in orders[id(g)]]
+            moved.add(id(g))
+    return len(scattered) < len(movable)
+
+
+def _lists_scattered(groups, movable, orders):
+    """The ids of the movable groups that some dot reads as one factor list whose members sit at
+    a constant stride now and would not after the move (`orders`: each one's new member order)."""
+    where = {id(n): (id(g), i) for g in movable for i, n in enumerate(g.members)}
+    moved_to = {gid: np.argsort(order) for gid, order in orders.items()}
+    scattered = set()
     for g in groups:
-        if (len(g.shape) < 2 or g.shape[0] < 4 or g.family or id(g) in moved
-                or not _params_constant_along_outer(g)):
+        if g.first.kind != DOT:
             continue
-        order = np.arange(len(g.members)).reshape(g.shape)
-        order = order.transpose(list(range(1, len(g.shape))) + [0]).ravel()
-        g.members = [g.members[i] for i in order]
-        moved.add(id(g))
-        changed = True
-    return changed
+        for factors in (g.first.a, g.first.b):
+            found = [where.get(id(x)) for x in factors]
+            if len(found) < 2 or None in found or len({gid for gid, _ in found}) > 1:
+                continue
+            gid = found[0][0]
+            now = [i for _, i in found]
+            if progression(now) is not None and progression(moved_to[gid][now].tolist()) is None:
+                scattered.add(gid)
+    return scattered
 
 
 def _params_constant_along_outer(g):
