@@ -261,6 +261,20 @@ static inline int cpu_features(void)
 }
 #endif
 
+/* A function (UNFUSED_FUNCTION) whose body starts with UNFUSED rounds each multiply and add on
+ * its own, even where it is built for a CPU that fuses them (-march=native, or a target
+ * attribute: AVX-512's implies FMA): the same bits as the plain build's. */
+#if defined(__clang__)
+#define UNFUSED _Pragma("clang fp contract(off)")
+#define UNFUSED_FUNCTION
+#elif defined(__GNUC__) && !defined(__TINYC__)
+#define UNFUSED
+#define UNFUSED_FUNCTION __attribute__((optimize("fp-contract=off")))
+#else
+#define UNFUSED
+#define UNFUSED_FUNCTION
+#endif
+
 /*@INCLUDE kernels/gemm.c@*/
 
 /*@INCLUDE kernels/exp.c@*/

@@ -43,6 +43,14 @@ void call_axpy_lanes(real *y, const int32_t *oy, const real *alpha, const real *
     for (long l = 0; by_lane && l < lanes; l++)
         axpy_offsets(y + l, oy, alpha[l], x + l, ox, n);
 }
+void call_dot_lanes(real *out, const real *a, const int32_t *oa, const real *b, const int32_t *ob, long n,
+                    long lanes, int by_lane)
+{
+    if (!by_lane)
+        dot_offsets_lanes(out, a, oa, b, ob, n, lanes);
+    for (long l = 0; by_lane && l < lanes; l++)
+        out[l] = dot_offsets(a + l, oa, b + l, ob, n);
+}
 void call_row_one_by_one(int f, real *y, const real *x, long n)
 { for (long i = 0; i < n; i++) y[i] = (real)(f == 2 ? sigmoid_value(x[i]) : f ? tanh_value(x[i]) : exp_value(x[i])); }
 """
@@ -58,6 +66,8 @@ void call_row(int f, real *y, const real *x, long n);
 void call_gather(int f, real *d, const int32_t *rows, long n);
 void call_axpy_lanes(real *y, const int32_t *oy, const real *alpha, const real *x, const int32_t *ox, long n,
                      long lanes, int by_lane);
+void call_dot_lanes(real *out, const real *a, const int32_t *oa, const real *b, const int32_t *ob, long n,
+                    long lanes, int by_lane);
 void call_row_one_by_one(int f, real *y, const real *x, long n);
 """
 CHUNK = 8  # values per chunk of the nonzero lists
@@ -68,11 +78,13 @@ def dtype(request):
     return request.param
 
 
-def kernels(compiler, dtype):
+def kernels(compiler, dtype, native=True):
+    """The kernels built by `compiler` (-march=native where it takes it and `native`: AVX-512 where
+    the machine has it, in the unit or chosen when they run)."""
     ctype = DTYPES[dtype].c_type
     source = (contract.Prelude(DTYPES[dtype], thread_pool=False).render() + templates.read("prelude.c")
               + HARNESS.replace("static ", ""))
-    native = toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native  # AVX-512 where the machine has it
+    native = native and toolchain.FAMILIES[toolchain.find_compiler(compiler).family].native
     build = toolchain.build_library(source, "kernels", compiler, opt=2, native=bool(native))
     ffi = cffi.FFI()
     ffi.cdef(f"typedef {ctype} real;\n" + DECLARATIONS.replace("int32_t", "int"))
@@ -156,15 +168,21 @@ def test_sparse_updates_are_the_dense_ones_exactly(compiler, dtype, n):
     print(f"sparse vs dense updates, {compiler} {dtype} n={n}: max difference {worst:g}")
 
 
-@pytest.mark.parametrize("lanes", [1, 3, 4, 8, 13, 16])
-def test_axpy_over_lanes_is_its_calls_bits(compiler, dtype, lanes):
+# lanes: every block (AVX-512's 64 bytes where this CPU has it, AVX's 32, 16, lane by lane) and tails
+LANES = [1, 3, 4, 8, 13, 16, 24, 35]
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("lanes", LANES)
+def test_axpy_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
     """axpy_offsets_lanes (templates/kernels/axpy.c: the batch's lanes side by side) against
     axpy_offsets lane by lane, bit for bit: lanes whose alpha is 0 (or -0) keep their y, even a y
-    of -0 beside an x that is inf or NaN, in blocks that have such a lane and blocks that do not."""
-    ffi, lib = kernels(compiler, dtype)
+    of -0 beside an x that is inf or NaN, in blocks that have such a lane and blocks that do not;
+    built for this CPU and not (a module's default: the widest blocks chosen when they run)."""
+    ffi, lib = kernels(compiler, dtype, native)
     real = DTYPES[dtype].numpy.type
     rng = np.random.default_rng(lanes)
-    n, stride = 5, 16  # terms, and lanes a term apart (a batch's capacity)
+    n, stride = 5, 48  # terms, and lanes a term apart (a batch's capacity)
     oy = (np.arange(n, dtype=np.int32) * stride)[::-1].copy()  # (y's terms in another order than x's)
     ox = np.arange(n, dtype=np.int32) * stride
     x = rng.uniform(-1, 1, n * stride).astype(real)
@@ -184,7 +202,29 @@ def test_axpy_over_lanes_is_its_calls_bits(compiler, dtype, lanes):
         bits = np.uint64 if real == np.float64 else np.uint32
         assert np.array_equal(by_lanes.view(bits), by_calls.view(bits)), (zeros, by_lanes - by_calls)
         assert all(np.array_equal(by_lanes[oy + l].view(bits), y[oy + l].view(bits)) for l in zeros)
-    print(f"axpy_offsets_lanes vs calls, {compiler} {dtype} lanes={lanes}: the same bits")
+    print(f"axpy_offsets_lanes vs calls, {compiler} {dtype} lanes={lanes} native={native}: the same bits")
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("lanes", LANES)
+def test_dot_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
+    """dot_offsets_lanes against dot_offsets lane by lane, bit for bit (each lane's eight partial
+    sums in the call's order, multiplies and adds fused as the unit fuses them), over term counts
+    with every tail, built for this CPU and not."""
+    ffi, lib = kernels(compiler, dtype, native)
+    real = DTYPES[dtype].numpy.type
+    rng = np.random.default_rng(100 + lanes)
+    bits = np.uint64 if real == np.float64 else np.uint32
+    stride = 48
+    for n in (1, 7, 8, 19):
+        oa, ob = np.arange(n, dtype=np.int32) * stride, (np.arange(n, dtype=np.int32) * stride)[::-1].copy()
+        a, b = (rng.uniform(-1, 1, n * stride).astype(real) * 10.0 ** rng.integers(-3, 4, n * stride) for _ in "ab")
+        by_calls, by_lanes = np.zeros(lanes, real), np.zeros(lanes, real)
+        for out, by_lane in ((by_calls, 1), (by_lanes, 0)):
+            lib.call_dot_lanes(pointer(ffi, out), pointer(ffi, a), pointer(ffi, oa), pointer(ffi, b), pointer(ffi, ob),
+                               n, lanes, by_lane)
+        assert np.array_equal(by_lanes.view(bits), by_calls.view(bits)), (n, by_lanes - by_calls)
+    print(f"dot_offsets_lanes vs calls, {compiler} {dtype} lanes={lanes} native={native}: the same bits")
 
 
 def _special(name, info):

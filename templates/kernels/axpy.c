@@ -172,10 +172,74 @@ LANES_INLINE void dot_offsets_block(real *restrict out, const real *a, const int
         out[l] = ((s[0][l] + s[1][l]) + (s[2][l] + s[3][l])) + ((s[4][l] + s[5][l]) + (s[6][l] + s[7][l]));
 }
 
+/* AVX-512's blocks where the CPU has it (cpu_features): a 64-byte vector of lanes (16 float32
+ * samples: microgpt's pass of 16 documents, in one block instead of two), each lane's operations
+ * those of the blocks above, multiplies and adds fused where the unit fuses them (-march=native)
+ * and else not (WIDE_UNFUSED: AVX-512 implies FMA). The bigger GPT (n_embd 64, B = 32, float32,
+ * Intel Xeon with AVX-512): the step 0.92x the time, these kernels 12% of it before. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__)
+#define LANES_AVX512 1
+#define WIDE_BLOCK (64 / (long)sizeof(real))
+typedef real lanes_vec __attribute__((vector_size(64)));
+#if defined(__FMA__)
+#define WIDE_UNFUSED
+#define LANES_AVX512_FUNCTION static __attribute__((target("avx512f"), noinline)) void
+#else
+#define WIDE_UNFUSED UNFUSED
+#define LANES_AVX512_FUNCTION static __attribute__((target("avx512f"), noinline)) UNFUSED_FUNCTION void
+#endif
+
+LANES_AVX512_FUNCTION dot_offsets_wide(real *restrict out, const real *a, const int32_t *oa, const real *b,
+                                       const int32_t *ob, long n)
+{
+    WIDE_UNFUSED
+    lanes_vec s[8] = {{0}};
+    long i = 0;
+#define DOT_WIDE(k)                                                                                \
+    {                                                                                              \
+        lanes_vec x, y;                                                                            \
+        memcpy(&x, a + oa[i + k], sizeof x);                                                       \
+        memcpy(&y, b + ob[i + k], sizeof y);                                                       \
+        s[k] += x * y;                                                                             \
+    }
+#define DOT_WIDE_IF(k) if (i + k < n) { DOT_WIDE(k)
+    for (; i + 8 <= n; i += 8) {
+        DOT_WIDE(0) DOT_WIDE(1) DOT_WIDE(2) DOT_WIDE(3) DOT_WIDE(4) DOT_WIDE(5) DOT_WIDE(6) DOT_WIDE(7)
+    }
+    DOT_WIDE_IF(0) DOT_WIDE_IF(1) DOT_WIDE_IF(2) DOT_WIDE_IF(3) DOT_WIDE_IF(4) DOT_WIDE_IF(5) DOT_WIDE_IF(6)
+    }}}}}}}
+#undef DOT_WIDE_IF
+#undef DOT_WIDE
+    const lanes_vec sum = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    memcpy(out, &sum, sizeof sum);
+}
+
+/* (a block none of whose alphas is 0: axpy_offsets_block's test) */
+LANES_AVX512_FUNCTION axpy_offsets_wide(real *restrict y, const int32_t *oy, const real *alpha,
+                                        const real *restrict x, const int32_t *ox, long n)
+{
+    WIDE_UNFUSED
+    lanes_vec go;
+    memcpy(&go, alpha, sizeof go);
+    for (long i = 0; i < n; i++) {
+        lanes_vec to, from;
+        memcpy(&to, y + oy[i], sizeof to);
+        memcpy(&from, x + ox[i], sizeof from);
+        to += go * from;
+        memcpy(y + oy[i], &to, sizeof to);
+    }
+}
+#endif
+
 KERNEL void dot_offsets_lanes(real *restrict out, const real *a, const int32_t *oa, const real *b,
                               const int32_t *ob, long n, long lanes)
 {
     long l0 = 0;
+#if LANES_AVX512
+    if (lanes >= WIDE_BLOCK && cpu_features() & CPU_AVX512F)
+        for (; l0 + WIDE_BLOCK <= lanes; l0 += WIDE_BLOCK)
+            dot_offsets_wide(out + l0, a + l0, oa, b + l0, ob, n);
+#endif
     for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK)
         dot_offsets_block(out + l0, a + l0, oa, b + l0, ob, n, LANE_BLOCK);
     if (LANE_BLOCK > HALF_BLOCK && l0 + HALF_BLOCK <= lanes) {
@@ -211,6 +275,19 @@ KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *
                                const int32_t *ox, long n, long lanes)
 {
     long l0 = 0;
+#if LANES_AVX512
+    if (lanes >= WIDE_BLOCK && cpu_features() & CPU_AVX512F)
+        for (; l0 + WIDE_BLOCK <= lanes; l0 += WIDE_BLOCK) {
+            int zero = 0;
+            for (long l = 0; l < WIDE_BLOCK; l++)
+                zero |= alpha[l0 + l] == 0;
+            if (zero) /* (lane by lane, as axpy_offsets_block's blocks with such a lane) */
+                for (long l = l0; l < l0 + WIDE_BLOCK; l++)
+                    axpy_offsets(y + l, oy, alpha[l], x + l, ox, n);
+            else
+                axpy_offsets_wide(y + l0, oy, alpha + l0, x + l0, ox, n);
+        }
+#endif
     for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK)
         axpy_offsets_block(y + l0, oy, alpha + l0, x + l0, ox, n, LANE_BLOCK);
     if (LANE_BLOCK > HALF_BLOCK && l0 + HALF_BLOCK <= lanes) {
@@ -223,6 +300,9 @@ KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *
 #undef LANE_BLOCK
 #undef HALF_BLOCK
 #undef LANES_INLINE
+#undef WIDE_BLOCK
+#undef WIDE_UNFUSED
+#undef LANES_AVX512_FUNCTION
 
 KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, const real *x,
                              const int32_t *ox, long n)

@@ -53,21 +53,10 @@
     } while (0)
 
 /* No multiply and add fused into one rounding, even where the unit is built for a CPU that has
- * them (-march=native): every path rounds each operation. */
-#if defined(__clang__)
-#define EXP_UNFUSED _Pragma("clang fp contract(off)")
-#define EXP_UNFUSED_FUNCTION
-#elif defined(__GNUC__) && !defined(__TINYC__)
-#define EXP_UNFUSED
-#define EXP_UNFUSED_FUNCTION __attribute__((optimize("fp-contract=off")))
-#else
-#define EXP_UNFUSED
-#define EXP_UNFUSED_FUNCTION
-#endif
-
-static EXP_UNFUSED_FUNCTION inline double exp_value(double x)
+ * them (-march=native): every path rounds each operation (UNFUSED, templates/prelude.c). */
+static UNFUSED_FUNCTION inline double exp_value(double x)
 {
-    EXP_UNFUSED
+    UNFUSED
     if (x != x)
         return x + x;
     const double c = x < -746.0 ? -746.0 : x > 710.0 ? 710.0 : x;
@@ -99,9 +88,9 @@ static EXP_UNFUSED_FUNCTION inline double exp_value(double x)
     } while (0)
 #define TANH_ULPS 4 /* from the C library's tanh (tests/test_kernels.py: 3 from glibc's; 2.5 from the exact value) */
 
-static EXP_UNFUSED_FUNCTION inline double tanh_value(double x)
+static UNFUSED_FUNCTION inline double tanh_value(double x)
 {
-    EXP_UNFUSED
+    UNFUSED
     const double a = x < 0 ? -x : x;
     if (!(a <= 20.0))
         return x != x ? x + x : x < 0 ? -1.0 : 1.0;
@@ -116,20 +105,20 @@ static EXP_UNFUSED_FUNCTION inline double tanh_value(double x)
 }
 
 /* the op table's sigmoid, 1 / (1 + exp(-x)), with exp_value */
-static EXP_UNFUSED_FUNCTION inline double sigmoid_value(double x)
+static UNFUSED_FUNCTION inline double sigmoid_value(double x)
 {
-    EXP_UNFUSED
+    UNFUSED
     return 1.0 / (1.0 + exp_value(-x));
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__) /* GCC, Clang */
 #include <immintrin.h>
-#define EXP_AVX2 __attribute__((target("avx2"))) EXP_UNFUSED_FUNCTION
+#define EXP_AVX2 __attribute__((target("avx2"))) UNFUSED_FUNCTION
 typedef double exp_vec __attribute__((vector_size(32)));
 typedef unsigned long long exp_bits __attribute__((vector_size(32)));
 static EXP_AVX2 inline exp_vec exp_avx2(exp_vec x)
 {
-    EXP_UNFUSED
+    UNFUSED
     const exp_vec c = (exp_vec)_mm256_min_pd(_mm256_max_pd((__m256d)x, _mm256_set1_pd(-746.0)), _mm256_set1_pd(710.0));
     exp_vec z, m;
     EXP_REDUCED(exp_vec, c, c * 1.4426950408889634, z, m);
@@ -142,7 +131,7 @@ static EXP_AVX2 inline exp_vec exp_avx2(exp_vec x)
 
 static EXP_AVX2 inline exp_vec tanh_avx2(exp_vec x)
 {
-    EXP_UNFUSED
+    UNFUSED
     const __m256d sign = _mm256_set1_pd(-0.0), a = _mm256_andnot_pd(sign, (__m256d)x);
     /* (beyond 20 the clamp's value, which this formula makes 1, as tanh_value's branch: no select) */
     const exp_vec clamped = (exp_vec)_mm256_min_pd(a, _mm256_set1_pd(20.0));
@@ -154,7 +143,7 @@ static EXP_AVX2 inline exp_vec tanh_avx2(exp_vec x)
 
 static EXP_AVX2 inline exp_vec sigmoid_avx2(exp_vec x)
 {
-    EXP_UNFUSED
+    UNFUSED
     return 1.0 / (1.0 + exp_avx2(-x));
 }
 
