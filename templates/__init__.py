@@ -49,6 +49,12 @@ class StraightLineSource(str):
     optimiser's time there grows with the statements and buys little."""
 
 
+class LoopSource(str):
+    """A unit of a model's loop nests (codegen/write/emit.py: its passes' functions, but an
+    irregular graph's): a compiler family that builds for the host's vectors may build it for
+    the widest (codegen/backend/compilers.py's host_loop_flags), the same bits."""
+
+
 def read(name: str) -> str:
     """The template `name` (a path inside templates/) with its includes expanded."""
     text = resources.files(__name__).joinpath(name).read_text()

@@ -32,7 +32,8 @@ def main(out):
     def save(name, sources):
         for i, source in enumerate(sources):
             # units that some compilers build with flags of their own are named so (a change of flags shows)
-            kind = ".straight-line" if isinstance(source, templates.StraightLineSource) else ""
+            kind = (".straight-line" if isinstance(source, templates.StraightLineSource)
+                    else ".loops" if isinstance(source, templates.LoopSource) else "")
             (out / f"{name}.{i}{kind}.c").write_text(source)
 
     graph = build_graph(0, (50,), init="he")

@@ -391,10 +391,11 @@ def test_a_batchs_lanes_are_its_calls_bits(compiler, dtype, monkeypatch):
                          indirect=["compiler"])
 def test_a_build_for_the_hosts_vectors_is_the_baselines_bits(compiler, dtype, monkeypatch):
     """An optimising build takes the host's vector width (compilers.host_vector_flags: -mavx2
-    where the CPU has AVX2, no FMA): the statement loops in 32-byte vectors, the lanes kernels in
-    blocks of a 32-byte vector, a 16-byte one and single lanes. train()'s steps are the bits of
-    the baseline build (x86-64's SSE2: 16-byte vectors, blocks of one), every result rounded
-    alike."""
+    where the CPU has AVX2, no FMA; the units of the model's loops also AVX-512 where it has that,
+    host_loop_flags, no FMA either): the statement loops in 32- or 64-byte vectors, the lanes
+    kernels in blocks of a 64-byte vector (chosen when they run), a 32-byte one, a 16-byte one
+    and single lanes. train()'s steps are the bits of the baseline build (x86-64's SSE2: 16-byte
+    vectors, blocks of one), every result rounded alike."""
     from codegen.backend import compilers
     if not compilers.host_vector_flags():
         pytest.skip("this CPU has no vectors wider than the baseline's")
@@ -404,8 +405,10 @@ def test_a_build_for_the_hosts_vectors_is_the_baselines_bits(compiler, dtype, mo
         with monkeypatch.context() as patch:
             if not host:
                 patch.setattr(compilers, "host_vector_flags", lambda: ())
+                patch.setattr(compilers, "host_loop_flags", lambda: ())
             net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False)
             assert ("-mavx2" in net.build.command) == host
+            assert len(net.build.c_files) > 1  # (the model's loops in units of their own: templates.LoopSource)
         stepped.append(_two_steps(net, X, Y))
     (loss, after), (loss_baseline, after_baseline) = stepped
     assert loss == loss_baseline

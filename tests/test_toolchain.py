@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import cffi
 import pytest
 
+import templates
 from codegen.backend import compilers, toolchain
 from codegen.backend.loader import load_extension
 from codegen.backend.toolchain import (
@@ -316,6 +317,29 @@ def test_optimising_builds_take_the_hosts_vectors():
     assert compile_flags(gcc_like, native=True)[-1:] == ['-march=native']
     assert not set(host) & set(compile_flags(gcc_like, native=True))
     assert compile_flags(toolchain.Compiler('tcc', ('tcc',), 'tcc 0.9.27')) == ['-O2', '-shared', '-fPIC']
+
+
+def test_the_units_of_a_models_loops_take_the_widest_vectors():
+    """The units of a model's loop nests (templates.LoopSource) add AVX-512 where the CPU has it
+    (F, VL, BW, DQ, as /proc/cpuinfo says, which the products' CPUID choice agrees with), never
+    FMA (-ffp-contract=off); a build's other units (its skeleton, the module runtime, an
+    irregular graph's straight-line units) do not; native=True builds and TCC neither. The flags
+    are part of the cache key."""
+    from test_gemm import cpu_variants
+    gcc_like = toolchain.Compiler('gcc', ('gcc',), 'gcc 12')
+    wide = compilers.host_loop_flags()
+    assert bool(wide) == (platform.machine() == 'x86_64' and 'avx512 6x2' in cpu_variants()
+                          and {'avx512vl', 'avx512bw', 'avx512dq'} <= set(compilers._cpuinfo()['flags'].split()))
+    assert not wide or wide[-1] == '-ffp-contract=off'
+    assert compile_flags(gcc_like, loops=True) == [*compile_flags(gcc_like), *wide]
+    assert compile_flags(gcc_like, native=True, loops=True) == compile_flags(gcc_like, native=True)
+    tcc = toolchain.Compiler('tcc', ('tcc',), 'tcc 0.9.27')
+    assert compile_flags(tcc, loops=True) == compile_flags(tcc)
+    sources = ["int a;", templates.LoopSource("int b;"), templates.StraightLineSource("int c;")]
+    _, _, flags, key, unit_flags = toolchain._build_plan('library', sources, 'units', gcc_like, 2, False)
+    assert unit_flags == [flags, [*flags, *wide], compile_flags(gcc_like, straight_line=True)]
+    other = toolchain._build_plan('library', [sources[0], "int b;", sources[2]], 'units', gcc_like, 2, False)[3]
+    assert (other != key) == bool(wide)
 
 
 def test_cache_dir_locations(tmp_path, monkeypatch):

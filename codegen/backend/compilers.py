@@ -214,9 +214,11 @@ def available_compilers() -> list[str]:
     return found
 
 
-def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False, straight_line: bool = False) -> list[str]:
+def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False, straight_line: bool = False,
+                  loops: bool = False) -> list[str]:
     """Optimisation and shared-object flags. No -g: it makes gcc very slow on huge straight-line functions.
-    straight_line: the flags of a unit of straight-line code (templates.StraightLineSource)."""
+    straight_line: the flags of a unit of straight-line code (templates.StraightLineSource);
+    loops: of a unit of the model's loop nests (templates.LoopSource: host_loop_flags too)."""
     # not True, not 2.0: they would print -OTrue, -O2.0
     levels = FAMILIES[compiler.family].opt_levels
     if type(opt) is not int or opt not in levels:
@@ -233,6 +235,8 @@ def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False, straig
         flags.append('-march=native')
     elif family.native:
         flags.extend(host_vector_flags())
+        if loops:
+            flags.extend(host_loop_flags())
     return flags
 
 
@@ -249,6 +253,22 @@ def host_vector_flags() -> tuple[str, ...]:
     if platform.machine().lower() not in ('x86_64', 'amd64'):
         return ()
     return ('-mavx2',) if 'avx2' in _cpuinfo().get('flags', '').split() else ()
+
+
+@functools.cache
+def host_loop_flags() -> tuple[str, ...]:
+    """What the units of a model's loop nests (templates.LoopSource: its passes' statement loops
+    and the lanes kernels beside them) add to host_vector_flags where the CPU has AVX-512 (F, VL,
+    BW, DQ): 64-byte vectors, and -ffp-contract=off, since AVX-512 implies FMA: every result is
+    still the baseline build's, bit for bit. Not the module runtime's unit, whose products are
+    written for fused multiply-adds and choose their width when they run: built so, they took
+    1.22x the time (docs/gpt.md); the bigger GPT's step with its loop units alone so, 0.94x (Intel
+    Xeon with AVX-512)."""
+    flags = set(_cpuinfo().get('flags', '').split())
+    if platform.machine().lower() not in ('x86_64', 'amd64') or not {'avx2', 'avx512f', 'avx512vl', 'avx512bw',
+                                                                     'avx512dq'} <= flags:
+        return ()
+    return ('-mavx512f', '-mavx512vl', '-mavx512bw', '-mavx512dq', '-mprefer-vector-width=512', '-ffp-contract=off')
 
 
 @functools.cache

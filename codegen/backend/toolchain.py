@@ -149,8 +149,9 @@ def index_by_structure(key: str, build: BuildResult, cache: pathlib.Path | None 
 
 def _build_plan(kind, sources, name, compiler, opt, native):
     """(sources as a list, Compiler, flags, cache key, the flags of each source's compile), the
-    arguments checked. A unit of straight-line code (templates.StraightLineSource) may have
-    flags of its own (compilers.compile_flags): part of the key, like which units they are."""
+    arguments checked. A unit of straight-line code (templates.StraightLineSource) or of loop
+    nests (templates.LoopSource) may have flags of its own (compilers.compile_flags): part of the
+    key, like which units they are."""
     if kind not in ('extension', 'library', 'object'):
         raise ValueError(f"kind must be 'extension', 'library' or 'object', not {kind!r}")
     check_identifier(name)
@@ -160,17 +161,19 @@ def _build_plan(kind, sources, name, compiler, opt, native):
     if not FAMILIES[compiler.family].makes_files:
         raise ValueError(f'{compiler.family} builds into memory only, not a file: name a compiler '
                          f'({", ".join(COMPILER_NAMES)}), or use codegen.compile')
-    flags, straight_flags = (compile_flags(compiler, opt, native, straight_line) for straight_line in (False, True))
+    flags, straight_flags, loop_flags = (compile_flags(compiler, opt, native, **unit)
+                                         for unit in ({}, {'straight_line': True}, {'loops': True}))
     if kind in ('extension', 'object'):  # (an object is a part of an extension: the module runtime)
-        for each in (flags, straight_flags):
+        for each in (flags, straight_flags, loop_flags):
             each.append('-I' + sysconfig.get_paths()['include'])
-    straight = [isinstance(s, templates.StraightLineSource) for s in sources]
+    unit_flags = [straight_flags if isinstance(s, templates.StraightLineSource)
+                  else loop_flags if isinstance(s, templates.LoopSource) else flags for s in sources]
     key = hashlib.sha256(json.dumps([
         kind, name, sources, compiler.family, compiler.argv, compiler.link_args, compiler.version, flags,
-        straight_flags, straight, sys.implementation.cache_tag, sysconfig.get_config_var('EXT_SUFFIX'),
+        unit_flags, sys.implementation.cache_tag, sysconfig.get_config_var('EXT_SUFFIX'),
         host_cpu() if native else None,  # (-march=native means this CPU: see compilers.host_cpu)
     ]).encode()).hexdigest()
-    return sources, compiler, flags, key, [straight_flags if s else flags for s in straight]
+    return sources, compiler, flags, key, unit_flags
 
 
 # The longest timeout (a year): a bigger int would not convert to the float seconds the deadline counts in

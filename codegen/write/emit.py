@@ -261,8 +261,8 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
              + "\n".join(p[0] for p in group) for group in units]
     # the units of an irregular graph's passes (not the batched program's loops over a batch)
     straight = {id(p) for p in pieces[:unbatched]} if straight_line else set()
-    return "\n".join(graph), [templates.StraightLineSource(text) if all(id(p) in straight for p in group) else text
-                              for text, group in zip(extra, units)]
+    return "\n".join(graph), [templates.StraightLineSource(text) if all(id(p) in straight for p in group)
+                              else templates.LoopSource(text) for text, group in zip(extra, units)]
 
 
 def _with_table(items, statements):
