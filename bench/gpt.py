@@ -71,8 +71,10 @@ BATCH_ROUNDS = 10                # _batches: the same for a batch row (a window:
 TOLERANCE = 1e-9                 # the largest relative difference of a peer's losses from the port's
 # (bound, steps compared) of a batch row's peer: float32's rounding differs from the first step and
 # training amplifies it (JAX in float32 against float64, the bigger configuration: 3e-8 at step 1,
-# 2e-6 by step 10, 2e-2 by step 50; JAX and PyTorch in float64 agree within 1e-14 over all 50)
-BATCH_AGREEMENT = {"float64": (TOLERANCE, BATCH_STEPS), "float32": (1e-4, 10)}
+# 2e-6 by step 10, 2e-2 by step 50; JAX and PyTorch in float64 agree within 1e-14 over all 50).
+# In float32 the peers' own losses differ by up to 1.4e-4 over the 10 steps (PyTorch against
+# JAX, the bigger configuration, Intel Xeon, 2026-11-28; ours against JAX 5.8e-6 that hour)
+BATCH_AGREEMENT = {"float64": (TOLERANCE, BATCH_STEPS), "float32": (5e-4, 10)}
 SCANNED = "JAX's scanned step"
 TARGETS = {SCANNED: 0.35, "the hand-written C's step": 0.05}  # issue 33's, compiled / peer
 
