@@ -42,18 +42,16 @@ static void end_clean(State *st)
 
 /* train()'s step after a batch of n samples, on the parameters and gradients d, g (the module's,
  * or the batch buffers' of templates/batch.c): plain SGD (sgd_step, templates/kernels/axpy.c); any
- * other optimizer takes one step on the batch's mean gradient. Parameter gradients are zeroed
- * for the next batch. */
-static void batch_step(State *s, real *restrict d, real *restrict g, double lr, long long n)
+ * other optimizer takes one step on the batch's mean gradient, on the module's threads with
+ * `parallel` (train()'s batched passes, whose workers are awake: templates/batch.c). Parameter
+ * gradients are zeroed for the next batch. */
+static void batch_step(State *s, real *restrict d, real *restrict g, double lr, long long n, int parallel)
 {
     if (MODEL.optimizer.plain_sgd) {
         sgd_step(d, g, lr / (double)n, MODEL.n_params);
         return;
     }
-    if (n > 1)
-        for (long i = 0; i < MODEL.n_params; i++)
-            g[i] /= (double)n;
-    optimizer_step(d, g, s->opt_m, s->opt_v, s->opt_step, lr, 1);
+    optimizer_step(d, g, s->opt_m, s->opt_v, s->opt_step, lr, n > 1 ? (double)n : 1.0, 1, parallel);
 }
 
 /* How many of a sequence's positions the loops run (codegen/lower/positions.py): a training pass,
@@ -141,7 +139,7 @@ static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, cons
         } else {
             backward_all(st);
             if (++in_batch == batch) { /* the mean gradient of the minibatch */
-                batch_step(st, d, g, lr, batch);
+                batch_step(st, d, g, lr, batch, 0);
                 record_loss(q, step, step_sum, in_batch);
                 in_batch = 0;
                 step_sum = 0.0;
@@ -152,7 +150,7 @@ static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, cons
     }
     if (in_batch) {
         const Py_ssize_t step = (s->n - 1) / (Py_ssize_t)batch;
-        batch_step(st, d, g, rate_at(q, step), in_batch);
+        batch_step(st, d, g, rate_at(q, step), in_batch, 0);
         record_loss(q, step, step_sum, in_batch);
     }
     return 0;

@@ -181,15 +181,29 @@ static SPECIALISED void adam_loop(real *restrict p, real *restrict g, real *rest
     }
 }
 
-/* With `clear` the step also zeroes the gradients, in the same pass (train(): the next batch
- * starts from zero). It is a constant at each call, so the step is compiled once each way. */
-static SPECIALISED void optimizer_step(real *restrict p, real *restrict g, real *restrict m,
-                                       real *restrict v, real *step, double lr, const int clear)
+/* One step's constants and buffers (optimizer_step's), for its rows. */
+typedef struct {
+    real *p, *g, *m, *v;
+    real rate, weight_decay, momentum;
+    AdamScalars k;
+    double mean_of; /* the gradients are divided by this first (a batch's sum: its mean), or 1 */
+    int clear;
+} StepRows;
+
+/* The step on parameters [first, last): the rows of one thread (each parameter's update is its
+ * own: the same bits whoever steps it), subnormals flushed on that thread (flush_subnormals).
+ * Compiled once each way of `clear` (optimizer_rows). */
+static SPECIALISED void optimizer_rows_of(const StepRows *a, long first, long last, const int clear)
 {
     const ModelOptimizer *o = &MODEL.optimizer;
-    const long n = MODEL.n_params;
-    const real rate = (real)lr, weight_decay = (real)o->weight_decay;
+    real *restrict p = a->p + first, *restrict g = a->g + first;
+    real *restrict m = a->m ? a->m + first : NULL, *restrict v = a->v ? a->v + first : NULL;
+    const long n = last - first;
+    const real rate = a->rate, weight_decay = a->weight_decay;
     const int decay = o->weight_decay != 0.0;
+    if (a->mean_of != 1.0)
+        for (long i = 0; i < n; i++)
+            g[i] /= a->mean_of;
     const unsigned int fp_mode = o->kind != 0 ? flush_subnormals() : 0;
     if (o->kind == 0) {
         if (decay)
@@ -197,7 +211,7 @@ static SPECIALISED void optimizer_step(real *restrict p, real *restrict g, real 
         else
             sgd_loop(p, g, n, rate, weight_decay, 0, clear);
     } else if (o->kind == 1) {
-        const real momentum = (real)o->momentum;
+        const real momentum = a->momentum;
         if (decay && o->nesterov)
             momentum_loop(p, g, m, n, rate, weight_decay, momentum, 1, 1, clear);
         else if (decay)
@@ -207,6 +221,44 @@ static SPECIALISED void optimizer_step(real *restrict p, real *restrict g, real 
         else
             momentum_loop(p, g, m, n, rate, weight_decay, momentum, 0, 0, clear);
     } else {
+        const int decoupled = o->decoupled_decay, l2 = !o->decoupled_decay && decay;
+        long i = adam_vectors(p, g, m, v, n, a->k, clear, decoupled, l2);
+        if (decoupled)
+            adam_loop(p, g, m, v, i, n, a->k, 1, 0, clear);
+        else if (l2)
+            adam_loop(p, g, m, v, i, n, a->k, 0, 1, clear);
+        else
+            adam_loop(p, g, m, v, i, n, a->k, 0, 0, clear);
+    }
+    if (o->kind != 0)
+        restore_fp_mode(fp_mode);
+}
+
+static void optimizer_rows(void *args, long first, long last)
+{
+    const StepRows *a = (const StepRows *)args;
+    if (a->clear)
+        optimizer_rows_of(a, first, last, 1);
+    else
+        optimizer_rows_of(a, first, last, 0);
+}
+
+/* parameters from which a step runs on the module's threads (each a share of them): MNIST's
+ * 535,818-parameter MLP, the bigger GPT's 100,992 (its Adam step and the batch's mean: 2.3% of
+ * its step on the caller alone, the other core idle, Intel Xeon); not the demo's 337 */
+#define STEP_PARALLEL_MIN 65536
+
+/* One step of the module's optimizer on the parameters p and gradients g (their first N_PARAMS),
+ * m and v its state; mean_of: the gradients are a sum of that many samples', divided first (1:
+ * as they are). With `clear` the step also zeroes the gradients, in the same pass (train(): the
+ * next batch starts from zero). On the module's threads from STEP_PARALLEL_MIN parameters
+ * with `parallel` (train()'s batched passes: templates/driver.c's batch_step). */
+static void optimizer_step(real *restrict p, real *restrict g, real *restrict m, real *restrict v, real *step,
+                           double lr, double mean_of, const int clear, int parallel)
+{
+    const ModelOptimizer *o = &MODEL.optimizer;
+    StepRows rows = {p, g, m, v, (real)lr, (real)o->weight_decay, (real)o->momentum, {0}, mean_of, clear};
+    if (o->kind == 2) {
         double t = *step += 1;
         /* PyTorch divides by sqrt(1 - beta2^t); multiplying by its reciprocal is at most an ulp
          * away and spares a division per parameter, which is what bounds this loop. */
@@ -214,17 +266,12 @@ static SPECIALISED void optimizer_step(real *restrict p, real *restrict g, real 
         const AdamScalars k = {
             (real)(lr / (1.0 - pow(o->beta1, t))), (real)(1.0 / sqrt(1.0 - pow(o->beta2, t))),
             (real)(1.0 - lr * o->weight_decay), /* AdamW's decoupled decay */
-            weight, (real)(1.0 - weight), (real)o->beta2, (real)(1.0 - o->beta2), (real)o->eps, weight_decay,
+            weight, (real)(1.0 - weight), (real)o->beta2, (real)(1.0 - o->beta2), (real)o->eps, (real)o->weight_decay,
         };
-        const int decoupled = o->decoupled_decay, l2 = !o->decoupled_decay && decay;
-        long i = adam_vectors(p, g, m, v, n, k, clear, decoupled, l2);
-        if (decoupled)
-            adam_loop(p, g, m, v, i, n, k, 1, 0, clear);
-        else if (l2)
-            adam_loop(p, g, m, v, i, n, k, 0, 1, clear);
-        else
-            adam_loop(p, g, m, v, i, n, k, 0, 0, clear);
+        rows.k = k;
     }
-    if (o->kind != 0)
-        restore_fp_mode(fp_mode);
+    if (parallel && MODEL.n_params >= STEP_PARALLEL_MIN)
+        parallel_pass(optimizer_rows, &rows, MODEL.n_params, 64);
+    else
+        optimizer_rows(&rows, 0, MODEL.n_params);
 }

@@ -19,7 +19,7 @@
  * same with any count. The workers are started on first use and wait on a condition variable
  * between products, spinning a little first, and only spin while train() or predict() holds them
  * (pool_hold) and a product has run on them since (parallel_rows; not the batch's memory passes,
- * templates/batch.c's parallel_pass): a batch's products follow each other within microseconds,
+ * parallel_pass): a batch's products follow each other within microseconds,
  * and waking a sleeping thread takes tens of them, but a program whose products are all too
  * small to share (microgpt's at 16 documents a pass) would keep a core spinning for nothing from
  * one step's clearing of its gradients to the next. One pool serves every load of this code: a
@@ -320,6 +320,14 @@ static void pool_run(RowTask task, PartTask part_task, PartTask part_then, void 
 SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
 {
     pool_run(task, NULL, NULL, args, rows, align, POOL_MAX, 1, 0);
+}
+
+/* parallel_rows for a pass over memory (templates/batch.c's loading and clearing of the batch
+ * buffers, an optimizer's step: optim.c): the workers spin after it only if a product has run on
+ * them (pool_hold). */
+static inline void parallel_pass(RowTask task, void *args, long rows, long align)
+{
+    pool_run(task, NULL, NULL, args, rows, align, POOL_MAX, 0, 0);
 }
 
 /* parallel_rows with each thread's share of the rows in one call, task(args, first, last) over

@@ -407,7 +407,7 @@ static PyObject *fn_step(PyObject *module, PyObject *const *args, Py_ssize_t nar
     if (!s)
         return NULL;
     write_out_rows(s, 1);
-    batch_step(s, s->d, s->g, lr, n); /* zeroes the gradients as it steps */
+    batch_step(s, s->d, s->g, lr, n, 0); /* zeroes the gradients as it steps */
     stamp_all_rows(s);
     unlock_state(s);
     Py_RETURN_NONE;

@@ -75,7 +75,7 @@ static void backward_step(State *s)
 static void update_step(State *s, double lr)
 {
     if (!LAZY_ROWS) {
-        optimizer_step(s->d, s->g, s->opt_m, s->opt_v, s->opt_step, lr, 0);
+        optimizer_step(s->d, s->g, s->opt_m, s->opt_v, s->opt_step, lr, 1.0, 0, 0);
         return;
     }
     /* optimizer_step's plain SGD (p + -rate * grad), over the rows of this generation */

@@ -130,6 +130,30 @@ def test_the_same_bits_with_any_number_of_threads(n_in, hidden, batch_size):
         np.testing.assert_array_equal(predictions, results[0][1])
 
 
+@pytest.mark.parametrize("optimizer", ["momentum", "adamw"])
+def test_a_big_models_step_is_the_same_bits_on_any_number_of_threads(optimizer):
+    """From optim.c's STEP_PARALLEL_MIN parameters (76,482 here) train()'s optimizer step runs
+    on the module's threads, each a share of the parameters (the batch's mean, the update, the
+    gradients cleared): 1, 2 and 3 threads, the same parameters bit for bit, and the step
+    sample by sample (one thread) the same numbers to the batch's bound."""
+    case = classifier(n_in=256, hidden=(256, 40), n_classes=10)
+    assert sum(1 for _ in case[0].parameters()) >= 65536
+    X, y = data(96, 256, 10)
+    results = []
+    for threads in (1, 2, 3):
+        batched, single = twins(case=case, threads=threads, optimizer=OPTIMIZERS[optimizer], dtype="float32")
+        for epoch in range(2):
+            batched.train(X, y, 0.01, batch_size=32, seed=epoch)
+        results.append(np.asarray(batched.params).copy())
+        if threads == 1:
+            for epoch in range(2):
+                single.train(X, y, 0.01, batch_size=32, seed=epoch)
+            assert_close(batched.params, single.params, "float32")
+    for params in results[1:]:
+        np.testing.assert_array_equal(params, results[0])
+    assert not np.array_equal(results[0], [p.data for p in case[0].parameters()])
+
+
 def _skipping(seed=0):
     """classifier()'s MLP(12, [20, 9, 4]) whose loss also reads the first layer's activations (a
     penalty on their sum): their gradients get two contributions, so the second layer's product

@@ -155,6 +155,33 @@ def test_a_batch_of_several_passes_runs_longest_first(tiny, compiler):
         np.testing.assert_array_equal(params_n, params_after)
 
 
+def test_pieces_gradients_add_up_on_the_threads_in_order():
+    """A sequence's pieces' parameter gradients add up on the module's threads (templates/batch.c's
+    add_piece_gradients: from 16,384 values, here 3 pieces of a model of n_embd 32, 12,832
+    parameters), each parameter's in the pieces' order: the same bits on 1, 2 and 3 threads, and
+    the numbers of the documents one by one within the fused bound."""
+    config = model.Config(n_embd=32, n_head=2, n_layer=1, block_size=5)
+    random.seed(2)
+    docs = ["a", "edcbaab", "", "abc", "ab", "abcde", "b", "ca", "abcd", "e"]
+    tokenizer = data.Tokenizer(docs)
+    state, params = model.init_state(config, tokenizer.vocab_size)
+    assert len(params) * 3 >= 16384
+    X, Y = _split(np.stack([data.row(tokenizer.encode(d), config.block_size) for d in docs]))
+    doc = model.document(state, config)
+    stepped = []
+    for batch, threads in ((1, 1), (4, 1), (4, 2), (4, 3)):
+        net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, compiler="gcc",
+                              batch=batch, optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS), tiered=False)
+        losses = [net.train(X, Y, 0.01, batch_size=len(docs), threads=threads) for _ in range(2)]
+        stepped.append((losses, np.asarray(net.params).copy()))
+    (one_by_one, expected), (losses, after), *others = stepped
+    assert losses == pytest.approx(one_by_one, rel=1e-12)
+    np.testing.assert_allclose(after, expected, rtol=1e-9, atol=1e-12)
+    for losses_n, after_n in others:
+        assert losses_n == losses
+        np.testing.assert_array_equal(after_n, after)
+
+
 
 @pytest.mark.parametrize("compiler", COMPILER_NAMES, indirect=True)
 def test_a_batch_of_one_pass_runs_as_two_halves(tiny, compiler):
