@@ -51,6 +51,13 @@ void call_dot_lanes(real *out, const real *a, const int32_t *oa, const real *b, 
     for (long l = 0; by_lane && l < lanes; l++)
         out[l] = dot_offsets(a + l, oa, b + l, ob, n);
 }
+void call_sum_lanes(real *out, const real *x, const int32_t *ox, long n, long lanes, int by_lane)
+{
+    if (!by_lane)
+        sum_offsets_lanes(out, x, ox, n, lanes);
+    for (long l = 0; by_lane && l < lanes; l++)
+        out[l] = sum_offsets(x + l, ox, n);
+}
 void call_row_one_by_one(int f, real *y, const real *x, long n)
 { for (long i = 0; i < n; i++) y[i] = (real)(f == 2 ? sigmoid_value(x[i]) : f ? tanh_value(x[i]) : exp_value(x[i])); }
 """
@@ -68,6 +75,7 @@ void call_axpy_lanes(real *y, const int32_t *oy, const real *alpha, const real *
                      long lanes, int by_lane);
 void call_dot_lanes(real *out, const real *a, const int32_t *oa, const real *b, const int32_t *ob, long n,
                     long lanes, int by_lane);
+void call_sum_lanes(real *out, const real *x, const int32_t *ox, long n, long lanes, int by_lane);
 void call_row_one_by_one(int f, real *y, const real *x, long n);
 """
 CHUNK = 8  # values per chunk of the nonzero lists
@@ -208,8 +216,9 @@ def test_axpy_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("lanes", LANES)
 def test_dot_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
-    """dot_offsets_lanes against dot_offsets lane by lane, bit for bit (each lane's eight partial
-    sums in the call's order, multiplies and adds fused as the unit fuses them), over term counts
+    """dot_offsets_lanes against dot_offsets lane by lane, and sum_offsets_lanes against
+    sum_offsets, bit for bit (each lane's eight partial sums in the call's order, multiplies and
+    adds fused as the unit fuses them; a sum of -0s stays +0 as the call's), over term counts
     with every tail, built for this CPU and not."""
     ffi, lib = kernels(compiler, dtype, native)
     real = DTYPES[dtype].numpy.type
@@ -224,7 +233,12 @@ def test_dot_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
             lib.call_dot_lanes(pointer(ffi, out), pointer(ffi, a), pointer(ffi, oa), pointer(ffi, b), pointer(ffi, ob),
                                n, lanes, by_lane)
         assert np.array_equal(by_lanes.view(bits), by_calls.view(bits)), (n, by_lanes - by_calls)
-    print(f"dot_offsets_lanes vs calls, {compiler} {dtype} lanes={lanes} native={native}: the same bits")
+        a[oa[0]:oa[0] + lanes // 2] = -0.0  # (for n = 1 a lane of -0: the calls' sum starts at +0)
+        for out, by_lane in ((by_calls, 1), (by_lanes, 0)):
+            lib.call_sum_lanes(pointer(ffi, out), pointer(ffi, a), pointer(ffi, oa), n, lanes, by_lane)
+        assert np.array_equal(by_lanes.view(bits), by_calls.view(bits)), (n, by_lanes - by_calls)
+    print(f"dot_offsets_lanes and sum_offsets_lanes vs calls, {compiler} {dtype} lanes={lanes} native={native}: "
+          "the same bits")
 
 
 def _special(name, info):

@@ -66,9 +66,9 @@ class Forward(Statements):
             names = self._op_names(node, ops)
             value = self._op_c(node, node.op.value, names)
         else:
-            lanes = self._dot_lanes(g)
+            lanes = self._dot_lanes(g) or self._sum_lanes(g)
             if lanes:
-                return [lanes]
+                return lanes
             parts = [c_literal(c, self.dtype) for c in ops.constants]
             if ops.terms:
                 parts += self._sum(ops.terms)
@@ -110,10 +110,28 @@ class Forward(Statements):
         if (ops.constants or ops.terms or not a or g.masked is not None or unrolled(a, b)
                 or (a.contiguous and b.contiguous) or not along_lanes(g.shape, ops.out, a.start, b.start)):
             return None
-        return nest(g.shape[:-1], [call("dot_offsets_lanes", out=f"d + {slot_index(at_start(ops.out))}",
-                                        a=f"d + {slot_index(at_start(a.start))}", oa=self.tables.offsets(a.offsets),
-                                        b=f"d + {slot_index(at_start(b.start))}", ob=self.tables.offsets(b.offsets),
-                                        n=a.n, lanes=str(g.shape[-1]))], braced=False)
+        return [nest(g.shape[:-1], [call("dot_offsets_lanes", out=f"d + {slot_index(at_start(ops.out))}",
+                                         a=f"d + {slot_index(at_start(a.start))}", oa=self.tables.offsets(a.offsets),
+                                         b=f"d + {slot_index(at_start(b.start))}", ob=self.tables.offsets(b.offsets),
+                                         n=a.n, lanes=str(g.shape[-1]))], braced=False)]
+
+    def _sum_lanes(self, g):
+        """Likewise a batch's loop of sum_offsets calls (a softmax's denominators over a causal
+        attention's keys) as one call over its lanes, then the sum's constants added (`sum`'s
+        start) as the statement adds them to the call's result; None otherwise."""
+        ops = g.operands
+        terms = ops.terms
+        if (not terms or ops.a or g.masked is not None or unrolled(terms) or terms.contiguous
+                or not along_lanes(g.shape, ops.out, terms.start)):
+            return None
+        calls = [nest(g.shape[:-1], [call("sum_offsets_lanes", out=f"d + {slot_index(at_start(ops.out))}",
+                                          x=f"d + {slot_index(at_start(terms.start))}",
+                                          ox=self.tables.offsets(terms.offsets), n=terms.n,
+                                          lanes=str(g.shape[-1]))], braced=False)]
+        if not ops.constants:
+            return calls
+        value = tree_sum([c_literal(c, self.dtype) for c in ops.constants] + [data_at(ops.out)])
+        return calls + loop_nest(g.shape, [Assign(data_at(ops.out), value)], independent=True)
 
     @staticmethod
     def _masked_dot(a, b, slot):

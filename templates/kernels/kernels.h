@@ -30,6 +30,7 @@ KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const 
                          const int32_t *ox, long n);
 KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *alpha, const real *restrict x,
                                const int32_t *ox, long n, long lanes);
+KERNEL void sum_offsets_lanes(real *restrict out, const real *x, const int32_t *ox, long n, long lanes);
 KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, const real *x,
                              const int32_t *ox, long n);
 KERNEL void axpy_nz(real *restrict y, real alpha, const real *restrict x, long n, const int32_t *restrict nz);
