@@ -200,6 +200,69 @@ EXP_AVX2_FORMS(sigmoid)
 #undef EXP_STORE
 #undef EXP_LOAD_PART
 #undef EXP_STORE_PART
+
+/* AVX-512's forms over a row, eight values a vector (the same operations: the same bits), the
+ * row's last values by the AVX2 form: a softmax's exponentials, 3.4% of the bigger GPT's step on
+ * the AVX2 form, Intel Xeon with AVX-512 (its multiplies and adds at twice the values a cycle) */
+#define EXP_AVX512 __attribute__((target("avx512f"))) UNFUSED_FUNCTION
+typedef double exp_vec8 __attribute__((vector_size(64)));
+typedef unsigned long long exp_bits8 __attribute__((vector_size(64)));
+static EXP_AVX512 inline exp_vec8 exp_unordered_avx512(exp_vec8 x, exp_vec8 y) /* y, or x + x where x is NaN */
+{
+    UNFUSED
+    return (exp_vec8)_mm512_mask_blend_pd(_mm512_cmp_pd_mask((__m512d)x, (__m512d)x, _CMP_UNORD_Q), (__m512d)y,
+                                          (__m512d)(x + x));
+}
+
+static EXP_AVX512 inline exp_vec8 exp_avx512(exp_vec8 x)
+{
+    UNFUSED
+    const exp_vec8 c = (exp_vec8)_mm512_min_pd(_mm512_max_pd((__m512d)x, _mm512_set1_pd(-746.0)), _mm512_set1_pd(710.0));
+    exp_vec8 z, m;
+    EXP_REDUCED(exp_vec8, c, c * 1.4426950408889634, z, m);
+    const exp_vec8 e = 1.0 + m;
+    exp_bits8 b1, b2, k = (exp_bits8)z - EXP_SHIFT_BITS;
+    EXP_HALVES(exp_bits8, k, b1, b2);
+    return exp_unordered_avx512(x, e * (exp_vec8)b1 * (exp_vec8)b2);
+}
+
+static EXP_AVX512 inline exp_vec8 tanh_avx512(exp_vec8 x)
+{
+    UNFUSED
+    const exp_bits8 sign = (exp_bits8){0} + (1ULL << 63), bits = (exp_bits8)x;
+    const exp_vec8 clamped = (exp_vec8)_mm512_min_pd((__m512d)(bits & ~sign), _mm512_set1_pd(20.0));
+    exp_vec8 t;
+    TANH_ABSOLUTE(exp_vec8, exp_bits8, clamped, t);
+    return exp_unordered_avx512(x, (exp_vec8)(((exp_bits8)t & ~sign) | (bits & sign)));
+}
+
+static EXP_AVX512 inline exp_vec8 sigmoid_avx512(exp_vec8 x)
+{
+    UNFUSED
+    return 1.0 / (1.0 + exp_avx512(-x));
+}
+
+#if REAL_IS_FLOAT
+#define EXP_LOAD8(p) (exp_vec8)_mm512_cvtps_pd(_mm256_loadu_ps(p))
+#define EXP_STORE8(p, v) _mm256_storeu_ps((p), _mm512_cvtpd_ps((__m512d)(v)))
+#else
+#define EXP_LOAD8(p) (exp_vec8)_mm512_loadu_pd(p)
+#define EXP_STORE8(p, v) _mm512_storeu_pd((p), (__m512d)(v))
+#endif
+#define EXP_AVX512_FORMS(f)                                                                        \
+    static EXP_AVX512 void f##_range_avx512(real *y, const real *x, long n)                        \
+    {                                                                                              \
+        long i = 0;                                                                                \
+        for (; i + 8 <= n; i += 8)                                                                 \
+            EXP_STORE8(y + i, f##_avx512(EXP_LOAD8(x + i)));                                       \
+        f##_range_avx2(y + i, x + i, n - i); /* (and its vzeroupper) */                            \
+    }
+EXP_AVX512_FORMS(exp)
+EXP_AVX512_FORMS(tanh)
+EXP_AVX512_FORMS(sigmoid)
+#undef EXP_AVX512_FORMS
+#undef EXP_LOAD8
+#undef EXP_STORE8
 #define EXP_VECTORS 1
 #endif
 
@@ -212,10 +275,17 @@ EXP_AVX2_FORMS(sigmoid)
         call;                                                                                      \
         return;                                                                                    \
     }
+#define EXP_WIDEST_RUN(call)                                                                       \
+    if ((cpu_features() & (CPU_AVX512F | CPU_AVX2_FMA)) == (CPU_AVX512F | CPU_AVX2_FMA)) {         \
+        call;                                                                                      \
+        return;                                                                                    \
+    }
 #else
 #define EXP_VECTORS_RUN(call)
+#define EXP_WIDEST_RUN(call)
 #endif
 #define EXP_RANGE(f)                                                                               \
+    EXP_WIDEST_RUN(f##_range_avx512(y, x, n))                                                      \
     EXP_VECTORS_RUN(f##_range_avx2(y, x, n))                                                       \
     for (long i = 0; i < n; i++)                                                                   \
         y[i] = (real)f##_value((double)x[i]);
@@ -232,4 +302,5 @@ PRODUCT void sigmoid_gather(real *d, const int32_t *rows, long n) { EXP_GATHER(s
 #undef EXP_RANGE
 #undef EXP_GATHER
 #undef EXP_VECTORS_RUN
+#undef EXP_WIDEST_RUN
 #endif
