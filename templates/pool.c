@@ -322,9 +322,9 @@ SHARED void parallel_rows(RowTask task, void *args, long rows, long align)
     pool_run(task, NULL, NULL, args, rows, align, POOL_MAX, 1, 0);
 }
 
-/* parallel_rows for a pass over memory (templates/batch.c's loading and clearing of the batch
- * buffers, an optimizer's step: optim.c): the workers spin after it only if a product has run on
- * them (pool_hold). */
+/* parallel_rows for a pass over memory (the batch buffers loaded and cleared, templates/batch.c;
+ * an optimizer's step, optim.c's optimizer_step): the workers spin after it only if a product has
+ * run on them (pool_hold). */
 static inline void parallel_pass(RowTask task, void *args, long rows, long align)
 {
     pool_run(task, NULL, NULL, args, rows, align, POOL_MAX, 0, 0);

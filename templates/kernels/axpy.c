@@ -178,7 +178,6 @@ LANES_INLINE void dot_offsets_block(real *restrict out, const real *a, const int
  * and else not (WIDE_UNFUSED: AVX-512 implies FMA). The bigger GPT (n_embd 64, B = 32, float32,
  * Intel Xeon with AVX-512): the step 0.92x the time, these kernels 12% of it before. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__)
-#define LANES_AVX512 1
 #define WIDE_BLOCK (64 / (long)sizeof(real))
 typedef real lanes_vec __attribute__((vector_size(64)));
 #if defined(__FMA__)
@@ -227,11 +226,19 @@ LANES_AVX512_FUNCTION sum_offsets_wide(real *restrict out, const real *x, const 
     memcpy(out, &sum, sizeof sum);
 }
 
-/* (a block none of whose alphas is 0: axpy_offsets_block's test) */
+/* (a block one of whose alphas is 0 lane by lane, as axpy_offsets_block) */
 LANES_AVX512_FUNCTION axpy_offsets_wide(real *restrict y, const int32_t *oy, const real *alpha,
                                         const real *restrict x, const int32_t *ox, long n)
 {
     WIDE_UNFUSED
+    int zero = 0;
+    for (long l = 0; l < WIDE_BLOCK; l++)
+        zero |= alpha[l] == 0;
+    if (zero) {
+        for (long l = 0; l < WIDE_BLOCK; l++)
+            axpy_offsets(y + l, oy, alpha[l], x + l, ox, n);
+        return;
+    }
     lanes_vec go;
     memcpy(&go, alpha, sizeof go);
     for (long i = 0; i < n; i++) {
@@ -242,25 +249,39 @@ LANES_AVX512_FUNCTION axpy_offsets_wide(real *restrict y, const int32_t *oy, con
         memcpy(y + oy[i], &to, sizeof to);
     }
 }
+#define LANES_WIDE(WIDE)                                                                           \
+    if (lanes >= WIDE_BLOCK && cpu_features() & CPU_AVX512F)                                       \
+        for (; l0 + WIDE_BLOCK <= lanes; l0 += WIDE_BLOCK)                                         \
+            WIDE(l0);
+#else
+#define LANES_WIDE(WIDE)
 #endif
+
+/* A lanes kernel's body over lanes [0, lanes): AVX-512's blocks where the CPU has it (WIDE(l0):
+ * WIDE_BLOCK lanes from l0), then the unit's (BLOCK(l0, width): LANE_BLOCK lanes, then a half
+ * block), then ONE(l0) lane by lane. */
+#define LANES_IN_BLOCKS(WIDE, BLOCK, ONE)                                                          \
+    long l0 = 0;                                                                                   \
+    LANES_WIDE(WIDE)                                                                               \
+    for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK)                                             \
+        BLOCK(l0, LANE_BLOCK);                                                                     \
+    if (LANE_BLOCK > HALF_BLOCK && l0 + HALF_BLOCK <= lanes) {                                     \
+        BLOCK(l0, HALF_BLOCK);                                                                     \
+        l0 += HALF_BLOCK;                                                                          \
+    }                                                                                              \
+    for (; l0 < lanes; l0++)                                                                       \
+        ONE(l0);
 
 KERNEL void dot_offsets_lanes(real *restrict out, const real *a, const int32_t *oa, const real *b,
                               const int32_t *ob, long n, long lanes)
 {
-    long l0 = 0;
-#if LANES_AVX512
-    if (lanes >= WIDE_BLOCK && cpu_features() & CPU_AVX512F)
-        for (; l0 + WIDE_BLOCK <= lanes; l0 += WIDE_BLOCK)
-            dot_offsets_wide(out + l0, a + l0, oa, b + l0, ob, n);
-#endif
-    for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK)
-        dot_offsets_block(out + l0, a + l0, oa, b + l0, ob, n, LANE_BLOCK);
-    if (LANE_BLOCK > HALF_BLOCK && l0 + HALF_BLOCK <= lanes) {
-        dot_offsets_block(out + l0, a + l0, oa, b + l0, ob, n, HALF_BLOCK);
-        l0 += HALF_BLOCK;
-    }
-    for (; l0 < lanes; l0++)
-        out[l0] = dot_offsets(a + l0, oa, b + l0, ob, n);
+#define DOT_WIDE(l) dot_offsets_wide(out + (l), a + (l), oa, b + (l), ob, n)
+#define DOT_BLOCK(l, width) dot_offsets_block(out + (l), a + (l), oa, b + (l), ob, n, width)
+#define DOT_ONE(l) out[l] = dot_offsets(a + (l), oa, b + (l), ob, n)
+    LANES_IN_BLOCKS(DOT_WIDE, DOT_BLOCK, DOT_ONE)
+#undef DOT_WIDE
+#undef DOT_BLOCK
+#undef DOT_ONE
 }
 
 /* sum_offsets of lanes l0 .. l0 + width - 1 (a softmax's denominators over a causal attention's
@@ -277,20 +298,13 @@ LANES_INLINE void sum_offsets_block(real *restrict out, const real *x, const int
 
 KERNEL void sum_offsets_lanes(real *restrict out, const real *x, const int32_t *ox, long n, long lanes)
 {
-    long l0 = 0;
-#if LANES_AVX512
-    if (lanes >= WIDE_BLOCK && cpu_features() & CPU_AVX512F)
-        for (; l0 + WIDE_BLOCK <= lanes; l0 += WIDE_BLOCK)
-            sum_offsets_wide(out + l0, x + l0, ox, n);
-#endif
-    for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK)
-        sum_offsets_block(out + l0, x + l0, ox, n, LANE_BLOCK);
-    if (LANE_BLOCK > HALF_BLOCK && l0 + HALF_BLOCK <= lanes) {
-        sum_offsets_block(out + l0, x + l0, ox, n, HALF_BLOCK);
-        l0 += HALF_BLOCK;
-    }
-    for (; l0 < lanes; l0++)
-        out[l0] = sum_offsets(x + l0, ox, n);
+#define SUM_WIDE(l) sum_offsets_wide(out + (l), x + (l), ox, n)
+#define SUM_BLOCK(l, width) sum_offsets_block(out + (l), x + (l), ox, n, width)
+#define SUM_ONE(l) out[l] = sum_offsets(x + (l), ox, n)
+    LANES_IN_BLOCKS(SUM_WIDE, SUM_BLOCK, SUM_ONE)
+#undef SUM_WIDE
+#undef SUM_BLOCK
+#undef SUM_ONE
 }
 
 /* axpy_offsets of lanes l0 .. l0 + width - 1 (a block one of whose alphas is 0 lane by lane:
@@ -317,29 +331,16 @@ LANES_INLINE void axpy_offsets_block(real *restrict y, const int32_t *oy, const 
 KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *alpha, const real *restrict x,
                                const int32_t *ox, long n, long lanes)
 {
-    long l0 = 0;
-#if LANES_AVX512
-    if (lanes >= WIDE_BLOCK && cpu_features() & CPU_AVX512F)
-        for (; l0 + WIDE_BLOCK <= lanes; l0 += WIDE_BLOCK) {
-            int zero = 0;
-            for (long l = 0; l < WIDE_BLOCK; l++)
-                zero |= alpha[l0 + l] == 0;
-            if (zero) /* (lane by lane, as axpy_offsets_block's blocks with such a lane) */
-                for (long l = l0; l < l0 + WIDE_BLOCK; l++)
-                    axpy_offsets(y + l, oy, alpha[l], x + l, ox, n);
-            else
-                axpy_offsets_wide(y + l0, oy, alpha + l0, x + l0, ox, n);
-        }
-#endif
-    for (; l0 + LANE_BLOCK <= lanes; l0 += LANE_BLOCK)
-        axpy_offsets_block(y + l0, oy, alpha + l0, x + l0, ox, n, LANE_BLOCK);
-    if (LANE_BLOCK > HALF_BLOCK && l0 + HALF_BLOCK <= lanes) {
-        axpy_offsets_block(y + l0, oy, alpha + l0, x + l0, ox, n, HALF_BLOCK);
-        l0 += HALF_BLOCK;
-    }
-    for (; l0 < lanes; l0++)
-        axpy_offsets(y + l0, oy, alpha[l0], x + l0, ox, n);
+#define AXPY_WIDE(l) axpy_offsets_wide(y + (l), oy, alpha + (l), x + (l), ox, n)
+#define AXPY_BLOCK(l, width) axpy_offsets_block(y + (l), oy, alpha + (l), x + (l), ox, n, width)
+#define AXPY_ONE(l) axpy_offsets(y + (l), oy, alpha[l], x + (l), ox, n)
+    LANES_IN_BLOCKS(AXPY_WIDE, AXPY_BLOCK, AXPY_ONE)
+#undef AXPY_WIDE
+#undef AXPY_BLOCK
+#undef AXPY_ONE
 }
+#undef LANES_IN_BLOCKS
+#undef LANES_WIDE
 #undef LANE_BLOCK
 #undef HALF_BLOCK
 #undef LANES_INLINE

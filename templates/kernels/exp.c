@@ -52,6 +52,22 @@
         b2 = (k - h_ + 2047) << 52;                                                                \
     } while (0)
 
+/* y = exp(c) for c clamped to [-746, 710]: (1 + m) times 2^k in its two halves; T double or a
+ * vector, B its bits */
+#define EXP_CLAMPED(T, B, c, y)                                                                    \
+    do {                                                                                           \
+        T z_, m_, s1_, s2_;                                                                        \
+        EXP_REDUCED(T, c, c * 1.4426950408889634, z_, m_);                                         \
+        const T e_ = 1.0 + m_;                                                                     \
+        B k_, b1_, b2_;                                                                            \
+        memcpy(&k_, &z_, sizeof k_);                                                               \
+        k_ -= EXP_SHIFT_BITS;                                                                      \
+        EXP_HALVES(B, k_, b1_, b2_);                                                               \
+        memcpy(&s1_, &b1_, sizeof s1_);                                                            \
+        memcpy(&s2_, &b2_, sizeof s2_);                                                            \
+        y = e_ * s1_ * s2_;                                                                        \
+    } while (0)
+
 /* No multiply and add fused into one rounding, even where the unit is built for a CPU that has
  * them (-march=native): every path rounds each operation (UNFUSED, templates/prelude.c). */
 static UNFUSED_FUNCTION inline double exp_value(double x)
@@ -60,16 +76,9 @@ static UNFUSED_FUNCTION inline double exp_value(double x)
     if (x != x)
         return x + x;
     const double c = x < -746.0 ? -746.0 : x > 710.0 ? 710.0 : x;
-    double z, m, s1, s2;
-    EXP_REDUCED(double, c, c * 1.4426950408889634, z, m);
-    const double e = 1.0 + m;
-    uint64_t k, b1, b2;
-    memcpy(&k, &z, sizeof k);
-    k -= EXP_SHIFT_BITS;
-    EXP_HALVES(uint64_t, k, b1, b2);
-    memcpy(&s1, &b1, sizeof s1);
-    memcpy(&s2, &b2, sizeof s2);
-    return e * s1 * s2;
+    double y;
+    EXP_CLAMPED(double, uint64_t, c, y);
+    return y;
 }
 
 /* tanh |x| for a = |x| in [0, 20]: -m / (m + 2), m = exp(-2a) - 1 = 2^k (exp(r) - 1) + (2^k - 1)
@@ -120,13 +129,9 @@ static EXP_AVX2 inline exp_vec exp_avx2(exp_vec x)
 {
     UNFUSED
     const exp_vec c = (exp_vec)_mm256_min_pd(_mm256_max_pd((__m256d)x, _mm256_set1_pd(-746.0)), _mm256_set1_pd(710.0));
-    exp_vec z, m;
-    EXP_REDUCED(exp_vec, c, c * 1.4426950408889634, z, m);
-    const exp_vec e = 1.0 + m;
-    exp_bits b1, b2, k = (exp_bits)z - EXP_SHIFT_BITS;
-    EXP_HALVES(exp_bits, k, b1, b2);
-    const __m256d y = (__m256d)(e * (exp_vec)b1 * (exp_vec)b2);
-    return (exp_vec)_mm256_blendv_pd(y, (__m256d)(x + x), _mm256_cmp_pd((__m256d)x, (__m256d)x, _CMP_UNORD_Q));
+    exp_vec y;
+    EXP_CLAMPED(exp_vec, exp_bits, c, y);
+    return (exp_vec)_mm256_blendv_pd((__m256d)y, (__m256d)(x + x), _mm256_cmp_pd((__m256d)x, (__m256d)x, _CMP_UNORD_Q));
 }
 
 static EXP_AVX2 inline exp_vec tanh_avx2(exp_vec x)
@@ -218,12 +223,9 @@ static EXP_AVX512 inline exp_vec8 exp_avx512(exp_vec8 x)
 {
     UNFUSED
     const exp_vec8 c = (exp_vec8)_mm512_min_pd(_mm512_max_pd((__m512d)x, _mm512_set1_pd(-746.0)), _mm512_set1_pd(710.0));
-    exp_vec8 z, m;
-    EXP_REDUCED(exp_vec8, c, c * 1.4426950408889634, z, m);
-    const exp_vec8 e = 1.0 + m;
-    exp_bits8 b1, b2, k = (exp_bits8)z - EXP_SHIFT_BITS;
-    EXP_HALVES(exp_bits8, k, b1, b2);
-    return exp_unordered_avx512(x, e * (exp_vec8)b1 * (exp_vec8)b2);
+    exp_vec8 y;
+    EXP_CLAMPED(exp_vec8, exp_bits8, c, y);
+    return exp_unordered_avx512(x, y);
 }
 
 static EXP_AVX512 inline exp_vec8 tanh_avx512(exp_vec8 x)
