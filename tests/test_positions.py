@@ -155,7 +155,8 @@ def test_a_batch_of_several_passes_runs_longest_first(tiny, compiler):
         np.testing.assert_array_equal(params_n, params_after)
 
 
-def test_pieces_gradients_add_up_on_the_threads_in_order():
+@pytest.mark.parametrize("compiler", ["gcc"], indirect=True)
+def test_pieces_gradients_add_up_on_the_threads_in_order(compiler):
     """A sequence's pieces' parameter gradients add up on the module's threads (templates/batch.c's
     add_piece_gradients: from 16,384 values, here 3 pieces of a model of n_embd 32, 12,832
     parameters), each parameter's in the pieces' order: the same bits on 1, 2 and 3 threads, and
@@ -170,7 +171,7 @@ def test_pieces_gradients_add_up_on_the_threads_in_order():
     doc = model.document(state, config)
     stepped = []
     for batch, threads in ((1, 1), (4, 1), (4, 2), (4, 3)):
-        net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, compiler="gcc",
+        net = codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, compiler=compiler,
                               batch=batch, optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS), tiered=False)
         losses = [net.train(X, Y, 0.01, batch_size=len(docs), threads=threads) for _ in range(2)]
         stepped.append((losses, np.asarray(net.params).copy()))
