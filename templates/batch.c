@@ -492,7 +492,7 @@ typedef struct {
 #define PIECES_AT_ONCE 16
 
 /* A round's pieces' gradients added to the sum so far, each parameter's in the pieces' order (the
- * same bits on any thread), on the module's threads: the bigger GPT's 100,992 parameters from 2
+ * same bits on any thread), on the module's threads: the bigger GPT's 103,936 parameters from 2
  * pieces took 1.3% of its step on the caller alone. With `to`, the sum also copied there. */
 typedef struct {
     real *sum, *to;

@@ -244,7 +244,7 @@ static void optimizer_rows(void *args, long first, long last)
 }
 
 /* parameters from which a step runs on the module's threads (each a share of them): MNIST's
- * 535,818-parameter MLP, the bigger GPT's 100,992 (its Adam step and the batch's mean: 2.3% of
+ * 535,818-parameter MLP, the bigger GPT's 103,936 (its Adam step and the batch's mean: 2.3% of
  * its step on the caller alone, the other core idle, Intel Xeon); not the demo's 337 */
 #define STEP_PARALLEL_MIN 65536
 
