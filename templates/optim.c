@@ -184,7 +184,7 @@ static SPECIALISED void adam_loop(real *restrict p, real *restrict g, real *rest
 /* One step's constants and buffers (optimizer_step's), for its rows. */
 typedef struct {
     real *p, *g, *m, *v;
-    real rate, weight_decay, momentum;
+    real rate;
     AdamScalars k;
     double mean_of; /* the gradients are divided by this first (a batch's sum: its mean), or 1 */
     int clear;
@@ -199,7 +199,7 @@ static SPECIALISED void optimizer_rows_of(const StepRows *a, long first, long la
     real *restrict p = a->p + first, *restrict g = a->g + first;
     real *restrict m = a->m ? a->m + first : NULL, *restrict v = a->v ? a->v + first : NULL;
     const long n = last - first;
-    const real rate = a->rate, weight_decay = a->weight_decay;
+    const real rate = a->rate, weight_decay = (real)o->weight_decay;
     const int decay = o->weight_decay != 0.0;
     if (a->mean_of != 1.0)
         for (long i = 0; i < n; i++)
@@ -211,7 +211,7 @@ static SPECIALISED void optimizer_rows_of(const StepRows *a, long first, long la
         else
             sgd_loop(p, g, n, rate, weight_decay, 0, clear);
     } else if (o->kind == 1) {
-        const real momentum = a->momentum;
+        const real momentum = (real)o->momentum;
         if (decay && o->nesterov)
             momentum_loop(p, g, m, n, rate, weight_decay, momentum, 1, 1, clear);
         else if (decay)
@@ -257,7 +257,7 @@ static void optimizer_step(real *restrict p, real *restrict g, real *restrict m,
                            double lr, double mean_of, const int clear, int parallel)
 {
     const ModelOptimizer *o = &MODEL.optimizer;
-    StepRows rows = {p, g, m, v, (real)lr, (real)o->weight_decay, (real)o->momentum, {0}, mean_of, clear};
+    StepRows rows = {p, g, m, v, (real)lr, {0}, mean_of, clear};
     if (o->kind == 2) {
         double t = *step += 1;
         /* PyTorch divides by sqrt(1 - beta2^t); multiplying by its reciprocal is at most an ulp

@@ -150,23 +150,29 @@ KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const 
 #define LANES_INLINE static inline
 #endif
 
+/* The n terms of a lanes kernel's sums in eight partial sums, term i into part i & 7 as
+ * dot_offsets and sum_offsets add them: ADD(k) adds term i + k into part k, unrolled (parts by
+ * constant indices: the compiler keeps them in registers), then the last terms. */
+#define EIGHT_PARTS(n, ADD)                                                                        \
+    long i = 0;                                                                                    \
+    for (; i + 8 <= (n); i += 8) {                                                                 \
+        ADD(0) ADD(1) ADD(2) ADD(3) ADD(4) ADD(5) ADD(6) ADD(7)                                    \
+    }                                                                                              \
+    if (i + 0 < (n)) { ADD(0) if (i + 1 < (n)) { ADD(1) if (i + 2 < (n)) { ADD(2)                  \
+    if (i + 3 < (n)) { ADD(3) if (i + 4 < (n)) { ADD(4) if (i + 5 < (n)) { ADD(5)                  \
+    if (i + 6 < (n)) { ADD(6) }}}}}}}
+/* the eight parts summed pairwise, as the calls sum them */
+#define EIGHT_SUMMED(s) (((s)[0] + (s)[1]) + ((s)[2] + (s)[3])) + (((s)[4] + (s)[5]) + ((s)[6] + (s)[7]))
+
 /* dot_offsets of lanes l0 .. l0 + width - 1 */
 LANES_INLINE void dot_offsets_block(real *restrict out, const real *a, const int32_t *oa, const real *b,
                                     const int32_t *ob, long n, long width)
 {
     real s[8][LANE_BLOCK] = {{0}};
-    long i = 0;
 #define DOT_LANES(k)                                                                               \
     for (long l = 0; l < width; l++)                                                               \
         s[k][l] += a[oa[i + k] + l] * b[ob[i + k] + l];
-#define DOT_LANES_IF(k) if (i + k < n) { DOT_LANES(k)
-    for (; i + 8 <= n; i += 8) {
-        DOT_LANES(0) DOT_LANES(1) DOT_LANES(2) DOT_LANES(3) DOT_LANES(4) DOT_LANES(5) DOT_LANES(6) DOT_LANES(7)
-    }
-    /* the last terms (sums by constant indices: the compiler keeps them in registers) */
-    DOT_LANES_IF(0) DOT_LANES_IF(1) DOT_LANES_IF(2) DOT_LANES_IF(3) DOT_LANES_IF(4) DOT_LANES_IF(5) DOT_LANES_IF(6)
-    }}}}}}}
-#undef DOT_LANES_IF
+    EIGHT_PARTS(n, DOT_LANES)
 #undef DOT_LANES
     for (long l = 0; l < width; l++)
         out[l] = ((s[0][l] + s[1][l]) + (s[2][l] + s[3][l])) + ((s[4][l] + s[5][l]) + (s[6][l] + s[7][l]));
@@ -193,7 +199,6 @@ LANES_AVX512_FUNCTION dot_offsets_wide(real *restrict out, const real *a, const 
 {
     WIDE_UNFUSED
     lanes_vec s[8] = {{0}};
-    long i = 0;
 #define DOT_WIDE(k)                                                                                \
     {                                                                                              \
         lanes_vec x, y;                                                                            \
@@ -201,15 +206,9 @@ LANES_AVX512_FUNCTION dot_offsets_wide(real *restrict out, const real *a, const 
         memcpy(&y, b + ob[i + k], sizeof y);                                                       \
         s[k] += x * y;                                                                             \
     }
-#define DOT_WIDE_IF(k) if (i + k < n) { DOT_WIDE(k)
-    for (; i + 8 <= n; i += 8) {
-        DOT_WIDE(0) DOT_WIDE(1) DOT_WIDE(2) DOT_WIDE(3) DOT_WIDE(4) DOT_WIDE(5) DOT_WIDE(6) DOT_WIDE(7)
-    }
-    DOT_WIDE_IF(0) DOT_WIDE_IF(1) DOT_WIDE_IF(2) DOT_WIDE_IF(3) DOT_WIDE_IF(4) DOT_WIDE_IF(5) DOT_WIDE_IF(6)
-    }}}}}}}
-#undef DOT_WIDE_IF
+    EIGHT_PARTS(n, DOT_WIDE)
 #undef DOT_WIDE
-    const lanes_vec sum = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    const lanes_vec sum = EIGHT_SUMMED(s);
     memcpy(out, &sum, sizeof sum);
 }
 
@@ -217,12 +216,15 @@ LANES_AVX512_FUNCTION sum_offsets_wide(real *restrict out, const real *x, const 
 {
     WIDE_UNFUSED
     lanes_vec s[8] = {{0}};
-    for (long i = 0; i < n; i++) {
-        lanes_vec y;
-        memcpy(&y, x + ox[i], sizeof y);
-        s[i & 7] += y;
+#define SUM_WIDE(k)                                                                                \
+    {                                                                                              \
+        lanes_vec y;                                                                               \
+        memcpy(&y, x + ox[i + k], sizeof y);                                                       \
+        s[k] += y;                                                                                 \
     }
-    const lanes_vec sum = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    EIGHT_PARTS(n, SUM_WIDE)
+#undef SUM_WIDE
+    const lanes_vec sum = EIGHT_SUMMED(s);
     memcpy(out, &sum, sizeof sum);
 }
 
@@ -289,9 +291,11 @@ KERNEL void dot_offsets_lanes(real *restrict out, const real *a, const int32_t *
 LANES_INLINE void sum_offsets_block(real *restrict out, const real *x, const int32_t *ox, long n, long width)
 {
     real s[8][LANE_BLOCK] = {{0}};
-    for (long i = 0; i < n; i++)
-        for (long l = 0; l < width; l++)
-            s[i & 7][l] += x[ox[i] + l];
+#define SUM_LANES(k)                                                                               \
+    for (long l = 0; l < width; l++)                                                               \
+        s[k][l] += x[ox[i + k] + l];
+    EIGHT_PARTS(n, SUM_LANES)
+#undef SUM_LANES
     for (long l = 0; l < width; l++)
         out[l] = ((s[0][l] + s[1][l]) + (s[2][l] + s[3][l])) + ((s[4][l] + s[5][l]) + (s[6][l] + s[7][l]));
 }
@@ -341,6 +345,8 @@ KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *
 }
 #undef LANES_IN_BLOCKS
 #undef LANES_WIDE
+#undef EIGHT_PARTS
+#undef EIGHT_SUMMED
 #undef LANE_BLOCK
 #undef HALF_BLOCK
 #undef LANES_INLINE

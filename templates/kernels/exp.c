@@ -272,27 +272,21 @@ EXP_AVX512_FORMS(sigmoid)
  * f(d[rows[2i]]) for i < n, the table form's rows of the op (codegen/write/table.py), none reading
  * another's result. Each on the vectors where the CPU has them, else value by value (the same bits). */
 #if defined(EXP_VECTORS)
-#define EXP_VECTORS_RUN(call)                                                                      \
-    if (cpu_features() & CPU_AVX2_FMA) {                                                           \
-        call;                                                                                      \
-        return;                                                                                    \
-    }
-#define EXP_WIDEST_RUN(call)                                                                       \
-    if ((cpu_features() & (CPU_AVX512F | CPU_AVX2_FMA)) == (CPU_AVX512F | CPU_AVX2_FMA)) {         \
+#define EXP_RUN_IF(features, call) /* (the AVX-512 forms end on the AVX2 ones: both features) */   \
+    if ((cpu_features() & (features)) == (features)) {                                             \
         call;                                                                                      \
         return;                                                                                    \
     }
 #else
-#define EXP_VECTORS_RUN(call)
-#define EXP_WIDEST_RUN(call)
+#define EXP_RUN_IF(features, call)
 #endif
 #define EXP_RANGE(f)                                                                               \
-    EXP_WIDEST_RUN(f##_range_avx512(y, x, n))                                                      \
-    EXP_VECTORS_RUN(f##_range_avx2(y, x, n))                                                       \
+    EXP_RUN_IF(CPU_AVX512F | CPU_AVX2_FMA, f##_range_avx512(y, x, n))                              \
+    EXP_RUN_IF(CPU_AVX2_FMA, f##_range_avx2(y, x, n))                                              \
     for (long i = 0; i < n; i++)                                                                   \
         y[i] = (real)f##_value((double)x[i]);
 #define EXP_GATHER(f)                                                                              \
-    EXP_VECTORS_RUN(f##_gather_avx2(d, rows, n))                                                   \
+    EXP_RUN_IF(CPU_AVX2_FMA, f##_gather_avx2(d, rows, n))                                                   \
     for (long i = 0; i < n; i++)                                                                   \
         d[rows[2 * i + 1]] = (real)f##_value((double)d[rows[2 * i]]);
 PRODUCT void exp_range(real *y, const real *x, long n) { EXP_RANGE(exp) }
@@ -303,6 +297,5 @@ PRODUCT void tanh_gather(real *d, const int32_t *rows, long n) { EXP_GATHER(tanh
 PRODUCT void sigmoid_gather(real *d, const int32_t *rows, long n) { EXP_GATHER(sigmoid) }
 #undef EXP_RANGE
 #undef EXP_GATHER
-#undef EXP_VECTORS_RUN
-#undef EXP_WIDEST_RUN
+#undef EXP_RUN_IF
 #endif
