@@ -470,9 +470,14 @@ static int side_by_side(State *st, long count)
     return threads > 1 && sets == threads;
 }
 
+/* pieces run side by side at most (a round, whose gradients are then added up): the memory of
+ * their gradients, and no bound on the threads that matters on the machines measured */
+#define PIECES_AT_ONCE 16
+
 /* A sequence's pieces side by side: each runs whole on one of the module's threads, on a set of
  * batch buffers of its own (the caller's st->bd, st->bg or one of st->piece_d, piece_g), from
- * zero parameter gradients, which it leaves in grads[piece]; the caller adds them up in the
+ * zero parameter gradients, which it leaves in grads[piece] (a call's last piece, where no later
+ * call of the round can need its set, in the set itself: `keep`); the caller adds them up in the
  * pieces' order. Its statement loops (attention, softmax, norms: most of a step at n_embd 64)
  * then run on every core, which a piece's own products alone did not, and every sum is the same
  * bits for any thread count: a document's in its piece, the pieces' in a fixed order. */
@@ -483,20 +488,18 @@ typedef struct {
     Py_ssize_t count;
     long piece;   /* samples a piece (piece_samples) */
     real *grads;  /* a round's pieces x N_PARAMS */
+    const real *grads_of[PIECES_AT_ONCE]; /* each piece's gradients: in grads, or in its set's buffer */
+    int keep;     /* kept sets stay busy until their gradients are added */
     real *losses; /* count */
     SideSets sets;
 } PiecesArgs;
-
-/* pieces run side by side at most (a round, whose gradients are then added up): the memory of
- * their gradients, and no bound on the threads that matters on the machines measured */
-#define PIECES_AT_ONCE 16
 
 /* A round's pieces' gradients added to the sum so far, each parameter's in the pieces' order (the
  * same bits on any thread), on the module's threads: the bigger GPT's 103,936 parameters from 2
  * pieces took 1.3% of its step on the caller alone. With `to`, the sum also copied there. */
 typedef struct {
     real *sum, *to;
-    const real *grads;
+    const real *const *grads_of;
     long pieces;
 } PieceSums;
 
@@ -505,7 +508,7 @@ static void add_piece_gradients(void *args, long first, long last)
     const PieceSums *a = (const PieceSums *)args;
     real *restrict sum = a->sum;
     for (long piece = 0; piece < a->pieces; piece++) {
-        const real *restrict add = a->grads + piece * MODEL.n_params;
+        const real *restrict add = a->grads_of[piece];
         for (long j = first; j < last; j++)
             sum[j] += add[j];
     }
@@ -528,7 +531,12 @@ static void run_pieces(void *args, long first, long last)
         const long nb = a->count - at < a->piece ? (long)(a->count - at) : a->piece;
         memset(g, 0, MODEL.n_params * sizeof(real));
         run_piece(a->s, a->order + at, nb, st->d + MODEL.input_base, d, g, a->losses + at, 0);
+        if (a->keep && chunk == last - 1) {
+            a->grads_of[piece] = g; /* (read in place: the bigger GPT copied 1.4% of its step) */
+            return;
+        }
         memcpy(a->grads + piece * MODEL.n_params, g, MODEL.n_params * sizeof(real));
+        a->grads_of[piece] = a->grads + piece * MODEL.n_params;
     }
     give_back_set(&a->sets, set);
 }
@@ -542,8 +550,9 @@ static int add_pieces_side_by_side(State *st, const Samples *s, const Py_ssize_t
     const long all = (long)((count + piece - 1) / piece);
     const long at_once = all < PIECES_AT_ONCE ? all : PIECES_AT_ONCE;
     const Py_ssize_t round = (Py_ssize_t)at_once * piece;
-    PiecesArgs a = {st, s, order, 0, piece, malloc((size_t)(at_once + 1) * MODEL.n_params * sizeof(real)),
-                    malloc((size_t)round * sizeof(real)), {PTHREAD_MUTEX_INITIALIZER}};
+    PiecesArgs a = {.st = st, .s = s, .order = order, .piece = piece,
+                    .grads = malloc((size_t)(at_once + 1) * MODEL.n_params * sizeof(real)),
+                    .losses = malloc((size_t)round * sizeof(real)), .sets = {PTHREAD_MUTEX_INITIALIZER}};
     if (!a.grads || !a.losses) {
         free(a.grads), free(a.losses);
         return -1;
@@ -557,15 +566,21 @@ static int add_pieces_side_by_side(State *st, const Samples *s, const Py_ssize_t
         const long pieces = (long)((a.count + piece - 1) / piece);
         /* (a pass, not a product: the workers sleep between batches, as a piece takes far longer
          * than their waking, and polling would take a core that other processes may want) */
-        if (side_by_side(st, pieces))
+        /* a call's last piece keeps its gradients in its set where no later call of the round can
+         * need that set: no more pieces than sets (a call runs one piece at least) */
+        const int side = side_by_side(st, pieces);
+        a.keep = pieces <= (side ? pool_parts() : 1);
+        if (side)
             parallel_pass(run_pieces, &a, pieces, 1);
         else
             run_pieces(&a, 0, pieces);
-        PieceSums sums = {sum, done + round >= count ? st->bg : NULL, a.grads, pieces};
+        PieceSums sums = {sum, done + round >= count ? st->bg : NULL, a.grads_of, pieces};
         if (MODEL.n_params * pieces < BATCH_PARALLEL_MIN)
             add_piece_gradients(&sums, 0, MODEL.n_params);
         else
             parallel_pass(add_piece_gradients, &sums, MODEL.n_params, 64);
+        if (a.keep)
+            memset(a.sets.busy, 0, sizeof a.sets.busy); /* (the kept sets, given back) */
         for (Py_ssize_t b = 0; b < a.count; b++)
             *loss_sum += a.losses[b];
     }
