@@ -49,10 +49,23 @@ class StraightLineSource(str):
     optimiser's time there grows with the statements and buys little."""
 
 
+# The widest vector a build here uses (AVX-512's): a unit of loops over narrower lanes may prefer
+# vectors of their width (LoopSource's lane_bytes, codegen/backend/compilers.py's host_loop_flags).
+WIDEST_VECTOR_BYTES = 64
+
+
 class LoopSource(str):
     """A unit of a model's loop nests (codegen/write/emit.py: its passes' functions, but an
     irregular graph's): a compiler family that builds for the host's vectors may build it for
-    the widest (codegen/backend/compilers.py's host_loop_flags), the same bits."""
+    the widest (codegen/backend/compilers.py's host_loop_flags), the same bits. lane_bytes: the
+    bytes of a pass's lanes where every loop of the unit runs over a batch's (the batched
+    program's functions), None otherwise: vectors wider than that would leave its loops to their
+    narrower remainders."""
+
+    def __new__(cls, text, lane_bytes=None):
+        unit = super().__new__(cls, text)
+        unit.lane_bytes = lane_bytes
+        return unit
 
 
 def read(name: str) -> str:

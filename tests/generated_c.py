@@ -33,7 +33,7 @@ def main(out):
         for i, source in enumerate(sources):
             # units that some compilers build with flags of their own are named so (a change of flags shows)
             kind = (".straight-line" if isinstance(source, templates.StraightLineSource)
-                    else ".loops" if isinstance(source, templates.LoopSource) else "")
+                    else f".loops{source.lane_bytes or ''}" if isinstance(source, templates.LoopSource) else "")
             (out / f"{name}.{i}{kind}.c").write_text(source)
 
     graph = build_graph(0, (50,), init="he")

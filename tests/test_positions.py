@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import codegen
+import templates
 from conftest import compiler_diagonal
 from codegen.backend.toolchain import COMPILER_NAMES
 from gpt import data, model, train
@@ -365,7 +366,7 @@ def test_products_over_the_positions_equal_the_interpreter(tiny, compiler, dtype
                                    atol=tolerance * np.abs(expected_grads).max(), err_msg=text)
 
 
-def _lanes_case(dtype):
+def _lanes_case(dtype, batch=8):
     """A batched tiny GPT whose documents of up to 10 positions (sums of 8 terms and more, and
     fewer) reach a position in a full vector of lanes or in part of one: (graph, compile()'s
     options, inputs, targets)."""
@@ -377,7 +378,7 @@ def _lanes_case(dtype):
     rows = np.stack([data.row(tokenizer.encode(d), config.block_size) for d in docs])
     X, Y = np.ascontiguousarray(rows[:, :2 * config.block_size]), np.ascontiguousarray(rows[:, 2 * config.block_size:])
     doc = model.document(state, config)
-    options = dict(inputs=doc.inputs, params=params, outputs=doc.outputs, batch=8, dtype=dtype,
+    options = dict(inputs=doc.inputs, params=params, outputs=doc.outputs, batch=batch, dtype=dtype,
                    optimizer=codegen.Adam(betas=train.BETAS, eps=train.EPS))
     return doc, options, X, Y
 
@@ -420,24 +421,46 @@ def test_a_batchs_lanes_are_its_calls_bits(compiler, dtype, monkeypatch):
 def test_a_build_for_the_hosts_vectors_is_the_baselines_bits(compiler, dtype, monkeypatch):
     """An optimising build takes the host's vector width (compilers.host_vector_flags: -mavx2
     where the CPU has AVX2, no FMA; the units of the model's loops also AVX-512 where it has that,
-    host_loop_flags, no FMA either): the statement loops in 32- or 64-byte vectors, the lanes
-    kernels in blocks of a 64-byte vector (chosen when they run), a 32-byte one, a 16-byte one
-    and single lanes. train()'s steps are the bits of the baseline build (x86-64's SSE2: 16-byte
-    vectors, blocks of one), every result rounded alike."""
+    host_loop_flags, no FMA either): the statement loops in 32- or 64-byte vectors (passes of 8
+    lanes, float32's 32 bytes and float64's 64; float32 also in passes of 16 lanes, a module built
+    for 32 documents), the lanes kernels
+    in blocks of a 64-byte vector (chosen when they run), a 32-byte one, a 16-byte one and single
+    lanes. train()'s steps are the bits of the baseline build (x86-64's SSE2: 16-byte vectors,
+    blocks of one), every result rounded alike."""
     from codegen.backend import compilers
     if not compilers.host_vector_flags():
         pytest.skip("this CPU has no vectors wider than the baseline's")
-    doc, options, X, Y = _lanes_case(dtype)
-    stepped = []
-    for host in (True, False):
-        with monkeypatch.context() as patch:
-            if not host:
-                patch.setattr(compilers, "host_vector_flags", lambda: ())
-                patch.setattr(compilers, "host_loop_flags", lambda: ())
-            net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False)
-            assert ("-mavx2" in net.build.command) == host
-            assert len(net.build.c_files) > 1  # (the model's loops in units of their own: templates.LoopSource)
-        stepped.append(_two_steps(net, X, Y))
-    (loss, after), (loss_baseline, after_baseline) = stepped
-    assert loss == loss_baseline
-    np.testing.assert_array_equal(after, after_baseline)
+    for batch in (8, 32) if dtype == "float32" else (8,):
+        doc, options, X, Y = _lanes_case(dtype, batch)
+        stepped = []
+        for host in (True, False):
+            with monkeypatch.context() as patch:
+                if not host:
+                    patch.setattr(compilers, "host_vector_flags", lambda: ())
+                    patch.setattr(compilers, "host_loop_flags", lambda lane_bytes=None: ())
+                net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False)
+                assert ("-mavx2" in net.build.command) == host
+                assert len(net.build.c_files) > 1  # (the model's loops in units of their own: templates.LoopSource)
+            stepped.append(_two_steps(net, X, Y))
+        (loss, after), (loss_baseline, after_baseline) = stepped
+        assert loss == loss_baseline
+        np.testing.assert_array_equal(after, after_baseline)
+
+
+@pytest.mark.parametrize("dtype, batch, lane_bytes", [("float32", 8, 32), ("float64", 8, 64), ("float32", 16, 32),
+                                                      ("float32", 32, 64)])
+def test_a_batchs_loop_units_know_the_bytes_of_a_passs_lanes(dtype, batch, lane_bytes):
+    """The units of the batched program's loops (templates.LoopSource) carry the bytes of a pass's
+    lanes (8 documents up to a batch of 16, codegen/lower/batch.py's pass_capacity), which choose
+    their vectors' width (compilers.host_loop_flags); the units of the one-document program's
+    loops carry none, nor one that holds functions of both, which lanes narrower than the widest
+    vector do not share."""
+    doc, options, X, Y = _lanes_case(dtype, batch)
+    units = [s for s in codegen.generate(doc.loss, **options) if isinstance(s, templates.LoopSource)]
+    batched = [re.search(r"CHUNK void (forward_outputs|forward_rest|backward)_batch_\d+\(", s) is not None
+               for s in units]
+    one = [re.search(r"CHUNK void (forward_outputs|forward_rest|backward_body|backward_sgd_body)_\d+\(", s) is not None
+           for s in units]
+    assert any(batched) and any(one)
+    assert lane_bytes >= templates.WIDEST_VECTOR_BYTES or not any(map(all, zip(batched, one)))
+    assert [s.lane_bytes for s in units] == [lane_bytes if b and not o else None for b, o in zip(batched, one)]

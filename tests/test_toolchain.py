@@ -340,6 +340,20 @@ def test_the_units_of_a_models_loops_take_the_widest_vectors():
     assert unit_flags == [flags, [*flags, *wide], compile_flags(gcc_like, straight_line=True)]
     other = toolchain._build_plan('library', [sources[0], "int b;", sources[2]], 'units', gcc_like, 2, False)[3]
     assert (other != key) == bool(wide)
+    # a unit of a batch's loops (lane_bytes: a pass's lanes) prefers vectors no wider than them
+    widths = {lanes: compilers.host_loop_flags(lanes) for lanes in (None, 8, 16, 24, 32, 48, 64, 128)}
+    if wide:
+        assert {lanes: next(f for f in flags if f.startswith('-mprefer-vector-width=')).rpartition('=')[2]
+                for lanes, flags in widths.items()} == {None: '512', 8: '128', 16: '128', 24: '128', 32: '256',
+                                                        48: '256', 64: '512', 128: '512'}
+        assert all(flags[:4] == wide[:4] and flags[-1] == '-ffp-contract=off' for flags in widths.values())
+    else:
+        assert set(widths.values()) == {()}
+    eight_floats = templates.LoopSource("int b;", lane_bytes=32)
+    _, _, _, narrow_key, narrow_flags = toolchain._build_plan('library', [sources[0], eight_floats, sources[2]],
+                                                              'units', gcc_like, 2, False)
+    assert narrow_flags[1] == [*flags, *compilers.host_loop_flags(32)]
+    assert (narrow_key != key) == bool(wide)
 
 
 def test_cache_dir_locations(tmp_path, monkeypatch):

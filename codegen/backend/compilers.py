@@ -13,6 +13,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Callable
 
+import templates
+
 from . import libtcc
 from .builds import CompilerNotFound, multiarch_triplet
 
@@ -215,10 +217,11 @@ def available_compilers() -> list[str]:
 
 
 def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False, straight_line: bool = False,
-                  loops: bool = False) -> list[str]:
+                  loops: bool = False, lane_bytes: int | None = None) -> list[str]:
     """Optimisation and shared-object flags. No -g: it makes gcc very slow on huge straight-line functions.
     straight_line: the flags of a unit of straight-line code (templates.StraightLineSource);
-    loops: of a unit of the model's loop nests (templates.LoopSource: host_loop_flags too)."""
+    loops: of a unit of the model's loop nests (templates.LoopSource: host_loop_flags too, for
+    its lane_bytes)."""
     # not True, not 2.0: they would print -OTrue, -O2.0
     levels = FAMILIES[compiler.family].opt_levels
     if type(opt) is not int or opt not in levels:
@@ -236,7 +239,7 @@ def compile_flags(compiler: Compiler, opt: int = 2, native: bool = False, straig
     elif family.native:
         flags.extend(host_vector_flags())
         if loops:
-            flags.extend(host_loop_flags())
+            flags.extend(host_loop_flags(lane_bytes))
     return flags
 
 
@@ -256,19 +259,26 @@ def host_vector_flags() -> tuple[str, ...]:
 
 
 @functools.cache
-def host_loop_flags() -> tuple[str, ...]:
+def host_loop_flags(lane_bytes: int | None = None) -> tuple[str, ...]:
     """What the units of a model's loop nests (templates.LoopSource: its passes' statement loops
     and the lanes kernels beside them) add to host_vector_flags where the CPU has AVX-512 (F, VL,
     BW, DQ): 64-byte vectors, and -ffp-contract=off, since AVX-512 implies FMA: every result is
     still the baseline build's, bit for bit. Not the module runtime's unit, whose products are
     written for fused multiply-adds and choose their width when they run: built so, they took
     1.22x the time (docs/gpt.md); the bigger GPT's step with its loop units alone so, 0.94x (Intel
-    Xeon with AVX-512)."""
+    Xeon with AVX-512). A unit whose loops run over a pass's lanes of fewer than 64 bytes
+    (lane_bytes: default microgpt's 8 float32 documents a pass) prefers vectors of that width
+    (at least 16 bytes): a loop of 8 lanes never fills a 64-byte vector and ran in its remainders'
+    (an 8-lane vector, single lanes); 32-byte vectors took 0.955x its step (Intel Xeon)."""
     flags = set(_cpuinfo().get('flags', '').split())
     if platform.machine().lower() not in ('x86_64', 'amd64') or not {'avx2', 'avx512f', 'avx512vl', 'avx512bw',
                                                                      'avx512dq'} <= flags:
         return ()
-    return ('-mavx512f', '-mavx512vl', '-mavx512bw', '-mavx512dq', '-mprefer-vector-width=512', '-ffp-contract=off')
+    width = templates.WIDEST_VECTOR_BYTES
+    while lane_bytes is not None and width > 16 and lane_bytes < width:
+        width //= 2
+    return ('-mavx512f', '-mavx512vl', '-mavx512bw', '-mavx512dq', f'-mprefer-vector-width={8 * width}',
+            '-ffp-contract=off')
 
 
 @functools.cache

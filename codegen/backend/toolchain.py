@@ -161,13 +161,16 @@ def _build_plan(kind, sources, name, compiler, opt, native):
     if not FAMILIES[compiler.family].makes_files:
         raise ValueError(f'{compiler.family} builds into memory only, not a file: name a compiler '
                          f'({", ".join(COMPILER_NAMES)}), or use codegen.compile')
-    flags, straight_flags, loop_flags = (compile_flags(compiler, opt, native, **unit)
-                                         for unit in ({}, {'straight_line': True}, {'loops': True}))
-    if kind in ('extension', 'object'):  # (an object is a part of an extension: the module runtime)
-        for each in (flags, straight_flags, loop_flags):
-            each.append('-I' + sysconfig.get_paths()['include'])
-    unit_flags = [straight_flags if isinstance(s, templates.StraightLineSource)
-                  else loop_flags if isinstance(s, templates.LoopSource) else flags for s in sources]
+    include = ['-I' + sysconfig.get_paths()['include']] if kind in ('extension', 'object') else []
+    # (an object is a part of an extension: the module runtime)
+
+    def unit_flags_of(source):
+        unit = ({'straight_line': True} if isinstance(source, templates.StraightLineSource)
+                else {'loops': True, 'lane_bytes': source.lane_bytes} if isinstance(source, templates.LoopSource)
+                else {})
+        return [*compile_flags(compiler, opt, native, **unit), *include]
+    flags = [*compile_flags(compiler, opt, native), *include]
+    unit_flags = [unit_flags_of(s) for s in sources]
     key = hashlib.sha256(json.dumps([
         kind, name, sources, compiler.family, compiler.argv, compiler.link_args, compiler.version, flags,
         unit_flags, sys.implementation.cache_tag, sysconfig.get_config_var('EXT_SUFFIX'),

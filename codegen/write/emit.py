@@ -110,6 +110,17 @@ def _units(pieces, unit):
     return packed(low)
 
 
+def _apart(units, batched):
+    """units with the one that holds the batched program's first function (batched[0]: the last
+    pieces are its functions) after others cut in two there: a unit of the batched program's loops
+    alone takes vectors of a pass's lanes (templates.LoopSource's lane_bytes)."""
+    for k, group in enumerate(units):
+        for cut, piece in enumerate(group):
+            if batched and piece is batched[0]:
+                return units if cut == 0 else [*units[:k], group[:cut], group[cut:], *units[k + 1:]]
+    return units
+
+
 def _compile_cost(definition):
     """A generated function's share of its unit's compile time: its slot accesses (each one `[`).
     A C compiler's time follows them, not lines: microgpt's functions took gcc -O2 -mavx2 1.1-2.3 ms
@@ -239,7 +250,10 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
         drivers.append(driver)
         if len(drivers) == len(passes):
             unbatched = len(pieces)
+    lane_bytes = batched.capacity * dtype.numpy.itemsize if batched else None
     units = _units(pieces, unit) if unit else [pieces]
+    if unit and lane_bytes is not None and lane_bytes < templates.WIDEST_VECTOR_BYTES:
+        units = _apart(units, pieces[unbatched:])
     # a module's units call the products its runtime defines
     prelude = _prelude(dtype, thread_pool, contract.RUNTIME_HAS_PRODUCTS if module else contract.STATIC_PRODUCTS,
                        vectorise_loops=program.sequence is not None)
@@ -261,8 +275,11 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
              + "\n".join(p[0] for p in group) for group in units]
     # the units of an irregular graph's passes (not the batched program's loops over a batch)
     straight = {id(p) for p in pieces[:unbatched]} if straight_line else set()
+    # and the batched program's, each of whose loops runs over a pass's lanes
+    lanes = {id(p) for p in pieces[unbatched:]}
     return "\n".join(graph), [templates.StraightLineSource(text) if all(id(p) in straight for p in group)
-                              else templates.LoopSource(text) for text, group in zip(extra, units)]
+                              else templates.LoopSource(text, lane_bytes if all(id(p) in lanes for p in group) else None)
+                              for text, group in zip(extra, units)]
 
 
 def _with_table(items, statements):
