@@ -161,8 +161,8 @@ def _build_plan(kind, sources, name, compiler, opt, native):
     if not FAMILIES[compiler.family].makes_files:
         raise ValueError(f'{compiler.family} builds into memory only, not a file: name a compiler '
                          f'({", ".join(COMPILER_NAMES)}), or use codegen.compile')
-    include = ['-I' + sysconfig.get_paths()['include']] if kind in ('extension', 'object') else []
     # (an object is a part of an extension: the module runtime)
+    include = ['-I' + sysconfig.get_paths()['include']] if kind in ('extension', 'object') else []
 
     def unit_flags_of(source):
         unit = ({'straight_line': True} if isinstance(source, templates.StraightLineSource)

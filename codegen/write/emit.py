@@ -116,7 +116,7 @@ def _apart(units, batched):
     alone takes vectors of a pass's lanes (templates.LoopSource's lane_bytes)."""
     for k, group in enumerate(units):
         for cut, piece in enumerate(group):
-            if batched and piece is batched[0]:
+            if piece is batched[0]:
                 return units if cut == 0 else [*units[:k], group[:cut], group[cut:], *units[k + 1:]]
     return units
 
@@ -252,7 +252,8 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
             unbatched = len(pieces)
     lane_bytes = batched.capacity * dtype.numpy.itemsize if batched else None
     units = _units(pieces, unit) if unit else [pieces]
-    if unit and lane_bytes is not None and lane_bytes < templates.WIDEST_VECTOR_BYTES:
+    narrow = lane_bytes is not None and lane_bytes < templates.WIDEST_VECTOR_BYTES
+    if unit and narrow and unbatched < len(pieces):
         units = _apart(units, pieces[unbatched:])
     # a module's units call the products its runtime defines
     prelude = _prelude(dtype, thread_pool, contract.RUNTIME_HAS_PRODUCTS if module else contract.STATIC_PRODUCTS,
