@@ -27,6 +27,7 @@ from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, a
 from .sides import TrackedRow
 from .statements import Statements
 from .tree import Assign, Block, ClearGradient, Copy, If, ReadGradient, nest
+from .triangle import held_sums
 
 
 @dataclass(frozen=True)
@@ -195,8 +196,9 @@ class Backward(Statements):
         # Every contribution is go times something: none when go is 0 (a ReLU that is off), which
         # saves the kernels' passes; written-out statements stay branch-free, to be vectorised.
         unless_zero = any(isinstance(s, Call) for s in grads + updates)  # a kernel
-        statements = loop_nest(g.shape, [ReadGradient(out_grad), *grads, *updates, *self._clear(g, mode)], dots=not updates,
-                               unless_zero=unless_zero)
+        statements = [ReadGradient(out_grad), *grads, *updates, *self._clear(g, mode)]
+        statements = ((not updates and not unless_zero and held_sums(g.shape, statements))
+                      or loop_nest(g.shape, statements, dots=not updates, unless_zero=unless_zero))
         return body.snapshots + (statements if g.shape else [Block(tuple(statements), inline=True)]), folded
 
     def _bias_in_product(self, terms, products, shape, mode):

@@ -31,6 +31,14 @@ class Declare:
 
 
 @dataclass(frozen=True)
+class Held:
+    """`real name[rows][lanes];`: sums over a loop, a row each, kept across it (codegen/write/triangle.py)."""
+    name: str
+    rows: int
+    lanes: int
+
+
+@dataclass(frozen=True)
 class ReadGradient:
     """Backward's first statement: `go`, the group's gradient, read from its slot."""
     at: str
@@ -74,23 +82,32 @@ class Loop:
     then vectorises no loop over the batch, its count not computable); a family's loop i0
     (types.Parts) keeps tri0 = i0 * (i0 - 1) / 2 as it goes. `independent`: no iteration reads what another writes, which the C compiler is told
     (INDEPENDENT), so that it vectorises without checking at run time. `full` (a Bounded loop's):
-    the C of f<index>, a count of first passes that its first pass takes at once (loops.per_pass)."""
+    the C of f<index>, a count of first passes that its first pass takes at once (loops.per_pass).
+    `start`: C of where the loop starts, else 0 (a family's i0 from there keeps tri0 from there too)."""
     index: int
     extent: object
     body: tuple
     braced: bool = True
     independent: bool = False
     full: str = None
+    start: str = None
 
     def header(self):
         d, n = self.index, self.extent
-        read_once = isinstance(n, (Bounded, ActiveBatch))
-        start, end = (f"i{d} = 0, n{d} = {n}", f"n{d}") if read_once else (f"i{d} = 0", n)
+        read_once = isinstance(n, (Bounded, ActiveBatch, Count))
+        first = 0 if self.start is None else self.start
+        start, end = (f"i{d} = {first}, n{d} = {n}", f"n{d}") if read_once else (f"i{d} = {first}", n)
+        if self.start is not None and d == 0 and isinstance(n, Parts):
+            return f"for (long {start}, tri0 = i0 * (i0 - 1) / 2; i0 < {end}; tri0 += i0, i0++)"
         if self.full:
             return f"for (long {start}, f{d} = {self.full}; i{d} < {end}; i{d} += i{d} < f{d} ? f{d} : 1)"
         header = (f"for (long {start}, tri0 = 0; i0 < {end}; tri0 += i0, i0++)" if d == 0 and isinstance(n, Parts)
                   else f"for (long {start}; i{d} < {end}; i{d}++)")
         return ("INDEPENDENT " if self.independent else "") + header
+
+
+class Count(str):
+    """A loop's extent given as C text, read once before the loop (as a Bounded one)."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +165,7 @@ def nest(shape, body, braced=True, independent=False, first=0):
 def line_count(node):
     """How many lines render(node) writes: one for the statements that never break a line (what a
     straight-line program is made of), else counted from the rendering."""
-    if isinstance(node, (Call, Assign, ReadGradient, ClearGradient, Invoke, Unused, Declare, Copy)):
+    if isinstance(node, (Call, Assign, ReadGradient, ClearGradient, Invoke, Unused, Declare, Held, Copy)):
         return 1
     return render(node).count("\n") + 1
 
@@ -173,6 +190,8 @@ def render(node, pad="    "):
         return f"{node.head()}\n{{\n" + "\n".join(f"    {render(s)}" for s in node.body) + "\n}"
     if isinstance(node, Declare):
         return "real " + ", ".join(f"{name} = 0" for name in node.names) + ";"
+    if isinstance(node, Held):
+        return f"real {node.name}[{node.rows}][{node.lanes}];"
     if isinstance(node, Copy):
         return f"memcpy({node.to}, {node.source}, {node.n} * sizeof(real));"
     if isinstance(node, If):

@@ -1,0 +1,138 @@
+"""A family's backward over a causal triangle of a batch's documents, its sums held over one of
+the triangle's two loops (Backward.group's, before loops.loop_nest):
+
+    for i0 (queries) ... for i<k> < first + step * i0 (keys) for the lanes (documents):
+        go = G[i0, ..., i<k>];  A[i0, ...] += go * x;  B[..., i<k>] += go * y
+
+is the attention's query-key dots' backward: the queries' gradients A stay put over the keys, the
+keys' gradients B over the queries. In that nest both are read and written back at every
+(query, key) pair, a cache line a lane vector (the bigger GPT's 16 documents of float32): two
+heads' operands and gradients are more than the L1 holds, and that nest took 8% of its step. Here
+it is two nests, one a kind of target: the queries' gradients held in `held` over the keys, and
+the keys' over the queries (the loops swapped: for a key, the queries that reach it), the heads'
+loops outside both. Every target is one cell of `held` a lane, and gets its terms in the order it
+got them in the one nest (the keys', or the queries', ascending): the same bits. Where that is
+not so (a target that more than one query and head, or key and head, reach; targets that overlap
+each other or the gradient read), held_sums() declines and the nest stays as it was.
+"""
+
+import numpy as np
+
+from ..lower.types import ActiveBatch, BatchExtent, Bounded, Extent, is_family
+from .loops import Accumulate, grad_at
+from .tree import Assign, ClearGradient, Count, Held, Loop, ReadGradient, nest
+
+
+def held_sums(shape, body):
+    """The statements of `body` (a ReadGradient, then Accumulates of the gradient times a value,
+    then ClearGradients) over `shape` (the family's queries, plain loops, its keys, the lanes of
+    the queries' documents) as the two nests above, or None where they do not fit."""
+    if not _triangle(shape):
+        return None
+    reads = [s for s in body if isinstance(s, ReadGradient)]
+    sums = [s for s in body if isinstance(s, Accumulate)]
+    clears = [s for s in body if isinstance(s, ClearGradient)]
+    if (len(reads) != 1 or body[0] is not reads[0] or not sums or len(reads) + len(sums) + len(clears) != len(body)
+            or any(s.product is None or s.product[1] is None or s.product[0] != sums[0].product[0] for s in sums)):
+        return None
+    keys, lanes = len(shape) - 2, len(shape) - 1
+    by_keys = [s for s in sums if s.target.strides[keys] == 0]
+    by_queries = [s for s in sums if s.target.strides[keys] != 0 and s.target.strides[0] == 0 and not s.target.tri]
+    if (len(by_keys) + len(by_queries) != len(sums) or sums[0].product[0].strides[lanes] != 1
+            or any(s.target.strides[lanes] != 1 for s in sums) or not _apart(shape, by_keys, by_queries)):
+        return None
+    read, = reads
+    return (_over_keys(shape, read, by_keys, [] if by_queries else clears)
+            + _over_queries(shape, read, by_queries, clears))
+
+
+def _triangle(shape):
+    """Whether `shape` is a family's queries, plain loops, keys that grow with the queries, and
+    the lanes of the documents that reach the query."""
+    return (is_family(shape) and len(shape) >= 3 and isinstance(shape[-1], ActiveBatch) and shape[-1].loop == 0
+            and isinstance(shape[-2], Extent) and shape[-2].step >= 1
+            and not any(isinstance(e, (Extent, BatchExtent, Bounded)) for e in shape[1:-2]))
+
+
+def _over_keys(shape, read, sums, clears):
+    """for the plain loops, for i0: held = A; for the keys, for the lanes: held += term; A = held."""
+    if not sums:
+        return []
+    keys, lanes = len(shape) - 2, len(shape) - 1
+    lane, active = f"i{lanes}", shape[-1]
+    cells = [f"held[{k}][{lane}]" for k in range(len(sums))]
+    load = Loop(lanes, active, tuple(Assign(c, grad_at(s.target, s.offset)) for c, s in zip(cells, sums)), independent=True)
+    terms = (read, *(Assign(c, s.term, "+=") for c, s in zip(cells, sums)), *clears)
+    pairs = Loop(keys, shape[-2], (Loop(lanes, active, terms, independent=True),), braced=False)
+    store = Loop(lanes, active, tuple(Assign(grad_at(s.target, s.offset), c) for c, s in zip(cells, sums)), independent=True)
+    queries = Loop(0, shape[0], (Held("held", len(sums), int(active)), load, pairs, store))
+    return [nest(shape[1:-2], [queries], braced=False, first=1)]
+
+
+def _over_queries(shape, read, sums, clears):
+    """for the plain loops, for the keys: held = B (every lane); for the queries that reach the key,
+    for their lanes: held += term; B = held."""
+    if not sums:
+        return []
+    keys, lanes = len(shape) - 2, len(shape) - 1
+    lane, key, grows = f"i{lanes}", f"i{keys}", shape[-2]
+    cells = [f"held[{k}][{lane}]" for k in range(len(sums))]
+    capacity = int(shape[-1])  # (every lane: a lane that no query reaching the key adds to is stored as it was read)
+    load = Loop(lanes, capacity, tuple(Assign(c, grad_at(s.target, s.offset)) for c, s in zip(cells, sums)), independent=True)
+    terms = (read, *(Assign(c, s.term, "+=") for c, s in zip(cells, sums)), *clears)
+    first_query = (f"{key} < {grows.first} ? 0 : " +
+                   (f"{key} - {grows.first - 1}" if grows.step == 1 else f"({key} - {grows.first}) / {grows.step} + 1"))
+    queries = Loop(0, shape[0], (Loop(lanes, shape[-1], terms, independent=True),), braced=False, start=first_query)
+    store = Loop(lanes, capacity, tuple(Assign(grad_at(s.target, s.offset), c) for c, s in zip(cells, sums)), independent=True)
+    # the keys that the last query reaches, first + step * (n0 - 1), n0 read at run time where it is cut
+    last = int(shape[0]) - 1
+    count = (Count(f"{grows.first - grows.step} + {'' if grows.step == 1 else f'{grows.step} * '}{shape[0]}")
+             if isinstance(shape[0], Bounded) else grows.first + grows.step * last)
+    over_keys = Loop(keys, count, (Held("held", len(sums), capacity), load, queries, store))
+    return [nest(shape[1:-2], [over_keys], braced=False, first=1)]
+
+
+def _apart(shape, by_keys, by_queries):
+    """Whether every target is reached by one query and pass of the plain loops (by_keys), or one
+    key and pass of them (by_queries), its lanes overlapping no other target's nor the gradient
+    read's (at every query, plain pass and key the nest runs at its largest count)."""
+    capacity, keys = int(shape[-1]), len(shape) - 2
+    points = _points(shape)
+    queries, plain_keys = _without(points, keys), _without(points, 0)
+    starts = [_slots(s.target, queries, s.offset) for s in by_keys]
+    starts += [_slots(s.target, plain_keys, s.offset) for s in by_queries]
+    targets = np.sort(np.concatenate(starts))
+    if np.any(np.diff(targets) < capacity):
+        return False
+    read = _slots((by_keys or by_queries)[0].product[0], points, 0)
+    at = np.searchsorted(targets, read)
+    nearest = (targets[np.clip(at - 1, 0, None)], targets[np.clip(at, None, len(targets) - 1)])
+    return not any(np.any(np.abs(t - read) < capacity) for t in nearest)
+
+
+def _points(shape):
+    """Every (query, plain loops..., key) the nest runs at its largest count, one a row."""
+    plain = (np.stack(np.meshgrid(*[np.arange(int(e)) for e in shape[1:-2]], indexing="ij"), -1).reshape(-1, len(shape) - 3)
+             if len(shape) > 3 else np.zeros((1, 0), dtype=np.int64))
+    grows, rows = shape[-2], []
+    for q in range(int(shape[0])):
+        n = grows.first + grows.step * q
+        rows.append(np.column_stack([np.full(n * len(plain), q), np.repeat(plain, n, axis=0), np.tile(np.arange(n), len(plain))]))
+    return np.concatenate(rows).astype(np.int64)
+
+
+def _without(points, column):
+    """The distinct rows of points with one loop's index set to 0 (the loop a target stays put over)."""
+    points = points.copy()
+    points[:, column] = 0
+    return np.unique(points, axis=0)
+
+
+def _slots(affine, points, offset):
+    """The gradient slot (lane 0) of `affine` + offset at each row of points (i0, i1, ...)."""
+    slots = np.full(len(points), affine.grad_offset() + offset, dtype=np.int64)
+    queries = points[:, 0]
+    for d, stride in enumerate(affine.strides[:points.shape[1]]):
+        step = stride.first + stride.step * queries if isinstance(stride, Extent) else int(stride)
+        slots += step * points[:, d]
+    return slots + affine.tri * (queries * (queries - 1) // 2)
