@@ -634,7 +634,7 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, c
         *loss_sum += step_sum;
         record_loss(q, step, step_sum, end - i);
         step_after_batch(st, d, g, lr, end - i, rate != 0);
-        interrupted = interrupted_now(&next_check, save);
+        interrupted = interrupted_now(st, &next_check, save);
         i = end;
     }
     pool_hold(0);
@@ -730,7 +730,7 @@ static int predict_batches(State *st, const Samples *s, real *restrict out, PyTh
             parallel_pass(predict_passes, &a, count, 1);
         else
             predict_passes(&a, 0, count);
-        interrupted = interrupted_now(&next_check, save);
+        interrupted = interrupted_now(st, &next_check, save);
     }
     pool_hold(0);
     return interrupted;

@@ -145,7 +145,7 @@ static int train_rows(State *st, const Samples *s, const Py_ssize_t *order, cons
                 step_sum = 0.0;
             }
         }
-        if (interrupted_at(i, &next_check, save))
+        if (interrupted_at(st, i, &next_check, save))
             return 1;
     }
     if (in_batch) {
@@ -179,7 +179,7 @@ static int predict_rows(State *st, const Samples *s, real *restrict out, PyThrea
         MODEL.forward_outputs(d);
         for (int j = 0; j < MODEL.n_outputs; j++)
             out[i * MODEL.n_outputs + j] = d[MODEL.output_slots[j]];
-        if (interrupted_at(i, &next_check, save))
+        if (interrupted_at(st, i, &next_check, save))
             return 1;
     }
     return 0;

@@ -110,37 +110,6 @@ static long adam_vectors(real *p, real *g, real *m, real *v, long n, AdamScalars
 #endif
 }
 
-/* Subnormal numbers: a parameter whose gradient stays 0 has its momentum buffer or Adam moments
- * decay geometrically into subnormals (m at 0.9 a step: after ~6,700 steps in float64, ~750 in
- * float32), and x86 CPUs take microcode assists on them: Adam's update over MNIST's 39,760
- * parameters went from 31 us to 55-240 us once they appeared. So the steps that keep state run
- * with subnormals flushed to zero (MXCSR's FTZ and DAZ bits, the caller's mode restored after).
- * What that changes: a moment below the smallest normal number (2.2e-308; float32 1.2e-38) reads
- * as 0, and a parameter moves by step_size * m / (sqrt(v) + eps) <= lr * 1.2e-38 / 1e-8 less,
- * which rounds away unless the parameter is within 1e-26 of 0 (tests/test_optim.py: the steps
- * still follow PyTorch's formulas, to 1e-12 in float64). Elsewhere than x86-64, a no-op.
- * stmxcsr (%rax) and ldmxcsr (%rax) are spelled as bytes, which TCC's assembler takes too. */
-static unsigned int flush_subnormals(void)
-{
-    unsigned int mode = 0;
-#if defined(__x86_64__)
-    unsigned int flushing;
-    __asm__ volatile("movq %0, %%rax\n\t.byte 0x0f, 0xae, 0x18" : : "r"(&mode) : "rax", "memory");
-    flushing = mode | 0x8040; /* FTZ (bit 15) and DAZ (bit 6) */
-    __asm__ volatile("movq %0, %%rax\n\t.byte 0x0f, 0xae, 0x10" : : "r"(&flushing) : "rax", "memory");
-#endif
-    return mode;
-}
-
-static void restore_fp_mode(unsigned int mode)
-{
-#if defined(__x86_64__)
-    __asm__ volatile("movq %0, %%rax\n\t.byte 0x0f, 0xae, 0x10" : : "r"(&mode) : "rax", "memory");
-#else
-    (void)mode;
-#endif
-}
-
 /* The loops of one kind of step, each specialised by its callers' constants (DECAY: weight decay
  * added to the gradient; CLEAR: the gradients zeroed in the same pass, train()'s next batch
  * starting from zero). */
@@ -191,7 +160,8 @@ typedef struct {
 } StepRows;
 
 /* The step on parameters [first, last): the rows of one thread (each parameter's update is its
- * own: the same bits whoever steps it), subnormals flushed on that thread (flush_subnormals).
+ * own: the same bits whoever steps it), with subnormals flushed, as every call of the module
+ * computes (templates/threads.c's lock_state).
  * Compiled once each way of `clear` (optimizer_rows). */
 static SPECIALISED void optimizer_rows_of(const StepRows *a, long first, long last, const int clear)
 {
@@ -204,7 +174,6 @@ static SPECIALISED void optimizer_rows_of(const StepRows *a, long first, long la
     if (a->mean_of != 1.0)
         for (long i = 0; i < n; i++)
             g[i] /= a->mean_of;
-    const unsigned int fp_mode = o->kind != 0 ? flush_subnormals() : 0;
     if (o->kind == 0) {
         if (decay)
             sgd_loop(p, g, n, rate, weight_decay, 1, clear);
@@ -230,8 +199,6 @@ static SPECIALISED void optimizer_rows_of(const StepRows *a, long first, long la
         else
             adam_loop(p, g, m, v, i, n, a->k, 0, 0, clear);
     }
-    if (o->kind != 0)
-        restore_fp_mode(fp_mode);
 }
 
 static void optimizer_rows(void *args, long first, long last)

@@ -48,6 +48,7 @@ typedef struct {
     RowTask task;
     PartTask part_task, part_then; /* parallel_pipeline's (task 0) */
     void *args;
+    unsigned int fp_mode;  /* the caller's floating-point mode, which the workers take for its product */
     long rows, align, chunks, cut; /* the chunks taken, and the pieces they are cut from (pool_run_chunks) */
     long first[POOL_MAX], end[POOL_MAX]; /* the chunks [first, end) of each thread's share not yet taken */
     volatile long finished; /* and its chunks done (a pipeline's chunks' parts) */
@@ -66,6 +67,31 @@ static void cpu_relax(void)
     __asm__ volatile(".byte 0xf3, 0x90" ::: "memory");
 #else
     __asm__ volatile("" ::: "memory");
+#endif
+}
+
+/* The floating-point mode (x86-64's MXCSR; elsewhere none: 0, and setting it a no-op), read and
+ * set, and the mode that flushes subnormal numbers to zero (FTZ, bit 15, and DAZ, bit 6).
+ * stmxcsr (%rax) and ldmxcsr (%rax) are spelled as bytes, which TCC's assembler takes too. A
+ * module computes with subnormals flushed (templates/threads.c's lock_state), and every thread
+ * that runs a share of its work takes its caller's mode (pool_worker), so that the numbers are
+ * the same with any count of threads. */
+#define FLUSHING_SUBNORMALS(mode) ((mode) | 0x8040u)
+static unsigned int fp_mode(void)
+{
+    unsigned int mode = 0;
+#if defined(__x86_64__)
+    __asm__ volatile("movq %0, %%rax\n\t.byte 0x0f, 0xae, 0x18" : : "r"(&mode) : "rax", "memory");
+#endif
+    return mode;
+}
+
+static void set_fp_mode(unsigned int mode)
+{
+#if defined(__x86_64__)
+    __asm__ volatile("movq %0, %%rax\n\t.byte 0x0f, 0xae, 0x10" : : "r"(&mode) : "rax", "memory");
+#else
+    (void)mode;
 #endif
 }
 
@@ -211,6 +237,8 @@ static void *pool_worker(void *arg)
         PartTask part_task = pool.part_task;
         void *args = pool.args;
         const long rows = pool.rows, align = pool.align, chunks = pool.chunks, cut = pool.cut;
+        if (fp_mode() != pool.fp_mode)
+            set_fp_mode(pool.fp_mode);
         pthread_mutex_unlock(&pool.lock);
         if (part < parts && part_task)
             pool_run_parts(seen, part, part_task, args, rows, align, chunks, cut);
@@ -283,6 +311,7 @@ static void pool_run(RowTask task, PartTask part_task, PartTask part_then, void 
     const long cut = pool_cut(rows, align, parts);
     const long chunks = shares ? parts : cut;
     pool.task = task, pool.part_task = part_task, pool.part_then = part_then, pool.args = args, pool.rows = rows;
+    pool.fp_mode = fp_mode();
     pool.align = align;
     pool.chunks = chunks, pool.cut = cut, pool.parts = parts;
     for (int part = 0; part < parts; part++) {

@@ -46,6 +46,7 @@ typedef struct {
     real *bd, *bg;                 /* the batch buffers (templates/batch.c), made on first use */
     real *piece_d[POOL_MAX], *piece_g[POOL_MAX]; /* [1..): more, for a sequence's pieces side by side */
     int threads;                   /* threads a batch's products run on (templates/pool.c) */
+    unsigned int caller_fp_mode;   /* the lock holder's floating-point mode (templates/threads.c) */
 } State;
 
 static State *state_of(PyObject *module) { return (State *)PyModule_GetState(module); }
