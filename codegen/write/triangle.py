@@ -7,7 +7,7 @@ the triangle's two loops (Backward.group's, before loops.loop_nest):
 is the attention's query-key dots' backward: the queries' gradients A stay put over the keys, the
 keys' gradients B over the queries. In that nest both are read and written back at every
 (query, key) pair, a cache line a lane vector (the bigger GPT's 16 documents of float32): two
-heads' operands and gradients are more than the L1 holds, and that nest took 8% of its step. Here
+heads' operands and gradients are more than the L1 holds, and that nest took 5% of its step. Here
 it is two nests, one a kind of target: the queries' gradients held in `held` over the keys, and
 the keys' over the queries (the loops swapped: for a key, the queries that reach it), the heads'
 loops outside both. Every target is one cell of `held` a lane, and gets its terms in the order it
@@ -58,13 +58,9 @@ def _over_keys(shape, read, sums, clears):
     """for the plain loops, for i0: held = A; for the keys, for the lanes: held += term; A = held."""
     if not sums:
         return []
-    keys, lanes = len(shape) - 2, len(shape) - 1
-    lane, active = f"i{lanes}", shape[-1]
-    cells = [f"held[{k}][{lane}]" for k in range(len(sums))]
-    load = Loop(lanes, active, tuple(Assign(c, grad_at(s.target, s.offset)) for c, s in zip(cells, sums)), independent=True)
-    terms = (read, *(Assign(c, s.term, "+=") for c, s in zip(cells, sums)), *clears)
-    pairs = Loop(keys, shape[-2], (Loop(lanes, active, terms, independent=True),), braced=False)
-    store = Loop(lanes, active, tuple(Assign(grad_at(s.target, s.offset), c) for c, s in zip(cells, sums)), independent=True)
+    keys, active = len(shape) - 2, shape[-1]
+    load, terms, store = _held(shape, read, sums, clears, active)
+    pairs = Loop(keys, shape[-2], (terms,), braced=False)
     queries = Loop(0, shape[0], (Held("held", len(sums), int(active)), load, pairs, store))
     return [nest(shape[1:-2], [queries], braced=False, first=1)]
 
@@ -74,22 +70,31 @@ def _over_queries(shape, read, sums, clears):
     for their lanes: held += term; B = held."""
     if not sums:
         return []
-    keys, lanes = len(shape) - 2, len(shape) - 1
-    lane, key, grows = f"i{lanes}", f"i{keys}", shape[-2]
-    cells = [f"held[{k}][{lane}]" for k in range(len(sums))]
+    keys, grows = len(shape) - 2, shape[-2]
     capacity = int(shape[-1])  # (every lane: a lane that no query reaching the key adds to is stored as it was read)
-    load = Loop(lanes, capacity, tuple(Assign(c, grad_at(s.target, s.offset)) for c, s in zip(cells, sums)), independent=True)
-    terms = (read, *(Assign(c, s.term, "+=") for c, s in zip(cells, sums)), *clears)
+    load, terms, store = _held(shape, read, sums, clears, capacity)
+    key = f"i{keys}"
     first_query = (f"{key} < {grows.first} ? 0 : " +
                    (f"{key} - {grows.first - 1}" if grows.step == 1 else f"({key} - {grows.first}) / {grows.step} + 1"))
-    queries = Loop(0, shape[0], (Loop(lanes, shape[-1], terms, independent=True),), braced=False, start=first_query)
-    store = Loop(lanes, capacity, tuple(Assign(grad_at(s.target, s.offset), c) for c, s in zip(cells, sums)), independent=True)
+    queries = Loop(0, shape[0], (terms,), braced=False, start=first_query)
     # the keys that the last query reaches, first + step * (n0 - 1), n0 read at run time where it is cut
-    last = int(shape[0]) - 1
     count = (Count(f"{grows.first - grows.step} + {'' if grows.step == 1 else f'{grows.step} * '}{shape[0]}")
-             if isinstance(shape[0], Bounded) else grows.first + grows.step * last)
+             if isinstance(shape[0], Bounded) else grows.first + grows.step * (int(shape[0]) - 1))
     over_keys = Loop(keys, count, (Held("held", len(sums), capacity), load, queries, store))
     return [nest(shape[1:-2], [over_keys], braced=False, first=1)]
+
+
+def _held(shape, read, sums, clears, lanes):
+    """The loops over the lanes (the first `lanes` of them: a number or the queries' count) that
+    load the targets into `held`, add the terms into it (with the gradient's read and clears) and
+    store it back: a cell of `held` a target and lane."""
+    lane = len(shape) - 1
+    cells = [f"held[{k}][i{lane}]" for k in range(len(sums))]
+    load = Loop(lane, lanes, tuple(Assign(c, grad_at(s.target, s.offset)) for c, s in zip(cells, sums)), independent=True)
+    terms = Loop(lane, shape[-1], (read, *(Assign(c, s.term, "+=") for c, s in zip(cells, sums)), *clears),
+                 independent=True)
+    store = Loop(lane, lanes, tuple(Assign(grad_at(s.target, s.offset), c) for c, s in zip(cells, sums)), independent=True)
+    return load, terms, store
 
 
 def _apart(shape, by_keys, by_queries):
