@@ -36,8 +36,9 @@ def test_a_modules_forward_flushes_a_subnormal_product_and_hands_the_mode_back(c
     assert callers_subnormals_kept()
 
 
+@pytest.mark.parametrize("compiler", ["tcc", "gcc"], indirect=True)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_the_threads_of_a_batch_flush_as_the_caller_does(dtype):
+def test_the_threads_of_a_batch_flush_as_the_caller_does(compiler, dtype):
     """A layer's products over a batch, shared by the caller and the workers (and predict()'s
     passes side by side): every product of two tiny numbers flushed on whichever thread ran it."""
     tiny = TINY if dtype == "float64" else 1e-20
@@ -51,14 +52,15 @@ def test_the_threads_of_a_batch_flush_as_the_caller_does(dtype):
                 w.data = tiny
             neuron.b.data = 0.0
     net = codegen.compile(sum(model.layers[1](hidden)), xs, model.parameters(), outputs=hidden,
-                          batch=128, dtype=dtype, compiler="gcc")
+                          batch=128, dtype=dtype, compiler=compiler)
     X = np.full((1024, 64), tiny)
     outputs = {threads: net.predict(X, threads=threads) for threads in (1, 2)}
     assert not np.any(outputs[1]) and not np.any(outputs[2])  # (kept, they would be 64 * tiny**2)
     assert callers_subnormals_kept()
 
 
-def test_the_workers_compute_in_the_callers_mode():
+@pytest.mark.parametrize("compiler", ["tcc", "gcc"], indirect=True)
+def test_the_workers_compute_in_the_callers_mode(compiler):
     """Workers started under one mode (they inherit their creator's) take the caller's at every
     product: under upward rounding, 2 threads give the bits of 1."""
     libm = ctypes.CDLL(ctypes.util.find_library("m"))
@@ -67,7 +69,7 @@ def test_the_workers_compute_in_the_callers_mode():
     xs = [Value(0.0) for _ in range(64)]
     hidden = model.layers[0](xs)
     net = codegen.compile(sum(model.layers[1](hidden)), xs, model.parameters(), outputs=hidden,
-                          batch=128, compiler="gcc")
+                          batch=128, compiler=compiler)
     X = np.random.default_rng(0).random((1024, 64))
     nearest = np.asarray(net.predict(X, threads=2))  # (the workers start here)
     FE_UPWARD = 0x800  # (x86's <fenv.h>)
