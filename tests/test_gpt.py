@@ -36,6 +36,9 @@ def tiny():
 
 
 def compiled(tiny, compiler="tcc", dtype="float64", batch=1, **options):
+    """The tiny GPT's module, built by `compiler` (tiered=False unless asked: its C is long enough
+    that a compile would tier, and the tests would run the first tier's TCC build)."""
+    options.setdefault("tiered", False)
     tokenizer, state, params = tiny
     doc = model.document(state, TINY)
     return codegen.compile(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, compiler=compiler,

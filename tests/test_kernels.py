@@ -2,10 +2,12 @@
 updates as the reference (llm.c's way: every kernel checked, its max difference printed):
 matvec, four rows at a time over short nonzero chunk lists and a row at a time otherwise, and
 dot_nz, axpy_nz and sgd_axpy_nz; and axpy_offsets_lanes (a batch's lanes side by side) against
-axpy_offsets lane by lane. Each promises the reference's numbers exactly, for every compiler and
+axpy_offsets lane by lane, and the *_lanes_rows kernels against their lanes kernels row by row. Each promises the reference's numbers exactly, for every compiler and
 dtype. And the row kernels of exp, tanh and sigmoid against the C library's functions, to their
 bounds."""
 
+
+import itertools
 
 import cffi
 import numpy as np
@@ -58,6 +60,22 @@ void call_sum_lanes(real *out, const real *x, const int32_t *ox, long n, long la
     for (long l = 0; by_lane && l < lanes; l++)
         out[l] = sum_offsets(x + l, ox, n);
 }
+void call_axpy_lanes_rows(real *y, const int32_t *oy, long y_step, const real *alpha, long alpha_step,
+                          const real *x, const int32_t *ox, long x_step, long n, long lanes, long rows, int by_row)
+{
+    if (!by_row)
+        axpy_offsets_lanes_rows(y, oy, y_step, alpha, alpha_step, x, ox, x_step, n, lanes, rows);
+    for (long r = 0; by_row && r < rows; r++)
+        axpy_offsets_lanes(y + r * y_step, oy, alpha + r * alpha_step, x + r * x_step, ox, n, lanes);
+}
+void call_dot_lanes_rows(real *out, long out_step, const real *a, const int32_t *oa, const real *b, long b_step,
+                         const int32_t *ob, long n, long lanes, long rows, int by_row)
+{
+    if (!by_row)
+        dot_offsets_lanes_rows(out, out_step, a, oa, b, b_step, ob, n, lanes, rows);
+    for (long r = 0; by_row && r < rows; r++)
+        dot_offsets_lanes(out + r * out_step, a, oa, b + r * b_step, ob, n, lanes);
+}
 void call_row_one_by_one(int f, real *y, const real *x, long n)
 { for (long i = 0; i < n; i++) y[i] = (real)(f == 2 ? sigmoid_value(x[i]) : f ? tanh_value(x[i]) : exp_value(x[i])); }
 """
@@ -76,6 +94,10 @@ void call_axpy_lanes(real *y, const int32_t *oy, const real *alpha, const real *
 void call_dot_lanes(real *out, const real *a, const int32_t *oa, const real *b, const int32_t *ob, long n,
                     long lanes, int by_lane);
 void call_sum_lanes(real *out, const real *x, const int32_t *ox, long n, long lanes, int by_lane);
+void call_axpy_lanes_rows(real *y, const int32_t *oy, long y_step, const real *alpha, long alpha_step,
+                          const real *x, const int32_t *ox, long x_step, long n, long lanes, long rows, int by_row);
+void call_dot_lanes_rows(real *out, long out_step, const real *a, const int32_t *oa, const real *b, long b_step,
+                         const int32_t *ob, long n, long lanes, long rows, int by_row);
 void call_row_one_by_one(int f, real *y, const real *x, long n);
 """
 CHUNK = 8  # values per chunk of the nonzero lists
@@ -239,6 +261,66 @@ def test_dot_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
         assert np.array_equal(by_lanes.view(bits), by_calls.view(bits)), (n, by_lanes - by_calls)
     print(f"dot_offsets_lanes and sum_offsets_lanes vs calls, {compiler} {dtype} lanes={lanes} native={native}: "
           "the same bits")
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("lanes", LANES)
+def test_axpy_over_rows_is_its_calls_bits(compiler, dtype, lanes, native):
+    """axpy_offsets_lanes_rows (an attention's weighted sums' backward, a row a head's dimension:
+    codegen/write/rows.py) against axpy_offsets_lanes row by row, bit for bit: into the same
+    targets for every row (y_step 0: held over the rows), into a row of targets each (x_step 0: x
+    read once), and both moving; 1 to 16 rows; no alpha of 0, and alphas of 0 and -0 in some rows'
+    lanes (skipped, y of -0 and x of inf or NaN beside them)."""
+    ffi, lib = kernels(compiler, dtype, native)
+    real = DTYPES[dtype].numpy.type
+    bits = np.uint64 if real == np.float64 else np.uint32
+    rng = np.random.default_rng(200 + lanes)
+    n, stride = 6, 48  # terms, and lanes a term apart (a batch's capacity)
+    oy = (np.arange(n, dtype=np.int32) * stride)[::-1].copy()
+    ox = np.arange(n, dtype=np.int32) * stride
+    for rows, zeros in itertools.product((1, 2, 3, 16), (False, True)):
+        block = n * stride
+        for y_step, x_step in ((0, block), (block, 0), (block, block)):
+            x = rng.uniform(-1, 1, block * rows).astype(real)
+            x[ox[1]] = np.inf
+            x[ox[2] + lanes - 1 + x_step * (rows - 1)] = np.nan
+            y = rng.uniform(-1, 1, block * rows).astype(real)
+            y[oy[3]:oy[3] + lanes] = -0.0
+            alpha = rng.uniform(-1, 1, (rows, stride)).astype(real)
+            if zeros:
+                alpha[rows // 2, [0, lanes - 1]] = 0
+                alpha[rows - 1, lanes // 2] = -0.0
+            by_rows, by_call = y.copy(), y.copy()
+            for out, by_row in ((by_rows, 1), (by_call, 0)):
+                lib.call_axpy_lanes_rows(pointer(ffi, out), pointer(ffi, oy), y_step, pointer(ffi, alpha), stride,
+                                         pointer(ffi, x), pointer(ffi, ox), x_step, n, lanes, rows, by_row)
+            assert np.array_equal(by_rows, y) == (not np.any(alpha[:, :lanes]))  # (it added where due)
+            assert np.array_equal(by_call.view(bits), by_rows.view(bits)), (rows, y_step, x_step, by_call - by_rows)
+    print(f"axpy_offsets_lanes_rows vs calls, {compiler} {dtype} lanes={lanes} native={native}: the same bits")
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("lanes", LANES)
+def test_dot_over_rows_is_its_calls_bits(compiler, dtype, lanes, native):
+    """dot_offsets_lanes_rows (an attention's weighted sums, a row a head's dimension, two rows
+    sharing their weights' reads) against dot_offsets_lanes row by row, bit for bit: 1 to 16 rows
+    (pairs and one after them), term counts with every tail."""
+    ffi, lib = kernels(compiler, dtype, native)
+    real = DTYPES[dtype].numpy.type
+    bits = np.uint64 if real == np.float64 else np.uint32
+    rng = np.random.default_rng(300 + lanes)
+    stride = 48
+    for n in (1, 7, 8, 19):
+        oa, ob = np.arange(n, dtype=np.int32) * stride, (np.arange(n, dtype=np.int32) * stride)[::-1].copy()
+        for rows in (1, 2, 3, 16):
+            a = rng.uniform(-1, 1, n * stride).astype(real) * 10.0 ** rng.integers(-3, 4, n * stride)
+            b = rng.uniform(-1, 1, n * stride * rows).astype(real) * 10.0 ** rng.integers(-3, 4, n * stride * rows)
+            by_rows, by_call = np.zeros(rows * stride, real), np.zeros(rows * stride, real)
+            for out, by_row in ((by_rows, 1), (by_call, 0)):
+                lib.call_dot_lanes_rows(pointer(ffi, out), stride, pointer(ffi, a), pointer(ffi, oa), pointer(ffi, b),
+                                        n * stride, pointer(ffi, ob), n, lanes, rows, by_row)
+            assert np.array_equal(by_call.view(bits), by_rows.view(bits)), (n, rows, by_call - by_rows)
+    print(f"dot_offsets_lanes_rows vs calls, {compiler} {dtype} lanes={lanes} native={native}: the same bits")
 
 
 def _special(name, info):

@@ -12,7 +12,7 @@ import pytest
 
 import codegen
 import templates
-from conftest import compiler_diagonal
+from conftest import compiler_diagonal, seeded_cache
 from codegen.backend.toolchain import COMPILER_NAMES
 from gpt import data, model, train
 from micrograd_c import Value
@@ -366,12 +366,14 @@ def test_products_over_the_positions_equal_the_interpreter(tiny, compiler, dtype
                                    atol=tolerance * np.abs(expected_grads).max(), err_msg=text)
 
 
-def _lanes_case(dtype, batch=8):
+LANES_DOCS = ["edcbaabcde", "abcdeabcd", "abcd", "bac", "ab", "a", "edcbaab", "ca", "adebcaed"]
+
+
+def _lanes_case(dtype, batch=8, n_embd=4, docs=LANES_DOCS):
     """A batched tiny GPT whose documents of up to 10 positions (sums of 8 terms and more, and
     fewer) reach a position in a full vector of lanes or in part of one: (graph, compile()'s
     options, inputs, targets)."""
-    config = model.Config(n_embd=4, n_head=2, n_layer=1, block_size=10)
-    docs = ["edcbaabcde", "abcdeabcd", "abcd", "bac", "ab", "a", "edcbaab", "ca", "adebcaed"]
+    config = model.Config(n_embd=n_embd, n_head=2, n_layer=1, block_size=10)
     random.seed(1)
     tokenizer = data.Tokenizer(docs)
     state, params = model.init_state(config, tokenizer.vocab_size)
@@ -383,18 +385,18 @@ def _lanes_case(dtype, batch=8):
     return doc, options, X, Y
 
 
-def _two_steps(net, X, Y):
+def _two_steps(net, X, Y, batch_size=8):
     """train()'s loss after two steps and the parameters, checked to have moved."""
     before = np.asarray(net.params).copy()
     for _ in range(2):
-        loss = net.train(X, Y, 0.01, batch_size=8)
+        loss = net.train(X, Y, 0.01, batch_size=batch_size)
     after = np.asarray(net.params).copy()
     assert not np.array_equal(after, before)  # (it stepped)
     return loss, after
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
-def test_a_batchs_lanes_are_its_calls_bits(compiler, dtype, monkeypatch):
+def test_a_batchs_lanes_are_its_calls_bits(compiler, dtype, monkeypatch, tmp_path):
     """The batch's loops of dot_offsets and axpy_offsets calls (a call a sample: the attention's
     weighted sums and their gradients) are one call over the batch's lanes
     (templates/kernels/axpy.c's *_lanes), whose lanes sum what each call summed in its order:
@@ -408,12 +410,48 @@ def test_a_batchs_lanes_are_its_calls_bits(compiler, dtype, monkeypatch):
                 for module in (forward, backward):
                     patch.setattr(module, "along_lanes", lambda *_: False)
             units = "\n".join(map(str, codegen.generate(doc.loss, **options)))
-            assert ("dot_offsets_lanes(d +" in units and "axpy_offsets_lanes(g +" in units) == lanes
-            net = codegen.compile(doc.loss, **options, compiler=compiler)
+            assert bool(re.search(r"dot_offsets_lanes(_rows)?\(d \+", units)
+                        and re.search(r"axpy_offsets_lanes(_rows)?\(g \+", units)) == lanes
+            net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False,
+                                  cache=seeded_cache(tmp_path / str(lanes), compiler, dtypes=(dtype,)))
+            assert not net.build.cached  # (a build is found by the graph's structure: each its own cache)
         stepped.append(_two_steps(net, X, Y))
     (loss, after), (loss_calls, after_calls) = stepped
     assert loss == loss_calls
     np.testing.assert_array_equal(after, after_calls)
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
+def test_the_weighted_sums_rows_are_their_calls_bits(compiler, dtype, monkeypatch, tmp_path):
+    """A loop of lanes calls along a head's dimensions (the weighted sums, a row a dimension, and
+    their backward's two calls a row) is one *_lanes_rows call (codegen/write/rows.py): the weights
+    read once for two rows, their gradients held over the rows, the values' read once for them all.
+    Three rows (a pair and one), 20 documents of mixed lengths on 16 lanes (AVX-512's 64-byte block
+    where the CPU has it, then narrower blocks, then lanes one by one): two steps and the gradients
+    after them, the same bits as the calls a row."""
+    from codegen.write import backward, forward
+    docs = [d[:k] for d in LANES_DOCS for k in (len(d), 1 + len(d) // 2)][:20]
+    doc, options, X, Y = _lanes_case(dtype, batch=32, n_embd=6, docs=docs)
+    stepped = []
+    for rows in (True, False):
+        with monkeypatch.context() as patch:
+            if not rows:
+                patch.setattr(forward, "dot_calls_as_rows", lambda *_: None)
+                patch.setattr(backward, "axpy_calls_as_rows", lambda *_: None)
+            units = "\n".join(map(str, codegen.generate(doc.loss, **options)))
+            assert (units.count("dot_offsets_lanes_rows(d +"), units.count("axpy_offsets_lanes_rows(g +")) == (
+                (1, 2) if rows else (0, 0))
+            net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False,
+                                  cache=seeded_cache(tmp_path / str(rows), compiler, dtypes=(dtype,)))
+            assert not net.build.cached
+        loss, after = _two_steps(net, X, Y, batch_size=len(docs))
+        net.zero_grad()
+        net.gradients(X, Y)  # (Adam's steps from the first are near lr * sign(gradient): the gradients too)
+        stepped.append((loss, after, np.asarray(net.grad)[:net.n_params].copy()))
+    (loss, after, grads), (loss_calls, after_calls, grads_calls) = stepped
+    assert loss == loss_calls
+    np.testing.assert_array_equal(after, after_calls)
+    np.testing.assert_array_equal(grads, grads_calls)
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"], compilers=OPTIMISING)),

@@ -22,11 +22,12 @@ from ..lower.types import OP, PARAM, BatchExtent, Bounded
 from ..lower.vector import progression
 from .convolution import convolution
 from .kernels import Call, call
-from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, at_start, data_at,
+from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, data_at,
                     fused_gradient, grad_at, guarded, loop_nest, neurons, placed, short, slot_index, unrolled)
 from .sides import TrackedRow
 from .statements import Statements
 from .tree import Assign, Block, ClearGradient, Copy, If, ReadGradient, nest
+from .rows import AxpyLanes, axpy_calls_as_rows
 from .triangle import held_sums
 
 
@@ -40,7 +41,7 @@ class Contribution:
     accumulate: object
     update: object = None
     track: TrackedRow = None
-    lanes: object = None  # in a batch's loop, `accumulate` for all its samples (a call over their lanes), or None
+    lanes: AxpyLanes = None  # in a batch's loop, `accumulate` for all its samples (a call over their lanes), or None
 
 
 @dataclass
@@ -184,7 +185,8 @@ class Backward(Statements):
         contributions = self._bias_in_product(terms, products, g.shape, mode)
         if isinstance(mode, Plain) and contributions and all(c.lanes for c in contributions):
             lanes = [c.lanes for c in contributions]  # (no innermost loop: no `go` read in it)
-            calls = [nest(g.shape[:-1], lanes, braced=len(lanes) > 1)] if len(g.shape) > 1 else lanes
+            each = [s.call(g.shape) for s in lanes]
+            calls = axpy_calls_as_rows(g.shape, lanes) or ([nest(g.shape[:-1], each, braced=len(each) > 1)] if len(g.shape) > 1 else each)
             return calls + self._cleared(g, mode), None
         for c in contributions:
             mode.place(c, g.shape, body)
@@ -316,8 +318,6 @@ class Backward(Statements):
             return [Contribution(to_param, call("axpy_short" if short(wrt, other) else "axpy", y=y, alpha=go, x=x, n=n),
                                  call("sgd_axpy", w=w, lr="lr", alpha=go, x=x, n=n), row)]
         tw, to = self.tables.offsets(wrt.offsets), self.tables.offsets(other.offsets)
-        lanes = call("axpy_offsets_lanes", y=f"g + {slot_index(at_start(wrt.start), grad=True)}", oy=tw,
-                     alpha=f"g + {slot_index(at_start(out), grad=True)}", x=f"d + {slot_index(at_start(other.start))}",
-                     ox=to, n=n, lanes=str(shape[-1])) if along_lanes(shape, out, wrt.start, other.start) else None
+        lanes = AxpyLanes(wrt, out, other, (tw, to)) if along_lanes(shape, out, wrt.start, other.start) else None
         return [Contribution(to_param, call("axpy_offsets", y=y, oy=tw, alpha=go, x=x, ox=to, n=n),
                              call("sgd_axpy_offsets", w=w, ow=tw, lr="lr", alpha=go, x=x, ox=to, n=n), lanes=lanes)]

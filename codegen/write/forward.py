@@ -9,6 +9,7 @@ from .convolution import convolution
 from .kernels import call
 from .loops import (along_lanes, at_start, data_at, fused_activation, guarded, layer, loop_nest, short, slot_index,
                     takes_epilogue, tree_sum, unrolled)
+from .rows import dot_calls_as_rows
 from .statements import Statements
 from .tree import Assign, nest
 
@@ -110,9 +111,13 @@ class Forward(Statements):
         if (ops.constants or ops.terms or not a or g.masked is not None or unrolled(a, b)
                 or (a.contiguous and b.contiguous) or not along_lanes(g.shape, ops.out, a.start, b.start)):
             return None
+        names = self.tables.offsets(a.offsets), self.tables.offsets(b.offsets)
+        rows = dot_calls_as_rows(g.shape, ops.out, a, b, names)
+        if rows:
+            return rows
         return [nest(g.shape[:-1], [call("dot_offsets_lanes", out=f"d + {slot_index(at_start(ops.out))}",
-                                         a=f"d + {slot_index(at_start(a.start))}", oa=self.tables.offsets(a.offsets),
-                                         b=f"d + {slot_index(at_start(b.start))}", ob=self.tables.offsets(b.offsets),
+                                         a=f"d + {slot_index(at_start(a.start))}", oa=names[0],
+                                         b=f"d + {slot_index(at_start(b.start))}", ob=names[1],
                                          n=a.n, lanes=str(g.shape[-1]))], braced=False)]
 
     def _sum_lanes(self, g):

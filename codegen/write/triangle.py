@@ -19,6 +19,7 @@ each other or the gradient read), held_sums() declines and the nest stays as it 
 import numpy as np
 
 from ..lower.types import ActiveBatch, BatchExtent, Bounded, Extent, is_family
+from .cells import apart, clear, slots_at
 from .loops import Accumulate, grad_at
 from .tree import Assign, ClearGradient, Count, Held, Loop, ReadGradient, nest
 
@@ -104,15 +105,11 @@ def _apart(shape, by_keys, by_queries):
     capacity, keys = int(shape[-1]), len(shape) - 2
     points = _points(shape)
     queries, plain_keys = _without(points, keys), _without(points, 0)
-    starts = [_slots(s.target, queries, s.offset) for s in by_keys]
-    starts += [_slots(s.target, plain_keys, s.offset) for s in by_queries]
-    targets = np.sort(np.concatenate(starts))
-    if np.any(np.diff(targets) < capacity):
-        return False
-    read = _slots((by_keys or by_queries)[0].product[0], points, 0)
-    at = np.searchsorted(targets, read)
-    nearest = (targets[np.clip(at - 1, 0, None)], targets[np.clip(at, None, len(targets) - 1)])
-    return not any(np.any(np.abs(t - read) < capacity) for t in nearest)
+    starts = [slots_at(s.target, queries, s.offset) for s in by_keys]
+    starts += [slots_at(s.target, plain_keys, s.offset) for s in by_queries]
+    targets = np.concatenate(starts)[None, :]
+    read = slots_at((by_keys or by_queries)[0].product[0], points)[None, :]
+    return apart(targets, capacity) and clear(targets, read, capacity)
 
 
 def _points(shape):
@@ -131,13 +128,3 @@ def _without(points, column):
     points = points.copy()
     points[:, column] = 0
     return np.unique(points, axis=0)
-
-
-def _slots(affine, points, offset):
-    """The gradient slot (lane 0) of `affine` + offset at each row of points (i0, i1, ...)."""
-    slots = np.full(len(points), affine.grad_offset() + offset, dtype=np.int64)
-    queries = points[:, 0]
-    for d, stride in enumerate(affine.strides[:points.shape[1]]):
-        step = stride.first + stride.step * queries if isinstance(stride, Extent) else int(stride)
-        slots += step * points[:, d]
-    return slots + affine.tri * (queries * (queries - 1) // 2)

@@ -251,6 +251,84 @@ LANES_AVX512_FUNCTION axpy_offsets_wide(real *restrict y, const int32_t *oy, con
         memcpy(y + oy[i], &to, sizeof to);
     }
 }
+/* dot_offsets_wide for `rows` rows of b a b_step apart, two at a time: a's terms read once a pair */
+LANES_AVX512_FUNCTION dot_offsets_wide_rows(real *out, long out_step, const real *a, const int32_t *oa, const real *b,
+                                            long b_step, const int32_t *ob, long n, long rows)
+{
+    WIDE_UNFUSED
+    long r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        const real *b0 = b + r * b_step, *b1 = b0 + b_step;
+        lanes_vec s[8] = {{0}}, t[8] = {{0}};
+#define DOT_WIDE2(k)                                                                               \
+    {                                                                                              \
+        lanes_vec x, y0, y1;                                                                       \
+        memcpy(&x, a + oa[i + k], sizeof x);                                                       \
+        memcpy(&y0, b0 + ob[i + k], sizeof y0);                                                    \
+        memcpy(&y1, b1 + ob[i + k], sizeof y1);                                                    \
+        s[k] += x * y0;                                                                            \
+        t[k] += x * y1;                                                                            \
+    }
+        EIGHT_PARTS(n, DOT_WIDE2)
+#undef DOT_WIDE2
+        const lanes_vec first = EIGHT_SUMMED(s), second = EIGHT_SUMMED(t);
+        memcpy(out + r * out_step, &first, sizeof first);
+        memcpy(out + (r + 1) * out_step, &second, sizeof second);
+    }
+    if (r < rows)
+        dot_offsets_wide(out + r * out_step, a, oa, b + r * b_step, ob, n);
+}
+
+/* where go is 0 (lane by lane) `to` as it was, else `sum`: axpy_offsets' skip of an alpha of 0 */
+#if REAL_IS_FLOAT
+typedef int32_t lanes_mask __attribute__((vector_size(64))); /* (a comparison's lanes: all bits or none) */
+#else
+typedef int64_t lanes_mask __attribute__((vector_size(64)));
+#endif
+#define UNLESS_ZERO(go, to, sum) ((lanes_vec)(((lanes_mask)(sum) & ~((go) == 0)) | ((lanes_mask)(to) & ((go) == 0))))
+
+/* axpy_offsets_wide for `rows` rows (axpy_offsets_lanes_rows), a lane whose alpha is 0 skipped as
+ * it skips it: a target the same for every row (y_step 0) gets their terms in order in a
+ * register, read and written once; an x the same for every row is read once a term */
+LANES_AVX512_FUNCTION axpy_offsets_wide_rows(real *restrict y, const int32_t *oy, long y_step, const real *alpha,
+                                             long alpha_step, const real *restrict x, const int32_t *ox,
+                                             long x_step, long n, long rows)
+{
+    WIDE_UNFUSED
+    if (y_step != 0 && x_step != 0) {
+        for (long r = 0; r < rows; r++)
+            axpy_offsets_wide(y + r * y_step, oy, alpha + r * alpha_step, x + r * x_step, ox, n);
+        return;
+    }
+    if (y_step == 0) {
+        for (long i = 0; i < n; i++) {
+            const real *from = x + ox[i];
+            lanes_vec to;
+            memcpy(&to, y + oy[i], sizeof to);
+            for (long r = 0; r < rows; r++) {
+                lanes_vec go, term;
+                memcpy(&go, alpha + r * alpha_step, sizeof go);
+                memcpy(&term, from + r * x_step, sizeof term);
+                to = UNLESS_ZERO(go, to, to + go * term);
+            }
+            memcpy(y + oy[i], &to, sizeof to);
+        }
+        return;
+    }
+    for (long i = 0; i < n; i++) {
+        real *into = y + oy[i];
+        lanes_vec from;
+        memcpy(&from, x + ox[i], sizeof from);
+        for (long r = 0; r < rows; r++) {
+            lanes_vec go, to;
+            memcpy(&go, alpha + r * alpha_step, sizeof go);
+            memcpy(&to, into + r * y_step, sizeof to);
+            to = UNLESS_ZERO(go, to, to + go * from);
+            memcpy(into + r * y_step, &to, sizeof to);
+        }
+    }
+}
+#undef UNLESS_ZERO
 #define LANES_WIDE(WIDE)                                                                           \
     if (lanes >= WIDE_BLOCK && cpu_features() & CPU_AVX512F)                                       \
         for (; l0 + WIDE_BLOCK <= lanes; l0 += WIDE_BLOCK)                                         \
@@ -338,6 +416,47 @@ KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *
 #define AXPY_WIDE(l) axpy_offsets_wide(y + (l), oy, alpha + (l), x + (l), ox, n)
 #define AXPY_BLOCK(l, width) axpy_offsets_block(y + (l), oy, alpha + (l), x + (l), ox, n, width)
 #define AXPY_ONE(l) axpy_offsets(y + (l), oy, alpha[l], x + (l), ox, n)
+    LANES_IN_BLOCKS(AXPY_WIDE, AXPY_BLOCK, AXPY_ONE)
+#undef AXPY_WIDE
+#undef AXPY_BLOCK
+#undef AXPY_ONE
+}
+/* A loop of dot_offsets_lanes calls along `rows` whose out and b move by fixed steps (an
+ * attention's weighted sums, a row a dimension of the values: codegen/write/rows.py) as one call:
+ * dot_offsets_lanes(out + r * out_step, a, oa, b + r * b_step, ob, n, lanes) for every r < rows,
+ * each the same bits. The caller's rows write no slot that one of them reads. */
+KERNEL void dot_offsets_lanes_rows(real *out, long out_step, const real *a, const int32_t *oa, const real *b,
+                                   long b_step, const int32_t *ob, long n, long lanes, long rows)
+{
+#define DOT_WIDE(l) dot_offsets_wide_rows(out + (l), out_step, a + (l), oa, b + (l), b_step, ob, n, rows)
+#define DOT_BLOCK(l, width)                                                                        \
+    for (long r = 0; r < rows; r++)                                                                \
+        dot_offsets_block(out + r * out_step + (l), a + (l), oa, b + r * b_step + (l), ob, n, width)
+#define DOT_ONE(l)                                                                                 \
+    for (long r = 0; r < rows; r++)                                                                \
+        out[r * out_step + (l)] = dot_offsets(a + (l), oa, b + r * b_step + (l), ob, n)
+    LANES_IN_BLOCKS(DOT_WIDE, DOT_BLOCK, DOT_ONE)
+#undef DOT_WIDE
+#undef DOT_BLOCK
+#undef DOT_ONE
+}
+
+/* Likewise axpy_offsets_lanes(y + r * y_step, oy, alpha + r * alpha_step, x + r * x_step, ox, n,
+ * lanes) for every r < rows, each target's terms in the same order: the caller's targets are
+ * apart, a row and term each (or a term each, for every row: y_step 0), and none is an alpha.
+ * An attention's weighted sums' backward: into the weights' gradients (y_step 0) and into the
+ * values' (x_step 0), a row a dimension. */
+KERNEL void axpy_offsets_lanes_rows(real *restrict y, const int32_t *oy, long y_step, const real *alpha,
+                                    long alpha_step, const real *restrict x, const int32_t *ox, long x_step,
+                                    long n, long lanes, long rows)
+{
+#define AXPY_WIDE(l) axpy_offsets_wide_rows(y + (l), oy, y_step, alpha + (l), alpha_step, x + (l), ox, x_step, n, rows)
+#define AXPY_BLOCK(l, width)                                                                       \
+    for (long r = 0; r < rows; r++)                                                                \
+        axpy_offsets_block(y + r * y_step + (l), oy, alpha + r * alpha_step + (l), x + r * x_step + (l), ox, n, width)
+#define AXPY_ONE(l)                                                                                \
+    for (long r = 0; r < rows; r++)                                                                \
+        axpy_offsets(y + r * y_step + (l), oy, alpha[r * alpha_step + (l)], x + r * x_step + (l), ox, n)
     LANES_IN_BLOCKS(AXPY_WIDE, AXPY_BLOCK, AXPY_ONE)
 #undef AXPY_WIDE
 #undef AXPY_BLOCK

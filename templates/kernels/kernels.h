@@ -17,6 +17,8 @@ KERNEL real dot_offsets(const real *a, const int32_t *oa, const real *b, const i
 KERNEL real sum_offsets(const real *x, const int32_t *ox, long n);
 KERNEL void dot_offsets_lanes(real *restrict out, const real *a, const int32_t *oa, const real *b,
                               const int32_t *ob, long n, long lanes);
+KERNEL void dot_offsets_lanes_rows(real *out, long out_step, const real *a, const int32_t *oa, const real *b,
+                                   long b_step, const int32_t *ob, long n, long lanes, long rows);
 KERNEL real dot_nz(const real *restrict a, const real *restrict x, long n, const int32_t *restrict nz);
 KERNEL void dot_rows(const real *restrict a, const real *restrict b, long b_step, long n, long m,
                      real *restrict out, long out_step);
@@ -30,6 +32,9 @@ KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const 
                          const int32_t *ox, long n);
 KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *alpha, const real *restrict x,
                                const int32_t *ox, long n, long lanes);
+KERNEL void axpy_offsets_lanes_rows(real *restrict y, const int32_t *oy, long y_step, const real *alpha,
+                                    long alpha_step, const real *restrict x, const int32_t *ox, long x_step,
+                                    long n, long lanes, long rows);
 KERNEL void sum_offsets_lanes(real *restrict out, const real *x, const int32_t *ox, long n, long lanes);
 KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, const real *x,
                              const int32_t *ox, long n);
