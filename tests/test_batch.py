@@ -297,7 +297,7 @@ def test_a_convolution_over_a_batch():
     for capacity in (128, 1):
         model.reset()
         nets.append(codegen.compile(model.loss, model.inputs, model.params, outputs=model.outputs,
-                                    batch=capacity))
+                                    batch=capacity, tiered=False))
     X, y = model.X[:80], model.Y[:80]
     losses = [net.train(X, y, 0.02, scale=model.scale, batch_size=40) for net in nets]
     assert_close(losses[0], losses[1], "float64")

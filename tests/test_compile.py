@@ -81,6 +81,7 @@ def run_compiled(build, param_values, rows, steps=STEPS, lr=LR, **options):
     params = [Value(v) for v in param_values]
     inputs = [Value(x) for x in rows[0]]
     loss, parts = loss_and_parts(build(params, inputs))
+    options.setdefault("tiered", False)  # (the compiler's own build, not a first tier's, for a big graph)
     net = codegen.compile(loss, inputs, params, input_grads=True, outputs=parts, **options)
     first = None
     for step in range(steps):

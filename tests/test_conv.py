@@ -210,7 +210,8 @@ def test_a_cnn_over_batches_equals_the_interpreter(compiler, dtype):
     params, pixels, targets, logits, loss, forward = two_convolutions()
     X, y = data()
     expected = interpreted(params, forward, X, y, 0.1, 13)
-    net = codegen.compile(loss, pixels + targets, params, outputs=logits, compiler=compiler, dtype=dtype, batch=16)
+    net = codegen.compile(loss, pixels + targets, params, outputs=logits, compiler=compiler, dtype=dtype, batch=16,
+                          tiered=False)
     net.train(X, y, 0.1, batch_size=13)
     rtol = {"float64": 1e-9, "float32": 2e-4}[dtype]
     np.testing.assert_allclose(net.params, expected, rtol=rtol, atol=rtol * np.abs(expected).max())

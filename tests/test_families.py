@@ -94,7 +94,8 @@ def test_a_batch_through_the_family_equals_samples_one_by_one(compiler, dtype):
     params, _ = initial(length)
     ps, xs = [Value(p) for p in params], [Value(0.0) for _ in range(length * WIDTH)]
     loss = sum(attention(ps, xs, length))
-    nets = [codegen.compile(loss, xs, ps, compiler=compiler, dtype=dtype, batch=capacity) for capacity in (4, 1)]
+    nets = [codegen.compile(loss, xs, ps, compiler=compiler, dtype=dtype, batch=capacity, tiered=False)
+            for capacity in (4, 1)]
     assert codegen.explain(loss, xs, ps).batched.startswith("batched")
     X = np.random.default_rng(1).normal(size=(10, length * WIDTH))
     X, Y = (np.ascontiguousarray(part) for part in (X[:, :-WIDTH], X[:, -WIDTH:]))  # (a row: X's then Y's)

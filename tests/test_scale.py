@@ -89,5 +89,6 @@ def test_a_million_parameters_lower_in_seconds():
     sources = graph.generate(dtype="float32")
     seconds = time.perf_counter() - started
     own = [s for s in sources if not isinstance(s, templates.SharedSource)]  # (not the runtime's C)
-    assert sum(map(len, own)) < 400_000  # loops, not a statement per weight (that would be ~100 MB)
+    # loops, not a statement per weight (that would be ~100 MB; each unit holds the prelude's kernels, ~170 KB)
+    assert sum(map(len, own)) < 500_000
     assert seconds < 30, f"codegen took {seconds:.1f} s"

@@ -186,7 +186,8 @@ class Backward(Statements):
         if isinstance(mode, Plain) and contributions and all(c.lanes for c in contributions):
             lanes = [c.lanes for c in contributions]  # (no innermost loop: no `go` read in it)
             each = [s.call(g.shape) for s in lanes]
-            calls = axpy_calls_as_rows(g.shape, lanes) or ([nest(g.shape[:-1], each, braced=len(each) > 1)] if len(g.shape) > 1 else each)
+            calls = (axpy_calls_as_rows(g.shape, lanes)
+                     or ([nest(g.shape[:-1], each, braced=len(each) > 1)] if len(g.shape) > 1 else each))
             return calls + self._cleared(g, mode), None
         for c in contributions:
             mode.place(c, g.shape, body)
