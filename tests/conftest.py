@@ -110,6 +110,8 @@ def have(tool: str) -> bool:
 
 def pytest_configure(config):
     config.addinivalue_line('markers', 'requires(*tools): the test needs these tools (see conftest.requires)')
+    config.addinivalue_line('markers', 'first_tier: the test checks that compile() tiers by default (see '
+                                       '_the_compiler_asked_for_builds)')
 
 
 def pytest_runtest_setup(item):
@@ -135,6 +137,26 @@ def pytest_terminal_summary(terminalreporter):
 def compiler(request) -> str:
     """Name of each C compiler (toolchain.COMPILER_NAMES), as requires() finds it."""
     return requires(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _the_compiler_asked_for_builds(request, monkeypatch):
+    """A module that compile() tiered of its own accord (tiered not given: a big graph) fails the
+    test unless it is marked first_tier: it would train the first tier's TCC build while the
+    compiler the test names builds in the background (the tests of GCC, Clang and zig ran TCC's so).
+    Ask for tiered=False, or tiered=True to test tiering."""
+    if request.node.get_closest_marker('first_tier'):
+        return
+    import codegen
+    compile_ = codegen.compile
+
+    def compile(*args, **kwargs):
+        net = compile_(*args, **kwargs)
+        if kwargs.get('tiered') is None and getattr(net, 'tier', None) == 'first':
+            raise AssertionError(f"compile() tiered this graph (compiler {kwargs.get('compiler')!r}): the test would "
+                                 "run the first tier's build; pass tiered=False (or True, or mark the test first_tier)")
+        return net
+    monkeypatch.setattr(codegen, 'compile', compile)
 
 
 def compiler_diagonal(values, ids=str, compilers=COMPILER_NAMES):

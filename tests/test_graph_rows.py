@@ -91,6 +91,7 @@ def test_the_rows_are_the_same_words_by_the_walker_and_by_python(name):
     assert by_c.rows >= int(np.count_nonzero(graph.codes)) and by_c.runs > 0
 
 
+@pytest.mark.first_tier
 def test_compile_returns_the_first_tier_before_any_lowering(tmp_path, monkeypatch):
     """tiered=None tiers a graph of tiers.TIERED_MIN_VALUES computed Values or more (here lowered
     to 300), lowering it only in the background build's thread; a smaller graph is not tiered."""
