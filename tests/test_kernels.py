@@ -263,8 +263,12 @@ def test_dot_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
           "the same bits")
 
 
+# (the rows kernels' lanes run the lanes kernels' blocks, LANES above: a whole block, parts, tails)
+ROWS_LANES = [3, 16, 35]
+
+
 @pytest.mark.parametrize("native", [True, False])
-@pytest.mark.parametrize("lanes", LANES)
+@pytest.mark.parametrize("lanes", ROWS_LANES)
 def test_axpy_over_rows_is_its_calls_bits(compiler, dtype, lanes, native):
     """axpy_offsets_lanes_rows (an attention's weighted sums' backward, a row a head's dimension:
     codegen/write/rows.py) against axpy_offsets_lanes row by row, bit for bit: into the same
@@ -300,7 +304,7 @@ def test_axpy_over_rows_is_its_calls_bits(compiler, dtype, lanes, native):
 
 
 @pytest.mark.parametrize("native", [True, False])
-@pytest.mark.parametrize("lanes", LANES)
+@pytest.mark.parametrize("lanes", ROWS_LANES)
 def test_dot_over_rows_is_its_calls_bits(compiler, dtype, lanes, native):
     """dot_offsets_lanes_rows (an attention's weighted sums, a row a head's dimension, two rows
     sharing their weights' reads) against dot_offsets_lanes row by row, bit for bit: 1 to 16 rows
