@@ -24,10 +24,10 @@ from .convolution import convolution
 from .kernels import Call, call
 from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, data_at,
                     fused_gradient, grad_at, guarded, loop_nest, neurons, placed, short, slot_index, unrolled)
+from .rows import AxpyLanes, axpy_calls_as_rows
 from .sides import TrackedRow
 from .statements import Statements
 from .tree import Assign, Block, ClearGradient, Copy, If, ReadGradient, nest
-from .rows import AxpyLanes, axpy_calls_as_rows
 from .triangle import held_sums
 
 

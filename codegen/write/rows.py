@@ -2,7 +2,7 @@
 call a row loop, where the calls' operands move by fixed steps along it:
 
     for i0 (queries) for i1 (heads) for i2 (a head's dimensions):
-        the lanes' dot_offsets_lanes of (out + 16 * i2, a at oa, b + 512 * i2 at ob)
+        dot_offsets_lanes over the lanes: out + 16 * i2 = the sum of a at oa by b + 512 * i2 at ob
 
 is an attention's weighted sums (the weights a, the values b over the keys); its backward is two
 axpy_offsets_lanes calls a dimension, one into the weights' gradients (the same target in every
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..lower.types import BatchExtent, Bounded, Extent
-from .kernels import call
 from .cells import apart, clear, slots_at
+from .kernels import call
 from .loops import at_start, loop_start, slot_index
 from .tree import nest
 

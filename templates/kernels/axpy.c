@@ -329,6 +329,7 @@ LANES_AVX512_FUNCTION axpy_offsets_wide_rows(real *restrict y, const int32_t *oy
     }
 }
 #undef UNLESS_ZERO
+
 #define LANES_WIDE(WIDE)                                                                           \
     if (lanes >= WIDE_BLOCK && cpu_features() & CPU_AVX512F)                                       \
         for (; l0 + WIDE_BLOCK <= lanes; l0 += WIDE_BLOCK)                                         \
@@ -421,6 +422,7 @@ KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *
 #undef AXPY_BLOCK
 #undef AXPY_ONE
 }
+
 /* A loop of dot_offsets_lanes calls along `rows` whose out and b move by fixed steps (an
  * attention's weighted sums, a row a dimension of the values: codegen/write/rows.py) as one call:
  * dot_offsets_lanes(out + r * out_step, a, oa, b + r * b_step, ob, n, lanes) for every r < rows,
