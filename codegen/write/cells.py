@@ -8,6 +8,15 @@ import numpy as np
 from ..lower.types import Extent
 
 
+def grid(extents):
+    """Every point of loops over `extents` at their largest counts, one a row (one empty row for
+    no loops)."""
+    if not extents:
+        return np.zeros((1, 0), dtype=np.int64)
+    axes = np.meshgrid(*[np.arange(int(e)) for e in extents], indexing="ij")
+    return np.stack(axes, -1).reshape(-1, len(extents)).astype(np.int64)
+
+
 def slots_at(affine, points, offset=0, grad=True):
     """The slot (lane 0) of `affine` + offset, its gradient's or (grad False) its value's, at
     each row of points (i0, i1, ...: the first indices, the rest at 0)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..lower.types import BatchExtent, Bounded, Extent
-from .cells import apart, clear, slots_at
+from .cells import apart, clear, grid, slots_at
 from .kernels import call
 from .loops import at_start, loop_start, slot_index
 from .tree import nest
@@ -49,7 +49,7 @@ def dot_calls_as_rows(shape, out, a, b, names):
     rows' loop (shape[-2]); None where that is not the same."""
     if not _rows(shape, out, a.start, b.start):
         return None
-    points, capacity, rows = _outer_points(shape), int(shape[-1]), int(shape[-2])
+    points, capacity, rows = grid(shape[:-2]), int(shape[-1]), int(shape[-2])
     written = _cells(out, points, (0,), rows, grad=False)
     read = np.concatenate([_cells(a.start, points, a.offsets, 1, grad=False),
                            _cells(b.start, points, b.offsets, rows, grad=False)], axis=1)
@@ -67,7 +67,7 @@ def axpy_calls_as_rows(shape, sums):
     first's rows, then the next's); None where that is not the same."""
     if not all(_rows(shape, s.y.start, s.alpha, s.x.start) for s in sums):
         return None
-    points, capacity, rows = _outer_points(shape), int(shape[-1]), int(shape[-2])
+    points, capacity, rows = grid(shape[:-2]), int(shape[-1]), int(shape[-2])
     targets = [_cells(s.y.start, points, s.y.offsets, 1 if s.y.start.strides[-2] == 0 else rows) for s in sums]
     alphas = np.concatenate([_cells(s.alpha, points, (0,), rows) for s in sums], axis=1)
     targets = np.concatenate(targets, axis=1)  # (a target a row and term, or a term for every row; no other's)
@@ -90,12 +90,6 @@ def _rows(shape, *affines):
     plain = lambda e: not isinstance(e, (Extent, BatchExtent, Bounded))
     return (plain(shape[-2]) and int(shape[-2]) > 1 and all(plain(e) for e in shape[1:-2])
             and all(type(a.strides[-2]) is int and a.strides[-1] == 1 for a in affines))
-
-
-def _outer_points(shape):
-    """Every point (i0, ...) of the loops outside the rows' at their largest counts, one a row."""
-    outer = [np.arange(int(e)) for e in shape[:-2]]
-    return np.stack(np.meshgrid(*outer, indexing="ij"), -1).reshape(-1, len(outer)).astype(np.int64)
 
 
 def _cells(affine, points, offsets, rows, grad=True):

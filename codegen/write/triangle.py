@@ -19,7 +19,7 @@ each other or the gradient read), held_sums() declines and the nest stays as it 
 import numpy as np
 
 from ..lower.types import ActiveBatch, BatchExtent, Bounded, Extent, is_family
-from .cells import apart, clear, slots_at
+from .cells import apart, clear, grid, slots_at
 from .loops import Accumulate, grad_at
 from .tree import Assign, ClearGradient, Count, Held, Loop, ReadGradient, nest
 
@@ -114,8 +114,7 @@ def _apart(shape, by_keys, by_queries):
 
 def _points(shape):
     """Every (query, plain loops..., key) the nest runs at its largest count, one a row."""
-    plain = (np.stack(np.meshgrid(*[np.arange(int(e)) for e in shape[1:-2]], indexing="ij"), -1).reshape(-1, len(shape) - 3)
-             if len(shape) > 3 else np.zeros((1, 0), dtype=np.int64))
+    plain = grid(shape[1:-2])
     grows, rows = shape[-2], []
     for q in range(int(shape[0])):
         n = grows.first + grows.step * q
