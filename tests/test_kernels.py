@@ -76,6 +76,7 @@ void call_dot_lanes_rows(real *out, long out_step, const real *a, const int32_t 
     for (long r = 0; by_row && r < rows; r++)
         dot_offsets_lanes(out + r * out_step, a, oa, b + r * b_step, ob, n, lanes);
 }
+void call_clear_rows(real *y, long y_j, long J, long S) { clear_rows(y, y_j, J, S); }
 void call_row_one_by_one(int f, real *y, const real *x, long n)
 { for (long i = 0; i < n; i++) y[i] = (real)(f == 2 ? sigmoid_value(x[i]) : f ? tanh_value(x[i]) : exp_value(x[i])); }
 """
@@ -98,6 +99,7 @@ void call_axpy_lanes_rows(real *y, const int32_t *oy, long y_step, const real *a
                           const real *x, const int32_t *ox, long x_step, long n, long lanes, long rows, int by_row);
 void call_dot_lanes_rows(real *out, long out_step, const real *a, const int32_t *oa, const real *b, long b_step,
                          const int32_t *ob, long n, long lanes, long rows, int by_row);
+void call_clear_rows(real *y, long y_j, long J, long S);
 void call_row_one_by_one(int f, real *y, const real *x, long n);
 """
 CHUNK = 8  # values per chunk of the nonzero lists
@@ -325,6 +327,27 @@ def test_dot_over_rows_is_its_calls_bits(compiler, dtype, lanes, native):
                                         n * stride, pointer(ffi, ob), n, lanes, rows, by_row)
             assert np.array_equal(by_call.view(bits), by_rows.view(bits)), (n, rows, by_call - by_rows)
     print(f"dot_offsets_lanes_rows vs calls, {compiler} {dtype} lanes={lanes} native={native}: the same bits")
+
+
+def test_clear_rows_sets_its_rows_to_zero_and_nothing_else(compiler, dtype):
+    """clear_rows (a gradient's rows cleared once read: codegen/write/loops.py's cleared) against
+    the plain rows: J rows of S values y_j apart set to +0, every other value as it was (NaN, inf,
+    -0 among them); rows end to end (one memset), long rows apart (a memset a row), short rows apart
+    (a loop), one row, rows that overlap or coincide, none."""
+    ffi, lib = kernels(compiler, dtype)
+    real = DTYPES[dtype].numpy.type
+    bits = np.uint64 if real == np.float64 else np.uint32
+    rng = np.random.default_rng(400)
+    for y_j, J, S in ((16, 32, 16), (512, 256, 512), (512, 7, 96), (512, 9, 64), (512, 9, 63), (48, 5, 3),
+                      (40, 1, 100), (5, 4, 9), (0, 3, 20), (512, 0, 16), (512, 3, 0)):
+        y = rng.uniform(-1, 1, y_j * J + S + 64).astype(real)
+        y[::7], y[1::11], y[2::13] = np.nan, -np.inf, -0.0
+        expected = y.copy()
+        for j in range(J):
+            expected[j * y_j:j * y_j + S] = 0
+        lib.call_clear_rows(pointer(ffi, y), y_j, J, S)
+        assert np.array_equal(y.view(bits), expected.view(bits)), (y_j, J, S)
+    print(f"clear_rows vs the rows, {compiler} {dtype}: the same bits")
 
 
 def _special(name, info):

@@ -454,6 +454,42 @@ def test_the_weighted_sums_rows_are_their_calls_bits(compiler, dtype, monkeypatc
     np.testing.assert_array_equal(grads, grads_calls)
 
 
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
+def test_the_gradients_cleared_by_rows_are_the_loops_bits(compiler, dtype, monkeypatch, tmp_path):
+    """A gradient cleared once read in a nest of its own (after the products that read it) is a
+    clear_rows call a pass (codegen/write/loops.py's cleared): the first positions that every
+    document reaches at once, then a position's documents, row by row. Batches of 8 documents on
+    8 lanes: every one of all 10 positions (a layer's gradients one run: one memset), of 8 or 9
+    (a memset a row), of mixed lengths (short rows): two steps, then the gradients of the batches
+    (each step's start from gradients at 0: a cell left uncleared would add into the next step's),
+    the same bits as with the loops."""
+    from codegen.write import backward, loops
+    full, long = ([(d * 10)[:n + k % 2] for k, d in enumerate(LANES_DOCS[:8])] for n in (9, 7))
+    mixed = [d[:k] for d in LANES_DOCS for k in (len(d), 1 + len(d) // 2)][:8]
+    doc, options, X, Y = _lanes_case(dtype, docs=full + long + mixed)
+    stepped = []
+    for rows in (True, False):
+        with monkeypatch.context() as patch:
+            if not rows:
+                nest = lambda shape, clears: loops.loop_nest(shape, clears, independent=True)  # noqa: E731
+                patch.setattr(loops, "cleared", nest)
+                patch.setattr(backward, "cleared", nest)
+            units = "\n".join(map(str, codegen.generate(doc.loss, **options)))
+            calls = re.findall(r"clear_rows\(g \+ \d+ \+ \d+ \* i0, \d+, \d+, \(i0 < f0 \? f0 \* 8 : ", units)
+            assert (len(calls) >= 2) == rows and ("clear_rows(g" in units) == rows
+            net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False,
+                                  cache=seeded_cache(tmp_path / str(rows), compiler, dtypes=(dtype,)))
+            assert not net.build.cached
+        loss, after = _two_steps(net, X, Y)
+        net.zero_grad()
+        net.gradients(X, Y)
+        stepped.append((loss, after, np.asarray(net.grad)[:net.n_params].copy()))
+    (loss, after, grads), (loss_loops, after_loops, grads_loops) = stepped
+    assert loss == loss_loops
+    np.testing.assert_array_equal(after, after_loops)
+    np.testing.assert_array_equal(grads, grads_loops)
+
+
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"], compilers=OPTIMISING)),
                          indirect=["compiler"])
 def test_a_build_for_the_hosts_vectors_is_the_baselines_bits(compiler, dtype, monkeypatch):

@@ -22,7 +22,7 @@ from ..lower.types import OP, PARAM, BatchExtent, Bounded
 from ..lower.vector import progression
 from .convolution import convolution
 from .kernels import Call, call
-from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, data_at,
+from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, cleared, data_at,
                     fused_gradient, grad_at, guarded, loop_nest, neurons, placed, short, slot_index, unrolled)
 from .rows import AxpyLanes, axpy_calls_as_rows
 from .sides import TrackedRow
@@ -145,12 +145,12 @@ class Backward(Statements):
     @staticmethod
     def _clear(g, mode):
         """In a mode that clears, group g's ClearGradient (for its loop nest's body), else none."""
-        return [ClearGradient(grad_at(g.operands.out))] if mode.clears else []
+        return [ClearGradient(grad_at(g.operands.out), g.operands.out)] if mode.clears else []
 
     def _cleared(self, g, mode):
         """_clear as a loop nest of its own, after statements that read g's gradient otherwise."""
         clear = self._clear(g, mode)
-        return loop_nest(g.shape, clear, independent=True) if clear else []
+        return cleared(g.shape, clear) if clear else []
 
     def group(self, g, mode, activation=None):
         """(the statements adding group g's gradients into its operands', the Matmul finishing

@@ -541,7 +541,7 @@ def loop_nest(shape, body, dots=True, independent=False, unless_zero=False):
               and all(a.strides[-1] == 1 for a in s.product[:2] if a is not None)]
     if clears and (dotted or any(isinstance(s, (Matmul, WeightGradient)) for s in body)):
         rest = [s for s in body if not isinstance(s, ClearGradient)]
-        return loop_nest(shape, rest, dots, independent, unless_zero) + loop_nest(shape, clears, independent=True)
+        return loop_nest(shape, rest, dots, independent, unless_zero) + cleared(shape, clears)
     # the inputs' gradients first: they read the weights, which a weights' gradient may step
     products = sorted((s for s in body if isinstance(s, (Matmul, WeightGradient))),
                       key=lambda s: isinstance(s, WeightGradient))
@@ -568,6 +568,35 @@ def loop_nest(shape, body, dots=True, independent=False, unless_zero=False):
     before = [Declare(tuple(names[id(s)] for s in summed))] if summed else []
     block = Block((*before, innermost, *_after_innermost(summed, dotted, names, shape)))
     return [nest(shape[:-1], [block], braced=False)]
+
+
+def cleared(shape, clears):
+    """ClearGradients in a loop nest of their own over `shape`, after statements that still read
+    the gradients: where each one's slot moves by one along the innermost loop, a clear_rows call
+    a pass of the loops outside the kernel's two (the first full positions at once: full_passes),
+    which sets whole rows with memset instead of a store loop a row and a loop's bookkeeping a
+    vector (a batched GPT's layer's gradients: 256 rows of 16 lanes a position); else the nest."""
+    calls = [_clear_rows(shape, c.slot) for c in clears]
+    if clears and all(calls):
+        return calls
+    return loop_nest(shape, clears, independent=True)
+
+
+def _clear_rows(shape, slot):
+    """clear_rows over the last two loops of `shape` (per_pass) clearing `slot`, or None where
+    the kernel cannot run them: a family's nest, a slot not contiguous along the innermost loop,
+    an extent or step that moves with one of the two loops."""
+    if slot is None or len(shape) < 2 or is_family(shape) or slot.tri or slot.strides[-1] != 1:
+        return None
+    outside = len(shape) - 2  # (the loops the kernel's rows and values may read the indices of)
+    moving = [e for e in (shape[-2], shape[-1], slot.strides[-2])
+              if (isinstance(e, Extent) and outside == 0)
+              or (isinstance(e, ActiveBatch) and e.loop is not None and e.loop >= outside)]
+    if moving:
+        return None
+    joint = full_passes(shape, (slot,))
+    return per_pass(shape, call("clear_rows", y=loop_start(slot, 2, grad=True), y_j=slot.strides[-2],
+                                J=shape[-2], S=samples(shape, joint)), joint)
 
 
 def placed(statement):

@@ -46,8 +46,10 @@ class ReadGradient:
 
 @dataclass(frozen=True)
 class ClearGradient:
-    """The group's gradient set back to 0 once read (codegen/write/backward.py's Plain, clears)."""
+    """The group's gradient set back to 0 once read (codegen/write/backward.py's Plain, clears);
+    `slot`, its Affine (a nest of clears alone may be kernel calls: loops.cleared)."""
     at: str
+    slot: object = None
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,24 @@ KERNEL void add_range(real *restrict y, real alpha, long n)
         y[i] += alpha;
 }
 
+/* J rows of S values, y_j apart, set to 0: a gradient's rows cleared once read (codegen/write/
+ * loops.py's cleared), one memset where the rows lie end to end (a layer's gradients over a
+ * batch's full positions), else one a row, or a loop for rows shorter than CLEAR_RUN_MIN values
+ * (a position's few samples), where a call costs more than the stores. */
+#define CLEAR_RUN_MIN 64
+KERNEL void clear_rows(real *y, long y_j, long J, long S)
+{
+    if (J == 1 || y_j == S)
+        memset(y, 0, (size_t)(J * S) * sizeof(real));
+    else if (S >= CLEAR_RUN_MIN)
+        for (long j = 0; j < J; j++)
+            memset(y + j * y_j, 0, (size_t)S * sizeof(real));
+    else
+        for (long j = 0; j < J; j++)
+            for (long s = 0; s < S; s++)
+                y[j * y_j + s] = 0;
+}
+
 /* Sequential, so repeated offsets accumulate correctly. */
 KERNEL void add_offsets(real *y, const int32_t *oy, real alpha, long n)
 {
