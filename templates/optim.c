@@ -87,6 +87,24 @@ typedef real vec64 __attribute__((vector_size(64)));
 ADAM_PASSES(adam_pass_sse2, , vec16, SQRT16)
 ADAM_PASSES(adam_pass_avx, __attribute__((target("avx"))), vec32, SQRT32)
 ADAM_PASSES(adam_pass_avx512, __attribute__((target("avx512f"))), vec64, SQRT64)
+/* The batch's mean of the gradients, g / by in vectors of vec_t (divided in reals, not in the
+ * double of mean_division's remaining ones: the same bits, below); returns how many it divided. */
+#define DIVIDE_PASS(name, attributes, vec_t)                                                       \
+    static attributes long name(real *restrict g, long n, real by)                                \
+    {                                                                                              \
+        const long lanes = (long)(sizeof(vec_t) / sizeof(real));                                   \
+        long i = 0;                                                                                \
+        for (; i + lanes <= n; i += lanes) {                                                       \
+            vec_t G;                                                                               \
+            memcpy(&G, g + i, sizeof G);                                                           \
+            G = G / by;                                                                            \
+            memcpy(g + i, &G, sizeof G);                                                           \
+        }                                                                                          \
+        return i;                                                                                  \
+    }
+DIVIDE_PASS(divide_pass_sse2, , vec16)
+DIVIDE_PASS(divide_pass_avx, __attribute__((target("avx"))), vec32)
+DIVIDE_PASS(divide_pass_avx512, __attribute__((target("avx512f"))), vec64)
 #define ADAM_WIDTH(name, decoupled, l2)                                                            \
     ((decoupled) ? name##_decoupled(p, g, m, v, n, k, clear)                                       \
      : (l2) ? name##_l2(p, g, m, v, n, k, clear) : name##_plain(p, g, m, v, n, k, clear))
@@ -108,6 +126,27 @@ static long adam_vectors(real *p, real *g, real *m, real *v, long n, AdamScalars
     (void)p, (void)g, (void)m, (void)v, (void)n, (void)k, (void)clear, (void)decoupled, (void)l2;
     return 0;
 #endif
+}
+
+/* g[0..n) divided by mean_of (a batch's sum of gradients: its mean), each as g[i] /= mean_of:
+ * in vectors of reals where mean_of is a real (a count of samples), whose quotient rounded once
+ * to float32 is the double's rounded twice (53 bits hold 2 x 24 + 2: the double rounding of a
+ * quotient is innocuous), the rest one by one. GCC -O2 leaves the loop of double divisions scalar:
+ * 2.8% of the bigger GPT's step (Zen 5), its Adam pass beside it 0.6%. */
+static void mean_division(real *restrict g, long n, double mean_of)
+{
+    long i = 0;
+#if defined(ADAM_VECTOR_PASSES) && !defined(MEAN_DIVISION_ONE_BY_ONE) /* (tests/test_optim.py sets it) */
+    const real by = (real)mean_of;
+    if ((double)by == mean_of)
+        switch (ADAM_VECTOR_BYTES) {
+        case 64: i = divide_pass_avx512(g, n, by); break;
+        case 32: i = divide_pass_avx(g, n, by); break;
+        default: i = divide_pass_sse2(g, n, by); break;
+        }
+#endif
+    for (; i < n; i++)
+        g[i] /= mean_of;
 }
 
 /* The loops of one kind of step, each specialised by its callers' constants (DECAY: weight decay
@@ -172,8 +211,7 @@ static SPECIALISED void optimizer_rows_of(const StepRows *a, long first, long la
     const real rate = a->rate, weight_decay = (real)o->weight_decay;
     const int decay = o->weight_decay != 0.0;
     if (a->mean_of != 1.0)
-        for (long i = 0; i < n; i++)
-            g[i] /= a->mean_of;
+        mean_division(g, n, a->mean_of);
     if (o->kind == 0) {
         if (decay)
             sgd_loop(p, g, n, rate, weight_decay, 1, clear);

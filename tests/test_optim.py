@@ -213,6 +213,45 @@ def test_train_follows_the_reference(name, batch_size, compiler):
         assert_close(np.asarray(net.optimizer_state[key]), np.asarray(value, dtype=float), key)
 
 
+def test_a_float32_quotient_rounded_once_is_the_doubles_rounded_twice():
+    """templates/optim.c's mean_division divides float32 gradients by the batch's size in float32
+    vectors where `g[i] /= mean_of` divided in double and rounded that to float32: the same bits,
+    as 53 bits hold 2 x 24 + 2 (a quotient's double rounding is innocuous). Checked over float32
+    values of every magnitude, signs, zeros, infinities and the normal numbers' ends, by counts up
+    to 1,000 and the powers of two."""
+    rng = np.random.default_rng(5)
+    g = (rng.uniform(1, 2, 20_000) * 2.0 ** rng.integers(-126, 128, 20_000)).astype(np.float32)
+    g = np.concatenate([g, -g, np.float32([0.0, -0.0, np.inf, -np.inf, np.finfo(np.float32).tiny,
+                                           np.finfo(np.float32).max, 1.0, 3.0])])
+    for by in [*range(1, 1001), 2 ** 20, 2 ** 24]:
+        rounded_twice = (g.astype(np.float64) / by).astype(np.float32)
+        rounded_once = g / np.float32(by)
+        assert np.array_equal(rounded_twice.view(np.uint32), rounded_once.view(np.uint32)), by
+
+
+@pytest.mark.parametrize("family", ["gcc", "clang", "zig"])
+def test_the_batchs_mean_in_vectors_is_the_doubles_bits(family, tmp_path):
+    """train()'s mean of a batch's gradients divides them in vectors of the module's reals
+    (templates/optim.c's mean_division): float32 and float64, batches of 5 and 7 and a last one
+    short, Adam's steps: the same bits as a build that divides them one by one, in double
+    (MEAN_DIVISION_ONE_BY_ONE)."""
+    build, init, rows = model_case()
+    X, Y = np.ascontiguousarray(rows[:, :3]), np.ascontiguousarray(rows[:, 3:])
+    compiler = find_compiler(requires(family)).argv
+    for dtype in ("float32", "float64"):
+        trained = []
+        for one_by_one in (False, True):
+            forced = shlex.join([*compiler, *(["-DMEAN_DIVISION_ONE_BY_ONE"] if one_by_one else [])])
+            params, inputs = [Value(float(x)) for x in init], [Value(0.0) for _ in range(4)]
+            net = codegen.compile(build(params, inputs), inputs, params, optimizer=codegen.Adam(), compiler=forced,
+                                  fuse=False, dtype=dtype, batch=8, tiered=False)
+            for batch_size in (5, 7):
+                net.train(X, Y, 0.05, batch_size=batch_size)
+            trained.append(np.asarray(net.params).copy())
+        assert not np.array_equal(trained[0], np.asarray(init, dtype=trained[0].dtype))  # (it stepped)
+        np.testing.assert_array_equal(trained[0], trained[1])
+
+
 def torch_optimizer(torch, optimizer, tensor):
     if isinstance(optimizer, codegen.SGD):
         return torch.optim.SGD([tensor], lr=1.0, momentum=optimizer.momentum, nesterov=optimizer.nesterov,
