@@ -455,6 +455,39 @@ def test_the_weighted_sums_rows_are_their_calls_bits(compiler, dtype, monkeypatc
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
+def test_a_repeated_lanes_call_is_one_call_of_two_rows_bits(compiler, dtype, monkeypatch, tmp_path):
+    """RMSNorm's sum of squares, x times x, gives its gradient to x twice: the same
+    axpy_offsets_lanes call twice a position, which is one axpy_offsets_lanes_rows call of two
+    rows, every step 0 (codegen/write/rows.py's axpy_calls_repeated): each target's two terms added
+    in a register in the calls' order. Three norms of 40 features, 20 documents of mixed lengths on
+    32 lanes (AVX-512's
+    64-byte blocks where the CPU has it, narrower blocks, single lanes): two steps and the
+    gradients after them, the same bits as the two calls."""
+    from codegen.write import backward
+    docs = [d[:k] for d in LANES_DOCS for k in (len(d), 1 + len(d) // 2)][:20]
+    doc, options, X, Y = _lanes_case(dtype, batch=32, n_embd=40, docs=docs)  # (sums of 40 terms: calls)
+    stepped = []
+    for merged in (True, False):
+        with monkeypatch.context() as patch:
+            if not merged:
+                patch.setattr(backward, "axpy_calls_repeated", lambda *_: None)
+            units = "\n".join(map(str, codegen.generate(doc.loss, **options)))
+            repeated = re.findall(r"axpy_offsets_lanes_rows\(g \+ [^,]*, offsets_\d+, 0, g \+ [^,]*, 0, d \+ [^;]*, 2\);", units)
+            assert (len(repeated), units.count("axpy_offsets_lanes(g +")) == ((3, 0) if merged else (0, 6))
+            net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False,
+                                  cache=seeded_cache(tmp_path / str(merged), compiler, dtypes=(dtype,)))
+            assert not net.build.cached
+        loss, after = _two_steps(net, X, Y, batch_size=len(docs))
+        net.zero_grad()
+        net.gradients(X, Y)
+        stepped.append((loss, after, np.asarray(net.grad)[:net.n_params].copy()))
+    (loss, after, grads), (loss_calls, after_calls, grads_calls) = stepped
+    assert loss == loss_calls
+    np.testing.assert_array_equal(after, after_calls)
+    np.testing.assert_array_equal(grads, grads_calls)
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
 def test_the_gradients_cleared_by_rows_are_the_loops_bits(compiler, dtype, monkeypatch, tmp_path):
     """A gradient cleared once read in a nest of its own (after the products that read it) is a
     clear_rows call a pass (codegen/write/loops.py's cleared): the first positions that every

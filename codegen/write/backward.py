@@ -24,7 +24,7 @@ from .convolution import convolution
 from .kernels import Call, call
 from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, cleared, data_at,
                     fused_gradient, grad_at, guarded, loop_nest, neurons, placed, short, slot_index, unrolled)
-from .rows import AxpyLanes, axpy_calls_as_rows
+from .rows import AxpyLanes, axpy_calls_as_rows, axpy_calls_repeated
 from .sides import TrackedRow
 from .statements import Statements
 from .tree import Assign, Block, ClearGradient, Copy, If, ReadGradient, nest
@@ -186,7 +186,7 @@ class Backward(Statements):
         if isinstance(mode, Plain) and contributions and all(c.lanes for c in contributions):
             lanes = [c.lanes for c in contributions]  # (no innermost loop: no `go` read in it)
             each = [s.call(g.shape) for s in lanes]
-            calls = (axpy_calls_as_rows(g.shape, lanes)
+            calls = (axpy_calls_as_rows(g.shape, lanes) or axpy_calls_repeated(g.shape, lanes)
                      or ([nest(g.shape[:-1], each, braced=len(each) > 1)] if len(g.shape) > 1 else each))
             return calls + self._cleared(g, mode), None
         for c in contributions:

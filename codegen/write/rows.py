@@ -82,6 +82,29 @@ def axpy_calls_as_rows(shape, sums):
     return [nest(shape[:-2], calls, braced=len(calls) > 1)]
 
 
+def axpy_calls_repeated(shape, sums):
+    """The AxpyLanes `sums` where they are one call repeated (a square's gradient, go * x into x's
+    gradient once for each of its two factors: RMSNorm's sum of squares), a call each at each
+    point of shape's loops outside the lanes, as one axpy_offsets_lanes_rows call of that many
+    rows, every step 0: each target's two terms added in a register, in the calls' order, where
+    the calls read and wrote every target twice; None where that is not the same (a target two
+    terms reach, whose terms would interleave; a target that is the alpha)."""
+    if len(sums) < 2 or any(s != sums[0] for s in sums) or not shape or not isinstance(shape[-1], BatchExtent):
+        return None
+    s, capacity = sums[0], int(shape[-1])
+    if s.y.start.strides[-1] != 1 or s.alpha.strides[-1] != 1 or s.x.start.strides[-1] != 1:
+        return None
+    points = np.column_stack([grid(shape[:-1]), np.zeros((len(grid(shape[:-1])), 1), dtype=np.int64)])
+    targets = slots_at(s.y.start, points)[:, None] + np.asarray(s.y.offsets, dtype=np.int64)[None, :]
+    if not (apart(targets, capacity) and clear(targets, slots_at(s.alpha, points)[:, None], capacity)):
+        return None
+    oy, ox = s.names
+    at = lambda affine, grad=False: loop_start(affine, 1, grad=grad)  # noqa: E731 (the lanes' index at 0)
+    return [nest(shape[:-1], [call("axpy_offsets_lanes_rows", y=at(s.y.start, True), oy=oy, y_step=0,
+                                   alpha=at(s.alpha, True), alpha_step=0, x=at(s.x.start), ox=ox, x_step=0,
+                                   n=s.x.n, lanes=str(shape[-1]), rows=len(sums))], braced=False)]
+
+
 def _rows(shape, *affines):
     """Whether shape's loop inside the lanes' is a plain one (a count known here) that the lanes'
     count, the loops outside it and the affines' steps along it do not depend on."""
