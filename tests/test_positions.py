@@ -395,6 +395,32 @@ def _two_steps(net, X, Y, batch_size=8):
     return loss, after
 
 
+def _bits_with_and_without(case, turn_off, check, compiler, dtype, monkeypatch, tmp_path, batch_size=8):
+    """A batched case (_lanes_case's) built as it is and with a rewrite turned off (turn_off(patch),
+    patch: monkeypatch's context), each in a cache of its own (a build is found by the graph's
+    structure), check(units, on) asserting on each one's C: two train() steps, then a batch's
+    gradients (Adam's steps from the first are near lr * sign(gradient): the gradients too), the
+    same bits both ways."""
+    doc, options, X, Y = case
+    results = []
+    for on in (True, False):
+        with monkeypatch.context() as patch:
+            if not on:
+                turn_off(patch)
+            check("\n".join(map(str, codegen.generate(doc.loss, **options))), on)
+            net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False,
+                                  cache=seeded_cache(tmp_path / str(on), compiler, dtypes=(dtype,)))
+            assert not net.build.cached
+        loss, after = _two_steps(net, X, Y, batch_size=batch_size)
+        net.zero_grad()
+        net.gradients(X, Y)
+        results.append((loss, after, np.asarray(net.grad)[:net.n_params].copy()))
+    (loss, after, grads), (loss_off, after_off, grads_off) = results
+    assert loss == loss_off
+    np.testing.assert_array_equal(after, after_off)
+    np.testing.assert_array_equal(grads, grads_off)
+
+
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
 def test_a_batchs_lanes_are_its_calls_bits(compiler, dtype, monkeypatch, tmp_path):
     """The batch's loops of dot_offsets and axpy_offsets calls (a call a sample: the attention's
@@ -402,23 +428,15 @@ def test_a_batchs_lanes_are_its_calls_bits(compiler, dtype, monkeypatch, tmp_pat
     (templates/kernels/axpy.c's *_lanes), whose lanes sum what each call summed in its order:
     train()'s steps are the same bits as with the calls (loops.along_lanes turned off)."""
     from codegen.write import backward, forward
-    doc, options, X, Y = _lanes_case(dtype)
-    stepped = []
-    for lanes in (True, False):
-        with monkeypatch.context() as patch:
-            if not lanes:
-                for module in (forward, backward):
-                    patch.setattr(module, "along_lanes", lambda *_: False)
-            units = "\n".join(map(str, codegen.generate(doc.loss, **options)))
-            assert bool(re.search(r"dot_offsets_lanes(_rows)?\(d \+", units)
-                        and re.search(r"axpy_offsets_lanes(_rows)?\(g \+", units)) == lanes
-            net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False,
-                                  cache=seeded_cache(tmp_path / str(lanes), compiler, dtypes=(dtype,)))
-            assert not net.build.cached  # (a build is found by the graph's structure: each its own cache)
-        stepped.append(_two_steps(net, X, Y))
-    (loss, after), (loss_calls, after_calls) = stepped
-    assert loss == loss_calls
-    np.testing.assert_array_equal(after, after_calls)
+
+    def turn_off(patch):
+        for module in (forward, backward):
+            patch.setattr(module, "along_lanes", lambda *_: False)
+
+    def check(units, lanes):
+        assert bool(re.search(r"dot_offsets_lanes(_rows)?\(d \+", units)
+                    and re.search(r"axpy_offsets_lanes(_rows)?\(g \+", units)) == lanes
+    _bits_with_and_without(_lanes_case(dtype), turn_off, check, compiler, dtype, monkeypatch, tmp_path)
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
@@ -431,27 +449,16 @@ def test_the_weighted_sums_rows_are_their_calls_bits(compiler, dtype, monkeypatc
     after them, the same bits as the calls a row."""
     from codegen.write import backward, forward
     docs = [d[:k] for d in LANES_DOCS for k in (len(d), 1 + len(d) // 2)][:20]
-    doc, options, X, Y = _lanes_case(dtype, batch=32, n_embd=6, docs=docs)
-    stepped = []
-    for rows in (True, False):
-        with monkeypatch.context() as patch:
-            if not rows:
-                patch.setattr(forward, "dot_calls_as_rows", lambda *_: None)
-                patch.setattr(backward, "axpy_calls_as_rows", lambda *_: None)
-            units = "\n".join(map(str, codegen.generate(doc.loss, **options)))
-            assert (units.count("dot_offsets_lanes_rows(d +"), units.count("axpy_offsets_lanes_rows(g +")) == (
-                (1, 2) if rows else (0, 0))
-            net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False,
-                                  cache=seeded_cache(tmp_path / str(rows), compiler, dtypes=(dtype,)))
-            assert not net.build.cached
-        loss, after = _two_steps(net, X, Y, batch_size=len(docs))
-        net.zero_grad()
-        net.gradients(X, Y)  # (Adam's steps from the first are near lr * sign(gradient): the gradients too)
-        stepped.append((loss, after, np.asarray(net.grad)[:net.n_params].copy()))
-    (loss, after, grads), (loss_calls, after_calls, grads_calls) = stepped
-    assert loss == loss_calls
-    np.testing.assert_array_equal(after, after_calls)
-    np.testing.assert_array_equal(grads, grads_calls)
+
+    def turn_off(patch):
+        patch.setattr(forward, "dot_calls_as_rows", lambda *_: None)
+        patch.setattr(backward, "axpy_calls_as_rows", lambda *_: None)
+
+    def check(units, rows):
+        assert (units.count("dot_offsets_lanes_rows(d +"), units.count("axpy_offsets_lanes_rows(g +")) == (
+            (1, 2) if rows else (0, 0))
+    _bits_with_and_without(_lanes_case(dtype, batch=32, n_embd=6, docs=docs), turn_off, check, compiler, dtype,
+                           monkeypatch, tmp_path, batch_size=len(docs))
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
@@ -460,31 +467,17 @@ def test_a_repeated_lanes_call_is_one_call_of_two_rows_bits(compiler, dtype, mon
     axpy_offsets_lanes call twice a position, which is one axpy_offsets_lanes_rows call of two
     rows, every step 0 (codegen/write/rows.py's axpy_calls_repeated): each target's two terms added
     in a register in the calls' order. Three norms of 40 features, 20 documents of mixed lengths on
-    32 lanes (AVX-512's
-    64-byte blocks where the CPU has it, narrower blocks, single lanes): two steps and the
-    gradients after them, the same bits as the two calls."""
+    32 lanes (AVX-512's 64-byte blocks where the CPU has it, narrower blocks, single lanes): two
+    steps and the gradients after them, the same bits as the two calls."""
     from codegen.write import backward
     docs = [d[:k] for d in LANES_DOCS for k in (len(d), 1 + len(d) // 2)][:20]
-    doc, options, X, Y = _lanes_case(dtype, batch=32, n_embd=40, docs=docs)  # (sums of 40 terms: calls)
-    stepped = []
-    for merged in (True, False):
-        with monkeypatch.context() as patch:
-            if not merged:
-                patch.setattr(backward, "axpy_calls_repeated", lambda *_: None)
-            units = "\n".join(map(str, codegen.generate(doc.loss, **options)))
-            repeated = re.findall(r"axpy_offsets_lanes_rows\(g \+ [^,]*, offsets_\d+, 0, g \+ [^,]*, 0, d \+ [^;]*, 2\);", units)
-            assert (len(repeated), units.count("axpy_offsets_lanes(g +")) == ((3, 0) if merged else (0, 6))
-            net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False,
-                                  cache=seeded_cache(tmp_path / str(merged), compiler, dtypes=(dtype,)))
-            assert not net.build.cached
-        loss, after = _two_steps(net, X, Y, batch_size=len(docs))
-        net.zero_grad()
-        net.gradients(X, Y)
-        stepped.append((loss, after, np.asarray(net.grad)[:net.n_params].copy()))
-    (loss, after, grads), (loss_calls, after_calls, grads_calls) = stepped
-    assert loss == loss_calls
-    np.testing.assert_array_equal(after, after_calls)
-    np.testing.assert_array_equal(grads, grads_calls)
+
+    def check(units, merged):
+        repeated = re.findall(r"axpy_offsets_lanes_rows\(g \+ [^,]*, offsets_\d+, 0, g \+ [^,]*, 0, d \+ [^;]*, 2\);", units)
+        assert (len(repeated), units.count("axpy_offsets_lanes(g +")) == ((3, 0) if merged else (0, 6))
+    case = _lanes_case(dtype, batch=32, n_embd=40, docs=docs)  # (sums of 40 terms: calls)
+    _bits_with_and_without(case, lambda patch: patch.setattr(backward, "axpy_calls_repeated", lambda *_: None),
+                           check, compiler, dtype, monkeypatch, tmp_path, batch_size=len(docs))
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
@@ -499,28 +492,17 @@ def test_the_gradients_cleared_by_rows_are_the_loops_bits(compiler, dtype, monke
     from codegen.write import backward, loops
     full, long = ([(d * 10)[:n + k % 2] for k, d in enumerate(LANES_DOCS[:8])] for n in (9, 7))
     mixed = [d[:k] for d in LANES_DOCS for k in (len(d), 1 + len(d) // 2)][:8]
-    doc, options, X, Y = _lanes_case(dtype, docs=full + long + mixed)
-    stepped = []
-    for rows in (True, False):
-        with monkeypatch.context() as patch:
-            if not rows:
-                nest = lambda shape, clears: loops.loop_nest(shape, clears, independent=True)  # noqa: E731
-                patch.setattr(loops, "cleared", nest)
-                patch.setattr(backward, "cleared", nest)
-            units = "\n".join(map(str, codegen.generate(doc.loss, **options)))
-            calls = re.findall(r"clear_rows\(g \+ \d+ \+ \d+ \* i0, \d+, \d+, \(i0 < f0 \? f0 \* 8 : ", units)
-            assert (len(calls) >= 2) == rows and ("clear_rows(g" in units) == rows
-            net = codegen.compile(doc.loss, **options, compiler=compiler, tiered=False,
-                                  cache=seeded_cache(tmp_path / str(rows), compiler, dtypes=(dtype,)))
-            assert not net.build.cached
-        loss, after = _two_steps(net, X, Y)
-        net.zero_grad()
-        net.gradients(X, Y)
-        stepped.append((loss, after, np.asarray(net.grad)[:net.n_params].copy()))
-    (loss, after, grads), (loss_loops, after_loops, grads_loops) = stepped
-    assert loss == loss_loops
-    np.testing.assert_array_equal(after, after_loops)
-    np.testing.assert_array_equal(grads, grads_loops)
+
+    def turn_off(patch):
+        nest = lambda shape, clears: loops.loop_nest(shape, clears, independent=True)  # noqa: E731
+        patch.setattr(loops, "cleared", nest)
+        patch.setattr(backward, "cleared", nest)
+
+    def check(units, rows):
+        calls = re.findall(r"clear_rows\(g \+ \d+ \+ \d+ \* i0, \d+, \d+, \(i0 < f0 \? f0 \* 8 : ", units)
+        assert (len(calls) >= 2) == rows and ("clear_rows(g" in units) == rows
+    _bits_with_and_without(_lanes_case(dtype, docs=full + long + mixed), turn_off, check, compiler, dtype,
+                           monkeypatch, tmp_path)
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"], compilers=OPTIMISING)),
