@@ -86,15 +86,16 @@ def axpy_calls_repeated(shape, sums):
     """The AxpyLanes `sums` where they are one call repeated (a square's gradient, go * x into x's
     gradient once for each of its two factors: RMSNorm's sum of squares), a call each at each
     point of shape's loops outside the lanes, as one axpy_offsets_lanes_rows call of that many
-    rows, every step 0: each target's two terms added in a register, in the calls' order, where
-    the calls read and wrote every target twice; None where that is not the same (a target two
-    terms reach, whose terms would interleave; a target that is the alpha)."""
+    rows, every step 0: each target's terms added in a register, in the calls' order, where the
+    calls read and wrote every target once each; None where that is not the same (a target two
+    terms of a call reach, whose terms would interleave; a target that is the alpha)."""
     if len(sums) < 2 or any(s != sums[0] for s in sums) or not shape or not isinstance(shape[-1], BatchExtent):
         return None
     s, capacity = sums[0], int(shape[-1])
     if s.y.start.strides[-1] != 1 or s.alpha.strides[-1] != 1 or s.x.start.strides[-1] != 1:
         return None
-    points = np.column_stack([grid(shape[:-1]), np.zeros((len(grid(shape[:-1])), 1), dtype=np.int64)])
+    outside = grid(shape[:-1])
+    points = np.column_stack([outside, np.zeros((len(outside), 1), dtype=np.int64)])  # (lane 0)
     targets = slots_at(s.y.start, points)[:, None] + np.asarray(s.y.offsets, dtype=np.int64)[None, :]
     if not (apart(targets, capacity) and clear(targets, slots_at(s.alpha, points)[:, None], capacity)):
         return None
