@@ -77,6 +77,18 @@ void call_dot_lanes_rows(real *out, long out_step, const real *a, const int32_t 
         dot_offsets_lanes(out + r * out_step, a, oa, b + r * b_step, ob, n, lanes);
 }
 void call_clear_rows(real *y, long y_j, long J, long S) { clear_rows(y, y_j, J, S); }
+void call_largest_lanes(real *out, real *g, const real *x, long step, long n, const real *go, long lanes, int by_lane)
+{
+    if (!by_lane) {
+        largest_lanes(out, x, step, n, lanes);
+        add_to_largest_lanes(g, x, step, n, go, lanes);
+    }
+    for (long l = 0; by_lane && l < lanes; l++) {
+        const long k = largest_at(x + l, step, n);
+        out[l] = x[l + step * k];
+        g[l + step * k] += go[l];
+    }
+}
 void call_row_one_by_one(int f, real *y, const real *x, long n)
 { for (long i = 0; i < n; i++) y[i] = (real)(f == 2 ? sigmoid_value(x[i]) : f ? tanh_value(x[i]) : exp_value(x[i])); }
 """
@@ -100,6 +112,7 @@ void call_axpy_lanes_rows(real *y, const int32_t *oy, long y_step, const real *a
 void call_dot_lanes_rows(real *out, long out_step, const real *a, const int32_t *oa, const real *b, long b_step,
                          const int32_t *ob, long n, long lanes, long rows, int by_row);
 void call_clear_rows(real *y, long y_j, long J, long S);
+void call_largest_lanes(real *out, real *g, const real *x, long step, long n, const real *go, long lanes, int by_lane);
 void call_row_one_by_one(int f, real *y, const real *x, long n);
 """
 CHUNK = 8  # values per chunk of the nonzero lists
@@ -327,6 +340,44 @@ def test_dot_over_rows_is_its_calls_bits(compiler, dtype, lanes, native):
                                         n * stride, pointer(ffi, ob), n, lanes, rows, by_row)
             assert np.array_equal(by_call.view(bits), by_rows.view(bits)), (n, rows, by_call - by_rows)
     print(f"dot_offsets_lanes_rows vs calls, {compiler} {dtype} lanes={lanes} native={native}: the same bits")
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("lanes", LANES)
+def test_a_maximum_over_lanes_is_largest_at_lane_by_lane_bits(compiler, dtype, lanes, native):
+    """largest_lanes and add_to_largest_lanes (templates/kernels/axpy.c: a maximum a sample over
+    the batch's lanes) against largest_at lane by lane, bit for bit: the largest, and go added to
+    the gradient of the candidate it is; the first of equals (-0 and +0 among them), a NaN never
+    picked after the first candidate and kept as the first, infinities; 1 to 40 candidates, spaced
+    forward and backward; the candidates of NumPy's argmax where no NaN is."""
+    ffi, lib = kernels(compiler, dtype, native)
+    real = DTYPES[dtype].numpy.type
+    bits = np.uint64 if real == np.float64 else np.uint32
+    rng = np.random.default_rng(100 + lanes)
+    for n, step in ((1, 0), (2, 48), (5, 48), (17, 40), (28, 512), (40, -48)):
+        size = abs(step) * n + 64
+        start = abs(step) * (n - 1) if step < 0 else 0
+        x = rng.integers(-3, 4, size).astype(real)  # (small integers: many equal candidates)
+        x[rng.random(size) < 0.05] = -0.0
+        at = [start + k * step for k in range(n)]
+        if n > 2:
+            x[at[0]] = np.nan  # lane 0: a NaN first (kept)
+            x[at[1] + lanes - 1] = np.nan  # the last lane: a NaN later (never picked)
+            x[at[n - 1] + lanes // 2] = np.inf
+        go = rng.uniform(-1, 1, lanes).astype(real)
+        g = rng.uniform(-1, 1, size).astype(real)
+        by_lanes, by_calls = [(np.full(lanes + 3, 7, real), g.copy()) for _ in range(2)]
+        for (out, grad), by_lane in ((by_calls, 1), (by_lanes, 0)):
+            lib.call_largest_lanes(pointer(ffi, out), pointer(ffi, grad[start:]), pointer(ffi, x[start:]), step, n,
+                                   pointer(ffi, go), lanes, by_lane)
+        for ours, theirs in zip(by_lanes, by_calls):
+            assert np.array_equal(ours.view(bits), theirs.view(bits)), (n, step, ours - theirs)
+        assert (by_lanes[0][lanes:] == 7).all()  # nothing written past the lanes
+        candidates = x[np.add.outer(np.array(at), np.arange(lanes))]
+        plain = ~np.isnan(candidates).any(axis=0)
+        assert np.array_equal(by_lanes[0][:lanes][plain], candidates.max(axis=0)[plain])
+    print(f"largest_lanes and add_to_largest_lanes vs largest_at, {compiler} {dtype} lanes={lanes} native={native}: "
+          f"the same bits")
 
 
 def test_clear_rows_sets_its_rows_to_zero_and_nothing_else(compiler, dtype):

@@ -481,6 +481,25 @@ def test_a_repeated_lanes_call_is_one_call_of_two_rows_bits(compiler, dtype, mon
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
+def test_a_maximum_over_lanes_is_largest_at_lane_by_lane_bits(compiler, dtype, monkeypatch, tmp_path):
+    """A maximum a sample in a batch's loop (the softmax's largest logit over the attention's keys,
+    and over the vocabulary in the loss) is one largest_lanes call over the lanes forward and one
+    add_to_largest_lanes backward (statements.py's _largest_lanes), each lane's compares in
+    largest_at's order. 20 documents of mixed lengths on 32 lanes (AVX-512's 64-byte blocks where
+    the CPU has it, narrower blocks, single lanes): two steps and the gradients after them, the
+    same bits as largest_at a lane."""
+    from codegen.write.statements import Statements
+    docs = [d[:k] for d in LANES_DOCS for k in (len(d), 1 + len(d) // 2)][:20]
+
+    def check(units, lanes):
+        calls = (units.count("largest_lanes(d +"), units.count("add_to_largest_lanes(g +"), units.count("largest_at(d +"))
+        assert calls == ((2, 2, 4) if lanes else (0, 0, 8)), calls  # (and the one-sample program's 4)
+    _bits_with_and_without(_lanes_case(dtype, batch=32, n_embd=6, docs=docs),
+                           lambda patch: patch.setattr(Statements, "_largest_lanes", lambda *_: None), check,
+                           compiler, dtype, monkeypatch, tmp_path, batch_size=len(docs))
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
 def test_the_gradients_cleared_by_rows_are_the_loops_bits(compiler, dtype, monkeypatch, tmp_path):
     """A gradient cleared once read in a nest of its own (after the products that read it) is a
     clear_rows call a pass (codegen/write/loops.py's cleared): the first positions that every

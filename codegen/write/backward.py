@@ -22,7 +22,7 @@ from ..lower.types import OP, PARAM, BatchExtent, Bounded
 from ..lower.vector import progression
 from .convolution import convolution
 from .kernels import Call, call
-from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, cleared, data_at,
+from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, at_start, cleared, data_at,
                     fused_gradient, grad_at, guarded, loop_nest, neurons, placed, short, slot_index, unrolled)
 from .rows import AxpyLanes, axpy_calls_as_rows, axpy_calls_repeated
 from .sides import TrackedRow
@@ -158,11 +158,17 @@ class Backward(Statements):
         ops, node = g.operands, g.first
         out_grad = grad_at(ops.out)
         if node.kind == OP and node.op.selects:  # the gradient goes to the operand picked only
+            if not any(x.needs_grad for x in node.args[node.op.first_choice:]):
+                return loop_nest(g.shape, self._clear(g, mode)), None
+            lanes = self._largest_lanes(g)
+            if lanes:
+                go = f"g + {slot_index(at_start(ops.out), grad=True)}"
+                picked = call("add_to_largest_lanes", g=lanes["y"], x=lanes["x"], step=lanes["step"], n=lanes["n"], go=go,
+                              lanes=lanes["lanes"])
+                return [nest(g.shape[:-1], [picked], braced=False)] + self._cleared(g, mode), None
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
-            grads = []
-            if any(x.needs_grad for x in node.args[node.op.first_choice:]):
-                grads.append(Assign(self._picked(node.op, ops, grad=True), self._times_local(node, 0, names, out_grad), "+="))
-            return loop_nest(g.shape, grads + self._clear(g, mode)), None
+            grad = Assign(self._picked(node.op, ops, grad=True), self._times_local(node, 0, names, out_grad), "+=")
+            return loop_nest(g.shape, [grad] + self._clear(g, mode)), None
         body = Body()
         if node.kind == OP:
             names = dict(self._op_names(node, ops), out=data_at(ops.out))

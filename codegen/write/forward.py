@@ -64,6 +64,10 @@ class Forward(Statements):
             row = _row_kernel(g, node.op.row_kernel, ops)
             if row:
                 return [row]
+            lanes = self._largest_lanes(g)
+            if lanes:
+                return [nest(g.shape[:-1], [call("largest_lanes", out=f"d + {slot_index(at_start(ops.out))}", x=lanes["x"],
+                                                 step=lanes["step"], n=lanes["n"], lanes=lanes["lanes"])], braced=False)]
             names = self._op_names(node, ops)
             value = self._op_c(node, node.op.value, names)
         else:

@@ -10,7 +10,7 @@ import collections
 from . import dtypes
 from .dtypes import c_literal
 from .kernels import call
-from .loops import operand, slot_index
+from .loops import along_lanes, at_start, operand, slot_index
 from .tree import Assign
 
 
@@ -62,15 +62,12 @@ class Statements:
         any forward: templates/samples.c's check_index), or the largest candidate's (the first of
         equals), found again in backward from the values forward left. A family's growing list of
         candidates (ops.choices) is its longest's first ops.choices."""
-        args = ops.args
-        choices = args[op.first_choice:]
-        first, n = choices[0], ops.choices or len(choices)
-        at = [a.base - first.base for a in choices]
-        offsets = [a.grad_offset() - first.grad_offset() for a in choices] if grad else at
+        first, n, at, grads = self._candidates(op, ops)
+        offsets = grads if grad else at
         step = at[1] if n > 1 else 0
         table = None if at == [step * k for k in range(n)] else self.tables.offsets(at)
         if op.selects == "index":
-            i = call("gather_index", x=operand(args[0], self.dtype), n=n)
+            i = call("gather_index", x=operand(ops.args[0], self.dtype), n=n)
         elif table is None:
             i = call("largest_at", x=f"d + {slot_index(first)}", step=step, n=n)
         else:
@@ -79,6 +76,31 @@ class Statements:
             table = self.tables.offsets(offsets)
         offset = f"{table}[{i}]" if table else f"{step} * {i}" if step != 1 else i
         return f"{'g' if grad else 'd'}[{slot_index(first, grad=grad)} + {offset}]"
+
+    @staticmethod
+    def _candidates(op, ops):
+        """An op that selects: its first candidate (an Affine), their count (see _picked), and each
+        one's slot from the first's, of its value and of its gradient."""
+        choices = ops.args[op.first_choice:]
+        first = choices[0]
+        return (first, ops.choices or len(choices), [a.base - first.base for a in choices],
+                [a.grad_offset() - first.grad_offset() for a in choices])
+
+    def _largest_lanes(self, g):
+        """Where group g is a maximum a sample in a batch's loop (a softmax's largest logit over an
+        attention's keys), its candidates evenly spaced (values and gradients alike) and moving
+        with the sample, as its value is: the arguments its lanes kernels share (largest_lanes,
+        add_to_largest_lanes: the same bits as largest_at a lane), with `y`, its first candidate's
+        gradient; else None."""
+        ops, op = g.operands, g.first.op
+        if op.selects != "largest" or op.value != "{a}" or not op.grad_is_one(0):
+            return None
+        first, n, at, grads = self._candidates(op, ops)
+        step = at[1] if n > 1 else 0
+        if at != [step * k for k in range(n)] or grads != at or not along_lanes(g.shape, ops.out, first):
+            return None
+        return {"x": f"d + {slot_index(at_start(first))}", "y": f"g + {slot_index(at_start(first), grad=True)}",
+                "step": step, "n": n, "lanes": str(g.shape[-1])}
 
     def _epilogue(self, node, gradient=False, overwrite=False, in_place=False):
         """The name of a C function (templates/epilogue.c, a templates/kernels/gemm.c Epilogue)

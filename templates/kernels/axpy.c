@@ -157,6 +157,12 @@ KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const 
  * (32 bytes with AVX: compilers.host_vector_flags; 16 with SSE2), so that a block's 8 sums stay
  * in its registers; after the whole blocks a half one (a 16-byte vector), then lane by lane. */
 #define HALF_BLOCK (16 / (long)sizeof(real)) /* a 16-byte vector's lanes */
+#define LANES_MOST (64 / (long)sizeof(real))   /* and a 64-byte one's: the widest block */
+#if REAL_IS_FLOAT
+typedef int32_t lanes_int; /* an integer as wide as a real (a lane's mask, a position) */
+#else
+typedef int64_t lanes_int;
+#endif
 #if defined(__AVX__)
 #define LANE_BLOCK (2 * HALF_BLOCK)
 #else
@@ -195,6 +201,25 @@ LANES_INLINE void dot_offsets_block(real *restrict out, const real *a, const int
     for (long l = 0; l < width; l++)
         out[l] = ((s[0][l] + s[1][l]) + (s[2][l] + s[3][l])) + ((s[4][l] + s[5][l]) + (s[6][l] + s[7][l]));
 }
+
+/* largest_at of a vector's lanes (VEC, MASK: GCC vector types of reals and of lanes_int): each
+ * lane's largest into top, its position into at, its compares in largest_at's order (a NaN never
+ * replaces, nor an equal) and free of branches */
+#define LARGEST_AT_VECTOR(VEC, MASK)                                                               \
+    {                                                                                              \
+        VEC best;                                                                                  \
+        MASK k = {0};                                                                              \
+        memcpy(&best, x, sizeof best);                                                             \
+        for (long i = 1; i < n; i++) {                                                             \
+            VEC v;                                                                                 \
+            memcpy(&v, x + i * step, sizeof v);                                                    \
+            const MASK more = best < v;                                                            \
+            best = (VEC)(((MASK)v & more) | ((MASK)best & ~more));                                 \
+            k = (more & (lanes_int)i) | (k & ~more);                                               \
+        }                                                                                          \
+        memcpy(top, &best, sizeof best);                                                           \
+        memcpy(at, &k, sizeof k);                                                                  \
+    }
 
 /* AVX-512's blocks where the CPU has it (cpu_features): a 64-byte vector of lanes (16 float32
  * samples: microgpt's pass of 16 documents, in one block instead of two), each lane's operations
@@ -298,11 +323,7 @@ LANES_AVX512_FUNCTION dot_offsets_wide_rows(real *out, long out_step, const real
 }
 
 /* where go is 0 (lane by lane) `to` as it was, else `sum`: axpy_offsets' skip of an alpha of 0 */
-#if REAL_IS_FLOAT
-typedef int32_t lanes_mask __attribute__((vector_size(64))); /* (a comparison's lanes: all bits or none) */
-#else
-typedef int64_t lanes_mask __attribute__((vector_size(64)));
-#endif
+typedef lanes_int lanes_mask __attribute__((vector_size(64))); /* (a comparison's lanes: all bits or none) */
 #define UNLESS_ZERO(go, to, sum) ((lanes_vec)(((lanes_mask)(sum) & ~((go) == 0)) | ((lanes_mask)(to) & ((go) == 0))))
 
 /* axpy_offsets_wide for `rows` rows (axpy_offsets_lanes_rows), a lane whose alpha is 0 skipped as
@@ -347,6 +368,10 @@ LANES_AVX512_FUNCTION axpy_offsets_wide_rows(real *restrict y, const int32_t *oy
     }
 }
 #undef UNLESS_ZERO
+
+/* largest_at of WIDE_BLOCK lanes: each lane's largest value into top, its position into at */
+LANES_AVX512_FUNCTION largest_at_wide(real *top, lanes_int *at, const real *x, long step, long n)
+LARGEST_AT_VECTOR(lanes_vec, lanes_mask)
 
 #define LANES_WIDE(WIDE)                                                                           \
     if (lanes >= WIDE_BLOCK && cpu_features() & CPU_AVX512F)                                       \
@@ -441,6 +466,77 @@ KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *
 #undef AXPY_ONE
 }
 
+/* largest_at of lanes l0 .. l0 + width - 1 (see largest_at_wide): in the unit's vectors where the
+ * compiler has GCC's (the loop over the lanes, left to GCC -O2, kept the largest in memory by masked
+ * stores, each loaded again at the next candidate), else lane by lane */
+#if defined(__GNUC__) && !defined(__TINYC__)
+typedef real block_vec __attribute__((vector_size(LANE_BLOCK * sizeof(real))));
+typedef lanes_int block_mask __attribute__((vector_size(LANE_BLOCK * sizeof(real))));
+typedef real half_vec __attribute__((vector_size(HALF_BLOCK * sizeof(real))));
+typedef lanes_int half_mask __attribute__((vector_size(HALF_BLOCK * sizeof(real))));
+static inline void largest_at_whole(real *top, lanes_int *at, const real *x, long step, long n)
+LARGEST_AT_VECTOR(block_vec, block_mask)
+static inline void largest_at_half(real *top, lanes_int *at, const real *x, long step, long n)
+LARGEST_AT_VECTOR(half_vec, half_mask)
+#endif
+LANES_INLINE void largest_at_block(real *top, lanes_int *at, const real *x, long step, long n, long width)
+{
+#if defined(__GNUC__) && !defined(__TINYC__)
+    if (width == LANE_BLOCK)
+        largest_at_whole(top, at, x, step, n);
+    else
+        largest_at_half(top, at, x, step, n);
+#else
+    for (long l = 0; l < width; l++) {
+        at[l] = largest_at(x + l, step, n);
+        top[l] = x[l + step * at[l]];
+    }
+#endif
+}
+
+/* A maximum over a batch's lanes (the op table's MAXIMUM, its n candidates `step` apart, lane l's
+ * from x + l: a softmax's largest logit over an attention's keys, a sample a lane), a loop of
+ * largest_at a lane before (each a chain of compares and branches the data decides: 2.5% of the
+ * bigger GPT's step): each lane's compares in the same order, so the same largest and the same
+ * position. largest_lanes writes the largest, out[l]; add_to_largest_lanes adds go[l] to the
+ * gradient of the candidate it is, g[l + step * k], lane after lane as the loop did. */
+KERNEL void largest_lanes(real *restrict out, const real *x, long step, long n, long lanes)
+{
+    lanes_int at[LANES_MOST];
+#define LARGEST_WIDE(l) largest_at_wide(out + (l), at, x + (l), step, n)
+#define LARGEST_BLOCK(l, width) largest_at_block(out + (l), at, x + (l), step, n, width)
+#define LARGEST_ONE(l) out[l] = x[(l) + step * largest_at(x + (l), step, n)]
+    LANES_IN_BLOCKS(LARGEST_WIDE, LARGEST_BLOCK, LARGEST_ONE)
+#undef LARGEST_WIDE
+#undef LARGEST_BLOCK
+#undef LARGEST_ONE
+}
+
+KERNEL void add_to_largest_lanes(real *g, const real *x, long step, long n, const real *go, long lanes)
+{
+    real top[LANES_MOST];
+    lanes_int at[LANES_MOST];
+#define TO_LARGEST(l, width)                                                                       \
+    for (long j = 0; j < (width); j++)                                                             \
+        g[(l) + j + step * at[j]] += go[(l) + j];
+#define LARGEST_WIDE(l)                                                                            \
+    {                                                                                              \
+        largest_at_wide(top, at, x + (l), step, n);                                                \
+        TO_LARGEST(l, WIDE_BLOCK)                                                                  \
+    }
+#define LARGEST_BLOCK(l, width)                                                                    \
+    {                                                                                              \
+        largest_at_block(top, at, x + (l), step, n, width);                                        \
+        TO_LARGEST(l, width)                                                                       \
+    }
+#define LARGEST_ONE(l) g[(l) + step * largest_at(x + (l), step, n)] += go[l]
+    LANES_IN_BLOCKS(LARGEST_WIDE, LARGEST_BLOCK, LARGEST_ONE)
+#undef TO_LARGEST
+#undef LARGEST_WIDE
+#undef LARGEST_BLOCK
+#undef LARGEST_ONE
+}
+
 /* A loop of dot_offsets_lanes calls along `rows` whose out and b move by fixed steps (an
  * attention's weighted sums, a row a dimension of the values: codegen/write/rows.py) as one call:
  * dot_offsets_lanes(out + r * out_step, a, oa, b + r * b_step, ob, n, lanes) for every r < rows,
@@ -488,6 +584,8 @@ KERNEL void axpy_offsets_lanes_rows(real *restrict y, const int32_t *oy, long y_
 #undef EIGHT_SUMMED
 #undef LANE_BLOCK
 #undef HALF_BLOCK
+#undef LANES_MOST
+#undef LARGEST_AT_VECTOR
 #undef LANES_INLINE
 #undef WIDE_BLOCK
 #undef WIDE_UNFUSED

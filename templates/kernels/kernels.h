@@ -99,3 +99,6 @@ static inline void add_short(real *y, real alpha, long n);
 static inline long gather_index(double x, long n);
 static inline long largest_at(const real *x, long step, long n);
 static inline long largest_in(const real *x, const int32_t *offsets, long n);
+/* and a maximum over a batch's lanes (templates/kernels/axpy.c): its values, its gradient */
+KERNEL void largest_lanes(real *restrict out, const real *x, long step, long n, long lanes);
+KERNEL void add_to_largest_lanes(real *g, const real *x, long step, long n, const real *go, long lanes);
