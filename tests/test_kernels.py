@@ -77,6 +77,14 @@ void call_dot_lanes_rows(real *out, long out_step, const real *a, const int32_t 
         dot_offsets_lanes(out + r * out_step, a, oa, b + r * b_step, ob, n, lanes);
 }
 void call_clear_rows(real *y, long y_j, long J, long S) { clear_rows(y, y_j, J, S); }
+void call_add_lanes(real *y, const int32_t *oy, const real *alpha, long n, long lanes, int by_lane)
+{
+    if (!by_lane)
+        add_offsets_lanes(y, oy, alpha, n, lanes);
+    for (long l = 0; by_lane && l < lanes; l++)
+        if (alpha[l] != 0)
+            add_offsets(y + l, oy, alpha[l], n);
+}
 void call_largest_lanes(real *out, real *g, const real *x, long step, long n, const real *go, long lanes, int by_lane)
 {
     if (!by_lane) {
@@ -112,6 +120,7 @@ void call_axpy_lanes_rows(real *y, const int32_t *oy, long y_step, const real *a
 void call_dot_lanes_rows(real *out, long out_step, const real *a, const int32_t *oa, const real *b, long b_step,
                          const int32_t *ob, long n, long lanes, long rows, int by_row);
 void call_clear_rows(real *y, long y_j, long J, long S);
+void call_add_lanes(real *y, const int32_t *oy, const real *alpha, long n, long lanes, int by_lane);
 void call_largest_lanes(real *out, real *g, const real *x, long step, long n, const real *go, long lanes, int by_lane);
 void call_row_one_by_one(int f, real *y, const real *x, long n);
 """
@@ -248,6 +257,36 @@ def test_axpy_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
         assert np.array_equal(by_lanes.view(bits), by_calls.view(bits)), (zeros, by_lanes - by_calls)
         assert all(np.array_equal(by_lanes[oy + l].view(bits), y[oy + l].view(bits)) for l in zeros)
     print(f"axpy_offsets_lanes vs calls, {compiler} {dtype} lanes={lanes} native={native}: the same bits")
+
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("lanes", LANES)
+def test_add_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
+    """add_offsets_lanes (a sum's gradient to its terms over the batch's lanes) against add_offsets
+    lane by lane where alpha is not 0 (the loop's `if (go != 0)`), bit for bit: a lane whose alpha
+    is 0 or -0 keeps its y, -0 and NaN among them; a term listed twice gets alpha twice, in order."""
+    ffi, lib = kernels(compiler, dtype, native)
+    real = DTYPES[dtype].numpy.type
+    bits = np.uint64 if real == np.float64 else np.uint32
+    rng = np.random.default_rng(200 + lanes)
+    stride = 48
+    for oy in ([0, 2, 1], [3, 0, 3, 1, 3], list(range(17))[::-1]):
+        oy = np.array(oy, dtype=np.int32) * stride
+        y = rng.uniform(-1e3, 1e3, (oy.max() + 1) * stride).astype(real)
+        y[oy[0]:oy[0] + lanes] = -0.0
+        y[oy[-1] + lanes - 1] = np.nan
+        for zeros in ([], [0], [lanes - 1], list(range(0, lanes, 2))):
+            alpha = rng.uniform(-1, 1, lanes).astype(real)
+            alpha[zeros] = 0
+            if zeros and lanes > 1:
+                alpha[zeros[0]] = -0.0
+            by_calls, by_lanes = y.copy(), y.copy()
+            for out, by_lane in ((by_calls, 1), (by_lanes, 0)):
+                lib.call_add_lanes(pointer(ffi, out), pointer(ffi, oy), pointer(ffi, alpha), len(oy), lanes, by_lane)
+            assert np.array_equal(by_lanes.view(bits), by_calls.view(bits)), (zeros, by_lanes - by_calls)
+            assert all(np.array_equal(by_lanes[oy + l].view(bits), y[oy + l].view(bits)) for l in zeros)
+            assert not np.array_equal(by_lanes.view(bits), y.view(bits)) or len(zeros) == lanes
+    print(f"add_offsets_lanes vs calls, {compiler} {dtype} lanes={lanes} native={native}: the same bits")
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -500,6 +500,23 @@ def test_a_maximum_over_lanes_is_largest_at_lane_by_lane_bits(compiler, dtype, m
 
 
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
+def test_a_sums_gradient_over_lanes_is_its_calls_bits(compiler, dtype, monkeypatch, tmp_path):
+    """A sum's gradient to its terms at offsets, an add_offsets call a sample behind `if (go != 0)`
+    (the softmax's denominators' over the attention's keys), is one add_offsets_lanes call over
+    the lanes (backward.py's AddLanes). 20 documents of mixed lengths on 32 lanes: two steps and the
+    gradients after them, the same bits as the calls."""
+    from codegen.write import backward
+    docs = [d[:k] for d in LANES_DOCS for k in (len(d), 1 + len(d) // 2)][:20]
+
+    def check(units, lanes):
+        calls = units.count("add_offsets_lanes(g +"), len(re.findall(r"^ *add_offsets\(g \+", units, re.M))
+        assert calls == ((1, 0) if lanes else (0, 1)), calls
+    _bits_with_and_without(_lanes_case(dtype, batch=32, n_embd=6, docs=docs),
+                           lambda patch: patch.setattr(backward, "AddLanes", lambda *_: None), check,
+                           compiler, dtype, monkeypatch, tmp_path, batch_size=len(docs))
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
 def test_the_gradients_cleared_by_rows_are_the_loops_bits(compiler, dtype, monkeypatch, tmp_path):
     """A gradient cleared once read in a nest of its own (after the products that read it) is a
     clear_rows call a pass (codegen/write/loops.py's cleared): the first positions that every

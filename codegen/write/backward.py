@@ -24,7 +24,7 @@ from .convolution import convolution
 from .kernels import Call, call
 from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, at_start, cleared, data_at,
                     fused_gradient, grad_at, guarded, loop_nest, neurons, placed, short, slot_index, unrolled)
-from .rows import AxpyLanes, axpy_calls_as_rows, axpy_calls_repeated
+from .rows import AddLanes, AxpyLanes, axpy_calls_as_rows, axpy_calls_repeated
 from .sides import TrackedRow
 from .statements import Statements
 from .tree import Assign, Block, ClearGradient, Copy, If, ReadGradient, nest
@@ -183,7 +183,7 @@ class Backward(Statements):
             return conv.backward(node, self.tables.offsets) + self._cleared(g, mode), None
         go, terms, products = "go", [], []
         if ops.terms:
-            terms = self._terms(ops.terms, [node.args[i] for i in ops.term_positions], go, ops.out)
+            terms = self._terms(ops.terms, [node.args[i] for i in ops.term_positions], go, ops.out, g.shape)
         if ops.a:
             for wrt, other, factors in ((ops.b, ops.a, node.b), (ops.a, ops.b, node.a)):
                 products += self._products(wrt, other, factors, go, ops.out, g.shape, activation,
@@ -192,7 +192,8 @@ class Backward(Statements):
         if isinstance(mode, Plain) and contributions and all(c.lanes for c in contributions):
             lanes = [c.lanes for c in contributions]  # (no innermost loop: no `go` read in it)
             each = [s.call(g.shape) for s in lanes]
-            calls = (axpy_calls_as_rows(g.shape, lanes) or axpy_calls_repeated(g.shape, lanes)
+            calls = ((all(isinstance(s, AxpyLanes) for s in lanes)
+                      and (axpy_calls_as_rows(g.shape, lanes) or axpy_calls_repeated(g.shape, lanes)))
                      or ([nest(g.shape[:-1], each, braced=len(each) > 1)] if len(g.shape) > 1 else each))
             return calls + self._cleared(g, mode), None
         for c in contributions:
@@ -230,8 +231,9 @@ class Backward(Statements):
             self.tables.stepped += ir.slot_runs(np.sort(folded.accumulate.biases(shape)))
         return [folded if c is weights[0] else c for c in products]
 
-    def _terms(self, v, nodes, go, out):
-        """Loose terms of a sum: each gets the sum's gradient."""
+    def _terms(self, v, nodes, go, out, shape):
+        """Loose terms of a sum: each gets the sum's gradient (over a batch's lanes, where they and
+        the sum move along them: AddLanes)."""
         needs = [x.needs_grad and not x.shares_grad for x in nodes]
         if not any(needs):
             return []
@@ -247,8 +249,10 @@ class Backward(Statements):
                                                 y=f"g + {slot_index(v.start, grad=True)}", alpha=go, n=n),
                                  call("add_range", y=f"d + {slot_index(v.start)}", alpha=f"-(lr * {go})", n=n))]
         table = self.tables.offsets(v.offsets)
+        lanes = AddLanes(v, out, table) if along_lanes(shape, out, v.start) else None
         return [Contribution(to_param, call("add_offsets", y=f"g + {slot_index(v.start, grad=True)}", oy=table, alpha=go, n=n),
-                             call("add_offsets", y=f"d + {slot_index(v.start)}", oy=table, alpha=f"-(lr * {go})", n=n))]
+                             call("add_offsets", y=f"d + {slot_index(v.start)}", oy=table, alpha=f"-(lr * {go})", n=n),
+                             lanes=lanes)]
 
     def _overwrites(self, mode, g):
         """Whether group g's products may write the gradients that only they add to, instead of

@@ -43,6 +43,20 @@ class AxpyLanes:
                     x=f"d + {slot_index(at_start(self.x.start))}", ox=ox, n=self.x.n, lanes=str(shape[-1]))
 
 
+@dataclass(frozen=True)
+class AddLanes:
+    """The add_offsets_lanes of (y at oy, alpha) over a batch's lanes: y the gradient of the Vector
+    `y` (a sum's terms), alpha the gradient at Affine `alpha` (the sum's); name: oy's C name."""
+    y: object
+    alpha: object
+    name: str
+
+    def call(self, shape):
+        """The call over the lanes of shape's innermost loop, at the loops outside it."""
+        return call("add_offsets_lanes", y=f"g + {slot_index(at_start(self.y.start), grad=True)}", oy=self.name,
+                    alpha=f"g + {slot_index(at_start(self.alpha), grad=True)}", n=self.y.n, lanes=str(shape[-1]))
+
+
 def dot_calls_as_rows(shape, out, a, b, names):
     """The dot_offsets_lanes of (out, a at oa, b at ob) over shape's lanes, a call at each point of the
     loops outside them, as a dot_offsets_lanes_rows call at each point of the loops outside the

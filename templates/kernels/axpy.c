@@ -367,6 +367,19 @@ LANES_AVX512_FUNCTION axpy_offsets_wide_rows(real *restrict y, const int32_t *oy
         }
     }
 }
+
+/* add_offsets_lanes' block of WIDE_BLOCK lanes (a lane whose alpha is 0 skipped) */
+LANES_AVX512_FUNCTION add_offsets_wide(real *y, const int32_t *oy, const real *alpha, long n)
+{
+    lanes_vec go;
+    memcpy(&go, alpha, sizeof go);
+    for (long i = 0; i < n; i++) {
+        lanes_vec to;
+        memcpy(&to, y + oy[i], sizeof to);
+        to = UNLESS_ZERO(go, to, to + go);
+        memcpy(y + oy[i], &to, sizeof to);
+    }
+}
 #undef UNLESS_ZERO
 
 /* largest_at of WIDE_BLOCK lanes: each lane's largest value into top, its position into at */
@@ -535,6 +548,40 @@ KERNEL void add_to_largest_lanes(real *g, const real *x, long step, long n, cons
 #undef LARGEST_WIDE
 #undef LARGEST_BLOCK
 #undef LARGEST_ONE
+}
+
+/* add_offsets of lanes l0 .. l0 + width - 1 whose alpha is not 0 */
+LANES_INLINE void add_offsets_block(real *y, const int32_t *oy, const real *alpha, long n, long width)
+{
+    real go[LANE_BLOCK];
+    int zero = 0;
+    for (long l = 0; l < width; l++)
+        zero |= (go[l] = alpha[l]) == 0;
+    if (zero) {
+        for (long l = 0; l < width; l++)
+            if (go[l] != 0)
+                add_offsets(y + l, oy, go[l], n);
+        return;
+    }
+    for (long i = 0; i < n; i++)
+        for (long l = 0; l < width; l++)
+            y[oy[i] + l] += go[l];
+}
+
+/* add_offsets(y + l, oy, alpha[l], n) for every lane l < lanes whose alpha is not 0: a sum's
+ * gradient to its terms at offsets, a call a sample behind `if (go != 0)` before (a softmax's
+ * denominators' over an attention's keys) */
+KERNEL void add_offsets_lanes(real *y, const int32_t *oy, const real *alpha, long n, long lanes)
+{
+#define ADD_WIDE(l) add_offsets_wide(y + (l), oy, alpha + (l), n)
+#define ADD_BLOCK(l, width) add_offsets_block(y + (l), oy, alpha + (l), n, width)
+#define ADD_ONE(l)                                                                                 \
+    if (alpha[l] != 0)                                                                             \
+    add_offsets(y + (l), oy, alpha[l], n)
+    LANES_IN_BLOCKS(ADD_WIDE, ADD_BLOCK, ADD_ONE)
+#undef ADD_WIDE
+#undef ADD_BLOCK
+#undef ADD_ONE
 }
 
 /* A loop of dot_offsets_lanes calls along `rows` whose out and b move by fixed steps (an

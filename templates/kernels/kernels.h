@@ -28,6 +28,7 @@ KERNEL void axpy(real *restrict y, real alpha, const real *restrict x, long n);
 KERNEL void sgd_axpy(real *restrict w, real lr, real alpha, const real *restrict x, long n);
 KERNEL void add_range(real *restrict y, real alpha, long n);
 KERNEL void add_offsets(real *y, const int32_t *oy, real alpha, long n);
+KERNEL void add_offsets_lanes(real *y, const int32_t *oy, const real *alpha, long n, long lanes);
 KERNEL void clear_rows(real *y, long y_j, long J, long S);
 KERNEL void axpy_offsets(real *restrict y, const int32_t *oy, real alpha, const real *restrict x,
                          const int32_t *ox, long n);
