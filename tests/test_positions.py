@@ -516,6 +516,43 @@ def test_a_sums_gradient_over_lanes_is_its_calls_bits(compiler, dtype, monkeypat
                            compiler, dtype, monkeypatch, tmp_path, batch_size=len(docs))
 
 
+def test_a_loop_over_lanes_apart_is_one_whose_lanes_touch_their_own_slots():
+    """loops.lanes_apart: a batch's loop whose every Affine steps one slot a lane, lane 0 at one
+    remainder by the capacity (in d, and in g) whatever the loops outside, including a family's
+    growing blocks (Extent steps, tri); not where a step outside, a base, a block's growth or a
+    gradient's place would put one lane's slot in another lane's."""
+    from codegen.lower.types import Affine, BatchExtent, Extent
+    from codegen.write.loops import lanes_apart
+    shape = (Extent(2, 1, 31), 4, BatchExtent(16))
+    a = Affine(1175552, (32, 8432, 1), tri=16)
+    b = Affine(1211392, (128, Extent(32, 16, 31), 1), tri=64)
+    assert lanes_apart(shape, a, b)
+    assert lanes_apart(shape, Affine(5, (32, 16, 1)), Affine(21, (16, 48, 1), grad_base=37))
+    for other in (Affine(1211392 + 3, (128, 16, 1)), Affine(1211392, (128, 8, 1)), Affine(1211392, (128, Extent(32, 8, 31), 1)),
+                  Affine(1211392, (128, 16, 1), tri=8), Affine(1211392, (128, 16, 1), grad_base=1211392 + 1),
+                  Affine(1211392, (128, 16, 2)), Affine(1211392, (128, 16, 0))):
+        assert not lanes_apart(shape, a, other), other
+    assert not lanes_apart((4, 16), a, b)  # (not a batch's loop)
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
+def test_a_familys_loop_over_lanes_apart_is_the_plain_loops_bits(compiler, dtype, monkeypatch, tmp_path):
+    """A family's elementwise gradient over a batch's lanes (the attention's weights times the
+    softmax's 1 / total, its blocks growing with the query) is marked INDEPENDENT where its lanes
+    are apart (loops.lanes_apart): the C compiler vectorises it. 20 documents of mixed lengths on
+    32 lanes: two steps and the gradients after them, the same bits as the loop unmarked."""
+    from codegen.write import backward
+    docs = [d[:k] for d in LANES_DOCS for k in (len(d), 1 + len(d) // 2)][:20]
+    family = r"^ *(INDEPENDENT )?for \(long i3 = 0, n3 = \(long\)d\[\d+ \+ i0\]; i3 < n3; i3\+\+\) \{\n *g\[.*\+= \(d\["
+
+    def check(units, apart):
+        marked = [m.group(1) is not None for m in re.finditer(family, units, re.M)]
+        assert marked == [apart], marked
+    _bits_with_and_without(_lanes_case(dtype, batch=32, n_embd=6, docs=docs),
+                           lambda patch: patch.setattr(backward, "lanes_apart", lambda *_: False), check,
+                           compiler, dtype, monkeypatch, tmp_path, batch_size=len(docs))
+
+
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
 def test_the_gradients_cleared_by_rows_are_the_loops_bits(compiler, dtype, monkeypatch, tmp_path):
     """A gradient cleared once read in a nest of its own (after the products that read it) is a

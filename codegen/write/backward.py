@@ -23,7 +23,7 @@ from ..lower.vector import progression
 from .convolution import convolution
 from .kernels import Call, call
 from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, at_start, cleared, data_at,
-                    fused_gradient, grad_at, guarded, loop_nest, neurons, placed, short, slot_index, unrolled)
+                    fused_gradient, grad_at, guarded, lanes_apart, loop_nest, neurons, placed, short, slot_index, unrolled)
 from .rows import AddLanes, AxpyLanes, axpy_calls_as_rows, axpy_calls_repeated
 from .sides import TrackedRow
 from .statements import Statements
@@ -177,7 +177,8 @@ class Backward(Statements):
                     term = self._times_local(node, i, names, out_grad)
                     mode.place(Contribution(arg.sgd_fused, Accumulate(where, 0, term),
                                             Assign(data_at(where), f"lr * ({term})", "-=")), g.shape, body)
-            return loop_nest(g.shape, body.grads + body.updates + self._clear(g, mode)), None
+            apart = lanes_apart(g.shape, ops.out, *(a for a in ops.args if hasattr(a, "base")))
+            return loop_nest(g.shape, body.grads + body.updates + self._clear(g, mode), independent=apart), None
         conv = convolution(g) if isinstance(mode, Plain) else None
         if conv:
             return conv.backward(node, self.tables.offsets) + self._cleared(g, mode), None

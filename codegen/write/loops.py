@@ -131,6 +131,19 @@ def along_lanes(shape, *affines):
     return bool(shape) and isinstance(shape[-1], BatchExtent) and all(a.strides[-1] == 1 for a in affines)
 
 
+def lanes_apart(shape, *affines):
+    """Whether the innermost loop of `shape` is the batch's and a lane's slots are its own in every
+    Affine: each moves along it by one slot, and its base and other steps put lane 0 at one place
+    in the batch's rows (the same remainder by the capacity in d, and in g): no iteration then reads
+    or writes what another does, whatever the loops outside (a family's growing blocks too)."""
+    if not along_lanes(shape, *affines):
+        return False
+    capacity = int(shape[-1])
+    rows = lambda s: (s.first % capacity, s.step % capacity) == (0, 0) if isinstance(s, Extent) else s % capacity == 0  # noqa: E731
+    return (len({a.base % capacity for a in affines}) == 1 and len({a.grad_offset() % capacity for a in affines}) == 1
+            and all(rows(a.tri) and all(rows(s) for s in a.strides[:-1]) for a in affines))
+
+
 def _zero_last(affine, n):
     """The Affine with its last n loop indices at 0."""
     return dataclasses.replace(affine, strides=affine.strides[:-n] + (0,) * n)
