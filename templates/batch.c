@@ -496,24 +496,30 @@ typedef struct {
 
 /* A round's pieces' gradients added to the sum so far, each parameter's in the pieces' order (the
  * same bits on any thread), on the module's threads: the bigger GPT's 103,936 parameters from 2
- * pieces took 1.3% of its step on the caller alone. With `to`, the sum also copied there. */
+ * pieces took 1.3% of its step on the caller alone. With `to`, the sum also copied there. A block
+ * of parameters at a time, every piece's, then the next: the sum read and written once, not once a
+ * piece and again for the copy (1.3% of the bigger GPT's samples on Zen 5 in passes over all). */
 typedef struct {
     real *sum, *to;
     const real *const *grads_of;
     long pieces;
 } PieceSums;
 
+#define PIECE_SUMS_BLOCK 1024 /* parameters summed at a time: 4-8 KB, kept in the L1 over the pieces */
 static void add_piece_gradients(void *args, long first, long last)
 {
     const PieceSums *a = (const PieceSums *)args;
     real *restrict sum = a->sum;
-    for (long piece = 0; piece < a->pieces; piece++) {
-        const real *restrict add = a->grads_of[piece];
-        for (long j = first; j < last; j++)
-            sum[j] += add[j];
+    for (long j0 = first; j0 < last; j0 += PIECE_SUMS_BLOCK) {
+        const long j1 = last - j0 < PIECE_SUMS_BLOCK ? last : j0 + PIECE_SUMS_BLOCK;
+        for (long piece = 0; piece < a->pieces; piece++) {
+            const real *restrict add = a->grads_of[piece];
+            for (long j = j0; j < j1; j++)
+                sum[j] += add[j];
+        }
+        if (a->to)
+            memcpy(a->to + j0, sum + j0, (size_t)(j1 - j0) * sizeof(real));
     }
-    if (a->to)
-        memcpy(a->to + first, sum + first, (size_t)(last - first) * sizeof(real));
 }
 
 static void run_pieces(void *args, long first, long last)
