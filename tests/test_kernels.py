@@ -226,6 +226,17 @@ def test_sparse_updates_are_the_dense_ones_exactly(compiler, dtype, n):
 LANES = [1, 3, 4, 8, 13, 16, 24, 35]
 
 
+def _alphas(rng, lanes, real):
+    """A lanes kernel's alphas, with the lanes whose alpha is 0 (the first of them -0): none, the
+    first, the last, every other one."""
+    for zeros in ([], [0], [lanes - 1], list(range(0, lanes, 2))):
+        alpha = rng.uniform(-1, 1, lanes).astype(real)
+        alpha[zeros] = 0
+        if zeros and lanes > 1:
+            alpha[zeros[0]] = -0.0
+        yield zeros, alpha
+
+
 @pytest.mark.parametrize("native", [True, False])
 @pytest.mark.parametrize("lanes", LANES)
 def test_axpy_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
@@ -244,11 +255,7 @@ def test_axpy_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
     x[ox[2] + lanes - 1] = np.nan
     y = rng.uniform(-1, 1, n * stride).astype(real)
     y[oy[3]:oy[3] + lanes] = -0.0
-    for zeros in ([], [0], [lanes - 1], list(range(0, lanes, 2))):
-        alpha = rng.uniform(-1, 1, lanes).astype(real)
-        alpha[zeros] = 0
-        if zeros and lanes > 1:
-            alpha[zeros[0]] = -0.0
+    for zeros, alpha in _alphas(rng, lanes, real):
         by_calls, by_lanes = y.copy(), y.copy()
         for out, by_lane in ((by_calls, 1), (by_lanes, 0)):
             lib.call_axpy_lanes(pointer(ffi, out), pointer(ffi, oy), pointer(ffi, alpha), pointer(ffi, x),
@@ -275,11 +282,7 @@ def test_add_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
         y = rng.uniform(-1e3, 1e3, (oy.max() + 1) * stride).astype(real)
         y[oy[0]:oy[0] + lanes] = -0.0
         y[oy[-1] + lanes - 1] = np.nan
-        for zeros in ([], [0], [lanes - 1], list(range(0, lanes, 2))):
-            alpha = rng.uniform(-1, 1, lanes).astype(real)
-            alpha[zeros] = 0
-            if zeros and lanes > 1:
-                alpha[zeros[0]] = -0.0
+        for zeros, alpha in _alphas(rng, lanes, real):
             by_calls, by_lanes = y.copy(), y.copy()
             for out, by_lane in ((by_calls, 1), (by_lanes, 0)):
                 lib.call_add_lanes(pointer(ffi, out), pointer(ffi, oy), pointer(ffi, alpha), len(oy), lanes, by_lane)

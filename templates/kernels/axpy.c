@@ -446,6 +446,15 @@ KERNEL void sum_offsets_lanes(real *restrict out, const real *x, const int32_t *
 #undef SUM_ONE
 }
 
+/* alpha[0 .. width) copied into go; whether one of them is 0 (a lane the calls skip) */
+LANES_INLINE int lanes_copied_with_a_zero(real *go, const real *alpha, long width)
+{
+    int zero = 0;
+    for (long l = 0; l < width; l++)
+        zero |= (go[l] = alpha[l]) == 0;
+    return zero;
+}
+
 /* axpy_offsets of lanes l0 .. l0 + width - 1 (a block one of whose alphas is 0 lane by lane:
  * the call skips such a lane, which adding 0 times x would not quite, for a y of -0 or an x not
  * finite) */
@@ -453,10 +462,7 @@ LANES_INLINE void axpy_offsets_block(real *restrict y, const int32_t *oy, const 
                                      const real *restrict x, const int32_t *ox, long n, long width)
 {
     real go[LANE_BLOCK];
-    int zero = 0;
-    for (long l = 0; l < width; l++)
-        zero |= (go[l] = alpha[l]) == 0;
-    if (zero) {
+    if (lanes_copied_with_a_zero(go, alpha, width)) {
         for (long l = 0; l < width; l++)
             axpy_offsets(y + l, oy, go[l], x + l, ox, n);
         return;
@@ -554,10 +560,7 @@ KERNEL void add_to_largest_lanes(real *g, const real *x, long step, long n, cons
 LANES_INLINE void add_offsets_block(real *y, const int32_t *oy, const real *alpha, long n, long width)
 {
     real go[LANE_BLOCK];
-    int zero = 0;
-    for (long l = 0; l < width; l++)
-        zero |= (go[l] = alpha[l]) == 0;
-    if (zero) {
+    if (lanes_copied_with_a_zero(go, alpha, width)) {
         for (long l = 0; l < width; l++)
             if (go[l] != 0)
                 add_offsets(y + l, oy, go[l], n);
