@@ -59,10 +59,54 @@ static double row_input(const Samples *s, Py_ssize_t row, Py_ssize_t j)
     return read_float(&s->y, row * s->n_y + j - s->n_x);
 }
 
-/* The index inputs of every row of train()'s or predict()'s samples, as load_sample will set them */
+/* Whether the index inputs in X (in_x) or in Y hold good indices (check_index's test) in every row
+ * of s, as row_input reads them: one branch-free pass over the rows (1 where they do; 0 where not,
+ * or where Y holds labels: the rows one by one then say which). Before every train() and predict()
+ * call: default microgpt's 32 index inputs a document, each read through row_input and
+ * check_index, took ~5% of its step at 16 documents a step (Zen 5). */
+static int index_inputs_good(const Samples *s, int in_x)
+{
+    Py_ssize_t at[MODEL.n_index_inputs + 1];
+    double bound[MODEL.n_index_inputs + 1];
+    int m = 0;
+    for (int k = 0; k < MODEL.n_index_inputs; k++) {
+        const Py_ssize_t j = MODEL.index_inputs[k][0];
+        if ((j < s->n_x) == in_x)
+            at[m] = in_x ? j : j - s->n_x, bound[m++] = (double)MODEL.index_inputs[k][1];
+    }
+    if (m == 0 || (!in_x && !s->have_y)) /* (predict(): the targets are not read) */
+        return 1;
+    if (!in_x && s->y_is_labels)
+        return 0;
+    const Py_buffer *view = in_x ? &s->x : &s->y;
+    const Py_ssize_t stride = in_x ? s->n_x : s->n_y;
+    const double scale = in_x ? s->scale : 1;
+    int good = 1;
+#define GOOD_ROWS(type)                                                                            \
+    for (Py_ssize_t row = 0; row < s->n; row++) {                                                  \
+        const type *values = (const type *)view->buf + row * stride;                               \
+        for (int c = 0; c < m; c++) {                                                              \
+            const double x = (double)(real)(values[at[c]] * scale);                                \
+            good &= (x == floor(x)) & (x >= -bound[c]) & (x < bound[c]);                           \
+        }                                                                                          \
+    }
+    switch (element_type(view)) {
+    case 'd': GOOD_ROWS(double); break;
+    case 'f': GOOD_ROWS(float); break;
+    case 'B': GOOD_ROWS(unsigned char); break;
+    default: return 0;
+    }
+#undef GOOD_ROWS
+    return good;
+}
+
+/* The index inputs of every row of train()'s or predict()'s samples, as load_sample will set them:
+ * in one pass (index_inputs_good), and where one is bad, row by row for the first one's error */
 static int check_index_samples(const char *fn, const Samples *s)
 {
-    for (Py_ssize_t row = 0; MODEL.n_index_inputs && row < s->n; row++)
+    if (index_inputs_good(s, 1) && index_inputs_good(s, 0))
+        return 0;
+    for (Py_ssize_t row = 0; row < s->n; row++)
         for (int k = 0; k < MODEL.n_index_inputs; k++) {
             Py_ssize_t j = MODEL.index_inputs[k][0];
             if (j >= s->n_x && !s->have_y)

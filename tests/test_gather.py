@@ -160,6 +160,31 @@ def test_an_index_out_of_range_is_an_error(net, bad):
     assert np.isfinite(net.forward())
 
 
+@pytest.mark.parametrize("kind", ["float64", "float32", "uint8"])
+def test_train_checks_every_rows_indices_in_any_x(net, kind):
+    """train() and predict() check the index inputs of all their rows at once (templates/samples.c's
+    index_inputs_good: one pass, as row_input reads them, X scaled), and where one is bad say the
+    first bad row, as one by one: in X of float64, float32 and uint8 (its scale making a value no
+    integer, or out of range), and in Y's columns."""
+    good = np.array([[a % 6, b % 6, c % 4] for a, b, c in ROWS], dtype=np.float64)  # (uint8: no negatives)
+    x, y = columns(good, 2)
+    before = list(net.params)
+    net.train(x.astype(kind), y, 0.0, batch_size=2, scale=1.0)
+    net.train((2 * x).astype(kind), y, 0.0, batch_size=2, scale=0.5)  # (scaled back to the indices)
+    assert net.predict((2 * good).astype(kind), scale=0.5).shape[0] == len(good)
+    for row, column, bad, scale in ((3, 0, 3, 0.5), (5, 1, 12, 0.5), (0, 1, 6, 1.0), (4, 0, 7, 1.0)):
+        rows = good.copy()
+        rows[:, :2] /= scale  # (X's columns, scaled back when they run)
+        rows[row, column] = bad
+        with pytest.raises(IndexError, match=rf"train\(\): input {column} at row {row} is an index into 6 values"):
+            net.train(*(a.astype(kind) if k == 0 else a for k, a in enumerate(columns(rows, 2))), 0.1, scale=scale)
+    bad_y = good.copy()
+    bad_y[2, 2] = 4  # (input 2: an index into 4 values)
+    with pytest.raises(IndexError, match=r"train\(\): input 2 at row 2"):  # in Y's columns
+        net.train(*columns(bad_y, 2), 0.1)
+    assert list(net.params) == before
+
+
 @pytest.mark.parametrize("index", ["param", "computed"])
 def test_an_index_must_be_an_input_or_a_constant(index):
     values = [Value(1.0), Value(2.0)]
