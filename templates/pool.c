@@ -18,11 +18,12 @@
  * one chunk, or its sum continued part after part in the terms' order), so the numbers are the
  * same with any count. The workers are started on first use and wait on a condition variable
  * between products, spinning a little first, and only spin while train() or predict() holds them
- * (pool_hold) and a product has run on them since (parallel_rows; not the batch's memory passes,
- * parallel_pass): a batch's products follow each other within microseconds,
- * and waking a sleeping thread takes tens of them, but a program whose products are all too
- * small to share (microgpt's at 16 documents a pass) would keep a core spinning for nothing from
- * one step's clearing of its gradients to the next. One pool serves every load of this code: a
+ * (pool_hold) and a product has run on them since (parallel_rows, a sequence's pieces side by side
+ * among them; not the batch's memory passes, parallel_pass): a batch's products follow each other
+ * within microseconds, and waking a sleeping thread takes tens of them, but a program whose
+ * products are all too small to share and runs in one piece (microgpt at 8 documents a step)
+ * would keep a core spinning for nothing from one step's clearing of its gradients to the next.
+ * One pool serves every load of this code: a
  * caller that finds it busy (another module of the same build on another thread) runs its rows
  * alone. */
 #define POOL_MAX 64
