@@ -21,13 +21,20 @@ static void release_samples(Samples *s)
  * reads as its index) must hold an integer from -n to n - 1, as Python's indexing takes: checked
  * before any forward reads them, so that no gather reads outside the values it picks among. */
 
+/* Whether x (the module's rounding of an input) is an index among n values: an integer from -n
+ * to n - 1 (free of branches: index_inputs_good's pass over the rows) */
+static inline int good_index(double x, double n)
+{
+    return (x == floor(x)) & (x >= -n) & (x < n);
+}
+
 /* 0 if input k of INDEX_INPUTS holds x (the module's rounding of it) well; else IndexError (row < 0:
  * no row to name) and -1. */
 static int check_index(const char *fn, int k, double x, Py_ssize_t row)
 {
     long position = MODEL.index_inputs[k][0], n = MODEL.index_inputs[k][1];
     x = (double)(real)x;
-    if (x == floor(x) && x >= (double)-n && x < (double)n)
+    if (good_index(x, (double)n))
         return 0;
     char where[48] = "", value[32];
     if (row >= 0)
@@ -85,10 +92,8 @@ static int index_inputs_good(const Samples *s, int in_x)
 #define GOOD_ROWS(type)                                                                            \
     for (Py_ssize_t row = 0; row < s->n; row++) {                                                  \
         const type *values = (const type *)view->buf + row * stride;                               \
-        for (int c = 0; c < m; c++) {                                                              \
-            const double x = (double)(real)(values[at[c]] * scale);                                \
-            good &= (x == floor(x)) & (x >= -bound[c]) & (x < bound[c]);                           \
-        }                                                                                          \
+        for (int c = 0; c < m; c++)                                                                \
+            good &= good_index((double)(real)(values[at[c]] * scale), bound[c]);                   \
     }
     switch (element_type(view)) {
     case 'd': GOOD_ROWS(double); break;

@@ -22,7 +22,7 @@ from ..lower.types import OP, PARAM, BatchExtent, Bounded
 from ..lower.vector import progression
 from .convolution import convolution
 from .kernels import Call, call
-from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, at_start, cleared, data_at,
+from .loops import (UNROLL_MAX_CONTIGUOUS, Accumulate, Matmul, WeightGradient, along_lanes, cleared, data_at,
                     fused_gradient, grad_at, guarded, lanes_apart, loop_nest, neurons, placed, short, slot_index, unrolled)
 from .rows import AddLanes, AxpyLanes, axpy_calls_as_rows, axpy_calls_repeated
 from .sides import TrackedRow
@@ -162,9 +162,8 @@ class Backward(Statements):
                 return loop_nest(g.shape, self._clear(g, mode)), None
             lanes = self._largest_lanes(g)
             if lanes:
-                go = f"g + {slot_index(at_start(ops.out), grad=True)}"
-                picked = call("add_to_largest_lanes", g=lanes["y"], x=lanes["x"], step=lanes["step"], n=lanes["n"], go=go,
-                              lanes=lanes["lanes"])
+                picked = call("add_to_largest_lanes", g=lanes["y"], x=lanes["x"], step=lanes["step"], n=lanes["n"],
+                              go=lanes["go"], lanes=lanes["lanes"])
                 return [nest(g.shape[:-1], [picked], braced=False)] + self._cleared(g, mode), None
             names = dict(self._op_names(node, ops), out=data_at(ops.out))
             grad = Assign(self._picked(node.op, ops, grad=True), self._times_local(node, 0, names, out_grad), "+=")

@@ -66,8 +66,8 @@ class Forward(Statements):
                 return [row]
             lanes = self._largest_lanes(g)
             if lanes:
-                return [nest(g.shape[:-1], [call("largest_lanes", out=f"d + {slot_index(at_start(ops.out))}", x=lanes["x"],
-                                                 step=lanes["step"], n=lanes["n"], lanes=lanes["lanes"])], braced=False)]
+                return [nest(g.shape[:-1], [call("largest_lanes", out=lanes["out"], x=lanes["x"], step=lanes["step"],
+                                                 n=lanes["n"], lanes=lanes["lanes"])], braced=False)]
             names = self._op_names(node, ops)
             value = self._op_c(node, node.op.value, names)
         else:

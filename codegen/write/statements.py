@@ -62,10 +62,9 @@ class Statements:
         any forward: templates/samples.c's check_index), or the largest candidate's (the first of
         equals), found again in backward from the values forward left. A family's growing list of
         candidates (ops.choices) is its longest's first ops.choices."""
-        first, n, at, grads = self._candidates(op, ops)
+        first, n, at, grads, step = self._candidates(op, ops)
         offsets = grads if grad else at
-        step = at[1] if n > 1 else 0
-        table = None if at == [step * k for k in range(n)] else self.tables.offsets(at)
+        table = None if step is not None else self.tables.offsets(at)
         if op.selects == "index":
             i = call("gather_index", x=operand(ops.args[0], self.dtype), n=n)
         elif table is None:
@@ -79,27 +78,30 @@ class Statements:
 
     @staticmethod
     def _candidates(op, ops):
-        """An op that selects: its first candidate (an Affine), their count (see _picked), and each
-        one's slot from the first's, of its value and of its gradient."""
+        """An op that selects: its first candidate (an Affine), their count (see _picked), each
+        one's slot from the first's, of its value and of its gradient, and the values' spacing
+        where they are evenly spaced (else None)."""
         choices = ops.args[op.first_choice:]
-        first = choices[0]
-        return (first, ops.choices or len(choices), [a.base - first.base for a in choices],
-                [a.grad_offset() - first.grad_offset() for a in choices])
+        first, n = choices[0], ops.choices or len(choices)
+        at = [a.base - first.base for a in choices]
+        step = at[1] if n > 1 else 0
+        return (first, n, at, [a.grad_offset() - first.grad_offset() for a in choices],
+                step if at == [step * k for k in range(n)] else None)
 
     def _largest_lanes(self, g):
         """Where group g is a maximum a sample in a batch's loop (a softmax's largest logit over an
         attention's keys), its candidates evenly spaced (values and gradients alike) and moving
         with the sample, as its value is: the arguments its lanes kernels share (largest_lanes,
         add_to_largest_lanes: the same bits as largest_at a lane), with `y`, its first candidate's
-        gradient; else None."""
+        gradient, `out` and `go`, its values and their gradient; else None."""
         ops, op = g.operands, g.first.op
         if op.selects != "largest" or op.value != "{a}" or not op.grad_is_one(0):
             return None
-        first, n, at, grads = self._candidates(op, ops)
-        step = at[1] if n > 1 else 0
-        if at != [step * k for k in range(n)] or grads != at or not along_lanes(g.shape, ops.out, first):
+        first, n, at, grads, step = self._candidates(op, ops)
+        if step is None or grads != at or not along_lanes(g.shape, ops.out, first):
             return None
         return {"x": f"d + {slot_index(at_start(first))}", "y": f"g + {slot_index(at_start(first), grad=True)}",
+                "out": f"d + {slot_index(at_start(ops.out))}", "go": f"g + {slot_index(at_start(ops.out), grad=True)}",
                 "step": step, "n": n, "lanes": str(g.shape[-1])}
 
     def _epilogue(self, node, gradient=False, overwrite=False, in_place=False):
