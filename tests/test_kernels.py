@@ -97,6 +97,30 @@ void call_largest_lanes(real *out, real *g, const real *x, long step, long n, co
         g[l + step * k] += go[l];
     }
 }
+void call_held_sums(real *y, long y_row, real *alpha, const int32_t *oa, int clear, const real *x, long x_row,
+                    long x_step, const real *active, long active_step, long first, long n, long lanes, long rows,
+                    int by_nest)
+{
+    if (!by_nest) {
+        held_sums_lanes(y, y_row, alpha, oa, clear, x, x_row, x_step, active, active_step, first, n, lanes, rows);
+        return;
+    }
+    real held[16][64]; /* (codegen/write/triangle.py's nest: every row's sums in an array over the lanes) */
+    for (long l = 0; l < lanes; l++)
+        for (long r = 0; r < rows; r++)
+            held[r][l] = y[r * y_row + l];
+    for (long i = first; i < n; i++)
+        for (long l = 0; l < (long)active[i * active_step]; l++) {
+            const real go = alpha[oa[i] + l];
+            for (long r = 0; r < rows; r++)
+                held[r][l] += go * x[i * x_step + r * x_row + l];
+            if (clear)
+                alpha[oa[i] + l] = 0;
+        }
+    for (long l = 0; l < lanes; l++)
+        for (long r = 0; r < rows; r++)
+            y[r * y_row + l] = held[r][l];
+}
 void call_row_one_by_one(int f, real *y, const real *x, long n)
 { for (long i = 0; i < n; i++) y[i] = (real)(f == 2 ? sigmoid_value(x[i]) : f ? tanh_value(x[i]) : exp_value(x[i])); }
 """
@@ -122,6 +146,9 @@ void call_dot_lanes_rows(real *out, long out_step, const real *a, const int32_t 
 void call_clear_rows(real *y, long y_j, long J, long S);
 void call_add_lanes(real *y, const int32_t *oy, const real *alpha, long n, long lanes, int by_lane);
 void call_largest_lanes(real *out, real *g, const real *x, long step, long n, const real *go, long lanes, int by_lane);
+void call_held_sums(real *y, long y_row, real *alpha, const int32_t *oa, int clear, const real *x, long x_row,
+                    long x_step, const real *active, long active_step, long first, long n, long lanes, long rows,
+                    int by_nest);
 void call_row_one_by_one(int f, real *y, const real *x, long n);
 """
 CHUNK = 8  # values per chunk of the nonzero lists
@@ -318,6 +345,47 @@ def test_dot_over_lanes_is_its_calls_bits(compiler, dtype, lanes, native):
         assert np.array_equal(by_lanes.view(bits), by_calls.view(bits)), (n, by_lanes - by_calls)
     print(f"dot_offsets_lanes and sum_offsets_lanes vs calls, {compiler} {dtype} lanes={lanes} native={native}: "
           "the same bits")
+
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("lanes", LANES)
+def test_held_sums_over_lanes_are_the_nests_bits(compiler, dtype, lanes, native):
+    """held_sums_lanes (the attention's query-key dots' backward, its sums held over a causal
+    triangle's terms: codegen/write/triangle.py) against the loop nest it replaces, sums held in an
+    array over the lanes, bit for bit: 1 to 16 rows (passes of 8, 4 and 1), terms from `first`,
+    each reaching its own count of lanes (a query's documents, fewer as the queries rise, none for
+    some) or every term the same count (active_step 0); its alphas cleared where they were read
+    and nowhere else; -0 sums and inf/NaN values beside lanes a term does not reach."""
+    ffi, lib = kernels(compiler, dtype, native)
+    real = DTYPES[dtype].numpy.type
+    bits = np.uint64 if real == np.float64 else np.uint32
+    rng = np.random.default_rng(300 + lanes)
+    capacity, n = 48, 9
+    for rows, first, step, clear in itertools.product((1, 3, 8, 13, 16), (0, 2), (0, 1), (0, 1)):
+        y_row, x_row = 5 * capacity, 3 * capacity
+        x_step = rows * x_row
+        oa = (np.arange(n, dtype=np.int32) * capacity * 2)[::-1].copy()  # (a table: terms in any order)
+        active = np.zeros(n * 2, real)
+        active[::2] = np.minimum(lanes, np.maximum(0, lanes + 2 - np.arange(n) * (lanes // 4 + 1)))
+        if step == 0:
+            active[0] = lanes
+        x = rng.uniform(-1, 1, n * x_step + capacity).astype(real)
+        x[x_step * (n - 1) + lanes - 1] = np.inf  # (the last term: it reaches lane lanes - 1 only if all do)
+        x[x_step * (n - 1) + x_row + lanes - 1] = np.nan
+        y = rng.uniform(-1, 1, rows * y_row).astype(real)
+        y[:lanes] = -0.0
+        alpha = rng.uniform(-1, 1, n * capacity * 2).astype(real)
+        alpha[oa[1]] = 0
+        results = []
+        for by_nest in (1, 0):
+            out, a = y.copy(), alpha.copy()
+            lib.call_held_sums(pointer(ffi, out), y_row, pointer(ffi, a), pointer(ffi, oa), clear, pointer(ffi, x),
+                               x_row, x_step, pointer(ffi, active), 2 * step, first, n, lanes, rows, by_nest)
+            results.append((out, a))
+        (by_nest, a_nest), (by_call, a_call) = results
+        assert np.array_equal(by_call.view(bits), by_nest.view(bits)), (rows, first, step, by_call - by_nest)
+        assert np.array_equal(a_call.view(bits), a_nest.view(bits)), (rows, first, step, clear)
+        assert not np.array_equal(by_nest, y) and np.array_equal(a_nest, alpha) == (not clear or not active.any())
+    print(f"held_sums_lanes vs its nest, {compiler} {dtype} lanes={lanes} native={native}: the same bits")
 
 
 # (the rows kernels' lanes run the lanes kernels' blocks, LANES above: a whole block, parts, tails)

@@ -631,25 +631,32 @@ def test_a_batchs_loop_units_know_the_bytes_of_a_passs_lanes(dtype, batch, lane_
 @pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
 def test_the_attentions_backward_holds_its_sums_over_keys_and_queries(tiny, compiler, dtype, monkeypatch, tmp_path):
     """The query-key dots' backward over a batch as two nests, the queries' gradients held over the
-    keys and the keys' over the queries (codegen/write/triangle.py): documents of mixed lengths
+    keys and the keys' over the queries (codegen/write/triangle.py), each a held_sums_lanes call
+    (and, that declined, the loops holding the sums in an array): documents of mixed lengths
     (fewer lanes at the later positions), two steps, the same bits as the one nest."""
     tokenizer, state, params = tiny
     docs = ["a", "edcbaab", "", "abc", "ab", "abcde", "b", "ca", "abcd", "e", "dee", "bac"]
     X, Y = _split(np.stack([data.row(tokenizer.encode(d), CONFIG.block_size) for d in docs]))
     initial = [p.data for p in params]
     doc = model.document(state, CONFIG)
-    held = "".join(codegen.generate(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=16))
-    stepped = []
-    for split in (True, False):
-        if not split:
-            monkeypatch.setattr(codegen.write.backward, "held_sums", lambda shape, body: None)
+    stepped, sources = [], []
+    for variant in ("kernel", "held", "one nest"):
+        if variant == "held":
+            monkeypatch.setattr(codegen.write.triangle, "_held_call", lambda *args: None)
+        if variant == "one nest":
+            monkeypatch.setattr(codegen.write.backward, "held_sums", lambda *args: None)
+        sources.append("".join(codegen.generate(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs,
+                                                batch=16)))
         for p, value in zip(params, initial):
             p.data = value
-        monkeypatch.setenv("MICROGRAD_C_CACHE", str(tmp_path / str(split)))  # (a build is found by the graph's structure)
+        monkeypatch.setenv("MICROGRAD_C_CACHE", str(tmp_path / variant))  # (a build is found by the graph's structure)
         net = _compile(tiny, compiler, dtype, batch=16)
         stepped.append(([net.train(X, Y, 0.01, batch_size=len(docs)) for _ in range(2)], np.asarray(net.params).copy()))
-    one_nest = "".join(codegen.generate(doc.loss, inputs=doc.inputs, params=params, outputs=doc.outputs, batch=16))
-    assert held.count("real held[") == 2 * CONFIG.n_layer and "real held[" not in one_nest
-    (losses, after), (expected_losses, expected) = stepped
-    assert losses == expected_losses
-    np.testing.assert_array_equal(after, expected)
+    kernel, held, one_nest = sources
+    assert kernel.count("held_sums_lanes(g + ") == 2 * CONFIG.n_layer and "real held[" not in kernel
+    assert held.count("real held[") == 2 * CONFIG.n_layer and "held_sums_lanes(g + " not in held
+    assert "real held[" not in one_nest and "held_sums_lanes(g + " not in one_nest
+    (losses, after), *others = stepped
+    for expected_losses, expected in others:
+        assert losses == expected_losses
+        np.testing.assert_array_equal(after, expected)

@@ -207,7 +207,7 @@ class Backward(Statements):
         # saves the kernels' passes; written-out statements stay branch-free, to be vectorised.
         unless_zero = any(isinstance(s, Call) for s in grads + updates)  # a kernel
         statements = [ReadGradient(out_grad), *grads, *updates, *self._clear(g, mode)]
-        statements = ((not updates and not unless_zero and held_sums(g.shape, statements))
+        statements = ((not updates and not unless_zero and held_sums(g.shape, statements, self.tables.offsets))
                       or loop_nest(g.shape, statements, dots=not updates, unless_zero=unless_zero))
         return body.snapshots + (statements if g.shape else [Block(tuple(statements), inline=True)]), folded
 

@@ -14,20 +14,29 @@ loops outside both. Every target is one cell of `held` a lane, and gets its term
 got them in the one nest (the keys', or the queries', ascending): the same bits. Where that is
 not so (a target that more than one query and head, or key and head, reach; targets that overlap
 each other or the gradient read), held_sums() declines and the nest stays as it was.
+
+Where the targets are rows a fixed step apart, their terms' values too, each nest's loops over
+the terms and the lanes are one held_sums_lanes call (templates/kernels/axpy.c): `held` in an
+array over the lanes cost a load and a store of every row's sum at each term; the kernel keeps
+eight rows' sums of a block of lanes in registers over the terms, the same bits.
 """
+
+import dataclasses
 
 import numpy as np
 
 from ..lower.types import ActiveBatch, BatchExtent, Bounded, Extent, is_family
 from .cells import apart, clear, grid, slots_at
-from .loops import Accumulate, grad_at
+from .kernels import call
+from .loops import Accumulate, grad_at, slot_index
 from .tree import Assign, ClearGradient, Count, Held, Loop, ReadGradient, nest
 
 
-def held_sums(shape, body):
+def held_sums(shape, body, offsets):
     """The statements of `body` (a ReadGradient, then Accumulates of the gradient times a value,
     then ClearGradients) over `shape` (the family's queries, plain loops, its keys, the lanes of
-    the queries' documents) as the two nests above, or None where they do not fit."""
+    the queries' documents) as the two nests above, or None where they do not fit. offsets: a
+    static table's name for a list of offsets (loops.OffsetTables)."""
     if not _triangle(shape):
         return None
     reads = [s for s in body if isinstance(s, ReadGradient)]
@@ -43,8 +52,8 @@ def held_sums(shape, body):
             or any(s.target.strides[lanes] != 1 for s in sums) or not _apart(shape, by_keys, by_queries)):
         return None
     read, = reads
-    return (_over_keys(shape, read, by_keys, [] if by_queries else clears)
-            + _over_queries(shape, read, by_queries, clears))
+    return (_over_keys(shape, read, by_keys, [] if by_queries else clears, offsets)
+            + _over_queries(shape, read, by_queries, clears, offsets))
 
 
 def _triangle(shape):
@@ -55,34 +64,68 @@ def _triangle(shape):
             and not any(isinstance(e, (Extent, BatchExtent, Bounded)) for e in shape[1:-2]))
 
 
-def _over_keys(shape, read, sums, clears):
+def _over_keys(shape, read, sums, clears, offsets):
     """for the plain loops, for i0: held = A; for the keys, for the lanes: held += term; A = held."""
     if not sums:
         return []
     keys, active = len(shape) - 2, shape[-1]
-    load, terms, store = _held(shape, read, sums, clears, active)
-    pairs = Loop(keys, shape[-2], (terms,), braced=False)
-    queries = Loop(0, shape[0], (Held("held", len(sums), int(active)), load, pairs, store))
+    kernel = _held_call(shape, read, sums, clears, offsets, keys, range(int(shape[-2])), 0, shape[-2], active, 0)
+    if kernel is None:
+        load, terms, store = _held(shape, read, sums, clears, active)
+        pairs = Loop(keys, shape[-2], (terms,), braced=False)
+    queries = Loop(0, shape[0], (kernel,) if kernel else (Held("held", len(sums), int(active)), load, pairs, store))
     return [nest(shape[1:-2], [queries], braced=False, first=1)]
 
 
-def _over_queries(shape, read, sums, clears):
+def _over_queries(shape, read, sums, clears, offsets):
     """for the plain loops, for the keys: held = B (every lane); for the queries that reach the key,
     for their lanes: held += term; B = held."""
     if not sums:
         return []
     keys, grows = len(shape) - 2, shape[-2]
     capacity = int(shape[-1])  # (every lane: a lane that no query reaching the key adds to is stored as it was read)
-    load, terms, store = _held(shape, read, sums, clears, capacity)
     key = f"i{keys}"
     first_query = (f"{key} < {grows.first} ? 0 : " +
                    (f"{key} - {grows.first - 1}" if grows.step == 1 else f"({key} - {grows.first}) / {grows.step} + 1"))
-    queries = Loop(0, shape[0], (terms,), braced=False, start=first_query)
     # the keys that the last query reaches, first + step * (n0 - 1), n0 read at run time where it is cut
     count = (Count(f"{grows.first - grows.step} + {'' if grows.step == 1 else f'{grows.step} * '}{shape[0]}")
              if isinstance(shape[0], Bounded) else grows.first + grows.step * (int(shape[0]) - 1))
-    over_keys = Loop(keys, count, (Held("held", len(sums), capacity), load, queries, store))
+    kernel = _held_call(shape, read, sums, clears, offsets, 0, range(int(shape[0])), first_query, shape[0], capacity, 1)
+    if kernel is None:
+        load, terms, store = _held(shape, read, sums, clears, capacity)
+        queries = Loop(0, shape[0], (terms,), braced=False, start=first_query)
+    over_keys = Loop(keys, count, (kernel,) if kernel else (Held("held", len(sums), capacity), load, queries, store))
     return [nest(shape[1:-2], [over_keys], braced=False, first=1)]
+
+
+def _held_call(shape, read, sums, clears, offsets, over, terms, first, n, lanes, active_step):
+    """The held_sums_lanes call for a nest's loops over its terms (loop `over`: the keys, or the
+    queries from `first` to `n`) and the lanes (`lanes` of them), or None where its targets are not
+    rows a fixed step apart, their values' likewise, a slot moves by other than a fixed number of
+    slots a term (a family's quadratic start, tri, only in the gradient read, by a table), or a
+    clear is of another slot than the read's."""
+    lane = len(shape) - 1
+    out, value = sums[0].product[:2]
+    y_row, x_row = _step([s.offset for s in sums]), _step([s.product[2] for s in sums])
+    if (y_row is None or x_row is None or any(s.target != sums[0].target or s.product[1] != value for s in sums)
+            or any(c.at != read.at for c in clears) or value.tri
+            or any(isinstance(t, Extent) for a in (out, value, sums[0].target) for t in a.strides)):
+        return None
+    at_first = lambda a: dataclasses.replace(a, strides=tuple(0 if d in (over, lane) else t for d, t in enumerate(a.strides)),
+                                             tri=a.tri if over else 0)
+    table = [out.strides[over] * t + (out.tri * t * (t - 1) // 2 if over == 0 else 0) for t in terms]
+    active = shape[-1]
+    return call("held_sums_lanes", y=f"g + {slot_index(at_first(sums[0].target), sums[0].offset, grad=True)}",
+                y_row=y_row, alpha=f"g + {slot_index(at_first(out), grad=True)}", oa=offsets(table),
+                clear=int(bool(clears)), x=f"d + {slot_index(at_first(value), sums[0].product[2])}", x_row=x_row,
+                x_step=value.strides[over], active=f"d + {active.active + active.first}" + ("" if active_step else " + i0"),
+                active_step=active_step, first=first, n=n, lanes=lanes, rows=len(sums))
+
+
+def _step(offsets):
+    """The fixed step between offsets (0 for one), or None."""
+    steps = set(np.diff(offsets).tolist())
+    return 0 if not steps else steps.pop() if len(steps) == 1 else None
 
 
 def _held(shape, read, sums, clears, lanes):

@@ -185,6 +185,10 @@ typedef int64_t lanes_int;
     if (i + 0 < (n)) { ADD(0) if (i + 1 < (n)) { ADD(1) if (i + 2 < (n)) { ADD(2)                  \
     if (i + 3 < (n)) { ADD(3) if (i + 4 < (n)) { ADD(4) if (i + 5 < (n)) { ADD(5)                  \
     if (i + 6 < (n)) { ADD(6) }}}}}}}
+/* X(k) for k < 1, 4, 8: a body written once for registers named by constant indices */
+#define ONE(X) X(0)
+#define FOUR(X) X(0) X(1) X(2) X(3)
+#define EIGHT(X) FOUR(X) X(4) X(5) X(6) X(7)
 /* the eight parts summed pairwise, as the calls sum them */
 #define EIGHT_SUMMED(s) (((s)[0] + (s)[1]) + ((s)[2] + (s)[3])) + (((s)[4] + (s)[5]) + ((s)[6] + (s)[7]))
 
@@ -356,8 +360,6 @@ typedef lanes_int lanes_mask __attribute__((vector_size(64))); /* (a comparison'
         to[k] += TERM(go, term);                                                                   \
     }
 #define TO_WRITE(k) memcpy(y + oy[i + (k)], &to[k], sizeof to[k]);
-#define ONE(X) X(0)
-#define FOUR(X) X(0) X(1) X(2) X(3)
 #define AXPY_WIDE_ROWS                                                                             \
     if (y_step == 0) {                                                                             \
         long i = 0;                                                                                \
@@ -409,8 +411,6 @@ LANES_AVX512_FUNCTION axpy_offsets_wide_rows(real *restrict y, const int32_t *oy
 #undef TO_READ
 #undef TO_ADD
 #undef TO_WRITE
-#undef ONE
-#undef FOUR
 #undef AXPY_WIDE_ROWS
 
 /* add_offsets_lanes' block of WIDE_BLOCK lanes (a lane whose alpha is 0 skipped) */
@@ -675,10 +675,125 @@ KERNEL void axpy_offsets_lanes_rows(real *restrict y, const int32_t *oy, long y_
 #undef AXPY_BLOCK
 #undef AXPY_ONE
 }
+
+/* Sums held over a causal triangle's terms (codegen/write/triangle.py: the attention's query-key
+ * dots' backward, a query's gradients summed over its keys, a key's over its queries), a row
+ * each, over the batch's lanes: for every lane l < lanes and row r < rows
+ *     y[r * y_row + l] += alpha[oa[i] + l] * x[i * x_step + r * x_row + l]
+ * for the terms first <= i < n in order, term i only in its first (long)active[i * active_step]
+ * lanes (the documents that reach its query); then, with `clear`, each term's alphas in those
+ * lanes set to 0 (the gradient read, cleared). The loop nest held the sums in an array over its
+ * loop over the lanes, so each term loaded and stored every row's sums; here each block of lanes
+ * keeps eight rows' in registers over the terms. A lane a term does not reach gets -0 * +0 = -0,
+ * which leaves its sum as it is: the same bits. */
+#define HELD_READ(k) memcpy(&sum[k], y + (r0 + (k)) * y_row, sizeof sum[k]);
+#define HELD_ADD(k)                                                                                \
+    {                                                                                              \
+        HELD_VEC term;                                                                             \
+        memcpy(&term, from + (r0 + (k)) * x_row, sizeof term);                                     \
+        sum[k] += a * (HELD_VEC)((HELD_MASK)term & live);                                          \
+    }
+#define HELD_WRITE(k) memcpy(y + (r0 + (k)) * y_row, &sum[k], sizeof sum[k]);
+#define HELD_PASS(EACH)                                                                            \
+    {                                                                                              \
+        HELD_VEC sum[8];                                                                           \
+        EACH(HELD_READ)                                                                            \
+        for (long i = first; i < n; i++) {                                                         \
+            const long reach = (long)active[i * active_step] - l0;                                 \
+            if (reach <= 0)                                                                        \
+                continue;                                                                          \
+            const HELD_MASK live = lane < (lanes_int)reach;                                                   \
+            const real *from = x + i * x_step;                                                     \
+            HELD_VEC a;                                                                            \
+            memcpy(&a, alpha + oa[i], sizeof a);                                                   \
+            a = (HELD_VEC)(((HELD_MASK)a & live) | ((HELD_MASK)(-(HELD_VEC){0}) & ~live));         \
+            EACH(HELD_ADD)                                                                         \
+        }                                                                                          \
+        EACH(HELD_WRITE)                                                                           \
+    }
+/* held_sums_lanes' rows for the lanes from l0 that a HELD_VEC holds (y, alpha and x from l0) */
+#define HELD_SUMS_VECTOR                                                                           \
+    (real *restrict y, long y_row, const real *alpha, const int32_t *oa, const real *restrict x,   \
+     long x_row, long x_step, const real *active, long active_step, long first, long n, long l0,   \
+     long rows)                                                                                    \
+    {                                                                                              \
+        HELD_UNFUSED                                                                               \
+        HELD_MASK lane;                                                                            \
+        for (long l = 0; l < (long)(sizeof lane / sizeof lane[0]); l++)                            \
+            lane[l] = l;                                                                           \
+        long r0 = 0;                                                                               \
+        for (; r0 + 8 <= rows; r0 += 8)                                                            \
+            HELD_PASS(EIGHT)                                                                       \
+        for (; r0 + 4 <= rows; r0 += 4)                                                            \
+            HELD_PASS(FOUR)                                                                        \
+        for (; r0 < rows; r0++)                                                                    \
+            HELD_PASS(ONE)                                                                         \
+    }
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__TINYC__)
+#define HELD_VEC lanes_vec
+#define HELD_MASK lanes_mask
+#define HELD_UNFUSED WIDE_UNFUSED
+LANES_AVX512_FUNCTION held_sums_wide HELD_SUMS_VECTOR
+#undef HELD_VEC
+#undef HELD_MASK
+#undef HELD_UNFUSED
+#define HELD_WIDE(l)                                                                               \
+    held_sums_wide(y + (l), y_row, alpha + (l), oa, x + (l), x_row, x_step, active, active_step, first, n, l, rows)
+#else
+#define HELD_WIDE(l)
+#endif
+#define HELD_UNFUSED
+#if defined(__GNUC__) && !defined(__TINYC__)
+#define HELD_VEC block_vec
+#define HELD_MASK block_mask
+static inline void held_sums_whole HELD_SUMS_VECTOR
+#undef HELD_VEC
+#undef HELD_MASK
+#define HELD_VEC half_vec
+#define HELD_MASK half_mask
+static inline void held_sums_half HELD_SUMS_VECTOR
+#undef HELD_VEC
+#undef HELD_MASK
+#define HELD_BLOCK(l, width)                                                                       \
+    (width == LANE_BLOCK ? held_sums_whole : held_sums_half)(y + (l), y_row, alpha + (l), oa, x + (l), x_row, x_step, \
+                                                              active, active_step, first, n, l, rows)
+#else
+#define HELD_BLOCK(l, width)                                                                       \
+    for (long j = (l); j < (l) + (width); j++)                                                     \
+        HELD_ONE(j)
+#endif
+#define HELD_ONE(l)                                                                                \
+    for (long r = 0; r < rows; r++) {                                                              \
+        real sum = y[r * y_row + (l)];                                                             \
+        for (long i = first; i < n; i++)                                                           \
+            if ((l) < (long)active[i * active_step])                                               \
+                sum += alpha[oa[i] + (l)] * x[i * x_step + r * x_row + (l)];                       \
+        y[r * y_row + (l)] = sum;                                                                  \
+    }
+KERNEL void held_sums_lanes(real *restrict y, long y_row, real *alpha, const int32_t *oa, int clear,
+                            const real *restrict x, long x_row, long x_step, const real *active, long active_step,
+                            long first, long n, long lanes, long rows)
+{
+    LANES_IN_BLOCKS(HELD_WIDE, HELD_BLOCK, HELD_ONE)
+    for (long i = first; clear && i < n; i++)
+        memset(alpha + oa[i], 0, (size_t)(long)active[i * active_step] * sizeof(real));
+}
+#undef HELD_READ
+#undef HELD_ADD
+#undef HELD_WRITE
+#undef HELD_PASS
+#undef HELD_SUMS_VECTOR
+#undef HELD_WIDE
+#undef HELD_BLOCK
+#undef HELD_ONE
+#undef HELD_UNFUSED
 #undef LANES_IN_BLOCKS
 #undef LANES_WIDE
 #undef EIGHT_PARTS
 #undef EIGHT_SUMMED
+#undef ONE
+#undef FOUR
+#undef EIGHT
 #undef LANE_BLOCK
 #undef HALF_BLOCK
 #undef LANES_MOST

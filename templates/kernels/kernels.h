@@ -37,6 +37,9 @@ KERNEL void axpy_offsets_lanes(real *restrict y, const int32_t *oy, const real *
 KERNEL void axpy_offsets_lanes_rows(real *restrict y, const int32_t *oy, long y_step, const real *alpha,
                                     long alpha_step, const real *restrict x, const int32_t *ox, long x_step,
                                     long n, long lanes, long rows);
+KERNEL void held_sums_lanes(real *restrict y, long y_row, real *alpha, const int32_t *oa, int clear,
+                            const real *restrict x, long x_row, long x_step, const real *active, long active_step,
+                            long first, long n, long lanes, long rows);
 KERNEL void sum_offsets_lanes(real *restrict out, const real *x, const int32_t *ox, long n, long lanes);
 KERNEL void sgd_axpy_offsets(real *w, const int32_t *ow, real lr, real alpha, const real *x,
                              const int32_t *ox, long n);
