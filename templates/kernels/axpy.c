@@ -702,7 +702,7 @@ KERNEL void axpy_offsets_lanes_rows(real *restrict y, const int32_t *oy, long y_
             const long reach = (long)active[i * active_step] - l0;                                 \
             if (reach <= 0)                                                                        \
                 continue;                                                                          \
-            const HELD_MASK live = lane < (lanes_int)reach;                                                   \
+            const HELD_MASK live = lane < (lanes_int)reach;                                        \
             const real *from = x + i * x_step;                                                     \
             HELD_VEC a;                                                                            \
             memcpy(&a, alpha + oa[i], sizeof a);                                                   \
@@ -755,8 +755,8 @@ static inline void held_sums_half HELD_SUMS_VECTOR
 #undef HELD_VEC
 #undef HELD_MASK
 #define HELD_BLOCK(l, width)                                                                       \
-    (width == LANE_BLOCK ? held_sums_whole : held_sums_half)(y + (l), y_row, alpha + (l), oa, x + (l), x_row, x_step, \
-                                                              active, active_step, first, n, l, rows)
+    ((width) == LANE_BLOCK ? held_sums_whole : held_sums_half)                                     \
+    (y + (l), y_row, alpha + (l), oa, x + (l), x_row, x_step, active, active_step, first, n, l, rows)
 #else
 #define HELD_BLOCK(l, width)                                                                       \
     for (long j = (l); j < (l) + (width); j++)                                                     \
