@@ -189,6 +189,15 @@ typedef int64_t lanes_int;
 #define ONE(X) X(0)
 #define FOUR(X) X(0) X(1) X(2) X(3)
 #define EIGHT(X) FOUR(X) X(4) X(5) X(6) X(7)
+/* x where `keep` (a comparison's lanes: all bits or none), else -0 (OR_MINUS_ZERO) or +0
+ * (OR_ZERO), in GCC vector types VEC and MASK: a lane that a call would skip (its alpha 0, or a
+ * term that does not reach it) adds -0 * +0 = -0 to its sum, which leaves any value as it is
+ * (x + -0 is x, and -0 stays -0), fused or not, with neither a branch nor a blend on the sum's
+ * chain. (A blend of the sum and the old value put two more operations on the chain of a sum held
+ * over rows; without it, and four sums side by side, axpy_offsets_wide_rows went from 6.2% of the
+ * bigger GPT's step to 5.3%.) */
+#define OR_MINUS_ZERO(VEC, MASK, x, keep) ((VEC)(((MASK)(x) & (keep)) | ((MASK)(-(VEC){0}) & ~(keep))))
+#define OR_ZERO(VEC, MASK, x, keep) ((VEC)((MASK)(x) & (keep)))
 /* the eight parts summed pairwise, as the calls sum them */
 #define EIGHT_SUMMED(s) (((s)[0] + (s)[1]) + ((s)[2] + (s)[3])) + (((s)[4] + (s)[5]) + ((s)[6] + (s)[7]))
 
@@ -326,15 +335,10 @@ LANES_AVX512_FUNCTION dot_offsets_wide_rows(real *out, long out_step, const real
         dot_offsets_wide(out + r * out_step, a, oa, b + r * b_step, ob, n);
 }
 
-/* A lane whose alpha (go) is 0 skipped as axpy_offsets skips it, with neither a branch nor a
- * blend on the sum's chain: that lane's go made -0 (SKIPPING) and its term +0 (SKIPPED), so it
- * adds -0 * +0 = -0, which leaves any value as it was (x + -0 is x, and -0 stays -0), fused or
- * not. (A blend of the sum and the old value put two more operations on the chain of a sum held
- * over rows; without it, and four sums side by side, axpy_offsets_wide_rows went from 6.2% of the
- * bigger GPT's step to 5.3%.) */
+/* a lane whose alpha (go) is 0 skipped as axpy_offsets skips it: go made -0, the term +0 */
 typedef lanes_int lanes_mask __attribute__((vector_size(64))); /* (a comparison's lanes: all bits or none) */
-#define SKIPPING(go) ((lanes_vec)((lanes_mask)(go) | (((go) == 0) & (lanes_mask)(-(lanes_vec){0}))))
-#define SKIPPED(go, term) ((lanes_vec)((lanes_mask)(term) & ((go) != 0)))
+#define SKIPPING(go) OR_MINUS_ZERO(lanes_vec, lanes_mask, go, (go) != 0)
+#define SKIPPED(go, term) OR_ZERO(lanes_vec, lanes_mask, term, (go) != 0)
 
 /* axpy_offsets_wide for `rows` rows (axpy_offsets_lanes_rows), a lane whose alpha is 0 skipped as
  * it skips it (TERM: SKIPPING where a row has such a lane, else each term as it is). A target the
@@ -684,14 +688,14 @@ KERNEL void axpy_offsets_lanes_rows(real *restrict y, const int32_t *oy, long y_
  * lanes (the documents that reach its query); then, with `clear`, each term's alphas in those
  * lanes set to 0 (the gradient read, cleared). The loop nest held the sums in an array over its
  * loop over the lanes, so each term loaded and stored every row's sums; here each block of lanes
- * keeps eight rows' in registers over the terms. A lane a term does not reach gets -0 * +0 = -0,
- * which leaves its sum as it is: the same bits. */
+ * keeps eight rows' in registers over the terms. A lane a term does not reach gets -0 * +0
+ * (OR_MINUS_ZERO, OR_ZERO): the same bits. */
 #define HELD_READ(k) memcpy(&sum[k], y + (r0 + (k)) * y_row, sizeof sum[k]);
 #define HELD_ADD(k)                                                                                \
     {                                                                                              \
         HELD_VEC term;                                                                             \
         memcpy(&term, from + (r0 + (k)) * x_row, sizeof term);                                     \
-        sum[k] += a * (HELD_VEC)((HELD_MASK)term & live);                                          \
+        sum[k] += a * OR_ZERO(HELD_VEC, HELD_MASK, term, live);                                    \
     }
 #define HELD_WRITE(k) memcpy(y + (r0 + (k)) * y_row, &sum[k], sizeof sum[k]);
 #define HELD_PASS(EACH)                                                                            \
@@ -706,7 +710,7 @@ KERNEL void axpy_offsets_lanes_rows(real *restrict y, const int32_t *oy, long y_
             const real *from = x + i * x_step;                                                     \
             HELD_VEC a;                                                                            \
             memcpy(&a, alpha + oa[i], sizeof a);                                                   \
-            a = (HELD_VEC)(((HELD_MASK)a & live) | ((HELD_MASK)(-(HELD_VEC){0}) & ~live));         \
+            a = OR_MINUS_ZERO(HELD_VEC, HELD_MASK, a, live);                                       \
             EACH(HELD_ADD)                                                                         \
         }                                                                                          \
         EACH(HELD_WRITE)                                                                           \
@@ -794,6 +798,8 @@ KERNEL void held_sums_lanes(real *restrict y, long y_row, real *alpha, const int
 #undef ONE
 #undef FOUR
 #undef EIGHT
+#undef OR_MINUS_ZERO
+#undef OR_ZERO
 #undef LANE_BLOCK
 #undef HALF_BLOCK
 #undef LANES_MOST
