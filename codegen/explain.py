@@ -108,7 +108,7 @@ def explain(loss, inputs=(), params=(), outputs=(), fuse=True, input_grads=False
     batched, why_not = ((None, "the table form") if plan
                         else batching.batched_form(program, batch, itemsize))
     how = (f"batched over up to {batched.capacity} samples (train() with batch_size > 1, predict())"
-           + _convolutions(batched) if batched
+           + _convolutions(batched) + _gradients(batched) if batched
            else f"no batched form ({why_not}): train() and predict() run sample by sample")
     sequence = (f"loops stop at each training sample's length (one past its last nonzero loss weight, of "
                 f"{len(program.sequence.weights)})" if program.sequence
@@ -126,6 +126,14 @@ def _convolutions(batched):
         return ""
     return (f"; step{'s' * (len(steps) > 1)} {', '.join(map(str, steps))} a convolution over the batch "
             "(conv_set, conv_nt, conv_acc: templates/kernels/conv.c)")
+
+
+def _gradients(batched):
+    """How much of the batch's gradient memory its gradients take (codegen/lower/gradients.py)."""
+    if batched.gradients is None:
+        return ""
+    share = (batched.gradients.n_slots - batched.n_params) / (batched.constants_base - batched.n_params)
+    return f"; its gradients in {share:.0%} of its values' slots (those live at different times share)"
 
 
 def _table(plan):

@@ -17,20 +17,23 @@ static size_t batch_shift(void)
     return (line - (size_t)MODEL.n_params % line) % line;
 }
 
-/* A set of batch buffers (values d and gradients g: BATCH_CAPACITY times the one-sample program's,
- * then the inputs' row lists, int32: codegen/write/sides.py's row_scans), zeroed, batch_shift()
- * reals past a 64-byte boundary, the constants written. 0, or -1 (no memory; nothing made). */
+/* A set of batch buffers, zeroed, batch_shift() reals past a 64-byte boundary: values d
+ * (BATCH_CAPACITY times the one-sample program's slots, then the inputs' row lists, int32:
+ * codegen/write/sides.py's row_scans), the constants written, and gradients g (as many, or fewer
+ * where gradients live at different times share: codegen/lower/gradients.py). 0, or -1 (no
+ * memory; nothing made). */
 static int new_batch_set(real **d_out, real **g_out)
 {
     const size_t shift = batch_shift() * sizeof(real);
     const size_t bytes = (size_t)MODEL.n_batch_slots * sizeof(real) + MODEL.batch_list_words * 4;
+    const size_t grad_bytes = (size_t)MODEL.n_batch_grad_slots * sizeof(real);
     void *d = NULL, *g = NULL;
-    if (posix_memalign(&d, 64, shift + bytes + 64) != 0 || posix_memalign(&g, 64, shift + bytes + 64) != 0) {
+    if (posix_memalign(&d, 64, shift + bytes + 64) != 0 || posix_memalign(&g, 64, shift + grad_bytes + 64) != 0) {
         free(d);
         return -1;
     }
     memset(d, 0, shift + bytes);
-    memset(g, 0, shift + bytes);
+    memset(g, 0, shift + grad_bytes);
     *d_out = (real *)((char *)d + shift);
     *g_out = (real *)((char *)g + shift);
     MODEL.init_batch_constants(*d_out);
@@ -424,7 +427,7 @@ static void run_piece(const Samples *s, const Py_ssize_t *rows, long nb, const r
     if (!MODEL.batch_backward_clears)
         clear_batch_gradients(g, nb);
     for (long b = 0; b < nb; b++)
-        g[MODEL.batch_loss_slot + b] = 1;
+        g[MODEL.batch_loss_grad_slot + b] = 1;
     MODEL.backward_batch(d, g, nb, rate);
 }
 

@@ -68,6 +68,7 @@ typedef struct {
     /* the batched program (templates/batch.c; have_batch 0: none, the rest unused) */
     int have_batch;
     long batch_capacity, n_batch_slots, batch_input_base, batch_loss_slot, batch_constants_base;
+    long n_batch_grad_slots, batch_loss_grad_slot; /* g's slots, the loss's gradient in g (codegen/lower/gradients.py) */
     long batch_list_words;            /* int32 words after the batch buffer's slots: the row lists */
     const long *batch_output_slots;
     long batch_positions_slot;        /* the same in the batch buffers (sample b's weights at + b) */

@@ -369,11 +369,11 @@ def test_products_over_the_positions_equal_the_interpreter(tiny, compiler, dtype
 LANES_DOCS = ["edcbaabcde", "abcdeabcd", "abcd", "bac", "ab", "a", "edcbaab", "ca", "adebcaed"]
 
 
-def _lanes_case(dtype, batch=8, n_embd=4, docs=LANES_DOCS):
+def _lanes_case(dtype, batch=8, n_embd=4, docs=LANES_DOCS, n_layer=1):
     """A batched tiny GPT whose documents of up to 10 positions (sums of 8 terms and more, and
     fewer) reach a position in a full vector of lanes or in part of one: (graph, compile()'s
     options, inputs, targets)."""
-    config = model.Config(n_embd=n_embd, n_head=2, n_layer=1, block_size=10)
+    config = model.Config(n_embd=n_embd, n_head=2, n_layer=n_layer, block_size=10)
     random.seed(1)
     tokenizer = data.Tokenizer(docs)
     state, params = model.init_state(config, tokenizer.vocab_size)
@@ -660,3 +660,64 @@ def test_the_attentions_backward_holds_its_sums_over_keys_and_queries(tiny, comp
     for expected_losses, expected in others:
         assert losses == expected_losses
         np.testing.assert_array_equal(after, expected)
+
+
+@pytest.mark.parametrize("compiler, dtype", list(compiler_diagonal(["float32", "float64"])), indirect=["compiler"])
+def test_gradients_live_at_different_times_share_g_bits(compiler, dtype, monkeypatch, tmp_path):
+    """A sequence's batched backward sets each gradient back to 0 once read, so gradients live at
+    different times share the batch buffer g (codegen/lower/gradients.py): g holds fewer slots than
+    d, and train()'s steps (documents of mixed lengths, a last piece of one) and a batch's
+    gradients are the same bits as with every gradient at its value's slot."""
+    from codegen.lower import batch
+
+    def turn_off(patch):
+        patch.setattr(batch, "place_gradients", lambda batched: None)
+
+    def check(units, on):
+        slots, grad_slots = (int(re.search(rf"#define {name} (\d+)", units)[1])
+                             for name in ("N_BATCH_SLOTS", "N_BATCH_GRAD_SLOTS"))
+        assert (grad_slots < slots / 2) if on else grad_slots == slots
+    case = _lanes_case(dtype, n_layer=2)
+    _bits_with_and_without(case, turn_off, check, compiler, dtype, monkeypatch, tmp_path)
+
+
+def test_gradients_live_at_the_same_time_never_share_a_place(tiny):
+    """The tiny GPT's gradient layout (codegen/lower/gradients.py), row by row: a row of the batch
+    is live from the group before the first, in backward order, whose operands reach it to the
+    group after the last (the loss's from the start, the inputs' throughout); two rows live at the
+    same time never have one place in g, every row of d a group reaches has one, and the
+    parameters' gradients stay at their slots; explain() says how much of g it takes."""
+    from codegen.lower.gradients import GradientLayout
+    tokenizer, state, params = tiny
+    doc = model.document(state, CONFIG)
+    batched = codegen.lower.batch.batched_form(codegen.lower.ir.lower(doc.loss, doc.inputs, params, doc.outputs),
+                                               16)[0]
+    layout, capacity, first = batched.gradients, batched.capacity, batched.n_params
+    assert isinstance(layout, GradientLayout) and layout.n_slots < batched.n_slots
+    assert [layout.at(slot) for slot in range(first)] == list(range(first))
+    end = len(batched.backward)
+    live = {}
+    for t, g in enumerate(batched.backward):
+        ops = g.operands
+        spans = [ops.out.span(g.shape), *(a.span(g.shape) for a in ops.args if hasattr(a, "base")),
+                 *(v.start.span(g.shape, v.offsets) for v in (ops.terms, ops.a, ops.b) if v is not None)]
+        for lo, hi in spans:
+            if first <= lo and hi < batched.constants_base:
+                for row in range((lo - first) // capacity, (hi - first) // capacity + 1):
+                    a, b = live.get(row, (t - 1, t + 1))
+                    live[row] = (min(a, t - 1), max(b, t + 1))
+    live[(batched.loss_slot - first) // capacity] = (-1, live[(batched.loss_slot - first) // capacity][1])
+    for row in range((batched.input_base - first) // capacity,
+                     (batched.input_base + batched.n_inputs * capacity - first - 1) // capacity + 1):
+        live[row] = (-1, end)
+    place = {row: (layout.at(first + row * capacity) - first) // capacity for row in live}
+    assert all(layout.at(first + row * capacity + lane) == first + place[row] * capacity + lane
+               for row in live for lane in range(capacity))
+    for t in range(-1, end + 1):
+        now = [row for row, (a, b) in live.items() if a <= t <= b]
+        assert len({place[row] for row in now}) == len(now), t
+    with pytest.raises(ValueError, match="no gradient region"):
+        layout.at(batched.constants_base)
+    share = (layout.n_slots - first) / (batched.constants_base - first)
+    assert f"its gradients in {share:.0%} of its values' slots" in codegen.explain(
+        doc.loss, doc.inputs, params, doc.outputs, batch=16).summary()

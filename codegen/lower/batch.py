@@ -23,6 +23,7 @@ import numpy as np
 
 from .types import (DOT, OP, ActiveBatch, Affine, BatchedProgram, BatchExtent, Bounded, Extent, Group, Operands,
                     Sequence, Vector)
+from .gradients import place_gradients
 from .vector import progression
 
 # Samples side by side in the batch buffers (the batch loop's largest extent): train()'s larger
@@ -121,24 +122,12 @@ class NotBatchable(Exception):
     """The program has no batched form; the message says why."""
 
 
-def _span(affine, shape, offsets=(0,)):
-    """The lowest and highest slot an Affine (plus offsets) reaches over the loop nest."""
-    lo = hi = affine.base
-    for stride, n in zip(affine.strides, shape):  # (a growing loop's extent is its largest)
-        reach = stride * (n - 1)
-        lo, hi = lo + min(0, reach), hi + max(0, reach)
-    if affine.tri:
-        reach = affine.tri * ((shape[0] - 1) * (shape[0] - 2) // 2)
-        lo, hi = lo + min(0, reach), hi + max(0, reach)
-    return lo + min(offsets), hi + max(offsets)
-
-
 def _affine(layout, affine, shape, offsets=(0,)):
     """The Affine in the batched layout (one more loop index, the sample), and the scale its
     offsets take."""
     if affine.grad_base is not None and affine.grad_base != affine.base:
         raise NotBatchable("a gradient slot is shared (straight-line scalar code)")
-    region = layout.region(*_span(affine, shape, offsets))
+    region = layout.region(*affine.span(shape, offsets))
     if region is None:
         raise NotBatchable("an operand list mixes per-sample values with parameters or constants")
     scale, stride = region
@@ -251,7 +240,7 @@ def batch_program(program, capacity=DEFAULT_CAPACITY):
     for g in program.forward:
         by_id[id(g)] = _group(layout, g, extent, active)
         forward.append(by_id[id(g)])
-    return BatchedProgram(
+    batched = BatchedProgram(
         capacity=capacity, n_params=program.n_params, n_slots=layout.n_slots + (len(sequence.weights) if sequence else 0),
         input_base=layout.slot(program.input_base), n_inputs=program.n_inputs, loss_slot=layout.slot(program.loss.slot),
         output_slots=[layout.slot(n.slot) for n in program.outputs], constants_base=layout.constants_base,
@@ -261,6 +250,9 @@ def batch_program(program, capacity=DEFAULT_CAPACITY):
         sequence=sequence and Sequence(layout.slot(sequence.slot), tuple(layout.slot(w) for w in sequence.weights),
                                        active),
         read_after=program.read_after)
+    if batched.backward_clears:
+        batched.gradients = place_gradients(batched)
+    return batched
 
 
 def batched_form(program, capacity=DEFAULT_CAPACITY, itemsize=8):

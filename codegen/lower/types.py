@@ -191,6 +191,17 @@ class Affine:
     def grad_offset(self):
         return self.base if self.grad_base is None else self.grad_base
 
+    def span(self, shape, offsets=(0,)):
+        """The lowest and highest slot it reaches (plus offsets) over a loop nest of `shape`."""
+        lo = hi = self.base
+        for stride, n in zip(self.strides, shape):  # (a growing loop's extent is its largest)
+            reach = stride * (n - 1)
+            lo, hi = lo + min(0, reach), hi + max(0, reach)
+        if self.tri:
+            reach = self.tri * ((shape[0] - 1) * (shape[0] - 2) // 2)
+            lo, hi = lo + min(0, reach), hi + max(0, reach)
+        return lo + min(offsets), hi + max(offsets)
+
 
 @dataclass(frozen=True)
 class Vector:
@@ -345,6 +356,13 @@ class BatchedProgram:
     constants: list        # (slot, value)
     sequence: object = None  # Sequence in the batched slots (sample b's weights at + b)
     read_after: tuple = ()   # the Program's (the nodes whose values are read after the forward)
+    gradients: object = None  # where its per-sample gradients live in g (lower/gradients.py), or None: at their slots
+
+    @property
+    def backward_clears(self):
+        """Whether its backward sets every gradient it reads back to 0 (codegen/write/backward.py's
+        Plain), so that gradients live at different times can share g: a sequence's."""
+        return self.sequence is not None
 
 
 @dataclasses.dataclass(frozen=True)

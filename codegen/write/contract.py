@@ -213,13 +213,15 @@ class BatchLayout:
     sequence: object = None
     backward_clears: bool = False  # backward_batch leaves every per-sample gradient 0
     clear_runs: tuple = ()  # runs (first row, count) of the per-sample rows the runtime clears
+    grad_slots: int = 0  # g's slots (codegen/lower/gradients.py) and the loss's gradient's index in g
+    loss_grad_slot: int = 0
 
     @classmethod
-    def of(cls, batched, stepped, backward_clears=False, overwritten=()):
+    def of(cls, batched, stepped, overwritten=()):
         """overwritten: (first row, count) of the per-sample rows (BATCH_CAPACITY slots each, from
         N_PARAMS) that backward_batch writes rather than adds to (sides.SideTables' overwritten):
-        the runtime clears the others before each batch."""
-        rows = np.ones((batched.constants_base - batched.n_params) // batched.capacity, dtype=bool)
+        the runtime clears the others before each batch, unless backward_batch leaves them 0."""
+        rows = np.full((batched.constants_base - batched.n_params) // batched.capacity, not batched.backward_clears)
         for first, count in overwritten:
             rows[first:first + count] = False
         edges = np.flatnonzero(np.diff(np.concatenate([[0], rows.view(np.int8), [0]])))
@@ -230,15 +232,19 @@ class BatchLayout:
                 merged[-1] = (merged[-1][0], merged[-1][1] + count)
             else:
                 merged.append((first, count))
+        gradients = batched.gradients
         return cls(batched.capacity, batched.n_slots, batched.input_base, batched.loss_slot, batched.constants_base,
-                   tuple(batched.output_slots), tuple(merged), batched.sequence, backward_clears, runs)
+                   tuple(batched.output_slots), tuple(merged), batched.sequence, batched.backward_clears, runs,
+                   gradients.n_slots if gradients else batched.n_slots,
+                   gradients.at(batched.loss_slot) if gradients else batched.loss_slot)
 
     @staticmethod
     def render_none():
         return "#define HAVE_BATCH 0"
 
     def render(self):
-        """HAVE_BATCH 1, BATCH_CAPACITY, N_BATCH_SLOTS, BATCH_INPUT_BASE, BATCH_LOSS_SLOT,
+        """HAVE_BATCH 1, BATCH_CAPACITY, N_BATCH_SLOTS (d's), N_BATCH_GRAD_SLOTS (g's),
+        BATCH_INPUT_BASE, BATCH_LOSS_SLOT, BATCH_LOSS_GRAD_SLOT (its gradient's in g),
         BATCH_CONSTANTS_BASE, BATCH_OUTPUT_SLOTS, N_BATCH_STEPPED_RUNS and BATCH_STEPPED_RUNS
         (ascending, then (N_PARAMS, 0)), N_BATCH_CLEAR_RUNS and BATCH_CLEAR_RUNS (then (0, 0));
         BATCH_BACKWARD_CLEARS 1 as Layout's BACKWARD_CLEARS."""
@@ -247,8 +253,10 @@ class BatchLayout:
             "#define HAVE_BATCH 1",
             f"#define BATCH_CAPACITY {self.capacity}",
             f"#define N_BATCH_SLOTS {self.n_slots}",
+            f"#define N_BATCH_GRAD_SLOTS {self.grad_slots}",
             f"#define BATCH_INPUT_BASE {self.input_base}",
             f"#define BATCH_LOSS_SLOT {self.loss_slot}",
+            f"#define BATCH_LOSS_GRAD_SLOT {self.loss_grad_slot}",
             f"#define BATCH_CONSTANTS_BASE {self.constants_base}",
             _table("BATCH_OUTPUT_SLOTS", list(self.output_slots) or [0]),
             f"#define N_BATCH_STEPPED_RUNS {len(runs) - 1}",

@@ -19,6 +19,7 @@ from .backward import Backward, Plain, SgdInBackward, Tracked
 from .dtypes import c_literals
 from .forward import Forward
 from .kernels import Call
+from .loops import gradients_placed
 from .sides import Shared, SideTables
 
 # Statements per generated function: gcc/clang -O1 take superlinear time in a function's size.
@@ -243,13 +244,16 @@ def _render(program, chunk, unit, module, thread_pool, dtype=dtypes.DEFAULT.name
     passes = [("forward_outputs", d, forward_outputs), ("forward_rest", d, forward_rest),
               ("backward_body", dg, backward), ("backward_sgd_body", dg + ["real lr"], backward_sgd),
               *([("backward_tracked_body", dg + tracking, backward_tracked)] if sides.tracked_rows or step_backward else [])]
-    batched_passes = _batched_functions(batch_sides, dtype)
-    for name, params, statements in passes + batched_passes:
-        functions, driver = _functions(name, params, statements, chunk)
-        pieces += functions
-        drivers.append(driver)
-        if len(drivers) == len(passes):
-            unbatched = len(pieces)
+
+    def write(functions_of):
+        for name, params, statements in functions_of:
+            functions, driver = _functions(name, params, statements, chunk)
+            pieces.extend(functions)
+            drivers.append(driver)
+    write(passes)
+    unbatched = len(pieces)
+    with gradients_placed(batched and batched.gradients):  # (its statements made and written in it)
+        write(_batched_functions(batch_sides, dtype))
     lane_bytes = batched.capacity * dtype.numpy.itemsize if batched else None
     units = _units(pieces, unit) if unit else [pieces]
     narrow = lane_bytes is not None and lane_bytes < templates.WIDEST_VECTOR_BYTES
@@ -318,12 +322,7 @@ def _batched_functions(sides, dtype):
     d, dg = ["real *restrict d", "long nb"], ["real *restrict d", "real *restrict g", "long nb"]
     return [("forward_outputs_batch", d, forward.pass_(outputs)),
             ("forward_rest_batch", d, forward.pass_(rest)),
-            ("backward_batch", dg + ["real rate"], backward.pass_(batched.backward, Plain(_clears(batched))))]
-
-
-def _clears(batched):
-    """Whether the batched program's backward leaves its gradients 0 (backward.Plain): a sequence's."""
-    return batched.sequence is not None
+            ("backward_batch", dg + ["real rate"], backward.pass_(batched.backward, Plain(batched.backward_clears)))]
 
 
 def _batch_layout(sides, dtype):
@@ -333,7 +332,7 @@ def _batch_layout(sides, dtype):
     if sides is None:
         return contract.BatchLayout.render_none()
     return "\n".join([
-        contract.BatchLayout.of(sides.program, sides.stepped, _clears(sides.program), sides.overwritten).render(),
+        contract.BatchLayout.of(sides.program, sides.stepped, sides.overwritten).render(),
         _constants(sides.program.constants, dtype, "init_batch_constants", "BATCH_CONSTANT_VALUES"),
         contract.Words("BATCH_LIST_WORDS", sides.row_list_words()).render(),
         _scan("scan_batch_rows", ["real *restrict d", "long nb"], sides.row_scans()),

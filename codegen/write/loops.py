@@ -8,6 +8,8 @@ and codegen/write/backward.py write the statements, codegen/write/emit.py cuts t
 and files.
 """
 
+import contextlib
+import contextvars
 import dataclasses
 import itertools
 import math
@@ -58,9 +60,29 @@ def short(*vectors):
     return all(v.length is not None and v.contiguous and v.n <= UNROLL_MAX_CONTIGUOUS for v in vectors)
 
 
+# The batched program's gradients' layout (codegen/lower/gradients.py) while its functions are
+# made and written (emit.py: gradients_placed), else None: every gradient at its value's index.
+_GRADIENTS = contextvars.ContextVar("gradients", default=None)
+
+
+@contextlib.contextmanager
+def gradients_placed(layout):
+    """slot_index's gradients placed by `layout` (a GradientLayout, or None) within."""
+    token = _GRADIENTS.set(layout)
+    try:
+        yield
+    finally:
+        _GRADIENTS.reset(token)
+
+
 def slot_index(affine, offset=0, grad=False):
-    """The C index of an Affine slot (plus offset) in the loop indices i0, i1, ..."""
+    """The C index of an Affine slot (plus offset) in the loop indices i0, i1, ...; a gradient's
+    where the layout in effect puts it (an access's slots all lie in one of its regions, which
+    moves as a whole: its first slot's place is every one's)."""
     base = (affine.grad_offset() if grad else affine.base) + offset
+    layout = _GRADIENTS.get() if grad else None
+    if layout is not None:
+        base = layout.at(base)
     if not affine.tri and not any(affine.strides):  # (a single statement's slot: most of a big irregular graph's)
         return str(base)
     parts = [str(base)]
