@@ -721,3 +721,18 @@ def test_gradients_live_at_the_same_time_never_share_a_place(tiny):
     share = (layout.n_slots - first) / (batched.constants_base - first)
     assert f"its gradients in {share:.0%} of its values' slots" in codegen.explain(
         doc.loss, doc.inputs, params, doc.outputs, batch=16).summary()
+
+
+def test_an_op_that_picks_reaches_its_candidates_gradients_in_one_region():
+    """An op that picks among its arguments (a gather: an index, then the candidates) reaches the
+    picked one's gradient from the first candidate's (codegen/write/statements.py's _picked), so
+    its candidates' spans are one (codegen/lower/gradients.py), however far apart they lie; the
+    index keeps its own."""
+    from types import SimpleNamespace
+    from codegen.lower.gradients import _gradient_spans
+    from codegen.lower.types import OP, Affine, Operands
+    from micrograd_c.ops import OPS
+    gather = OPS["gather"]
+    group = SimpleNamespace(first=SimpleNamespace(kind=OP, op=gather), shape=(4,))
+    group.operands = Operands(Affine(900, (1,)), (Affine(10, (1,)), Affine(100, (1,)), Affine(500, (1,)), 2.0))
+    assert sorted(_gradient_spans(group)) == [(10, 13), (100, 503), (900, 903)]

@@ -9,8 +9,8 @@ most 22% are live at once, and its two pieces of 16 documents held 13 MB of batc
 (values and gradients), which the two cores' L3 misses paid for.
 
 Regions: the spans of slots each group's gradients are read and written in (its result's, its
-operands' and its operand lists' over its loop nest, whole rows of the batch), merged where they
-overlap, so that no access leaves its region and a region moves as a whole (its strides, offsets
+operands' and its operand lists' over its loop nest, whole rows of the batch; the candidates of
+an op that picks one as one span), merged where they overlap, so that no access leaves its region and a region moves as a whole (its strides, offsets
 tables and kernels' rows as they were): the C's index of a gradient is its region's place plus
 its distance from the region's first slot (GradientLayout.at, which codegen/write/loops.py's
 slot_index applies). A region is live from the group before the first that touches it to the
@@ -23,6 +23,8 @@ greedy order of TFLite's arena planner): the same layout for the same program.
 
 import bisect
 from dataclasses import dataclass
+
+from .types import OP
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,13 @@ def place_gradients(batched):
 
 def _gradient_spans(g):
     """The (lowest, highest) slots of group g's operands over its loop nest: every gradient its
-    backward reads or writes is in one of them."""
+    backward reads or writes is in one of them, and every access is within one (an op that picks
+    among its arguments reaches its candidates' gradients from the first's: one span)."""
     ops, shape = g.operands, g.shape
-    spans = [ops.out.span(shape)]
-    spans += [a.span(shape) for a in ops.args if hasattr(a, "base")]
-    spans += [v.start.span(shape, v.offsets) for v in (ops.terms, ops.a, ops.b) if v is not None]
-    return spans
+    args = [a.span(shape) if hasattr(a, "base") else None for a in ops.args]  # (None: a constant)
+    if g.first.kind == OP and g.first.op.selects:
+        first = g.first.op.first_choice
+        picked = [span for span in args[first:] if span]
+        args = args[:first] + [(min(lo for lo, _ in picked), max(hi for _, hi in picked))] if picked else args[:first]
+    vectors = [v.start.span(shape, v.offsets) for v in (ops.terms, ops.a, ops.b) if v is not None]
+    return [ops.out.span(shape), *(span for span in args if span), *vectors]
