@@ -21,9 +21,9 @@ no batched form: `batch_program` says why, and train()/predict() run sample by s
 
 import numpy as np
 
+from .gradients import place_gradients
 from .types import (DOT, OP, ActiveBatch, Affine, BatchedProgram, BatchExtent, Bounded, Extent, Group, Operands,
                     Sequence, Vector)
-from .gradients import place_gradients
 from .vector import progression
 
 # Samples side by side in the batch buffers (the batch loop's largest extent): train()'s larger

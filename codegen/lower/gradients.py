@@ -1,24 +1,25 @@
 """The gradients' own layout: a pass on the batched program (after codegen/lower/batch.py) that
 lets gradients that are never live at the same time share the batch buffer g.
 
-A backward that sets every gradient it reads back to 0 (a sequence's: codegen/write/emit.py's
-_clears) leaves a per-sample slot's gradient 0 except from the first group, in backward order,
-that adds to it to the group that reads it. Slots whose gradients are live at different times can
-then have one place in g: the bigger GPT of docs/gpt.md has 102,745 slots a document, of which at
-most 22% are live at once, and its two pieces of 16 documents held 13 MB of batch buffers each
-(values and gradients), which the two cores' L3 misses paid for.
+A backward that sets every gradient it reads back to 0 (a sequence's: BatchedProgram's
+backward_clears) leaves a per-sample slot's gradient 0 except from the first group, in backward
+order, that adds to it to the group that reads it. Slots whose gradients are live at different
+times can then have one place in g: the bigger GPT of docs/gpt.md has 102,745 slots a document, of
+which at most 22% are live at once, and its two pieces of 16 documents held 13 MB of batch buffers
+each (values and gradients), which the two cores' L3 misses paid for.
 
 Regions: the spans of slots each group's gradients are read and written in (its result's, its
 operands' and its operand lists' over its loop nest, whole rows of the batch; the candidates of
-an op that picks one as one span), merged where they overlap, so that no access leaves its region and a region moves as a whole (its strides, offsets
-tables and kernels' rows as they were): the C's index of a gradient is its region's place plus
-its distance from the region's first slot (GradientLayout.at, which codegen/write/loops.py's
-slot_index applies). A region is live from the group before the first that touches it to the
-group after the last (backward.pass_ folds an activation's group into the product before it);
-the loss's from the start (the runtime sets it to 1 before the backward); a region that holds
-inputs (leaves no group reads and clears) all the time. Regions are placed largest first, each
-at the lowest place clear of every region placed before it that is live at the same time (the
-greedy order of TFLite's arena planner): the same layout for the same program.
+an op that picks one as one span), merged where they overlap, so that no access leaves its region
+and a region moves as a whole (its strides, offsets tables and kernels' rows as they were): the
+C's index of a gradient is its region's place plus its distance from the region's first slot
+(GradientLayout.at, which codegen/write/loops.py's slot_index applies). A region is live from the
+group before the first that touches it to the group after the last (backward.pass_ folds an
+activation's group into the product before it); the loss's from the start (the runtime sets it to
+1 before the backward); a region that holds inputs (leaves no group reads and clears) all the
+time. Regions are placed largest first, each at the lowest place clear of every region placed
+before it that is live at the same time (the greedy order of TFLite's arena planner): the same
+layout for the same program.
 """
 
 import bisect
