@@ -69,10 +69,10 @@ def place_gradients(batched):
         for lo, _ in spans:
             k = bisect.bisect_right(starts, lo) - 1
             live[k] = [min(live[k][0], t - 1), max(live[k][1], t + 1)]
-    loss = bisect.bisect_right(starts, rows(batched.loss_slot, batched.loss_slot)[0]) - 1
+    loss = rows(batched.loss_slot, batched.loss_slot)[0]
     inputs = rows(batched.input_base, batched.input_base + batched.n_inputs * capacity - 1)
     for k, (lo, hi) in enumerate(regions):
-        if k == loss:
+        if lo <= loss <= hi:
             live[k][0] = -1
         if lo <= inputs[1] and inputs[0] <= hi:
             live[k] = [-1, end]
