@@ -38,9 +38,6 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument('--hidden', nargs='+', metavar='N,N',
                         help='scale: the models\' hidden layers (default: 50 128,64 256,128 512,256 1024,256 1024,1024)')
     parser.add_argument('--plot', default='build/scale.png', help='scale: where its plot goes (default build/scale.png)')
-    parser.add_argument('--gpt-big', action='store_true',
-                        help="gpt: also the bigger configuration (n_embd 64, 4 heads, 2 layers, block 32, float32, "
-                             "B = 32): its build, step against the peers, share of the multiply-add peak, threads")
     tiers.add_arguments(parser)
     return parser
 

@@ -26,14 +26,14 @@ next JAX window (this machine's speed changes for seconds to minutes at a time, 
 after another straddle); and issue 36's rows, each also against JAX's scan in 10 windows taken in
 turn: B = 16 and 64 documents a step, float64 and float32 (the
 batched program, gcc, beside JAX's scan of the same batches and PyTorch on all cores), 50 steps, a
-document's time. With --gpt-big also the bigger configuration (n_embd 64, 4 heads, 2 layers,
-block 32, float32, B = 32, on windows of the data's text: every position used): its build, a
+document's time; and the bigger configuration (n_embd 64, 4 heads, 2 layers, block 32, float32,
+B = 32, on windows of the data's text: every position used): its build, a
 document's time against the peers, its share of the cores' multiply-add peak (bench/c/bandwidth.c,
 `make roofline`'s program, on this CPU) and 2 threads against 1, both also in the windows taken in
 turn with JAX's, beside the peak served in the same rounds (bench/peak.py). A peer whose losses leave the
 port's by more than 1e-9 (relative; float32 rows: 1e-4 over their first 10 steps) fails the run.
 
-    python -m bench --only gpt [--quick] [--gpt-big]
+    python -m bench --only gpt [--quick]
 """
 
 import contextlib
@@ -59,7 +59,7 @@ STEPS, RUNS = 200, 5
 BUILD_RUNS = 3  # codegen and the build, each from the graph into a cache of the runtime only: medians
 BATCHES, BATCH_STEPS = (16, 64), 50  # documents a step, steps timed (issue 36's rows)
 BATCH_DTYPES = ("float64", "float32")
-# issue 36's bigger configuration (python -m gpt's options), its batch and dtype: --gpt-big
+# issue 36's bigger configuration (python -m gpt's options), its batch and dtype
 CONFIGS = {"default": (), "big": ("--n-embd", "64", "--n-head", "4", "--n-layer", "2", "--block-size", "32",
                                   "--windows")}
 BIG_BATCH, BIG_DTYPE = 32, "float32"
@@ -509,7 +509,7 @@ def run(args):
     _print_ratios(results)
     if not quick:
         _pairs()
-    return status | (0 if quick else _batches(getattr(args, "gpt_big", False)))
+    return status | (0 if quick else _batches())
 
 
 def _windows(systems, cache, rounds=PAIR_ROUNDS, served=None):
@@ -544,11 +544,12 @@ def _pairs():
               f"| {_window_ratio(times, compiler, 'jax'):.3f}x | <= {TARGETS[SCANNED]}x |")
 
 
-def _batches(big=False):
+def _batches(big=True):
     """Issue 36's rows: microgpt on B documents a step, the compiled batched program (gcc) beside
     JAX's scan of the same batches (vmap over the documents) and PyTorch's (all cores),
     BATCH_STEPS steps each: a document's time, and the runs' losses checked against each other;
-    with `big`, the bigger configuration's too, its share of the multiply-add peak and its threads."""
+    with `big` (the default), the bigger configuration's too, its share of the multiply-add peak
+    and its threads."""
     print("\n| model | documents a step | dtype | system | losses vs the port (max rel. diff, steps) | us a document "
           "| us a document (CPU) | compiled / faster peer (wall, CPU; JAX's scan in windows taken in turn) | target |")
     print("|---|---|---|---|---|---|---|---|---|")
