@@ -56,40 +56,59 @@ def place_gradients(batched):
     rows = lambda lo, hi: ((lo - params) // capacity, (hi - params) // capacity)  # noqa: E731
     touched = [[rows(*span) for span in _gradient_spans(g) if params <= span[0] and span[1] < batched.constants_base]
                for g in batched.backward]
-    regions = []  # [first row, last row] merged
-    for lo, hi in sorted(span for spans in touched for span in spans):
+    regions = _merged(sorted(span for spans in touched for span in spans))
+    live = _live(regions, touched, rows(batched.loss_slot, batched.loss_slot)[0],
+                 rows(batched.input_base, batched.input_base + batched.n_inputs * capacity - 1))
+    sizes = [hi - lo + 1 for lo, hi in regions]
+    places = _placed(sizes, live)
+    return GradientLayout(params, capacity, tuple((lo, hi, at) for (lo, hi), at in zip(regions, places)),
+                          params + max(map(sum, zip(places, sizes)), default=0) * capacity)
+
+
+def _merged(spans):
+    """Sorted (first row, last row) spans merged where they overlap."""
+    regions = []
+    for lo, hi in spans:
         if regions and lo <= regions[-1][1]:
-            regions[-1][1] = max(regions[-1][1], hi)
+            regions[-1] = (regions[-1][0], max(regions[-1][1], hi))
         else:
-            regions.append([lo, hi])
+            regions.append((lo, hi))
+    return regions
+
+
+def _live(regions, touched, loss, inputs):
+    """Each region's [first, last] group in backward order that it is live in: a group either side
+    of those whose spans (touched, a list a group) reach it; the loss's row's from the start, the
+    input rows' (inputs: first, last) throughout."""
     starts = [lo for lo, _ in regions]
-    end = len(batched.backward)
-    live = [[end, -1] for _ in regions]  # (groups in backward order, one either side)
+    end = len(touched)
+    live = [[end, -1] for _ in regions]
     for t, spans in enumerate(touched):
         for lo, _ in spans:
             k = bisect.bisect_right(starts, lo) - 1
             live[k] = [min(live[k][0], t - 1), max(live[k][1], t + 1)]
-    loss = rows(batched.loss_slot, batched.loss_slot)[0]
-    inputs = rows(batched.input_base, batched.input_base + batched.n_inputs * capacity - 1)
     for k, (lo, hi) in enumerate(regions):
         if lo <= loss <= hi:
             live[k][0] = -1
         if lo <= inputs[1] and inputs[0] <= hi:
             live[k] = [-1, end]
-    places = [None] * len(regions)
-    for k in sorted(range(len(regions)), key=lambda k: (regions[k][0] - regions[k][1], regions[k][0])):
-        size = regions[k][1] - regions[k][0] + 1
-        taken = sorted((places[j], places[j] + regions[j][1] - regions[j][0] + 1) for j in range(len(regions))
+    return live
+
+
+def _placed(sizes, live):
+    """Each region's first row in g: largest first (then in order), the lowest place clear of the
+    regions placed before it whose live ranges meet its own."""
+    places = [None] * len(sizes)
+    for k in sorted(range(len(sizes)), key=lambda k: -sizes[k]):
+        taken = sorted((places[j], places[j] + sizes[j]) for j in range(len(sizes))
                        if places[j] is not None and live[j][0] <= live[k][1] and live[k][0] <= live[j][1])
         place = 0
         for start, stop in taken:
-            if start - place >= size:
+            if start - place >= sizes[k]:
                 break
             place = max(place, stop)
         places[k] = place
-    used = max((places[k] + hi - lo + 1 for k, (lo, hi) in enumerate(regions)), default=0)
-    return GradientLayout(params, capacity, tuple((lo, hi, places[k]) for k, (lo, hi) in enumerate(regions)),
-                          params + used * capacity)
+    return places
 
 
 def _gradient_spans(g):
