@@ -624,6 +624,25 @@ static void add_batch_gradients(State *st, const Samples *s, const Py_ssize_t *o
     free(pieces);
 }
 
+/* The samples rows[0..n)' X into the cache (the next batch's, while this one runs): they are rows
+ * of X in the shuffled order, whose cache lines load_batch otherwise waits for from memory.
+ * MNIST's MLP(784, [512, 256, 10]) float32 at B = 32, AMD Zen 5 (2 vCPUs), our processes' windows
+ * in turn: train() 0.971-0.984x the time on 2 threads (30 rounds: 0.980x), 0.956-1.006x on 1. */
+static void prefetch_samples(const Samples *s, const Py_ssize_t *rows, Py_ssize_t n)
+{
+#if defined(__GNUC__) && !defined(__TINYC__) /* (TCC has no prefetch) */
+    const size_t row_bytes = (size_t)s->n_x * (size_t)s->x.itemsize;
+    for (Py_ssize_t r = 0; r < n && row_bytes; r++) {
+        const char *x = (const char *)s->x.buf + (size_t)rows[r] * row_bytes;
+        for (size_t at = 0; at < row_bytes; at += 64)
+            __builtin_prefetch(x + at, 0, 2);
+        __builtin_prefetch(x + row_bytes - 1, 0, 2); /* (a row that does not start on a line) */
+    }
+#else
+    (void)s, (void)rows, (void)n;
+#endif
+}
+
 /* train_rows (templates/driver.c) over batches of `batch` rows, each run in pieces of at most
  * BATCH_CAPACITY samples whose parameter gradients add up before the batch's step. */
 static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, const Schedule *q, long long batch,
@@ -641,6 +660,7 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, c
         const double lr = rate_at(q, step);
         const real rate = stepping ? sgd_rate(lr, end - i) : 0; /* (0 when lr is) */
         double step_sum = 0.0;
+        prefetch_samples(s, order + end, s->n - end < batch ? s->n - end : (Py_ssize_t)batch);
         add_batch_gradients(st, s, order + i, end - i, &step_sum, rate);
         *loss_sum += step_sum;
         record_loss(q, step, step_sum, end - i);

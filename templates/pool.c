@@ -34,6 +34,13 @@
  * train() at B = 32 0.965-0.978x the time, B = 128 0.99-1.00x, predict 0.99x, the zoo's CNN
  * 0.98-0.99x, the bigger GPT 0.99x (one process alternating the builds) */
 #define POOL_CHUNKS 4
+/* a pipeline's chunks per thread (parallel_pipeline): the part after the first starts once the
+ * first part is done on the first chunk, and each part chases the one before it chunk by chunk,
+ * so smaller chunks shorten the wait. MLP(784, [512, 256, 10]) float32 at B = 32 on 2 threads, AMD
+ * Zen 5 (2 vCPUs): 8 with GEMM_PIPELINE_FIRST 530 (gemm.c) 0.965-0.972x the time of 4 with 560
+ * (the worker's wait for the first chunk 9.1 -> 5.6 K cycles; our processes' windows taken in
+ * turn, 20 rounds); 12: 0.974x */
+#define POOL_PIPELINE_CHUNKS 8
 
 typedef struct {
     pthread_mutex_t user;  /* held by the caller of parallel_rows that has the workers */
@@ -53,7 +60,7 @@ typedef struct {
     long rows, align, chunks, cut; /* the chunks taken, and the pieces they are cut from (pool_run_chunks) */
     long first[POOL_MAX], end[POOL_MAX]; /* the chunks [first, end) of each thread's share not yet taken */
     volatile long finished; /* and its chunks done (a pipeline's chunks' parts) */
-    volatile long stage[POOL_MAX * POOL_CHUNKS]; /* a pipeline's chunks' parts done */
+    volatile long stage[POOL_MAX * POOL_PIPELINE_CHUNKS]; /* a pipeline's chunks' parts done */
     long part_done[POOL_MAX];                     /* and each part's chunks done */
 } Pool;
 
@@ -120,12 +127,12 @@ static long pool_next_chunk(unsigned long generation, int part)
     return pool.first[most] < pool.end[most] ? --pool.end[most] : -1;
 }
 
-/* The pieces rows are cut into among `parts` threads: whole blocks of `align` rows, POOL_CHUNKS
+/* The pieces rows are cut into among `parts` threads: whole blocks of `align` rows, `per_thread`
  * a thread (fewer if there are fewer blocks). */
-static long pool_cut(long rows, long align, int parts)
+static long pool_cut(long rows, long align, int parts, int per_thread)
 {
     const long blocks = (rows + align - 1) / align;
-    return blocks < (long)parts * POOL_CHUNKS ? blocks : (long)parts * POOL_CHUNKS;
+    return blocks < (long)parts * per_thread ? blocks : (long)parts * per_thread;
 }
 
 /* The rows [*first, *last) of chunk c of `chunks`: the cut's pieces [cut * c / chunks, cut * (c +
@@ -143,7 +150,7 @@ static void pool_chunk_rows(long rows, long align, long chunks, long cut, long c
  * parallel_rows gives it first. */
 SHARED void parallel_share(long rows, long align, int part, int parts, long *first, long *last)
 {
-    pool_chunk_rows(rows, align, parts, pool_cut(rows, align, parts), part, first, last);
+    pool_chunk_rows(rows, align, parts, pool_cut(rows, align, parts, POOL_CHUNKS), part, first, last);
 }
 
 /* Runs chunks of product `generation` until none is left. */
@@ -309,7 +316,7 @@ static void pool_run(RowTask task, PartTask part_task, PartTask part_then, void 
     }
     pthread_mutex_lock(&pool.lock);
     const int parts = pool_start(threads) < threads ? pool.started : threads;
-    const long cut = pool_cut(rows, align, parts);
+    const long cut = pool_cut(rows, align, parts, part_task ? POOL_PIPELINE_CHUNKS : POOL_CHUNKS);
     const long chunks = shares ? parts : cut;
     pool.task = task, pool.part_task = part_task, pool.part_then = part_then, pool.args = args, pool.rows = rows;
     pool.fp_mode = fp_mode();

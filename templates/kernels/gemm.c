@@ -661,8 +661,10 @@ static long gemm_term_from(const GemmArgs *g, long j)
  * then its weights' gradients and step), Intel Xeon with AVX-512, 2 vCPUs, cycles a batch counted
  * around the pass: even shares 213 K, the caller then waiting 44 K for the worker; 560 of 1,000:
  * 200-213 K, waiting 2-4 K (train() 0.976-0.981x the time on 2 threads, one process alternating
- * the builds); the `then` cut even instead (the worker stepping rows the caller read): 234 K */
-#define GEMM_PIPELINE_FIRST 560
+ * the builds); the `then` cut even instead (the worker stepping rows the caller read): 234 K.
+ * AMD Zen 5 (2 vCPUs), with the pipeline's chunks halved (pool.c's POOL_PIPELINE_CHUNKS): 530
+ * 0.965-0.972x the time of 560, 545 0.975x, 500 0.986x (train(), our processes' windows in turn) */
+#define GEMM_PIPELINE_FIRST 530
 
 /* Thread part's share [*j0, *j1) of a sum's J terms cut in blocks of align (parallel_share's, but
  * with two parts the first GEMM_PIPELINE_FIRST of them): which terms a part sums, and the rows
