@@ -626,7 +626,9 @@ def _print_big(config, batch, dtype, ours):
         if "gain" in found:
             print(f"threads' gain in those rounds {found['gain']:.2f}x (target >= 1.7x) where the machine's own (its "
                   f"peak on {peak.cores()} cores over one thread's) was {found['machine_gain']:.2f}x: ours "
-                  f"**{found['of_machine']:.0%}** of the machine's")
+                  f"**{found['of_machine']:.0%}** of the machine's"
+                  + (f"; a cache line's round trip between two threads {found['trip']:.0f} ns (the largest of the "
+                     f"rounds {found['trip_max']:.0f})" if "trip" in found else ""))
 
 
 def _print_ratios(results):

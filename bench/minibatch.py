@@ -359,9 +359,12 @@ def windows_table(args):
                   f'{peak.WINDOW_SECONDS} s on one thread and on {peak.cores()}, taken in turn with the runs\'): ours '
                   'in G multiply-adds/s (counted from the layers), the share of the peak on every core, and the '
                   'threads\' gain beside the machine\'s own (its peak on every core over one thread\'s), each the median '
-                  'over the rounds of the same round\'s figures\n',
+                  'over the rounds of the same round\'s figures; and a cache line\'s round trip between two threads '
+                  'in the same rounds (ns, median / largest: this VM\'s host moves its vCPUs, and a product shared '
+                  'between the cores pays it a line)\n',
                   '| model | dtype | run | ours G/s | peak G/s | share | target | the machine\'s gain | our threads\' '
-                  'gain | ours / the machine\'s | target |', '|---|---|---|---|---|---|---|---|---|---|---|', *peak_lines]
+                  'gain | ours / the machine\'s | target | round trip ns |',
+                  '|---|---|---|---|---|---|---|---|---|---|---|---|', *peak_lines]
     return '\n'.join(lines)
 
 
@@ -374,8 +377,9 @@ def _peak_line(model, dtype, run, name, times, one):
                  if model in THREADS_TARGET else '-')
     gains = (f"{found['machine_gain']:.2f}x | {found['gain']:.2f}x | **{found['of_machine']:.0%}** | {gain_goal} |"
              if 'gain' in found else '- | - | - | - |')
+    trips = f" {found['trip']:.0f} / {found['trip_max']:.0f} |" if 'trip' in found else ' - |'
     return (f"| {model} | {dtype} | {name} | {found['rate']:.1f} | {found['peak']:.1f} | **{found['share']:.0%}** | "
-            f"{share_goal} | {gains}")
+            f"{share_goal} | {gains}{trips}")
 
 
 def _installed(system):

@@ -18,7 +18,7 @@ import tempfile
 
 SOURCE = pathlib.Path(__file__).resolve().parent / "c" / "bandwidth.c"
 WINDOW_SECONDS = 0.25  # a served window: about an epoch's window of bench.minibatch's MLP at B = 128
-ONE, EVERY = "peak 1 thread", "peak"
+ONE, EVERY, TRIP = "peak 1 thread", "peak", "round trip"
 
 
 @contextlib.contextmanager
@@ -37,9 +37,13 @@ def cores():
 
 def served(exe, dtype, seconds=WINDOW_SECONDS):
     """{name: argv} of the peak's served windows (bench/windows.py): ONE on one thread, EVERY on
-    every core this process may run on; each prints G multiply-adds a second of wall time."""
+    every core this process may run on; each prints G multiply-adds a second of wall time. On more
+    than one core also TRIP: a cache line's round trip between two threads, in ns (the host moves
+    this VM's vCPUs: the round trip changes several-fold for minutes at a time, and the threads'
+    gain of a product shared between the cores with it)."""
     return {ONE: [str(exe), "--serve", "1", dtype, str(seconds)],
-            EVERY: [str(exe), "--serve", str(cores()), dtype, str(seconds)]}
+            EVERY: [str(exe), "--serve", str(cores()), dtype, str(seconds)],
+            **({TRIP: [str(exe), "--serve-trips"]} if cores() > 1 else {})}
 
 
 def rates():
@@ -58,7 +62,8 @@ def in_rounds(times, multiply_adds, ours, one=None):
     {system: [a window's us per item]}, multiply_adds per item): medians over the rounds of our
     rate (G/s), the round's peak on every core, our share of it; with `one` (our run on one
     thread) the threads' gain (one / ours), the machine's own (its peak on every core over one
-    thread's) and ours over the machine's, each of the same round. {} without the peak's windows."""
+    thread's) and ours over the machine's, each of the same round; with TRIP served, the cores'
+    round trip's median and largest over the rounds (ns). {} without the peak's windows."""
     if EVERY not in times:
         return {}
     rates = [multiply_adds / us / 1e3 for us in times[ours]]
@@ -69,4 +74,6 @@ def in_rounds(times, multiply_adds, ours, one=None):
         gains = [o / u for o, u in zip(times[one], times[ours])]
         found.update(machine_gain=statistics.median(machine), gain=statistics.median(gains),
                      of_machine=statistics.median(g / m for g, m in zip(gains, machine)))
+    if TRIP in times:
+        found.update(trip=statistics.median(times[TRIP]), trip_max=max(times[TRIP]))
     return found

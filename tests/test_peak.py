@@ -17,6 +17,10 @@ def test_the_same_rounds_figures():
     # the machine's gains 2, 2 and 1; ours 1.8, 1.5 and 2; ours over the machine's 0.9, 0.75 and 2
     assert found["machine_gain"] == 2.0 and found["gain"] == 1.8 and found["of_machine"] == 0.9
     assert "gain" not in peak.in_rounds(times, 500_000, "ours")  # (no one-thread run: no gains)
+    assert "trip" not in found  # (no round trip served)
+    times[peak.TRIP] = [90.0, 400.0, 100.0]  # ns
+    trips = peak.in_rounds(times, 500_000, "ours", "one")
+    assert trips["trip"] == 100.0 and trips["trip_max"] == 400.0 and trips["gain"] == 1.8
     assert peak.in_rounds({"ours": [1.0]}, 1, "ours") == {}  # (no peak served)
 
 
@@ -27,8 +31,10 @@ def test_the_served_peak_windows():
     with peak.built() as exe:
         assert exe is not None
         times = windows.in_turn(peak.served(exe, "float32", seconds=0.02), ["a", "b"], 3)
-        assert set(times) == {peak.ONE, peak.EVERY}
-        for rates in times.values():
+        assert set(times) == {peak.ONE, peak.EVERY} | ({peak.TRIP} if peak.cores() > 1 else set())
+        for rates in times.values():  # (G/s; a round trip's ns: tens to thousands)
             assert [len(r) for r in rates.values()] == [3, 3] and all(x > 0.1 for r in rates.values() for x in r)
+        if peak.TRIP in times:
+            assert all(5 < x < 100_000 for r in times[peak.TRIP].values() for x in r)
         bad = subprocess.run([str(exe), "--serve", "0", "float32", "0.1"], capture_output=True, text=True)
         assert bad.returncode == 2 and "usage" in bad.stderr

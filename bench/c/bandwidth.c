@@ -285,7 +285,10 @@ static int serve(int threads, int float32, double seconds)
 /* A cache line's round trip between two threads (the first two cores, wherever the OS puts
  * them): one writes it, the other waits for that and writes it back. A product shared between
  * the module's threads reads what the other core wrote at this cost a line (templates/kernels/
- * gemm.c's matmul_nt shares rows for it). ns a round trip, the best of REPEATS passes. */
+ * gemm.c's matmul_nt shares rows for it). ns a round trip, the best of `passes` passes. This VM's
+ * host moves its vCPUs: on the AMD Zen 5 of 2026-11-29 the round trip changed between 80-140 ns and
+ * 370-430 ns several times an hour, and 2 threads' gain on MNIST's MLP at B = 32 with it (1.65x
+ * one thread's, 1.02-1.07x). */
 static long ping_flag __attribute__((aligned(64)));
 enum { PING_TRIPS = 100000 };
 static void *ping_other(void *arg)
@@ -299,11 +302,12 @@ static void *ping_other(void *arg)
     return NULL;
 }
 
-static double round_trip_ns(void)
+static double round_trip_ns(int passes)
 {
+    static long pass; /* (the flag's values go on from call to call) */
     double best = 1e30;
-    for (int r = 0; r < REPEATS; r++) {
-        long base = 2L * PING_TRIPS * r + 1;
+    for (int r = 0; r < passes; r++, pass++) {
+        long base = 2L * PING_TRIPS * pass + 1;
         __atomic_store_n(&ping_flag, base, __ATOMIC_RELEASE);
         pthread_t other;
         if (pthread_create(&other, NULL, ping_other, &base) != 0)
@@ -322,16 +326,31 @@ static double round_trip_ns(void)
     return best;
 }
 
+/* --serve-trips: as serve(), a round trip's ns a line (one pass: 10-40 ms) */
+static int serve_round_trips(void)
+{
+    printf("ready\n");
+    fflush(stdout);
+    char line[256];
+    while (fgets(line, sizeof line, stdin)) {
+        printf("%.1f\n", round_trip_ns(1));
+        fflush(stdout);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 5 && strcmp(argv[1], "--serve") == 0) { /* --serve THREADS float32|float64 SECONDS */
         const int threads = atoi(argv[2]);
         if (threads < 1 || threads > 64 || atof(argv[4]) <= 0) {
-            fprintf(stderr, "usage: bandwidth [--serve THREADS float32|float64 SECONDS] (1-64 threads)\n");
+            fprintf(stderr, "usage: bandwidth [--serve THREADS float32|float64 SECONDS | --serve-trips] (1-64 threads)\n");
             return 2;
         }
         return serve(threads, strcmp(argv[3], "float32") == 0, atof(argv[4]));
     }
+    if (argc == 2 && strcmp(argv[1], "--serve-trips") == 0)
+        return serve_round_trips();
     double sink = 0;
     vd *buf = aligned_alloc(64, 1 << 20);
     memset(buf, 0, 1 << 20);
@@ -359,7 +378,7 @@ int main(int argc, char **argv)
     printf("multiply-adds  float32: %.1f G/s on %d threads (%d chains each)\n",
            fma_rate_all_cores(1, steps, threads, &sink) / 1e9, threads, CHAINS);
     if (threads > 1)
-        printf("a cache line between two threads: %.0f ns a round trip\n", round_trip_ns());
+        printf("a cache line between two threads: %.0f ns a round trip\n", round_trip_ns(REPEATS));
     free(buf);
     return sink == 12345.678; /* keeps every result alive */
 }
