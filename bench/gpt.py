@@ -628,7 +628,8 @@ def _print_big(config, batch, dtype, ours):
                   f"peak on {peak.cores()} cores over one thread's) was {found['machine_gain']:.2f}x: ours "
                   f"**{found['of_machine']:.0%}** of the machine's"
                   + (f"; a cache line's round trip between two threads {found['trip']:.0f} ns (the largest of the "
-                     f"rounds {found['trip_max']:.0f})" if "trip" in found else ""))
+                     f"rounds {found['trip_max']:.0f}; our threads' gain {found['gain_near']:.2f}x in the "
+                     f"{found['rounds_near']} rounds within 2x of the fastest round trip)" if "trip" in found else ""))
 
 
 def _print_ratios(results):

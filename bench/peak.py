@@ -63,7 +63,9 @@ def in_rounds(times, multiply_adds, ours, one=None):
     rate (G/s), the round's peak on every core, our share of it; with `one` (our run on one
     thread) the threads' gain (one / ours), the machine's own (its peak on every core over one
     thread's) and ours over the machine's, each of the same round; with TRIP served, the cores'
-    round trip's median and largest over the rounds (ns). {} without the peak's windows."""
+    round trip's median and largest over the rounds (ns), and with `one` the threads' gain in the
+    rounds whose round trip was within 2x of the fastest round's (gain_near, rounds_near): the
+    vCPUs' nearer placement. {} without the peak's windows."""
     if EVERY not in times:
         return {}
     rates = [multiply_adds / us / 1e3 for us in times[ours]]
@@ -75,5 +77,9 @@ def in_rounds(times, multiply_adds, ours, one=None):
         found.update(machine_gain=statistics.median(machine), gain=statistics.median(gains),
                      of_machine=statistics.median(g / m for g, m in zip(gains, machine)))
     if TRIP in times:
-        found.update(trip=statistics.median(times[TRIP]), trip_max=max(times[TRIP]))
+        trips = times[TRIP]
+        found.update(trip=statistics.median(trips), trip_max=max(trips))
+        if "gain" in found:  # (the two placements' rounds apart: the rounds within 2x of the run's fastest trip)
+            near = [g for g, trip in zip(gains, trips) if trip < 2 * min(trips)]
+            found.update(gain_near=statistics.median(near), rounds_near=len(near))
     return found

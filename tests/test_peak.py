@@ -21,6 +21,8 @@ def test_the_same_rounds_figures():
     times[peak.TRIP] = [90.0, 400.0, 100.0]  # ns
     trips = peak.in_rounds(times, 500_000, "ours", "one")
     assert trips["trip"] == 100.0 and trips["trip_max"] == 400.0 and trips["gain"] == 1.8
+    # the rounds within 2x of the fastest trip (90 ns): the first and the last, gains 1.8 and 2
+    assert trips["rounds_near"] == 2 and trips["gain_near"] == 1.9
     assert peak.in_rounds({"ours": [1.0]}, 1, "ours") == {}  # (no peak served)
 
 
