@@ -512,13 +512,14 @@ def run(args):
     return status | (0 if quick else _batches())
 
 
-def _windows(systems, cache, rounds=PAIR_ROUNDS, served=None):
+def _windows(systems, cache, rounds=PAIR_ROUNDS, peak_of=None):
     """{system: [us a document of each window]} of child_serve processes kept running, one for
-    each (name, child_serve's arguments after the cache), and of the `served` commands ({name:
-    argv}: bench/peak.py's), their windows taken in turn (bench/windows.py); or a str: why a
-    system did not start."""
-    times = windows.in_turn({**{name: [sys.executable, "-m", "bench.gpt", "serve", argv[0], cache, *argv[1:]]
-                                for name, argv in systems.items()}, **(served or {})}, [WINDOW], rounds)
+    each (name, child_serve's arguments after the cache), with peak_of ((bandwidth.c, dtype) or
+    None) the cores' peak and round trip served around them (bench/peak.py's around), their
+    windows taken in turn (bench/windows.py); or a str: why a system did not start."""
+    commands = {name: [sys.executable, "-m", "bench.gpt", "serve", argv[0], cache, *argv[1:]]
+                for name, argv in systems.items()}
+    times = windows.in_turn(peak.around(*peak_of, commands) if peak_of else commands, [WINDOW], rounds)
     return times if isinstance(times, str) else {name: runs[WINDOW] for name, runs in times.items()}
 
 
@@ -567,10 +568,10 @@ def _batches(big=True):
                      if faster and "step_us" in ours else "-")
             if "step_us" in ours and "step_us" in peers["JAX lax.scan"]:
                 argv = (str(batch), dtype, config)
-                systems, served = {"ours": ("gcc", *argv), "jax": ("jax", *argv)}, {}
+                systems, peak_of = {"ours": ("gcc", *argv), "jax": ("jax", *argv)}, None
                 if config != "default" and exe is not None:  # (its share of the peak, its threads: the same rounds)
-                    systems[ONE_THREAD], served = ("gcc", *argv, "1"), peak.served(exe, dtype)
-                windows = _windows(systems, cache, BATCH_ROUNDS, served)
+                    systems[ONE_THREAD], peak_of = ("gcc", *argv, "1"), (exe, dtype)
+                windows = _windows(systems, cache, BATCH_ROUNDS, peak_of)
                 if not isinstance(windows, str):
                     ratio += f"; {_window_ratio(windows, 'ours', 'jax'):.3f}x"
                     ours["in_rounds"] = peak.in_rounds(windows, ours["multiply_adds"], "ours", ONE_THREAD)

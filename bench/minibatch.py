@@ -337,7 +337,7 @@ def windows_table(args):
             commands = {s: [sys.executable, '-m', 'bench.minibatch', '--serve', '--system', s, *common]
                         for s in ['micrograd-c', *peers, *([one] if one else [])]}
             if MODELS[model] is not None and exe is not None:  # (an MLP's multiply-adds are counted)
-                commands.update(peak.served(exe, dtype))
+                commands = peak.around(exe, dtype, commands)
             times = windows.in_turn(commands, runs, args.windows)
             if isinstance(times, str):
                 lines.append(f'| {model} | {dtype} | - | not measured: {times} |')
@@ -360,8 +360,8 @@ def windows_table(args):
                   'in G multiply-adds/s (counted from the layers), the share of the peak on every core, and the '
                   'threads\' gain beside the machine\'s own (its peak on every core over one thread\'s), each the median '
                   'over the rounds of the same round\'s figures; and a cache line\'s round trip between two threads '
-                  'in the same rounds (ns, median / largest: this VM\'s host moves its vCPUs, and a product shared '
-                  'between the cores pays it a line)\n',
+                  'right before our window of each round (ns, median / largest: this VM\'s host moves its vCPUs, and '
+                  'a product shared between the cores pays it a line)\n',
                   '| model | dtype | run | ours G/s | peak G/s | share | target | the machine\'s gain | our threads\' '
                   'gain | ours / the machine\'s | target | round trip ns | our threads\' gain in the rounds whose '
                   'round trip was within 2x of the fastest |',

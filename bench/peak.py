@@ -7,6 +7,7 @@ read 1.0x one thread's in one run and 1.9-2.0x minutes later.
 
     with peak.built() as exe:
         commands = peak.served(exe, "float32")   # {"peak 1 thread": argv, "peak": argv}
+        commands = peak.around(exe, "float32", ours)   # the round trip before ours, the peak after
 """
 import contextlib
 import os
@@ -37,13 +38,19 @@ def cores():
 
 def served(exe, dtype, seconds=WINDOW_SECONDS):
     """{name: argv} of the peak's served windows (bench/windows.py): ONE on one thread, EVERY on
-    every core this process may run on; each prints G multiply-adds a second of wall time. On more
-    than one core also TRIP: a cache line's round trip between two threads, in ns (the host moves
+    every core this process may run on; each prints G multiply-adds a second of wall time."""
+    return {ONE: [str(exe), "--serve", "1", dtype, str(seconds)],
+            EVERY: [str(exe), "--serve", str(cores()), dtype, str(seconds)]}
+
+
+def around(exe, dtype, commands, seconds=WINDOW_SECONDS):
+    """The served `commands` ({name: argv}, in their order) with the peak's windows (served())
+    after them and, on more than one core, TRIP before them: a cache line's round trip between two
+    threads in ns, measured right before the first command's window of each round (the host moves
     this VM's vCPUs: the round trip changes several-fold for minutes at a time, and the threads'
     gain of a product shared between the cores with it)."""
-    return {ONE: [str(exe), "--serve", "1", dtype, str(seconds)],
-            EVERY: [str(exe), "--serve", str(cores()), dtype, str(seconds)],
-            **({TRIP: [str(exe), "--serve-trips"]} if cores() > 1 else {})}
+    return {**({TRIP: [str(exe), "--serve-trips"]} if cores() > 1 else {}), **commands,
+            **served(exe, dtype, seconds)}
 
 
 def rates():

@@ -32,7 +32,9 @@ def test_the_served_peak_windows():
     thread and on every core; a bad argument is a usage error."""
     with peak.built() as exe:
         assert exe is not None
-        times = windows.in_turn(peak.served(exe, "float32", seconds=0.02), ["a", "b"], 3)
+        commands = peak.around(exe, "float32", {}, seconds=0.02)
+        assert list(commands)[-2:] == [peak.ONE, peak.EVERY]  # (the round trip first: before the runs')
+        times = windows.in_turn(commands, ["a", "b"], 3)
         assert set(times) == {peak.ONE, peak.EVERY} | ({peak.TRIP} if peak.cores() > 1 else set())
         for rates in times.values():  # (G/s; a round trip's ns: tens to thousands)
             assert [len(r) for r in rates.values()] == [3, 3] and all(x > 0.1 for r in rates.values() for x in r)
