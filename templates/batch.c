@@ -653,21 +653,24 @@ static int train_batches(State *st, const Samples *s, const Py_ssize_t *order, c
     int interrupted = 0;
     memcpy(d, st->d, MODEL.n_params * sizeof(real));
     memcpy(g, st->g, MODEL.n_params * sizeof(real));
-    const int stepping = backward_steps(batch);
+    const int stepping = backward_steps(batch), threads = pool_threads; /* (the call's: use_threads) */
     pool_hold(1);
     for (Py_ssize_t i = 0; i < s->n && !interrupted;) {
         const Py_ssize_t end = s->n - i < batch ? s->n : i + (Py_ssize_t)batch, step = i / (Py_ssize_t)batch;
-        const double lr = rate_at(q, step);
+        const double lr = rate_at(q, step), started = now_ms();
         const real rate = stepping ? sgd_rate(lr, end - i) : 0; /* (0 when lr is) */
         double step_sum = 0.0;
+        pool_threads = threads_for_batch(&st->choice, threads);
         prefetch_samples(s, order + end, s->n - end < batch ? s->n - end : (Py_ssize_t)batch);
         add_batch_gradients(st, s, order + i, end - i, &step_sum, rate);
         *loss_sum += step_sum;
         record_loss(q, step, step_sum, end - i);
         step_after_batch(st, d, g, lr, end - i, rate != 0);
+        record_batch(&st->choice, threads, (now_ms() - started) / (double)(end - i));
         interrupted = interrupted_now(st, &next_check, save);
         i = end;
     }
+    pool_threads = threads;
     pool_hold(0);
     memcpy(st->d, d, MODEL.n_params * sizeof(real));
     memcpy(st->g, g, MODEL.n_params * sizeof(real));

@@ -402,3 +402,62 @@ static int available_cores(void)
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }
+
+/* ---- how many threads a batch runs on -----------------------------------------------------
+ * More threads are not always faster: on this VM's 2 vCPUs MNIST's MLP(784, [512, 256, 10]) float32
+ * at B = 32 took 0.6x one thread's time on two while the host kept the vCPUs near each other (a
+ * cache line's round trip 75-135 ns), 0.95x while it kept them apart (350-440 ns), and the zoo's
+ * CNN (float64, B = 32) 1.5x; a core busy with another process makes it worse. So train() times
+ * its batches: every THREAD_PROBE_PERIOD batches run with more than one thread asked for,
+ * THREAD_PROBE_STEPS run on one thread and as many on all of them, each run's first untimed (it
+ * moves the weights the other threads read into this core's cache, or back), and the batches until
+ * the next probe run on one thread if the median of its timed batches (time a sample) was under
+ * THREAD_PROBE_MARGIN of the others'. The numbers are the same with any count (above), so only the
+ * time changes; a probe while two threads are faster costs ~0.3% (5 batches of 1,024 at 1.6x). */
+#define THREAD_PROBE_PERIOD 1024
+#define THREAD_PROBE_STEPS 5
+#define THREAD_PROBE_MARGIN 0.95
+
+typedef struct {
+    long long batches;                          /* batches run with more than one thread asked for */
+    int one;                                    /* the last probe chose one thread */
+    double times[2][THREAD_PROBE_STEPS - 1];    /* its timed batches' ms a sample: [0] one thread, [1] all */
+} ThreadChoice;
+
+/* The threads the next batch runs on, of `threads` asked for. */
+static inline int threads_for_batch(const ThreadChoice *c, int threads)
+{
+    const long long at = c->batches % THREAD_PROBE_PERIOD;
+    if (threads <= 1)
+        return threads;
+    if (at < 2 * THREAD_PROBE_STEPS)
+        return at < THREAD_PROBE_STEPS ? 1 : threads;
+    return c->one ? 1 : threads;
+}
+
+/* The median of a probe's timed batches. */
+static inline double median_of_probe(const double *times)
+{
+    enum { N = THREAD_PROBE_STEPS - 1 };
+    double sorted[N];
+    for (int i = 0; i < N; i++) { /* (insertion) */
+        int j = i;
+        for (; j > 0 && sorted[j - 1] > times[i]; j--)
+            sorted[j] = sorted[j - 1];
+        sorted[j] = times[i];
+    }
+    return N % 2 ? sorted[N / 2] : (sorted[N / 2 - 1] + sorted[N / 2]) / 2;
+}
+
+/* A batch with `threads` asked for (run on threads_for_batch's) took `ms` a sample. */
+static inline void record_batch(ThreadChoice *c, int threads, double ms)
+{
+    if (threads <= 1)
+        return;
+    const long long at = c->batches++ % THREAD_PROBE_PERIOD;
+    if (at >= 2 * THREAD_PROBE_STEPS || at % THREAD_PROBE_STEPS == 0)
+        return;
+    c->times[at / THREAD_PROBE_STEPS][at % THREAD_PROBE_STEPS - 1] = ms;
+    if (at == 2 * THREAD_PROBE_STEPS - 1)
+        c->one = median_of_probe(c->times[0]) < THREAD_PROBE_MARGIN * median_of_probe(c->times[1]);
+}

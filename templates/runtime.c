@@ -46,6 +46,7 @@ typedef struct {
     real *bd, *bg;                 /* the batch buffers (templates/batch.c), made on first use */
     real *piece_d[POOL_MAX], *piece_g[POOL_MAX]; /* [1..): more, for a sequence's pieces side by side */
     int threads;                   /* threads a batch's products run on (templates/pool.c) */
+    ThreadChoice choice;           /* and how many train()'s batches run on (pool.c's threads_for_batch) */
     unsigned int caller_fp_mode;   /* the lock holder's floating-point mode (templates/threads.c) */
 } State;
 
@@ -500,6 +501,20 @@ static PyObject *fn_threads(PyObject *module, PyObject *unused)
     return PyLong_FromLong(state_of(module)->threads);
 }
 
+/* thread_choice(): what train()'s last probe measured (templates/pool.c's threads_for_batch). */
+static PyObject *fn_thread_choice(PyObject *module, PyObject *unused)
+{
+    (void)unused;
+    const State *s = state_of(module);
+    const ThreadChoice *c = &s->choice;
+    if (c->batches < 2 * THREAD_PROBE_STEPS)
+        return Py_BuildValue("{s:i,s:L,s:O,s:O}", "threads", s->threads, "batches", c->batches, "one_thread_us",
+                             Py_None, "all_threads_us", Py_None);
+    return Py_BuildValue("{s:i,s:L,s:d,s:d}", "threads", c->one ? 1 : s->threads, "batches", c->batches,
+                         "one_thread_us", median_of_probe(c->times[0]) * 1e3, "all_threads_us",
+                         median_of_probe(c->times[1]) * 1e3);
+}
+
 /* gemm_kernel() -> the batch's matrix products' micro-kernel on this CPU (gemm.c's gemm_variant,
  * chosen on first use and kept): which variant, its register tile, the L2 its slices fit. */
 static PyObject *fn_gemm_kernel(PyObject *module, PyObject *unused)
@@ -550,6 +565,11 @@ static PyMethodDef methods[] = {
      "set_threads(n) -> n: the threads train() and predict() run a batch's matrix products on\n"
      "(None: every core this process may use, the default). The results are the same bits with any number."},
     {"threads", fn_threads, METH_NOARGS, "threads() -> the threads a batch's products run on"},
+    {"thread_choice", fn_thread_choice, METH_NOARGS,
+     "thread_choice() -> dict: train()'s batches run on one thread when its last probe (5 batches on one\n"
+     "thread, then 5 on all, the first of each untimed, every 1,024 batches with more than one thread)\n"
+     "measured one thread's median under 0.95x the others': threads (what its batches run on now), batches\n"
+     "(those counted), one_thread_us and all_threads_us (the probe's medians, us a sample; None before one)"},
     {"gemm_kernel", fn_gemm_kernel, METH_NOARGS,
      "gemm_kernel() -> dict: the micro-kernel a batch's matrix products run on this CPU, chosen when\n"
      "first used and kept (variant, tile_rows x tile_columns of the result in registers, vector_bytes,\n"
