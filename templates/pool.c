@@ -407,30 +407,44 @@ static int available_cores(void)
  * More threads are not always faster: on this VM's 2 vCPUs MNIST's MLP(784, [512, 256, 10]) float32
  * at B = 32 took 0.6x one thread's time on two while the host kept the vCPUs near each other (a
  * cache line's round trip 75-135 ns), 0.95x while it kept them apart (350-440 ns), and the zoo's
- * CNN (float64, B = 32) 1.5x; a core busy with another process makes it worse. So train() times
- * its batches: every THREAD_PROBE_PERIOD batches run with more than one thread asked for,
- * THREAD_PROBE_STEPS run on one thread and as many on all of them, each run's first untimed (it
- * moves the weights the other threads read into this core's cache, or back), and the batches until
- * the next probe run on one thread if the median of its timed batches (time a sample) was under
- * THREAD_PROBE_MARGIN of the others'. The numbers are the same with any count (above), so only the
- * time changes; a probe while two threads are faster costs ~0.3% (5 batches of 1,024 at 1.6x). */
+ * CNN (float64, B = 32) 1.4-1.5x; a core busy with another process makes it worse. So train() times
+ * its batches, with more than one thread asked for: THREAD_PROBE_STEPS batches on one thread, then
+ * as many on all, each run's first untimed (it moves the weights the other threads read into this
+ * core's cache, or back), and the batches after run on one thread if the median of its timed
+ * batches (time a sample) was under THREAD_PROBE_MARGIN of the others'. The first probe starts at
+ * the THREAD_PROBE_FIRST-th batch (a module's first batches touch its buffers for the first time),
+ * the next THREAD_PROBE_PERIOD batches after one that chose all threads, and after one that chose
+ * one thread sooner (THREAD_PROBE_FIRST batches, twice as many each time it chooses one again, up
+ * to the period): a probe taken while another process held a core for a moment (in `make bench`,
+ * the peers starting beside ours) chose one thread where two ran at 1.9x. The numbers are the same
+ * with any count (above), so only the time changes; a probe while two threads are faster costs
+ * ~0.3% (5 batches of 1,024 at 1.6x). */
 #define THREAD_PROBE_PERIOD 1024
+#define THREAD_PROBE_FIRST 64
 #define THREAD_PROBE_STEPS 5
 #define THREAD_PROBE_MARGIN 0.95
 
 typedef struct {
     long long batches;                          /* batches run with more than one thread asked for */
+    long long probe, wait;                      /* the next probe's first batch (0: THREAD_PROBE_FIRST); */
+                                                /* and the batches from a probe to the next */
     int one;                                    /* the last probe chose one thread */
     double times[2][THREAD_PROBE_STEPS - 1];    /* its timed batches' ms a sample: [0] one thread, [1] all */
 } ThreadChoice;
 
+/* Where batch `batches` falls in the next probe (0: its first batch; negative: before it). */
+static inline long long probe_at(const ThreadChoice *c, long long batches)
+{
+    return batches - (c->probe ? c->probe : THREAD_PROBE_FIRST);
+}
+
 /* The threads the next batch runs on, of `threads` asked for. */
 static inline int threads_for_batch(const ThreadChoice *c, int threads)
 {
-    const long long at = c->batches % THREAD_PROBE_PERIOD;
+    const long long at = probe_at(c, c->batches);
     if (threads <= 1)
         return threads;
-    if (at < 2 * THREAD_PROBE_STEPS)
+    if (at >= 0 && at < 2 * THREAD_PROBE_STEPS)
         return at < THREAD_PROBE_STEPS ? 1 : threads;
     return c->one ? 1 : threads;
 }
@@ -454,10 +468,16 @@ static inline void record_batch(ThreadChoice *c, int threads, double ms)
 {
     if (threads <= 1)
         return;
-    const long long at = c->batches++ % THREAD_PROBE_PERIOD;
-    if (at >= 2 * THREAD_PROBE_STEPS || at % THREAD_PROBE_STEPS == 0)
+    const long long at = probe_at(c, c->batches++);
+    if (at < 0 || at >= 2 * THREAD_PROBE_STEPS || at % THREAD_PROBE_STEPS == 0)
         return;
     c->times[at / THREAD_PROBE_STEPS][at % THREAD_PROBE_STEPS - 1] = ms;
-    if (at == 2 * THREAD_PROBE_STEPS - 1)
+    if (at == 2 * THREAD_PROBE_STEPS - 1) {
+        const int again = c->one;
         c->one = median_of_probe(c->times[0]) < THREAD_PROBE_MARGIN * median_of_probe(c->times[1]);
+        c->wait = !c->one ? THREAD_PROBE_PERIOD
+                : !again ? THREAD_PROBE_FIRST
+                : c->wait * 2 < THREAD_PROBE_PERIOD ? c->wait * 2 : THREAD_PROBE_PERIOD;
+        c->probe = c->batches + c->wait;
+    }
 }

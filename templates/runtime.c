@@ -507,7 +507,7 @@ static PyObject *fn_thread_choice(PyObject *module, PyObject *unused)
     (void)unused;
     const State *s = state_of(module);
     const ThreadChoice *c = &s->choice;
-    if (c->batches < 2 * THREAD_PROBE_STEPS)
+    if (!c->probe) /* (no probe done yet) */
         return Py_BuildValue("{s:i,s:L,s:O,s:O}", "threads", s->threads, "batches", c->batches, "one_thread_us",
                              Py_None, "all_threads_us", Py_None);
     return Py_BuildValue("{s:i,s:L,s:d,s:d}", "threads", c->one ? 1 : s->threads, "batches", c->batches,
@@ -567,9 +567,10 @@ static PyMethodDef methods[] = {
     {"threads", fn_threads, METH_NOARGS, "threads() -> the threads a batch's products run on"},
     {"thread_choice", fn_thread_choice, METH_NOARGS,
      "thread_choice() -> dict: train()'s batches run on one thread when its last probe (5 batches on one\n"
-     "thread, then 5 on all, the first of each untimed, every 1,024 batches with more than one thread)\n"
-     "measured one thread's median under 0.95x the others': threads (what its batches run on now), batches\n"
-     "(those counted), one_thread_us and all_threads_us (the probe's medians, us a sample; None before one)"},
+     "thread, then 5 on all, the first of each untimed; from the 64th batch with more than one thread,\n"
+     "then every 1,024, or 64-1,024 after it chose one) measured one thread's median under 0.95x the\n"
+     "others': threads (what its batches run on now), batches (those counted), one_thread_us and\n"
+     "all_threads_us (the probe's medians, us a sample; None before one)"},
     {"gemm_kernel", fn_gemm_kernel, METH_NOARGS,
      "gemm_kernel() -> dict: the micro-kernel a batch's matrix products run on this CPU, chosen when\n"
      "first used and kept (variant, tile_rows x tile_columns of the result in registers, vector_bytes,\n"

@@ -131,21 +131,21 @@ def test_the_same_bits_with_any_number_of_threads(n_in, hidden, batch_size):
 
 
 def test_train_times_its_batches_to_choose_its_threads():
-    """train() runs 5 batches on one thread and 5 on all every 1,024 batches with more than one
-    thread asked for (templates/pool.c's threads_for_batch), and the batches until the next probe on
-    one thread if its median took under 0.95x the others': thread_choice() says what the last probe
-    measured and what it chose, and the parameters stay the same bits as one thread's across the
-    probes (1,100 batches of 32: two probes; the second layer's products split between the threads
-    in between)."""
+    """train() runs 5 batches on one thread and 5 on all from the 64th batch with more than one
+    thread asked for, again 1,024 batches later (or 64-1,024 after choosing one thread: templates/
+    pool.c's threads_for_batch), and the batches until the next probe on one thread if its median
+    took under 0.95x the others': thread_choice() says what the last probe measured and what it
+    chose, and the parameters stay the same bits as one thread's across the probes (1,200 batches of
+    32: two probes or more; the second layer's products split between the threads in between)."""
     case = classifier(n_in=64, hidden=(96, 384), n_classes=10)
-    X, y = data(32 * 1100, 64, 10)
+    X, y = data(32 * 1200, 64, 10)
     nets = {threads: twins(case=case, threads=threads)[0] for threads in (1, 2)}
     for net in nets.values():
         net.train(X, y, 0.05, batch_size=32, seed=1)
     np.testing.assert_array_equal(np.asarray(nets[2].params), np.asarray(nets[1].params))
     assert nets[1].thread_choice() == {"threads": 1, "batches": 0, "one_thread_us": None, "all_threads_us": None}
     choice = nets[2].thread_choice()
-    assert choice["batches"] == 1100 and choice["one_thread_us"] > 0 and choice["all_threads_us"] > 0
+    assert choice["batches"] == 1200 and choice["one_thread_us"] > 0 and choice["all_threads_us"] > 0
     assert choice["threads"] == (1 if choice["one_thread_us"] < 0.95 * choice["all_threads_us"] else 2)
     assert nets[2].threads() == 2  # (what was asked for)
 
