@@ -36,7 +36,6 @@ port's by more than 1e-9 (relative; float32 rows: 1e-4 over their first 10 steps
     python -m bench --only gpt [--quick]
 """
 
-import contextlib
 import itertools
 import json
 import os
@@ -545,19 +544,18 @@ def _pairs():
               f"| {_window_ratio(times, compiler, 'jax'):.3f}x | <= {TARGETS[SCANNED]}x |")
 
 
-def _batches(big=True):
+def _batches():
     """Issue 36's rows: microgpt on B documents a step, the compiled batched program (gcc) beside
     JAX's scan of the same batches (vmap over the documents) and PyTorch's (all cores),
     BATCH_STEPS steps each: a document's time, and the runs' losses checked against each other;
-    with `big` (the default), the bigger configuration's too, its share of the multiply-add peak
-    and its threads."""
+    the bigger configuration's too, its share of the multiply-add peak and its threads."""
     print("\n| model | documents a step | dtype | system | losses vs the port (max rel. diff, steps) | us a document "
           "| us a document (CPU) | compiled / faster peer (wall, CPU; JAX's scan in windows taken in turn) | target |")
     print("|---|---|---|---|---|---|---|---|---|")
     rows = [("default", batch, dtype) for dtype in BATCH_DTYPES for batch in BATCHES]
-    rows += [("big", BIG_BATCH, BIG_DTYPE)] if big else []
+    rows += [("big", BIG_BATCH, BIG_DTYPE)]
     status, bigs = 0, []
-    with tempfile.TemporaryDirectory() as cache, (peak.built() if big else contextlib.nullcontext()) as exe:
+    with tempfile.TemporaryDirectory() as cache, peak.built() as exe:
         for config, batch, dtype in rows:
             ours = _in_process("batches", "gcc", str(batch), dtype, config)
             peers = {"JAX lax.scan": _in_process("jax-batches", str(batch), dtype, config),

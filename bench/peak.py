@@ -6,8 +6,7 @@ same seconds. This VM's cores change speed on their own for minutes at a time: i
 read 1.0x one thread's in one run and 1.9-2.0x minutes later.
 
     with peak.built() as exe:
-        commands = peak.served(exe, "float32")   # {"peak 1 thread": argv, "peak": argv}
-        commands = peak.around(exe, "float32", ours)   # the round trip before ours, the peak after
+        commands = peak.around(exe, "float32", ours)   # {"round trip": argv, **ours, "peak 1 thread": argv, "peak": argv}
 """
 import contextlib
 import os
